@@ -1,0 +1,281 @@
+// commlayer.backends.ccl._C: a thin pybind11 binding of oneCCL's C++ API.
+//
+// Python hands in raw data pointers (tensor.data_ptr()), element counts and a
+// dtype; no torch C++ API is used, so the extension builds against any torch.
+// Every operation is non-blocking and returns an Event; Python keeps the
+// tensors alive until the Event completes. Blocking calls (wait, communicator
+// creation) release the GIL so other Python threads, and the watchdog that
+// enforces the group timeout, keep running.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <oneapi/ccl.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// A pointer crosses the boundary as a Python int (tensor.data_ptr()).
+using Address = std::uintptr_t;
+
+void* as_pointer(Address address) { return reinterpret_cast<void*>(address); }
+
+class Kvs {
+public:
+    explicit Kvs(std::shared_ptr<ccl::kvs> kvs) : kvs_(std::move(kvs)) {}
+
+    py::bytes address() const {
+        const ccl::kvs::address_type addr = kvs_->get_address();
+        return py::bytes(addr.data(), addr.size());
+    }
+
+    std::shared_ptr<ccl::kvs> handle() const { return kvs_; }
+
+private:
+    std::shared_ptr<ccl::kvs> kvs_;
+};
+
+Kvs create_main_kvs() {
+    py::gil_scoped_release no_gil;
+    return Kvs(ccl::create_main_kvs());
+}
+
+Kvs create_kvs(const std::string& address) {
+    ccl::kvs::address_type addr{};
+    if (address.size() != addr.size()) {
+        throw py::value_error("create_kvs: argument 'address' must be exactly " +
+                              std::to_string(addr.size()) + " bytes (from Kvs.address()), got " +
+                              std::to_string(address.size()) + " bytes");
+    }
+    std::memcpy(addr.data(), address.data(), addr.size());
+    py::gil_scoped_release no_gil;
+    return Kvs(ccl::create_kvs(addr));
+}
+
+// An in-flight oneCCL operation. test() and wait() are safe to call repeatedly.
+class Event {
+public:
+    explicit Event(ccl::event event) : event_(std::move(event)) {}
+
+    bool test() {
+        if (done_) {
+            return true;
+        }
+        py::gil_scoped_release no_gil;
+        done_ = event_.test();
+        return done_;
+    }
+
+    void wait() {
+        if (done_) {
+            return;
+        }
+        py::gil_scoped_release no_gil;
+        event_.wait();
+        done_ = true;
+    }
+
+    bool completed() const { return done_; }
+
+private:
+    ccl::event event_;
+    bool done_ = false;
+};
+
+class Communicator {
+public:
+    explicit Communicator(ccl::communicator comm) : comm_(std::move(comm)) {}
+
+    int rank() const { return comm_.rank(); }
+    int size() const { return comm_.size(); }
+
+    Event allreduce(Address send, Address recv, size_t count, ccl::datatype dtype,
+                    ccl::reduction op) {
+        return run([&] {
+            return ccl::allreduce(as_pointer(send), as_pointer(recv), count, dtype, op, comm_);
+        });
+    }
+
+    Event reduce(Address send, Address recv, size_t count, ccl::datatype dtype,
+                 ccl::reduction op, int root) {
+        return run([&] {
+            return ccl::reduce(as_pointer(send), as_pointer(recv), count, dtype, op, root, comm_);
+        });
+    }
+
+    Event allgather(Address send, Address recv, size_t send_count, ccl::datatype dtype) {
+        return run([&] {
+            return ccl::allgather(as_pointer(send), as_pointer(recv), send_count, dtype, comm_);
+        });
+    }
+
+    Event allgatherv(Address send, size_t send_count, Address recv,
+                     const std::vector<size_t>& recv_counts, ccl::datatype dtype) {
+        expect_per_rank("allgatherv", "recv_counts", recv_counts);
+        return run([&] {
+            return ccl::allgatherv(
+                as_pointer(send), send_count, as_pointer(recv), recv_counts, dtype, comm_);
+        });
+    }
+
+    Event reduce_scatter(Address send, Address recv, size_t recv_count, ccl::datatype dtype,
+                         ccl::reduction op) {
+        return run([&] {
+            return ccl::reduce_scatter(
+                as_pointer(send), as_pointer(recv), recv_count, dtype, op, comm_);
+        });
+    }
+
+    Event broadcast(Address buffer, size_t count, ccl::datatype dtype, int root) {
+        return run([&] { return ccl::broadcast(as_pointer(buffer), count, dtype, root, comm_); });
+    }
+
+    Event alltoall(Address send, Address recv, size_t count, ccl::datatype dtype) {
+        return run([&] {
+            return ccl::alltoall(as_pointer(send), as_pointer(recv), count, dtype, comm_);
+        });
+    }
+
+    Event alltoallv(Address send, const std::vector<size_t>& send_counts, Address recv,
+                    const std::vector<size_t>& recv_counts, ccl::datatype dtype) {
+        expect_per_rank("alltoallv", "send_counts", send_counts);
+        expect_per_rank("alltoallv", "recv_counts", recv_counts);
+        return run([&] {
+            return ccl::alltoallv(
+                as_pointer(send), send_counts, as_pointer(recv), recv_counts, dtype, comm_);
+        });
+    }
+
+    Event barrier() {
+        return run([&] { return ccl::barrier(comm_); });
+    }
+
+    Event send(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
+        return run([&] {
+            return ccl::send(as_pointer(buffer), count, dtype, peer, comm_, pt2pt_attr(tag));
+        });
+    }
+
+    Event recv(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
+        return run([&] {
+            return ccl::recv(as_pointer(buffer), count, dtype, peer, comm_, pt2pt_attr(tag));
+        });
+    }
+
+private:
+    // Posting an operation can block briefly inside oneCCL (e.g. on the first
+    // use of a communicator), so the GIL is released while it is posted.
+    template <class Post>
+    Event run(Post&& post) {
+        py::gil_scoped_release no_gil;
+        return Event(post());
+    }
+
+    static ccl::pt2pt_attr pt2pt_attr(int tag) {
+        // group_id is oneCCL's matching tag for point-to-point messages.
+        return ccl::create_operation_attr<ccl::pt2pt_attr>(
+            ccl::attr_val<ccl::pt2pt_attr_id::group_id>(tag));
+    }
+
+    void expect_per_rank(const char* op, const char* arg, const std::vector<size_t>& counts) const {
+        if (counts.size() != static_cast<size_t>(comm_.size())) {
+            throw py::value_error(std::string(op) + ": argument '" + arg + "' must have one count per rank (" +
+                                  std::to_string(comm_.size()) + "), got " +
+                                  std::to_string(counts.size()) + " (rank " +
+                                  std::to_string(comm_.rank()) + ")");
+        }
+    }
+
+    ccl::communicator comm_;
+};
+
+Communicator create_communicator(int size, int rank, const Kvs& kvs) {
+    if (size <= 0 || rank < 0 || rank >= size) {
+        throw py::value_error("create_communicator: expected 0 <= rank < size, got rank " +
+                              std::to_string(rank) + " and size " + std::to_string(size));
+    }
+    py::gil_scoped_release no_gil;
+    return Communicator(ccl::create_communicator(size, rank, kvs.handle()));
+}
+
+std::string library_version() {
+    return ccl::get_library_version().full;
+}
+
+void bind_enums(py::module_& m) {
+    py::enum_<ccl::datatype>(m, "DataType")
+        .value("int8", ccl::datatype::int8)
+        .value("uint8", ccl::datatype::uint8)
+        .value("int16", ccl::datatype::int16)
+        .value("uint16", ccl::datatype::uint16)
+        .value("int32", ccl::datatype::int32)
+        .value("uint32", ccl::datatype::uint32)
+        .value("int64", ccl::datatype::int64)
+        .value("uint64", ccl::datatype::uint64)
+        .value("float16", ccl::datatype::float16)
+        .value("float32", ccl::datatype::float32)
+        .value("float64", ccl::datatype::float64)
+        .value("bfloat16", ccl::datatype::bfloat16);
+    py::enum_<ccl::reduction>(m, "Reduction")
+        .value("sum", ccl::reduction::sum)
+        .value("prod", ccl::reduction::prod)
+        .value("min", ccl::reduction::min)
+        .value("max", ccl::reduction::max);
+}
+
+void bind_communicator(py::module_& m) {
+    py::class_<Communicator>(m, "Communicator")
+        .def_property_readonly("rank", &Communicator::rank)
+        .def_property_readonly("size", &Communicator::size)
+        .def("allreduce", &Communicator::allreduce, py::arg("send"), py::arg("recv"),
+             py::arg("count"), py::arg("dtype"), py::arg("op"))
+        .def("reduce", &Communicator::reduce, py::arg("send"), py::arg("recv"), py::arg("count"),
+             py::arg("dtype"), py::arg("op"), py::arg("root"))
+        .def("allgather", &Communicator::allgather, py::arg("send"), py::arg("recv"),
+             py::arg("send_count"), py::arg("dtype"))
+        .def("allgatherv", &Communicator::allgatherv, py::arg("send"), py::arg("send_count"),
+             py::arg("recv"), py::arg("recv_counts"), py::arg("dtype"))
+        .def("reduce_scatter", &Communicator::reduce_scatter, py::arg("send"), py::arg("recv"),
+             py::arg("recv_count"), py::arg("dtype"), py::arg("op"))
+        .def("broadcast", &Communicator::broadcast, py::arg("buffer"), py::arg("count"),
+             py::arg("dtype"), py::arg("root"))
+        .def("alltoall", &Communicator::alltoall, py::arg("send"), py::arg("recv"),
+             py::arg("count"), py::arg("dtype"))
+        .def("alltoallv", &Communicator::alltoallv, py::arg("send"), py::arg("send_counts"),
+             py::arg("recv"), py::arg("recv_counts"), py::arg("dtype"))
+        .def("barrier", &Communicator::barrier)
+        .def("send", &Communicator::send, py::arg("buffer"), py::arg("count"), py::arg("dtype"),
+             py::arg("peer"), py::arg("tag") = 0)
+        .def("recv", &Communicator::recv, py::arg("buffer"), py::arg("count"), py::arg("dtype"),
+             py::arg("peer"), py::arg("tag") = 0);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+    m.doc() = "oneCCL binding used by commlayer's 'ccl' backend (raw pointers, no torch C++ API).";
+    py::register_exception<ccl::exception>(m, "CclError", PyExc_RuntimeError);
+    bind_enums(m);
+
+    py::class_<Kvs>(m, "Kvs").def("address", &Kvs::address);
+    m.def("create_main_kvs", &create_main_kvs);
+    m.def("create_kvs", &create_kvs, py::arg("address"));
+
+    py::class_<Event>(m, "Event")
+        .def("test", &Event::test)
+        .def("wait", &Event::wait)
+        .def_property_readonly("completed", &Event::completed);
+
+    bind_communicator(m);
+    m.def("create_communicator", &create_communicator, py::arg("size"), py::arg("rank"),
+          py::arg("kvs"));
+    m.def("library_version", &library_version);
+    m.attr("ADDRESS_SIZE") = py::int_(ccl::kvs::address_max_size);
+}
