@@ -1,0 +1,179 @@
+"""Shared base of the backends that run on a ``torch.distributed`` ProcessGroup (gloo, nccl, hccl).
+
+The world is torch's default process group and each subgroup is a ``torch.distributed.new_group``,
+so ``group.torch_group`` is a real ProcessGroup that DDP and FSDP accept.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import torch
+import torch.distributed as torch_dist
+
+from commlayer.backend import Backend
+from commlayer.types import Availability, GroupSpec, ReduceOp
+from commlayer.work import TorchWork, Work
+
+__all__ = ["TorchBackend"]
+
+# torch 2.13 renamed the tensor-in/tensor-out collectives and deprecated the old names.
+_all_gather_tensor = getattr(torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor)
+_reduce_scatter_tensor = getattr(torch_dist, "reduce_scatter_single", torch_dist.reduce_scatter_tensor)
+
+
+class TorchBackend(Backend):
+    """A communicator over one torch ProcessGroup; subclasses name the torch backend."""
+
+    torch_backend: ClassVar[str]
+    #: Ops the torch library lacks for this backend; they use the generic fallbacks instead.
+    generic_ops: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the library reduces with AVG itself; if not, it sums and the result is divided.
+    native_avg: ClassVar[bool] = False
+
+    def __init__(self, spec: GroupSpec, process_group: Any) -> None:
+        super().__init__(spec)
+        self._pg = process_group
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        if not torch_dist.is_available():
+            return Availability.no("this torch build has no torch.distributed")
+        if not torch_dist.is_backend_available(cls.torch_backend):
+            return Availability.no(f"this torch build has no '{cls.torch_backend}' support")
+        return Availability.yes()
+
+    @classmethod
+    def create_world(cls, spec: GroupSpec) -> TorchBackend:
+        if torch_dist.is_initialized():
+            # Another torch backend owns the default group (e.g. "cpu:gloo,cuda:nccl").
+            return cls(spec, cls._torch_new_group(spec))
+        torch_dist.init_process_group(
+            backend=cls.torch_backend,
+            store=spec.store,
+            rank=spec.global_rank,
+            world_size=spec.size,
+            timeout=spec.timeout,
+        )
+        return cls(spec, torch_dist.group.WORLD)
+
+    def new_group(self, spec: GroupSpec) -> TorchBackend | None:
+        process_group = self._torch_new_group(spec)
+        return type(self)(spec, process_group) if spec.is_member else None
+
+    @classmethod
+    def _torch_new_group(cls, spec: GroupSpec) -> Any:
+        return torch_dist.new_group(ranks=list(spec.ranks), timeout=spec.timeout, backend=cls.torch_backend)
+
+    def shutdown(self) -> None:
+        if self._pg is torch_dist.group.WORLD and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+    @property
+    def torch_group(self) -> Any:
+        return self._pg
+
+    def _global(self, group_rank: int) -> int:
+        return self.spec.ranks[group_rank]
+
+    # --- core ----------------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        run = lambda torch_op: torch_dist.all_reduce(tensor, torch_op, self._pg, async_op=True)
+        return self._reduce_with(run, op, [tensor])
+
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+        work = _all_gather_tensor(output, tensor, self._pg, async_op=True)
+        return TorchWork(work, [output])
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
+        work = torch_dist.broadcast(tensor, self._global(root), self._pg, async_op=True)
+        return TorchWork(work, [tensor])
+
+    def barrier(self) -> Work:
+        return TorchWork(torch_dist.barrier(self._pg, async_op=True))
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        return TorchWork(torch_dist.isend(tensor, self._global(dst), self._pg, tag))
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        return TorchWork(torch_dist.irecv(tensor, self._global(src), self._pg, tag), [tensor])
+
+    # --- native versions of the fallbacks -------------------------------------------------
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+        if "reduce" in self.generic_ops:
+            return super().reduce(tensor, root, op)
+        dst = self._global(root)
+        run = lambda torch_op: torch_dist.reduce(tensor, dst, torch_op, self._pg, async_op=True)
+        return self._reduce_with(run, op, [tensor], average=self.rank == root)
+
+    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
+        if "all_gather" in self.generic_ops:
+            return super().all_gather(outputs, tensor)
+        work = torch_dist.all_gather(list(outputs), tensor, self._pg, async_op=True)
+        return TorchWork(work, list(outputs))
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        if "reduce_scatter_tensor" in self.generic_ops:
+            return super().reduce_scatter_tensor(output, tensor, op)
+        run = lambda torch_op: _reduce_scatter_tensor(output, tensor, torch_op, self._pg, async_op=True)
+        return self._reduce_with(run, op, [output])
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp) -> Work:
+        if "reduce_scatter" in self.generic_ops:
+            return super().reduce_scatter(output, inputs, op)
+        run = lambda torch_op: torch_dist.reduce_scatter(output, list(inputs), torch_op, self._pg, async_op=True)
+        return self._reduce_with(run, op, [output])
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+    ) -> Work:
+        if "all_to_all_single" in self.generic_ops:
+            return super().all_to_all_single(output, tensor, output_splits, input_splits)
+        splits = (_as_list(output_splits), _as_list(input_splits))
+        work = torch_dist.all_to_all_single(output, tensor, *splits, group=self._pg, async_op=True)
+        return TorchWork(work, [output])
+
+    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
+        if "all_to_all" in self.generic_ops:
+            return super().all_to_all(outputs, inputs)
+        work = torch_dist.all_to_all(list(outputs), list(inputs), self._pg, async_op=True)
+        return TorchWork(work, list(outputs))
+
+    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+        if "gather" in self.generic_ops:
+            return super().gather(tensor, outputs, root)
+        gather_list = list(outputs) if outputs is not None else None
+        work = torch_dist.gather(tensor, gather_list, self._global(root), self._pg, async_op=True)
+        return TorchWork(work, gather_list or [])
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+        if "scatter" in self.generic_ops:
+            return super().scatter(output, inputs, root)
+        scatter_list = list(inputs) if inputs is not None else None
+        work = torch_dist.scatter(output, scatter_list, self._global(root), self._pg, async_op=True)
+        return TorchWork(work, [output])
+
+    def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
+        return TorchWork(torch_dist.irecv(tensor, None, self._pg, tag), [tensor])
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _reduce_with(
+        self, run: Any, op: ReduceOp, results: list[torch.Tensor], average: bool = True
+    ) -> Work:
+        """Run a reducing torch call, emulating AVG as SUM-then-divide where torch lacks it."""
+        if op is not ReduceOp.AVG or self.native_avg:
+            return TorchWork(run(getattr(torch_dist.ReduceOp, op.name)), results)
+        work = TorchWork(run(torch_dist.ReduceOp.SUM), results)
+        if not average:
+            return work
+        return work.then(lambda: [result.div_(self.size) for result in results])
+
+
+def _as_list(splits: Sequence[int] | None) -> list[int] | None:
+    return list(splits) if splits else None

@@ -1,0 +1,1 @@
+"""oneCCL backend (work in progress)."""

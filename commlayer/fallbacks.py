@@ -1,0 +1,120 @@
+"""Generic collectives built only on a backend's mandatory core.
+
+Every backend inherits these, so every backend offers every facade op; a backend overrides one
+when its library has a faster native version. All ranks here are group ranks and every tensor is
+contiguous (the facade stages non-contiguous ones).
+
+Point-to-point exchanges order each pair of peers the same way on both sides (the lower rank sends
+first), so they cannot deadlock even on a library whose send blocks until the receive is posted.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from .types import ReduceOp
+from .work import CompletedWork, Work, WorkList
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+__all__ = ["GenericCollectives", "FALLBACK_TAG"]
+
+# Tag reserved for the messages fallbacks exchange; user tags stay below it in practice.
+FALLBACK_TAG = 0x6C6D
+
+
+class GenericCollectives:
+    """Mixin of fallbacks; ``self`` is a :class:`~commlayer.backend.Backend`."""
+
+    def reduce(self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+        scratch = tensor.clone()
+        work = self.all_reduce(scratch, op)
+        if self.rank != root:
+            return work
+        return work.then(lambda: tensor.copy_(scratch))
+
+    def all_gather(self: Backend, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
+        gathered = tensor.new_empty((self.size, tensor.numel()))
+        work = self.all_gather_into_tensor(gathered, tensor)
+
+        def scatter_rows() -> None:
+            for row, output in zip(gathered, outputs):
+                output.copy_(row.view_as(output))
+
+        return work.then(scatter_rows)
+
+    def reduce_scatter_tensor(
+        self: Backend, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp
+    ) -> Work:
+        scratch = tensor.clone()
+        work = self.all_reduce(scratch, op)
+        count = output.numel()
+        mine = scratch.view(-1)[self.rank * count : (self.rank + 1) * count]
+        return work.then(lambda: output.copy_(mine.view_as(output)))
+
+    def reduce_scatter(
+        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp
+    ) -> Work:
+        flat = torch.cat([chunk.reshape(-1) for chunk in inputs])
+        return self.reduce_scatter_tensor(output, flat, op)
+
+    def all_to_all_single(
+        self: Backend,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+    ) -> Work:
+        outputs = _split_rows(output, output_splits, self.size)
+        inputs = _split_rows(tensor, input_splits, self.size)
+        return self.all_to_all(outputs, inputs)
+
+    def all_to_all(
+        self: Backend, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> Work:
+        outputs[self.rank].copy_(inputs[self.rank])
+        works: list[Work] = []
+        for peer in range(self.size):
+            if peer != self.rank:
+                works += _exchange(self, peer, inputs[peer], outputs[peer])
+        return WorkList(works)
+
+    def gather(
+        self: Backend, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int
+    ) -> Work:
+        if self.rank != root:
+            return self.send(tensor, root, FALLBACK_TAG)
+        assert outputs is not None
+        outputs[root].copy_(tensor)
+        peers = [peer for peer in range(self.size) if peer != root]
+        return WorkList([self.recv(outputs[peer], peer, FALLBACK_TAG) for peer in peers])
+
+    def scatter(
+        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int
+    ) -> Work:
+        if self.rank != root:
+            return self.recv(output, root, FALLBACK_TAG)
+        assert inputs is not None
+        output.copy_(inputs[root])
+        peers = [peer for peer in range(self.size) if peer != root]
+        return WorkList([self.send(inputs[peer].contiguous(), peer, FALLBACK_TAG) for peer in peers])
+
+
+def _split_rows(
+    tensor: torch.Tensor, splits: Sequence[int] | None, parts: int
+) -> list[torch.Tensor]:
+    """Split along dim 0 into ``parts`` chunks; contiguous input gives contiguous chunks."""
+    if not splits:
+        return list(tensor.chunk(parts)) if tensor.numel() else [tensor] * parts
+    return list(torch.split(tensor, list(splits)))
+
+
+def _exchange(
+    backend: Backend, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor
+) -> list[Work]:
+    send = (lambda: backend.send(outgoing.contiguous(), peer, FALLBACK_TAG)) if outgoing.numel() else None
+    recv = (lambda: backend.recv(incoming, peer, FALLBACK_TAG)) if incoming.numel() else None
+    steps = [send, recv] if backend.rank < peer else [recv, send]
+    return [step() for step in steps if step is not None] or [CompletedWork()]
