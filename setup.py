@@ -10,8 +10,9 @@ from types import ModuleType
 from setuptools import Extension, find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
-# Set to 1 (as CI does) to turn a missing oneCCL or a failed compile into a build error.
-REQUIRE_CCL_ENV = "COMMLAYER_REQUIRE_CCL"
+# The oneCCL extension: "auto" (default) builds it when oneCCL is found and skips it with a note
+# otherwise; "1" (CI) makes a missing oneCCL a build error; "0" never builds it.
+BUILD_CCL_ENV = "COMMLAYER_BUILD_CCL"
 
 
 def _packages() -> list[str]:
@@ -32,7 +33,7 @@ def _load_by_path(relative: str) -> ModuleType:
 
 def _skip(reason: str, required: bool) -> list[Extension]:
     if required:
-        sys.exit(f"commlayer: {REQUIRE_CCL_ENV}=1 but the oneCCL extension cannot be built: {reason}")
+        sys.exit(f"commlayer: {BUILD_CCL_ENV}=1 but the oneCCL extension cannot be built: {reason}")
     print(f"commlayer: NOTE: skipping the optional oneCCL extension ({reason}); the 'ccl' backend "
           "will be unavailable. Install it with: pip install pybind11 'oneccl-cpu-devel==2021.14.*' "
           "and rebuild with pip install --no-build-isolation -e .", file=sys.stderr)
@@ -41,7 +42,10 @@ def _skip(reason: str, required: bool) -> list[Extension]:
 
 def _ccl_extensions() -> list[Extension]:
     """The oneCCL binding commlayer.backends.ccl._C, or nothing when oneCCL is not installed."""
-    required = os.environ.get(REQUIRE_CCL_ENV, "") == "1"
+    mode = os.environ.get(BUILD_CCL_ENV, "auto").strip().lower()
+    if mode == "0":
+        return _skip(f"{BUILD_CCL_ENV}=0", required=False)
+    required = mode == "1"
     try:
         import pybind11
     except ImportError:
@@ -60,7 +64,8 @@ def _ccl_extensions() -> list[Extension]:
         runtime_library_dirs=[str(install.lib_dir)],
         extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
         language="c++",
-        optional=not required,
+        # Not optional: once oneCCL is found a compile error must fail the install loudly, or a
+        # stale _C from an earlier build would keep running.
     )
     return [extension]
 

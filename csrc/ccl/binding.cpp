@@ -11,10 +11,15 @@
 
 #include <oneapi/ccl.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -59,7 +64,9 @@ Kvs create_kvs(const std::string& address) {
     return Kvs(ccl::create_kvs(addr));
 }
 
-// An in-flight oneCCL operation. test() and wait() are safe to call repeatedly.
+// An in-flight oneCCL operation. test() and wait_for() may be called from several
+// threads (Work.get_future waits on a helper thread), so each poll of the oneCCL
+// event holds a lock; completion is latched in an atomic flag.
 class Event {
 public:
     explicit Event(ccl::event event) : event_(std::move(event)) {}
@@ -69,24 +76,56 @@ public:
             return true;
         }
         py::gil_scoped_release no_gil;
-        done_ = event_.test();
-        return done_;
+        return poll();
     }
 
-    void wait() {
+    // Polls until completion or until `timeout_s` passes; returns false on timeout.
+    // Waiting by polling (instead of ccl::event::wait) is what makes a deadline
+    // possible: oneCCL's own wait has none. The first polls spin for latency;
+    // later ones yield and then sleep, so a long wait does not starve oneCCL's
+    // worker threads on a machine with fewer cores than ranks.
+    bool wait_for(double timeout_s) {
         if (done_) {
-            return;
+            return true;
         }
         py::gil_scoped_release no_gil;
-        event_.wait();
-        done_ = true;
+        const auto start = std::chrono::steady_clock::now();
+        const auto deadline = start + std::chrono::duration<double>(timeout_s);
+        for (unsigned polls = 0; !poll(); ++polls) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= deadline) {
+                return false;
+            }
+            if (polls < kSpinPolls) {
+                continue;
+            }
+            if (now - start < kYieldPhase) {
+                std::this_thread::yield();
+            } else {
+                std::this_thread::sleep_for(kSleepStep);
+            }
+        }
+        return true;
     }
 
     bool completed() const { return done_; }
 
 private:
+    static constexpr unsigned kSpinPolls = 64;
+    static constexpr std::chrono::milliseconds kYieldPhase{2};
+    static constexpr std::chrono::microseconds kSleepStep{50};
+
+    bool poll() {
+        std::lock_guard<std::mutex> guard(mutex_);
+        if (!done_ && event_.test()) {
+            done_ = true;
+        }
+        return done_;
+    }
+
+    std::mutex mutex_;
     ccl::event event_;
-    bool done_ = false;
+    std::atomic<bool> done_{false};
 };
 
 class Communicator {
@@ -96,27 +135,27 @@ public:
     int rank() const { return comm_.rank(); }
     int size() const { return comm_.size(); }
 
-    Event allreduce(Address send, Address recv, size_t count, ccl::datatype dtype,
+    std::unique_ptr<Event> allreduce(Address send, Address recv, size_t count, ccl::datatype dtype,
                     ccl::reduction op) {
         return run([&] {
             return ccl::allreduce(as_pointer(send), as_pointer(recv), count, dtype, op, comm_);
         });
     }
 
-    Event reduce(Address send, Address recv, size_t count, ccl::datatype dtype,
+    std::unique_ptr<Event> reduce(Address send, Address recv, size_t count, ccl::datatype dtype,
                  ccl::reduction op, int root) {
         return run([&] {
             return ccl::reduce(as_pointer(send), as_pointer(recv), count, dtype, op, root, comm_);
         });
     }
 
-    Event allgather(Address send, Address recv, size_t send_count, ccl::datatype dtype) {
+    std::unique_ptr<Event> allgather(Address send, Address recv, size_t send_count, ccl::datatype dtype) {
         return run([&] {
             return ccl::allgather(as_pointer(send), as_pointer(recv), send_count, dtype, comm_);
         });
     }
 
-    Event allgatherv(Address send, size_t send_count, Address recv,
+    std::unique_ptr<Event> allgatherv(Address send, size_t send_count, Address recv,
                      const std::vector<size_t>& recv_counts, ccl::datatype dtype) {
         expect_per_rank("allgatherv", "recv_counts", recv_counts);
         return run([&] {
@@ -125,7 +164,7 @@ public:
         });
     }
 
-    Event reduce_scatter(Address send, Address recv, size_t recv_count, ccl::datatype dtype,
+    std::unique_ptr<Event> reduce_scatter(Address send, Address recv, size_t recv_count, ccl::datatype dtype,
                          ccl::reduction op) {
         return run([&] {
             return ccl::reduce_scatter(
@@ -133,17 +172,17 @@ public:
         });
     }
 
-    Event broadcast(Address buffer, size_t count, ccl::datatype dtype, int root) {
+    std::unique_ptr<Event> broadcast(Address buffer, size_t count, ccl::datatype dtype, int root) {
         return run([&] { return ccl::broadcast(as_pointer(buffer), count, dtype, root, comm_); });
     }
 
-    Event alltoall(Address send, Address recv, size_t count, ccl::datatype dtype) {
+    std::unique_ptr<Event> alltoall(Address send, Address recv, size_t count, ccl::datatype dtype) {
         return run([&] {
             return ccl::alltoall(as_pointer(send), as_pointer(recv), count, dtype, comm_);
         });
     }
 
-    Event alltoallv(Address send, const std::vector<size_t>& send_counts, Address recv,
+    std::unique_ptr<Event> alltoallv(Address send, const std::vector<size_t>& send_counts, Address recv,
                     const std::vector<size_t>& recv_counts, ccl::datatype dtype) {
         expect_per_rank("alltoallv", "send_counts", send_counts);
         expect_per_rank("alltoallv", "recv_counts", recv_counts);
@@ -153,17 +192,30 @@ public:
         });
     }
 
-    Event barrier() {
+    // One receive buffer per rank: spares the caller a staging copy for all_gather(list).
+    std::unique_ptr<Event> allgatherv_list(Address send, size_t send_count,
+                                           const std::vector<Address>& recvs,
+                                           const std::vector<size_t>& recv_counts,
+                                           ccl::datatype dtype) {
+        expect_per_rank("allgatherv_list", "recvs", recvs);
+        expect_per_rank("allgatherv_list", "recv_counts", recv_counts);
+        return run([&] {
+            return ccl::allgatherv(
+                as_pointer(send), send_count, as_pointers(recvs), recv_counts, dtype, comm_);
+        });
+    }
+
+    std::unique_ptr<Event> barrier() {
         return run([&] { return ccl::barrier(comm_); });
     }
 
-    Event send(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
+    std::unique_ptr<Event> send(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
         return run([&] {
             return ccl::send(as_pointer(buffer), count, dtype, peer, comm_, pt2pt_attr(tag));
         });
     }
 
-    Event recv(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
+    std::unique_ptr<Event> recv(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
         return run([&] {
             return ccl::recv(as_pointer(buffer), count, dtype, peer, comm_, pt2pt_attr(tag));
         });
@@ -173,9 +225,18 @@ private:
     // Posting an operation can block briefly inside oneCCL (e.g. on the first
     // use of a communicator), so the GIL is released while it is posted.
     template <class Post>
-    Event run(Post&& post) {
+    std::unique_ptr<Event> run(Post&& post) {
         py::gil_scoped_release no_gil;
-        return Event(post());
+        return std::make_unique<Event>(post());
+    }
+
+    static std::vector<void*> as_pointers(const std::vector<Address>& addresses) {
+        std::vector<void*> pointers;
+        pointers.reserve(addresses.size());
+        for (Address address : addresses) {
+            pointers.push_back(as_pointer(address));
+        }
+        return pointers;
     }
 
     static ccl::pt2pt_attr pt2pt_attr(int tag) {
@@ -184,7 +245,8 @@ private:
             ccl::attr_val<ccl::pt2pt_attr_id::group_id>(tag));
     }
 
-    void expect_per_rank(const char* op, const char* arg, const std::vector<size_t>& counts) const {
+    template <class T>
+    void expect_per_rank(const char* op, const char* arg, const std::vector<T>& counts) const {
         if (counts.size() != static_cast<size_t>(comm_.size())) {
             throw py::value_error(std::string(op) + ": argument '" + arg + "' must have one count per rank (" +
                                   std::to_string(comm_.size()) + "), got " +
@@ -250,6 +312,8 @@ void bind_communicator(py::module_& m) {
              py::arg("count"), py::arg("dtype"))
         .def("alltoallv", &Communicator::alltoallv, py::arg("send"), py::arg("send_counts"),
              py::arg("recv"), py::arg("recv_counts"), py::arg("dtype"))
+        .def("allgatherv_list", &Communicator::allgatherv_list, py::arg("send"),
+             py::arg("send_count"), py::arg("recvs"), py::arg("recv_counts"), py::arg("dtype"))
         .def("barrier", &Communicator::barrier)
         .def("send", &Communicator::send, py::arg("buffer"), py::arg("count"), py::arg("dtype"),
              py::arg("peer"), py::arg("tag") = 0)
@@ -270,7 +334,10 @@ PYBIND11_MODULE(_C, m) {
 
     py::class_<Event>(m, "Event")
         .def("test", &Event::test)
-        .def("wait", &Event::wait)
+        .def("wait_for", &Event::wait_for, py::arg("timeout_s"))
+        .def("wait", [](Event& event) {
+            event.wait_for(std::numeric_limits<double>::infinity());
+        })
         .def_property_readonly("completed", &Event::completed);
 
     bind_communicator(m);
