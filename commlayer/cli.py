@@ -1,0 +1,123 @@
+"""The ``commlayer`` command: ``commlayer run`` launches local ranks, ``commlayer bench`` benchmarks.
+
+``commlayer bench`` lives in :mod:`commlayer.bench.cli` (``add_arguments(parser)`` and
+``main(args) -> int``); it is imported only when that subcommand is asked for, so ``run`` works
+without the benchmark's dependencies.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from .launcher import LaunchConfig, launch
+
+__all__ = ["main"]
+
+_BENCH_MODULE = "commlayer.bench.cli"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``commlayer`` console script and of ``python -m commlayer``."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    bench_cli = None
+    if arguments[:1] == ["bench"]:
+        bench_cli, bench_problem = _load_bench()
+        if bench_cli is None:
+            print(f"commlayer bench: the benchmark suite is unavailable: {bench_problem}", file=sys.stderr)
+            return 2
+    parser = _build_parser(bench_cli)
+    try:
+        args = parser.parse_args(arguments)
+    except SystemExit as exit_request:  # --help or a usage error; report it as a return code
+        return _exit_status(exit_request.code)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "bench" and bench_cli is not None:
+        return int(bench_cli.main(args) or 0)
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="commlayer", description="commlayer: pluggable communication backends for PyTorch.")
+    commands = parser.add_subparsers(dest="command", metavar="{run,bench}")
+    _add_run_arguments(commands.add_parser("run", help="launch N local ranks of a Python script or module"))
+    bench = commands.add_parser("bench", help="run the collective benchmarks (commlayer.bench)")
+    if bench_cli is not None:  # imported only when `bench` was asked for
+        bench_cli.add_arguments(bench)
+    return parser
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=_positive_int,
+                     default=1, metavar="N", help="number of ranks to start on this host (default 1)")
+    run.add_argument("-m", "--module", action="store_true",
+                     help="treat SCRIPT as a module name and run it like `python -m SCRIPT`")
+    run.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
+                     help="address rank 0's store listens on (default 127.0.0.1)")
+    run.add_argument("--master-port", "--master_port", dest="master_port", type=_port, default=None,
+                     help="port of rank 0's store (default: a free port)")
+    run.add_argument("--log-dir", dest="log_dir", type=Path, default=None,
+                     help="also write each rank's output to DIR/rankN.log")
+    run.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
+                     help="stop every rank after this many seconds (exit code 124)")
+    run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
+
+
+def _run(args: argparse.Namespace) -> int:
+    program = ("-m", args.script) if args.module else (args.script,)
+    config = LaunchConfig(
+        command=(sys.executable, *program, *args.script_args),
+        nproc_per_node=args.nproc_per_node,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        log_dir=args.log_dir,
+        timeout=args.timeout,
+    )
+    result = launch(config)
+    summary = result.summary()
+    if summary is not None:
+        print(summary, file=sys.stderr, flush=True)
+    return result.exit_code
+
+
+def _load_bench() -> tuple[ModuleType | None, str | None]:
+    try:
+        return importlib.import_module(_BENCH_MODULE), None
+    except ModuleNotFoundError as missing:
+        if missing.name in ("commlayer.bench", _BENCH_MODULE):
+            return None, f"{_BENCH_MODULE} is not part of this installation"
+        return None, f"{_BENCH_MODULE} needs the module {missing.name!r}, which is not installed"
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {text!r}")
+    return int(text)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port in 1..65535, received {text!r}")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, received {text!r}")
+    return value
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 2
