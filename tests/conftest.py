@@ -1,0 +1,38 @@
+"""Shared fixtures. Multi-rank tests go through commlayer.testing.run_world; these are in-process."""
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch.distributed as torch_dist
+
+from commlayer import dist
+
+REPO = Path(__file__).resolve().parent.parent
+PLUGIN_DIR = REPO / "tests" / "plugin"
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    """An initialised single-rank gloo world in this process, torn down afterwards."""
+    dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20))
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.fixture
+def storecomm_module() -> Iterator[object]:
+    """The example third-party backend's module, importable from its source folder."""
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        import commlayer_storecomm
+
+        yield commlayer_storecomm
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
