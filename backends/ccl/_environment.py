@@ -1,0 +1,79 @@
+"""The environment oneCCL needs when it is launched by torchrun or commlayer instead of mpirun.
+
+oneCCL reads its settings from environment variables once, on its first call, so they are set
+before the first communicator is built. A variable the user already set is never touched.
+What is chosen, and why (oneccl-cpu 2021.14 wheels, checked on this project's CI machine):
+
+- ``CCL_ATL_TRANSPORT=ofi``: the default, ``mpi``, needs an MPI launcher; ``ofi`` (libfabric)
+  works with the KVS address that commlayer exchanges through the rendezvous store.
+- ``FI_PROVIDER=tcp`` and ``FI_PROVIDER_PATH``: the wheels ship libfabric providers in a private
+  folder libfabric cannot find by itself; ``tcp`` is present on every Linux host.
+- ``CCL_OFI_LIBRARY_PATH``: oneCCL dlopen()s libfabric at run time; naming the file means no
+  ``LD_LIBRARY_PATH`` edits are needed (those only take effect at process start anyway).
+- ``CCL_KVS_CONNECTION_TIMEOUT`` / ``CCL_KVS_GET_TIMEOUT``: the group timeout, so a bad KVS
+  address fails instead of retrying forever.
+- ``CCL_LOCAL_RANK`` / ``CCL_LOCAL_SIZE``: from torchrun's ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``.
+- ``CCL_LOG_LEVEL=error``: every rank otherwise prints a warning for each variable set here.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+from typing import Mapping, MutableMapping
+
+from ._locate import OneCclInstall
+
+__all__ = ["oneccl_defaults", "apply_defaults"]
+
+_LIBFABRIC_NAMES = ("libfabric.so.1", "libfabric.so")
+
+
+def oneccl_defaults(
+    environ: Mapping[str, str], install: OneCclInstall | None, timeout: timedelta
+) -> dict[str, str]:
+    """The variables to add to ``environ``: oneCCL's needs minus what the user already set."""
+    wanted = {
+        "CCL_ATL_TRANSPORT": "ofi",
+        "FI_PROVIDER": "tcp",
+        "CCL_LOG_LEVEL": "error",
+    }
+    wanted.update(_timeouts(timeout))
+    wanted.update(_local_layout(environ))
+    if install is not None:
+        wanted.update(_libfabric_paths(install))
+    return {name: value for name, value in wanted.items() if not environ.get(name)}
+
+
+def apply_defaults(
+    install: OneCclInstall | None, timeout: timedelta, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Add :func:`oneccl_defaults` to the process environment; returns what was added."""
+    environ = os.environ if environ is None else environ
+    added = oneccl_defaults(environ, install, timeout)
+    environ.update(added)
+    return added
+
+
+def _timeouts(timeout: timedelta) -> dict[str, str]:
+    seconds = str(max(1, math.ceil(timeout.total_seconds())))
+    return {"CCL_KVS_CONNECTION_TIMEOUT": seconds, "CCL_KVS_GET_TIMEOUT": seconds}
+
+
+def _local_layout(environ: Mapping[str, str]) -> dict[str, str]:
+    local_rank, local_size = environ.get("LOCAL_RANK"), environ.get("LOCAL_WORLD_SIZE")
+    if not (local_rank and local_size):
+        return {}
+    return {"CCL_LOCAL_RANK": local_rank, "CCL_LOCAL_SIZE": local_size}
+
+
+def _libfabric_paths(install: OneCclInstall) -> dict[str, str]:
+    found: dict[str, str] = {}
+    if install.libfabric_provider_dir.is_dir():
+        found["FI_PROVIDER_PATH"] = str(install.libfabric_provider_dir)
+    for name in _LIBFABRIC_NAMES:
+        library = install.libfabric_dir / name
+        if library.exists():
+            found["CCL_OFI_LIBRARY_PATH"] = str(library)
+            break
+    return found

@@ -1,0 +1,108 @@
+"""Glue between torch tensors and the oneCCL extension: loading it, dtypes, ops and Work.
+
+The extension (``commlayer.backends.ccl._C``, built from csrc/ccl/binding.cpp) takes raw data
+pointers, element counts and oneCCL datatypes; this module turns tensors into those and wraps the
+returned oneCCL events as :class:`commlayer.work.Work`.
+"""
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from types import ModuleType
+from typing import Any, Sequence
+
+import torch
+
+from commlayer.errors import CommTimeoutError
+from commlayer.types import ReduceOp
+from commlayer.work import Work
+
+__all__ = ["CCL_DTYPES", "CCL_REDUCE_OPS", "CclWork", "ExtensionMissing", "load_extension", "buffer"]
+
+EXTENSION = "commlayer.backends.ccl._C"
+
+# torch dtype -> name of the oneCCL datatype (the extension's DataType members).
+_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
+CCL_DTYPES: frozenset[torch.dtype] = frozenset(_DTYPE_NAMES)
+
+# AVG has no oneCCL reduction: it runs as SUM and the result is divided by the group size.
+_REDUCTION_NAMES: dict[ReduceOp, str] = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.AVG: "sum",
+    ReduceOp.PRODUCT: "prod",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+}
+CCL_REDUCE_OPS: frozenset[ReduceOp] = frozenset(_REDUCTION_NAMES)
+
+
+class ExtensionMissing(ImportError):
+    """The extension was not built or cannot load its libraries."""
+
+
+def load_extension() -> ModuleType:
+    """Import the extension; ExtensionMissing says why it is not there."""
+    try:
+        return importlib.import_module(EXTENSION)
+    except ImportError as error:
+        raise ExtensionMissing(f"cannot import {EXTENSION}: {error}") from error
+
+
+def datatype(native: ModuleType, dtype: torch.dtype) -> Any:
+    return getattr(native.DataType, _DTYPE_NAMES[dtype])
+
+
+def reduction(native: ModuleType, op: ReduceOp) -> Any:
+    return getattr(native.Reduction, _REDUCTION_NAMES[op])
+
+
+def buffer(tensor: torch.Tensor) -> tuple[int, int]:
+    """(data pointer, element count) of a contiguous CPU tensor."""
+    return tensor.data_ptr(), tensor.numel()
+
+
+class CclWork(Work):
+    """A oneCCL event as a Work.
+
+    ``keep_alive`` holds every tensor oneCCL reads or writes until the op completes, since oneCCL
+    only has their raw pointers. A wait without a timeout still ends at the group's timeout: a
+    oneCCL op whose peer never calls it would otherwise block forever.
+    """
+
+    def __init__(
+        self,
+        event: Any,
+        what: str,
+        default_timeout: timedelta,
+        result: Sequence[torch.Tensor] = (),
+        keep_alive: Sequence[torch.Tensor] = (),
+    ) -> None:
+        super().__init__(result)
+        self._event = event
+        self._what = what
+        self._default_timeout = default_timeout
+        self._keep_alive = list(keep_alive)
+
+    def _test(self) -> bool:
+        return bool(self._event.test())
+
+    def _block(self, timeout_s: float | None) -> bool:
+        limit = self._default_timeout.total_seconds() if timeout_s is None else timeout_s
+        if self._event.wait_for(max(0.0, limit)):
+            return True
+        raise CommTimeoutError(
+            f"{self._what} did not complete within {limit:g} s; a peer may have failed, or not "
+            "called the same op in the same order. This communicator cannot be used any more."
+        )
+
+    def _on_complete(self) -> None:
+        self._keep_alive = []

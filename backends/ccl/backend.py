@@ -1,0 +1,224 @@
+"""The ``ccl`` backend: Intel oneCCL through commlayer's own pybind11 binding (csrc/ccl/).
+
+No torch C++ API and no ``oneccl_bindings_for_pytorch``: tensors are handed to oneCCL as raw
+pointers, and every op returns a :class:`CclWork` wrapping oneCCL's event. Ranks given to the
+methods are group ranks, as everywhere in the backend contract.
+"""
+from __future__ import annotations
+
+import ctypes
+from datetime import timedelta
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+import torch
+
+from commlayer.backend import Backend
+from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.work import Work
+
+from . import _native
+from ._bootstrap import Connection, connect
+from ._environment import apply_defaults
+from ._locate import find_oneccl
+from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, buffer
+
+__all__ = ["CclBackend", "INSTALL_HINT"]
+
+INSTALL_HINT = (
+    "pip install pybind11 'commlayer[ccl]' (oneccl-cpu and oneccl-cpu-devel 2021.14), then build "
+    "the extension from the commlayer checkout: pip install --no-build-isolation -e ."
+)
+
+
+class CclBackend(Backend):
+    """One oneCCL communicator over ``spec.ranks``."""
+
+    name = "ccl"
+    capabilities = Capabilities(
+        devices=frozenset({"cpu"}), dtypes=CCL_DTYPES, reduce_ops=CCL_REDUCE_OPS
+    )
+    install_hint = INSTALL_HINT
+
+    def __init__(self, spec: GroupSpec, native: ModuleType, connection: Connection) -> None:
+        super().__init__(spec)
+        self._native = native
+        self._connection: Connection | None = connection
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        try:
+            _load_native()
+        except ExtensionMissing as error:
+            install = find_oneccl(require_headers=False)
+            where = f"oneCCL found at {install.prefix}" if install else "oneCCL is not installed"
+            return Availability.no(f"the oneCCL extension is not built ({where}): {error}", INSTALL_HINT)
+        return Availability.yes()
+
+    @classmethod
+    def create_world(cls, spec: GroupSpec) -> CclBackend:
+        native = _load_native(spec.timeout)
+        return cls(spec, native, connect(spec, native))
+
+    def new_group(self, spec: GroupSpec) -> CclBackend | None:
+        # Only members talk: the group's own KVS replaces torch's "every rank calls new_group".
+        if not spec.is_member:
+            return None
+        return type(self)(spec, self._native, connect(spec, self._native))
+
+    def shutdown(self) -> None:
+        self._connection = None
+
+    @property
+    def kvs_address(self) -> str:
+        """``ip_port`` of the oneCCL KVS this communicator was built from (for diagnostics)."""
+        return self._live().address
+
+    # --- the mandatory core ----------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        pointer, count = buffer(tensor)
+        post = lambda c, red: c.allreduce(pointer, pointer, count, self._dtype(tensor), red)
+        return self._reduction("all_reduce", post, op, tensor, [tensor])
+
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+        source, count = buffer(tensor)
+        event = self._live().communicator.allgather(source, output.data_ptr(), count, self._dtype(tensor))
+        return self._work(event, "all_gather_into_tensor", [output], [tensor])
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
+        pointer, count = buffer(tensor)
+        event = self._live().communicator.broadcast(pointer, count, self._dtype(tensor), root)
+        return self._work(event, "broadcast", [tensor])
+
+    def barrier(self) -> Work:
+        return self._work(self._live().communicator.barrier(), "barrier")
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        pointer, count = buffer(tensor)
+        event = self._live().communicator.send(pointer, count, self._dtype(tensor), dst, tag)
+        return self._work(event, "send", keep_alive=[tensor])
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        pointer, count = buffer(tensor)
+        event = self._live().communicator.recv(pointer, count, self._dtype(tensor), src, tag)
+        return self._work(event, "recv", [tensor])
+
+    # --- native versions of the generic fallbacks -----------------------------------------
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+        # In place: oneCCL leaves a non-root rank's buffer as it was.
+        pointer, count = buffer(tensor)
+        post = lambda c, red: c.reduce(pointer, pointer, count, self._dtype(tensor), red, root)
+        return self._reduction("reduce", post, op, tensor, [tensor], average=self.rank == root)
+
+    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
+        source, count = buffer(tensor)
+        targets = [output.data_ptr() for output in outputs]
+        event = self._live().communicator.allgatherv_list(
+            source, count, targets, [count] * self.size, self._dtype(tensor)
+        )
+        return self._work(event, "all_gather", list(outputs), [tensor])
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        source, target, count = tensor.data_ptr(), output.data_ptr(), output.numel()
+        post = lambda c, red: c.reduce_scatter(source, target, count, self._dtype(tensor), red)
+        return self._reduction("reduce_scatter_tensor", post, op, tensor, [output])
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+    ) -> Work:
+        communicator, dtype = self._live().communicator, self._dtype(tensor)
+        if not output_splits and not input_splits:
+            count = tensor.numel() // self.size
+            event = communicator.alltoall(tensor.data_ptr(), output.data_ptr(), count, dtype)
+        else:
+            send_counts = _element_counts(tensor, input_splits, self.size)
+            recv_counts = _element_counts(output, output_splits, self.size)
+            event = communicator.alltoallv(
+                tensor.data_ptr(), send_counts, output.data_ptr(), recv_counts, dtype
+            )
+        return self._work(event, "all_to_all_single", [output], [tensor])
+
+    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
+        # oneCCL's alltoallv takes one flat buffer per side (per-rank buffers are rejected).
+        flat_in = torch.cat([chunk.reshape(-1) for chunk in inputs])
+        flat_out = flat_in.new_empty(sum(output.numel() for output in outputs))
+        event = self._live().communicator.alltoallv(
+            flat_in.data_ptr(),
+            [chunk.numel() for chunk in inputs],
+            flat_out.data_ptr(),
+            [output.numel() for output in outputs],
+            self._dtype(flat_in),
+        )
+        work = self._work(event, "all_to_all", [], [flat_in, flat_out])
+        return work.then(lambda: _unflatten_into(flat_out, outputs))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _live(self) -> Connection:
+        if self._connection is None:
+            raise RuntimeError(f"ccl: group '{self.spec.name}' was shut down (rank {self.spec.global_rank})")
+        return self._connection
+
+    def _dtype(self, tensor: torch.Tensor) -> Any:
+        return _native.datatype(self._native, tensor.dtype)
+
+    def _work(
+        self,
+        event: Any,
+        op: str,
+        result: Sequence[torch.Tensor] = (),
+        keep_alive: Sequence[torch.Tensor] = (),
+    ) -> CclWork:
+        what = f"ccl {op} (group '{self.spec.name}', rank {self.spec.global_rank})"
+        return CclWork(event, what, self.spec.timeout, result, [*result, *keep_alive])
+
+    def _reduction(
+        self,
+        op_name: str,
+        post: Callable[[Any, Any], Any],
+        op: ReduceOp,
+        source: torch.Tensor,
+        results: list[torch.Tensor],
+        average: bool = True,
+    ) -> Work:
+        """Post a reducing op; AVG runs as SUM and divides the results afterwards."""
+        event = post(self._live().communicator, _native.reduction(self._native, op))
+        work = self._work(event, op_name, results, [source])
+        if op is not ReduceOp.AVG or not average:
+            return work
+        return work.then(lambda: [result.div_(self.size) for result in results])
+
+
+def _load_native(timeout: timedelta | None = None) -> ModuleType:
+    """Set oneCCL's environment, preload libccl, import the extension."""
+    install = find_oneccl(require_headers=False)
+    if timeout is not None:
+        apply_defaults(install, timeout)
+    if install is not None:
+        # The extension's rpath names the lib folder it was built against; loading the runtime
+        # library found now by its soname first keeps a moved or rebuilt environment working.
+        ctypes.CDLL(str(install.library), mode=ctypes.RTLD_GLOBAL)
+    return _native.load_extension()
+
+
+def _element_counts(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[int]:
+    """Per-rank element counts of a dim-0 split (rows x elements per row)."""
+    if not splits:
+        return [tensor.numel() // parts] * parts
+    row = tensor[0].numel() if tensor.shape[0] else 0
+    return [split * row for split in splits]
+
+
+def _unflatten_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
+    offset = 0
+    for output in outputs:
+        output.copy_(flat[offset : offset + output.numel()].view_as(output))
+        offset += output.numel()
