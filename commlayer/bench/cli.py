@@ -1,0 +1,217 @@
+"""``commlayer bench``: collective microbenchmarks of every backend, side by side.
+
+Two ways to run it:
+
+* ``commlayer bench -n 4 ...`` starts 4 local ranks itself (through :mod:`commlayer.launcher`);
+  rank 0 hands its records back to this process, which prints and writes the outputs.
+* ``torchrun --nproc-per-node 4 -m commlayer bench ...`` (or under mpirun / srun, e.g.
+  ``mpirun -n 4 python -m commlayer bench --backends mpi``): every rank runs the sweep in place,
+  rank 0 prints.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from commlayer.launcher import LaunchConfig, launch
+from commlayer.rendezvous import discover
+
+from .cases import BENCH_OPS
+from .formulas import parse_size
+from .options import BENCH_DTYPES, BenchOptions
+from .progress import ProgressBar, follow_file
+from .records import SweepResult, write_csv, write_json
+from .runner import count_steps, run_sweep
+from .table import format_report
+
+__all__ = ["add_arguments", "main"]
+
+OPTIONS_ENV = "COMMLAYER_BENCH_OPTIONS"
+RESULT_ENV = "COMMLAYER_BENCH_RESULT"
+PROGRESS_ENV = "COMMLAYER_BENCH_PROGRESS"
+
+#: Backends whose ranks must be started by a particular launcher, and the command to suggest.
+NEEDS_LAUNCHER = {"mpi": "mpirun -n {n} {python} -m commlayer bench --backends mpi ..."}
+
+_DESCRIPTION = """\
+Time collectives on one or more backends and print nccl-tests-style tables.
+time_us is the slowest rank's mean time per op; algbw = S / time_us; busbw = algbw x factor with
+nccl-tests' factors (doc/PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather and reduce_scatter
+(n-1)/n with S the full buffer, all_to_all (n-1)/n, broadcast and pingpong 1. Note: DeepSpeed's
+comms benchmark reports all_reduce bandwidth as 2S/t; we follow nccl-tests, so our all_reduce busbw
+is (n-1)/n of DeepSpeed's figure.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``commlayer bench``'s options to ``parser`` (the subcommand parser of commlayer.cli)."""
+    parser.description = _DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("-n", "--nproc-per-node", dest="nproc", type=_positive_int, default=None, metavar="N",
+                        help="start N local ranks (leave out under torchrun, mpirun or srun)")
+    parser.add_argument("--backends", default="gloo", help="comma-separated backends to compare (default gloo)")
+    parser.add_argument("--ops", default=",".join(BENCH_OPS),
+                        help=f"comma-separated ops (default all: {','.join(BENCH_OPS)}); pingpong is "
+                             "send/recv between rank pairs, timed as half a round trip")
+    parser.add_argument("-b", "--min-bytes", default="8", type=_size, help="smallest message S (default 8; K/M/G suffixes)")
+    parser.add_argument("-e", "--max-bytes", default="1G", type=_size, help="largest message S (default 1G)")
+    parser.add_argument("-f", "--step-factor", default=2.0, type=float, help="size multiplier between steps (default 2)")
+    parser.add_argument("--dtype", default="float32", choices=list(BENCH_DTYPES), help="element type (default float32)")
+    parser.add_argument("--iters", default=20, type=_positive_int, help="timed iterations per size (default 20)")
+    parser.add_argument("--warmup", default=5, type=int, help="untimed iterations per size first (default 5)")
+    parser.add_argument("--async", dest="async_op", action="store_true",
+                        help="launch every iteration with async_op=True, then wait for all of them")
+    parser.add_argument("--check", action="store_true",
+                        help="verify every iteration against exact expected values and count wrong elements")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: the backend's accelerator if present)")
+    parser.add_argument("--timeout", dest="timeout_s", default=300.0, type=float, help="seconds before a stuck rank fails")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the records as a JSON list")
+    parser.add_argument("--csv", type=Path, default=None, metavar="FILE", help="write the records as CSV")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="plot busbw and small-size latency")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        options = _options(args)
+    except ValueError as error:
+        print(f"commlayer bench: {error}", file=sys.stderr)
+        return 2
+    if args.nproc is not None:
+        return _launch_local(options, args)
+    return _run_in_place(options, args)
+
+
+# --- the two modes ---------------------------------------------------------------------------
+
+
+def _launch_local(options: BenchOptions, args: argparse.Namespace) -> int:
+    if discover(os.environ) is not None:
+        print("commlayer bench: -n starts ranks itself; under torchrun, mpirun or srun leave it out", file=sys.stderr)
+        return 2
+    runnable = _drop_launcher_bound(options, args.nproc)
+    if runnable is None:
+        return 2
+    with tempfile.TemporaryDirectory(prefix="commlayer-bench-") as scratch:
+        result_path, progress_path = Path(scratch) / "result.json", Path(scratch) / "progress"
+        env = {**os.environ, OPTIONS_ENV: runnable.to_json(), RESULT_ENV: str(result_path), PROGRESS_ENV: str(progress_path)}
+        config = LaunchConfig((sys.executable, "-m", "commlayer.bench.worker"), args.nproc, env=env,
+                              timeout=runnable.timeout_s * 4 + 60)
+        bar, stop = ProgressBar(count_steps(runnable)), threading.Event()
+        follower = threading.Thread(target=follow_file, args=(progress_path, bar, stop), daemon=True)
+        follower.start()
+        try:
+            outcome = launch(config)
+        finally:
+            stop.set()
+            follower.join()
+        if outcome.exit_code != 0 or not result_path.exists():
+            print(outcome.summary("commlayer bench") or "commlayer bench: rank 0 wrote no results", file=sys.stderr)
+            return outcome.exit_code or 1
+        result = SweepResult.from_json(_read_json(result_path))
+    return _publish(result, runnable, args)
+
+
+def _run_in_place(options: BenchOptions, args: argparse.Namespace) -> int:
+    if discover(os.environ) is None:
+        print("commlayer bench: no launcher environment and no -n: running a world of 1 rank", file=sys.stderr)
+    bar = ProgressBar(count_steps(options))
+    try:
+        result = run_sweep(options, bar.update)
+    finally:
+        bar.close()
+    if result is None:
+        return 0  # not rank 0: rank 0 reports
+    return _publish(result, options, args)
+
+
+def _publish(result: SweepResult, options: BenchOptions, args: argparse.Namespace) -> int:
+    """Print the tables and write the requested files; non-zero if any element was wrong."""
+    print(format_report(result, options), end="", flush=True)
+    if args.json is not None:
+        write_json(args.json, result.records)
+    if args.csv is not None:
+        write_csv(args.csv, result.records)
+    if args.plot is not None:
+        from .plot import write_plot  # matplotlib only when a plot is asked for
+
+        write_plot(args.plot, result.records, _plot_title(result, options))
+    wrong = sum(record.wrong or 0 for record in result.records)
+    if wrong:
+        print(f"commlayer bench: {wrong} wrong elements (see the 'wrong' column)", file=sys.stderr)
+        return 1
+    return 0 if result.records else 1
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _options(args: argparse.Namespace) -> BenchOptions:
+    return BenchOptions(
+        backends=_names(args.backends),
+        ops=_names(args.ops),
+        min_bytes=args.min_bytes,
+        max_bytes=args.max_bytes,
+        step_factor=args.step_factor,
+        dtype=args.dtype,
+        iters=args.iters,
+        warmup=args.warmup,
+        async_op=args.async_op,
+        check=args.check,
+        device=args.device,
+        timeout_s=args.timeout_s,
+    )
+
+
+def _drop_launcher_bound(options: BenchOptions, nproc: int) -> BenchOptions | None:
+    """Leave out backends that -n cannot start, saying how to run them; None if none is left."""
+    keep = []
+    for backend in options.backends:
+        command = NEEDS_LAUNCHER.get(backend)
+        if command is None or nproc == 1:
+            keep.append(backend)
+            continue
+        how = command.format(n=nproc, python=Path(sys.executable).name)
+        print(f"commlayer bench: backend '{backend}' needs ranks started by its own launcher; run: {how}", file=sys.stderr)
+    if not keep:
+        return None
+    return BenchOptions(**{**options.__dict__, "backends": tuple(keep)})
+
+
+def _plot_title(result: SweepResult, options: BenchOptions) -> str:
+    devices = ", ".join(sorted({device for _, device in result.devices})) or "?"
+    return f"commlayer bench: {result.world_size} ranks on {devices}, {options.dtype}, {options.iters} iters"
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip().lower() for name in text.split(",") if name.strip())
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {text!r}")
+    return int(text)
+
+
+def standalone(argv: Sequence[str] | None = None) -> int:
+    """``python -m commlayer.bench``: the same command without the ``commlayer`` front end."""
+    parser = argparse.ArgumentParser(prog="commlayer bench")
+    add_arguments(parser)
+    return main(parser.parse_args(argv))

@@ -1,0 +1,83 @@
+"""One measured row of ``commlayer bench``, and its JSON / CSV files.
+
+A JSON file is a list of objects with exactly :data:`RECORD_KEYS`; the CSV file has the same
+columns in the same order. ``wrong`` is null (empty in CSV) when the run was not made with
+``--check``: "not checked" must never read as "0 wrong".
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+__all__ = ["RECORD_KEYS", "BenchRecord", "SweepResult", "read_json", "write_csv", "write_json"]
+
+
+@dataclass(frozen=True)
+class BenchRecord:
+    """The slowest rank's time of one (backend, op, size); bandwidths follow from it."""
+
+    backend: str
+    op: str
+    bytes: int  # nccl-tests' S (see commlayer.bench.formulas)
+    count: int  # elements in S
+    dtype: str
+    world_size: int
+    time_us: float  # per op, max over ranks of each rank's mean
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int | None  # wrong elements summed over ranks and iterations; None: not checked
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RECORD_KEYS = tuple(field.name for field in fields(BenchRecord))
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What rank 0 reports: the records, why anything was skipped, and how the run was made."""
+
+    records: tuple[BenchRecord, ...]
+    notes: tuple[str, ...] = ()
+    world_size: int = 1
+    devices: tuple[tuple[str, str], ...] = ()  # (backend, device) pairs actually used
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "records": [record.as_dict() for record in self.records],
+            "notes": list(self.notes),
+            "world_size": self.world_size,
+            "devices": [list(pair) for pair in self.devices],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SweepResult:
+        return cls(
+            records=tuple(BenchRecord(**row) for row in data["records"]),
+            notes=tuple(data.get("notes", ())),
+            world_size=int(data.get("world_size", 1)),
+            devices=tuple((backend, device) for backend, device in data.get("devices", ())),
+        )
+
+
+def write_json(path: str | Path, records: Iterable[BenchRecord]) -> None:
+    rows = [record.as_dict() for record in records]
+    Path(path).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+def read_json(path: str | Path) -> list[BenchRecord]:
+    return [BenchRecord(**row) for row in json.loads(Path(path).read_text(encoding="utf-8"))]
+
+
+def write_csv(path: str | Path, records: Sequence[BenchRecord]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as stream:
+        writer = csv.DictWriter(stream, fieldnames=RECORD_KEYS)
+        writer.writeheader()
+        for record in records:
+            row = record.as_dict()
+            row["wrong"] = "" if record.wrong is None else record.wrong
+            writer.writerow(row)

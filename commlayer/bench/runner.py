@@ -1,0 +1,261 @@
+"""The per-rank sweep: every backend, op and size, timed and (with ``--check``) verified.
+
+Every rank runs :func:`run_sweep`; rank 0 gets the records. The world is initialised once on gloo
+as a *control plane* (aligning ranks, gathering times and skip decisions), and each benchmarked
+backend gets its own group, ``dist.new_group(backend=name)``, over every rank. Why not init and
+destroy the default group once per backend instead:
+
+* one rendezvous serves every backend; re-initialising would need a fresh store per backend,
+  which torchrun's agent-hosted store and MPI (no re-init after finalize) do not allow;
+* a backend that fails to start, or computes wrong results, cannot disturb the timing and
+  agreement traffic, which never runs on it.
+
+Example, 2 ranks, ``--backends gloo,ccl``: the default group is gloo (control); ``group_gloo``
+and ``group_ccl`` both span ranks [0, 1]; all_reduce on ``group_ccl`` is timed, then its time
+and wrong count travel to rank 0 over the default group.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+
+from commlayer import dist
+from commlayer.registry import get_backend_class
+from commlayer.rendezvous import discover
+
+from .cases import FACADE_OPS, CaseContext, check_values_exact, layout, make_case
+from .formulas import algbw_gbps, busbw_factor
+from .options import BenchOptions
+from .records import BenchRecord, SweepResult
+
+__all__ = ["StepReporter", "count_steps", "run_sweep"]
+
+CONTROL_BACKEND = "gloo"
+_ACCELERATORS = ("cuda", "xpu", "npu", "hpu")
+
+#: Called on rank 0 after each measured (or skipped) step: (steps done, label).
+StepReporter = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The sizes each op runs at, shared by the sweep and the progress total."""
+
+    options: BenchOptions
+
+    def sizes(self, op: str) -> list[int]:
+        if op == "barrier":
+            return [0]
+        return self.options.sizes
+
+
+def count_steps(options: BenchOptions) -> int:
+    plan = _Plan(options)
+    return len(options.backends) * sum(len(plan.sizes(op)) for op in options.ops)
+
+
+def run_sweep(options: BenchOptions, report_step: StepReporter | None = None) -> SweepResult | None:
+    """Initialise the control world, run every backend in turn, tear everything down.
+
+    Returns the result on rank 0 and None on every other rank.
+    """
+    dist.init_process_group(CONTROL_BACKEND, timeout=timedelta(seconds=options.timeout_s))
+    try:
+        if options.check:
+            check_values_exact(options.torch_dtype, dist.get_world_size())
+        return _Sweep(options, report_step).run()
+    finally:
+        dist.destroy_process_group()
+
+
+class _Sweep:
+    def __init__(self, options: BenchOptions, report_step: StepReporter | None) -> None:
+        self.options = options
+        self.plan = _Plan(options)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.report_step = report_step if self.rank == 0 else None
+        self.steps_done = 0
+        self.records: list[BenchRecord] = []
+        self.notes: list[str] = []
+        self.devices: list[tuple[str, str]] = []
+
+    def run(self) -> SweepResult | None:
+        for backend in self.options.backends:
+            group, device = self._open(backend)
+            if group is None:
+                self._skip_steps(backend, self.options.ops)
+                continue
+            self.devices.append((backend, str(device)))
+            try:
+                for op in self.options.ops:
+                    self._run_op(backend, op, group, device)
+            finally:
+                dist.destroy_process_group(group)
+        if self.rank != 0:
+            return None
+        return SweepResult(tuple(self.records), tuple(self.notes), self.world_size, tuple(self.devices))
+
+    # --- one backend -----------------------------------------------------------------------
+
+    def _open(self, backend: str) -> tuple[Any, torch.device | None]:
+        """A group on ``backend`` over every rank, or None (with a note) if any rank failed."""
+        group, device, failure = None, None, ""
+        try:
+            device = _device_for(backend, self.options.device)
+            group = dist.new_group(backend=backend, timeout=timedelta(seconds=self.options.timeout_s))
+        except Exception as error:  # noqa: BLE001 - reported as a skip, agreed by every rank
+            failure = f"{type(error).__name__}: {error}"
+        failures = [""] * self.world_size
+        dist.all_gather_object(failures, failure)
+        reason = next((text for text in failures if text), None)
+        if reason is None:
+            return group, device
+        if group is not None:
+            dist.destroy_process_group(group)
+        failed_ranks = [rank for rank, text in enumerate(failures) if text]
+        self.notes.append(f"{backend}: skipped (failed to start on ranks {failed_ranks}): {reason}")
+        return None, None
+
+    def _run_op(self, backend: str, op: str, group: Any, device: torch.device) -> None:
+        reason = self._unsupported(backend, op, device)
+        if reason is not None:
+            self.notes.append(f"{backend} {op}: skipped: {reason}")
+            self._skip_steps(backend, (op,))
+            return
+        context = CaseContext(group, self.rank, self.world_size, device, self.options.torch_dtype)
+        measured: set[int] = set()
+        for requested in self.plan.sizes(op):
+            shape = layout(op, requested, self.options.torch_dtype, self.world_size)
+            if shape.nbytes not in measured:  # rounding to whole chunks can repeat a size
+                measured.add(shape.nbytes)
+                time_us, wrong = self._measure(make_case(context, shape), device)
+                self._record(backend, shape.op, shape.nbytes, shape.count, time_us, wrong)
+            self._advance(f"{backend} {op} {requested}B")
+
+    def _unsupported(self, backend: str, op: str, device: torch.device) -> str | None:
+        capabilities = get_backend_class(backend).capabilities
+        missing = [name for name in FACADE_OPS[op] if name not in capabilities.ops]
+        if missing:
+            return f"backend does not support {', '.join(missing)}"
+        if op != "barrier" and self.options.torch_dtype not in capabilities.dtypes:
+            return f"backend does not support dtype {self.options.dtype}"
+        if op == "pingpong" and self.world_size < 2:
+            return "pingpong needs at least 2 ranks"
+        if device.type not in capabilities.devices:
+            return f"backend does not run on {device.type}"
+        return None
+
+    # --- one size --------------------------------------------------------------------------
+
+    def _measure(self, case: Any, device: torch.device) -> tuple[float, int]:
+        """This rank's mean time per op in us, and its wrong elements over every iteration."""
+        options = self.options
+        case.fill(0)
+        for _ in range(options.warmup):
+            _finish(case.launch(options.async_op))
+        _synchronize(device)
+        if options.check:
+            return self._measure_checked(case, device)
+        dist.barrier()
+        start = time.perf_counter()
+        if options.async_op:
+            works = [case.launch(True) for _ in range(options.iters)]
+            for work in works:
+                _finish(work)
+        else:
+            for _ in range(options.iters):
+                case.launch(False)
+        _synchronize(device)
+        return (time.perf_counter() - start) / options.iters * 1e6, 0
+
+    def _measure_checked(self, case: Any, device: torch.device) -> tuple[float, int]:
+        """Refill, time and verify each iteration on its own; only the op itself is timed."""
+        elapsed, wrong = 0.0, 0
+        for iteration in range(self.options.iters):
+            case.fill(iteration)
+            _synchronize(device)
+            dist.barrier()  # ranks start together, so nobody's fill or verify is timed
+            start = time.perf_counter()
+            _finish(case.launch(self.options.async_op))
+            _synchronize(device)
+            elapsed += time.perf_counter() - start
+            wrong += case.wrong(iteration)
+        return elapsed / self.options.iters * 1e6, wrong
+
+    def _record(self, backend: str, op: str, nbytes: int, count: int, time_us: float, wrong: int) -> None:
+        """Gather every rank's (time, wrong) over the control group; rank 0 keeps the record."""
+        local = torch.tensor([time_us, float(wrong)], dtype=torch.float64)
+        gathered = torch.empty(2 * self.world_size, dtype=torch.float64)
+        dist.all_gather_into_tensor(gathered, local)
+        if self.rank != 0:
+            return
+        per_rank = gathered.view(self.world_size, 2)
+        slowest_us = float(per_rank[:, 0].max())
+        algbw = algbw_gbps(nbytes, slowest_us / 1e6)
+        self.records.append(BenchRecord(
+            backend=backend,
+            op=op,
+            bytes=nbytes,
+            count=count,
+            dtype=self.options.dtype,
+            world_size=self.world_size,
+            time_us=slowest_us,
+            algbw_gbps=algbw,
+            busbw_gbps=algbw * busbw_factor(op, self.world_size),
+            wrong=int(per_rank[:, 1].sum()) if self.options.check else None,
+        ))
+
+    def _skip_steps(self, backend: str, ops: Any) -> None:
+        for op in ops:
+            for _ in self.plan.sizes(op):
+                self._advance(f"{backend} {op} skipped")
+
+    def _advance(self, label: str) -> None:
+        self.steps_done += 1
+        if self.report_step is not None:
+            self.report_step(self.steps_done, label)
+
+
+# --- devices -----------------------------------------------------------------------------
+
+
+def _device_for(backend: str, requested: str) -> torch.device:
+    """``--device``, or (auto) the first accelerator the backend serves and this host has."""
+    local_rank = _local_rank()
+    if requested != "auto":
+        kind = torch.device(requested).type
+        return torch.device(kind) if kind == "cpu" else _accelerator(kind, local_rank)
+    devices = get_backend_class(backend).capabilities.devices
+    for kind in _ACCELERATORS:
+        module = getattr(torch, kind, None)
+        if kind in devices and module is not None and module.is_available():
+            return _accelerator(kind, local_rank)
+    return torch.device("cpu")
+
+
+def _accelerator(kind: str, local_rank: int) -> torch.device:
+    module = getattr(torch, kind)
+    index = local_rank % max(1, module.device_count())
+    module.set_device(index)
+    return torch.device(kind, index)
+
+
+def _local_rank() -> int:
+    found = discover(os.environ)
+    return 0 if found is None else found.local_rank
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize(device)
+
+
+def _finish(work: Any) -> None:
+    if work is not None:
+        work.wait()

@@ -1,0 +1,33 @@
+"""What each rank started by ``commlayer bench -n N`` runs: the sweep, then rank 0's result file.
+
+The parent passes the options as JSON in ``$COMMLAYER_BENCH_OPTIONS`` and names the files for
+rank 0's result and progress in ``$COMMLAYER_BENCH_RESULT`` / ``$COMMLAYER_BENCH_PROGRESS``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .cli import OPTIONS_ENV, PROGRESS_ENV, RESULT_ENV
+from .options import BenchOptions
+from .progress import StepFileWriter
+from .runner import run_sweep
+
+__all__ = ["main"]
+
+
+def main() -> int:
+    options = BenchOptions.from_json(os.environ[OPTIONS_ENV])
+    progress = os.environ.get(PROGRESS_ENV)
+    result = run_sweep(options, StepFileWriter(progress) if progress else None)
+    if result is not None:
+        target = Path(os.environ[RESULT_ENV])
+        staging = target.with_suffix(".partial")
+        staging.write_text(json.dumps(result.to_json()), encoding="utf-8")
+        staging.replace(target)  # the parent never reads a half-written file
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
