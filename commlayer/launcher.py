@@ -113,6 +113,7 @@ class LaunchResult:
     timed_out: bool = False
     signal_received: int | None = None
     stop_reason: str | None = None  # what SuperviseOptions.stop_check returned
+    timeout: float | None = None  # the limit that applied, for the summary
 
     @property
     def exit_code(self) -> int:
@@ -138,9 +139,11 @@ class LaunchResult:
             return f"{prefix}: {failed.label} {_describe_exit(failed.exit_code)}; stopped {others}"
         if self.signal_received is not None:
             name = signal.Signals(self.signal_received).name
-            return f"{prefix}: received {name} and forwarded it; stopped {_listing(stopped)} that did not exit"
+            killed = f"; killed {_listing(stopped)} (still running after the grace period)" if stopped else ""
+            return f"{prefix}: received {name} and forwarded it to every process{killed}"
         if self.timed_out:
-            return f"{prefix}: timed out; stopped {_listing(stopped)} that were still running"
+            after = "" if self.timeout is None else f" after {self.timeout:g}s"
+            return f"{prefix}: timed out{after}; stopped {_listing(stopped)} (still running)"
         if self.stop_reason is not None:
             return f"{prefix}: {self.stop_reason}; stopped {_listing(stopped)}"
         return None
@@ -207,6 +210,7 @@ def supervise(specs: Sequence[ProcessSpec], options: SuperviseOptions) -> Launch
         timed_out=ending.timed_out,
         signal_received=ending.signal_received,
         stop_reason=ending.stop_reason,
+        timeout=options.timeout,
     )
 
 
@@ -434,4 +438,4 @@ def _describe_exit(code: int) -> str:
 
 
 def _listing(labels: list[str]) -> str:
-    return ", ".join(labels) if labels else "no processes"
+    return ", ".join(labels) if labels else "nothing"
