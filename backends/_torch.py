@@ -5,7 +5,7 @@ so ``group.torch_group`` is a real ProcessGroup that DDP and FSDP accept.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.distributed as torch_dist
@@ -16,9 +16,19 @@ from commlayer.work import TorchWork, Work
 
 __all__ = ["TorchBackend"]
 
-# torch 2.13 renamed the tensor-in/tensor-out collectives and deprecated the old names.
-_all_gather_tensor = getattr(torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor)
-_reduce_scatter_tensor = getattr(torch_dist, "reduce_scatter_single", torch_dist.reduce_scatter_tensor)
+_TORCH_OPS = {op: getattr(torch_dist.ReduceOp, op.name) for op in ReduceOp}
+
+
+def _reduce_options(op: Any, kind: Any) -> Any:
+    options = kind()
+    options.reduceOp = op
+    return options
+
+
+# Options objects are built once and only read afterwards: the facade has validated everything
+# torch's Python wrappers would check, so the hot ops call the ProcessGroup's methods directly.
+_ALLREDUCE_OPTIONS = {op: _reduce_options(torch_op, torch_dist.AllreduceOptions) for op, torch_op in _TORCH_OPS.items()}
+_REDUCE_SCATTER_OPTIONS = {op: _reduce_options(torch_op, torch_dist.ReduceScatterOptions) for op, torch_op in _TORCH_OPS.items()}
 
 
 class TorchBackend(Backend):
@@ -78,16 +88,15 @@ class TorchBackend(Backend):
     # --- core ----------------------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
-        run = lambda torch_op: torch_dist.all_reduce(tensor, torch_op, self._pg, async_op=True)
-        return self._reduce_with(run, op, [tensor])
+        return self._reduce_with(lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o]), op, (tensor,))
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
-        work = _all_gather_tensor(output, tensor, self._pg, async_op=True)
-        return TorchWork(work, [output])
+        return TorchWork(self._pg._allgather_base(output, tensor), (output,))
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
-        work = torch_dist.broadcast(tensor, self._global(root), self._pg, async_op=True)
-        return TorchWork(work, [tensor])
+        options = torch_dist.BroadcastOptions()
+        options.rootRank = root  # a group rank, as the ProcessGroup itself counts
+        return TorchWork(self._pg.broadcast([tensor], options), (tensor,))
 
     def barrier(self) -> Work:
         return TorchWork(torch_dist.barrier(self._pg, async_op=True))
@@ -104,8 +113,8 @@ class TorchBackend(Backend):
         if "reduce" in self.generic_ops:
             return super().reduce(tensor, root, op)
         dst = self._global(root)
-        run = lambda torch_op: torch_dist.reduce(tensor, dst, torch_op, self._pg, async_op=True)
-        return self._reduce_with(run, op, [tensor], average=self.rank == root)
+        run = lambda o: torch_dist.reduce(tensor, dst, _TORCH_OPS[o], self._pg, async_op=True)
+        return self._reduce_with(run, op, (tensor,), average=self.rank == root)
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
         if "all_gather" in self.generic_ops:
@@ -116,14 +125,14 @@ class TorchBackend(Backend):
     def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
         if "reduce_scatter_tensor" in self.generic_ops:
             return super().reduce_scatter_tensor(output, tensor, op)
-        run = lambda torch_op: _reduce_scatter_tensor(output, tensor, torch_op, self._pg, async_op=True)
-        return self._reduce_with(run, op, [output])
+        run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o])
+        return self._reduce_with(run, op, (output,))
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp) -> Work:
         if "reduce_scatter" in self.generic_ops:
             return super().reduce_scatter(output, inputs, op)
-        run = lambda torch_op: torch_dist.reduce_scatter(output, list(inputs), torch_op, self._pg, async_op=True)
-        return self._reduce_with(run, op, [output])
+        run = lambda o: torch_dist.reduce_scatter(output, list(inputs), _TORCH_OPS[o], self._pg, async_op=True)
+        return self._reduce_with(run, op, (output,))
 
     def all_to_all_single(
         self,
@@ -164,12 +173,15 @@ class TorchBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
     def _reduce_with(
-        self, run: Any, op: ReduceOp, results: list[torch.Tensor], average: bool = True
+        self, run: Callable[[ReduceOp], Any], op: ReduceOp, results: tuple[torch.Tensor, ...], average: bool = True
     ) -> Work:
-        """Run a reducing torch call, emulating AVG as SUM-then-divide where torch lacks it."""
+        """Start a reducing torch call; emulate AVG as SUM, then divide, where torch lacks it.
+
+        ``average`` is False on ranks that receive no result (reduce's non-roots).
+        """
         if op is not ReduceOp.AVG or self.native_avg:
-            return TorchWork(run(getattr(torch_dist.ReduceOp, op.name)), results)
-        work = TorchWork(run(torch_dist.ReduceOp.SUM), results)
+            return TorchWork(run(op), results)
+        work = TorchWork(run(ReduceOp.SUM), results)
         if not average:
             return work
         return work.then(lambda: [result.div_(self.size) for result in results])

@@ -18,6 +18,10 @@ from .errors import CommTimeoutError
 
 __all__ = ["CompletedWork", "PolledWork", "TorchWork", "Work", "WorkList", "to_seconds"]
 
+# Epilogues run once, under one process-wide lock: completion is rare next to launching, and a
+# lock per Work would cost every call an allocation. Re-entrant, as an epilogue may wait on others.
+_COMPLETION_LOCK = threading.RLock()
+
 
 def to_seconds(timeout: timedelta | float | None) -> float | None:
     if timeout is None:
@@ -31,9 +35,8 @@ class Work(ABC):
     """Handle of an operation in flight, shaped like ``torch.distributed.Work``."""
 
     def __init__(self, result: Sequence[torch.Tensor] = ()) -> None:
-        self._result = list(result)
+        self._result = result
         self._done = False
-        self._lock = threading.Lock()
         self._error: BaseException | None = None
 
     @abstractmethod
@@ -42,7 +45,7 @@ class Work(ABC):
 
     @abstractmethod
     def _block(self, timeout_s: float | None) -> bool:
-        """Block until completion; return False if ``timeout_s`` passed first."""
+        """Block until completion; return False if ``timeout_s`` seconds passed first."""
 
     def _on_complete(self) -> None:
         """Hook for subclasses that run an epilogue exactly once after completion."""
@@ -69,7 +72,7 @@ class Work(ABC):
         return self._error
 
     def result(self) -> list[torch.Tensor]:
-        return self._result
+        return list(self._result)
 
     def then(self, epilogue: Callable[[], None]) -> Work:
         """A Work that runs ``epilogue`` once, after this one completes and before it reports done."""
@@ -93,7 +96,7 @@ class Work(ABC):
         return future
 
     def _complete(self) -> None:
-        with self._lock:
+        with _COMPLETION_LOCK:
             if self._done:
                 return
             try:

@@ -1,0 +1,245 @@
+"""Collectives with torch.distributed's signatures; each one validates, then dispatches.
+
+``src``/``dst`` are global ranks, as in torch. Example, world of 4, ``g = new_group([1, 3])``:
+``broadcast(t, src=3, group=g)`` sends global rank 3's tensor to global rank 1 (group rank 1 -> 0).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import invalid_argument
+from ..types import ReduceOp
+from ..work import Work
+from . import _validate as check
+from ._dispatch import begin, contiguous, launch
+
+__all__ = [
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+]
+
+CopyBack = list  # list[tuple[original, contiguous buffer]]
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    call = begin("all_reduce", group, check.first_device("all_reduce", "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    reduce_op = check.check_reduce_op(call, op, tensor.dtype)
+    copy_back: CopyBack = []
+    buffer = contiguous(tensor, copy_back)
+    return launch(call, lambda b: b.all_reduce(buffer, reduce_op), async_op=async_op, payload=tensor, copy_back=copy_back)
+
+
+def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    call = begin("reduce", group, check.first_device("reduce", "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    root = _root(call, "dst", dst, group_dst)
+    reduce_op = check.check_reduce_op(call, op, tensor.dtype)
+    copy_back: CopyBack = []
+    buffer = contiguous(tensor, copy_back)
+    return launch(call, lambda b: b.reduce(buffer, root, reduce_op), async_op=async_op, payload=tensor, copy_back=copy_back)
+
+
+def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
+    call = begin("broadcast", group, check.first_device("broadcast", "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    root = _root(call, "src", src, group_src)
+    copy_back: CopyBack = []
+    buffer = contiguous(tensor, copy_back)
+    return launch(call, lambda b: b.broadcast(buffer, root), async_op=async_op, payload=tensor, copy_back=copy_back)
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Work | None:
+    call = begin("all_gather", group, check.first_device("all_gather", "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    outputs = check.check_tensor_list(call, "tensor_list", tensor_list, call.group.size())
+    for index, output in enumerate(outputs):
+        check.check_dtype_match(call, f"tensor_list[{index}]", output, tensor)
+        check.check_numel(call, f"tensor_list[{index}]", output, tensor.numel(), "same as the input")
+    copy_back: CopyBack = []
+    buffers = [contiguous(output, copy_back) for output in outputs]
+    source = tensor.contiguous()
+    return launch(call, lambda b: b.all_gather(buffers, source), async_op=async_op, payload=outputs, copy_back=copy_back)
+
+
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Work | None:
+    call = begin("all_gather_into_tensor", group, check.first_device("all_gather_into_tensor", "input_tensor", input_tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "input_tensor", input_tensor)
+    check.check_tensor(call, "output_tensor", output_tensor)
+    check.check_dtype_match(call, "output_tensor", output_tensor, input_tensor)
+    size = call.group.size()
+    check.check_numel(call, "output_tensor", output_tensor, size * input_tensor.numel(), f"world size {size} x input")
+    copy_back: CopyBack = []
+    # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
+    output = contiguous(output_tensor, copy_back).view(-1)
+    source = input_tensor.contiguous().view(-1)
+    return launch(call, lambda b: b.all_gather_into_tensor(output, source), async_op=async_op, payload=output_tensor, copy_back=copy_back)
+
+
+def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+    call = begin("reduce_scatter", group, check.first_device("reduce_scatter", "output", output))
+    if call is None:
+        return None
+    check.check_tensor(call, "output", output)
+    inputs = check.check_tensor_list(call, "input_list", input_list, call.group.size())
+    for index, chunk in enumerate(inputs):
+        check.check_dtype_match(call, f"input_list[{index}]", chunk, output)
+        check.check_numel(call, f"input_list[{index}]", chunk, output.numel(), "same as the output")
+    reduce_op = check.check_reduce_op(call, op, output.dtype)
+    copy_back: CopyBack = []
+    buffer = contiguous(output, copy_back)
+    sources = [chunk.contiguous() for chunk in inputs]
+    return launch(call, lambda b: b.reduce_scatter(buffer, sources, reduce_op), async_op=async_op, payload=inputs, copy_back=copy_back)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:  # noqa: A002 - torch's name
+    call = begin("reduce_scatter_tensor", group, check.first_device("reduce_scatter_tensor", "input", input))
+    if call is None:
+        return None
+    check.check_tensor(call, "input", input)
+    check.check_tensor(call, "output", output)
+    check.check_dtype_match(call, "output", output, input)
+    size = call.group.size()
+    check.check_numel(call, "input", input, size * output.numel(), f"world size {size} x output")
+    reduce_op = check.check_reduce_op(call, op, input.dtype)
+    copy_back: CopyBack = []
+    buffer = contiguous(output, copy_back).view(-1)
+    source = input.contiguous().view(-1)
+    return launch(call, lambda b: b.reduce_scatter_tensor(buffer, source, reduce_op), async_op=async_op, payload=input, copy_back=copy_back)
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,  # noqa: A002 - torch's name
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
+    call = begin("all_to_all_single", group, check.first_device("all_to_all_single", "input", input))
+    if call is None:
+        return None
+    check.check_tensor(call, "input", input)
+    check.check_tensor(call, "output", output)
+    check.check_dtype_match(call, "output", output, input)
+    out_splits = _check_splits(call, "output_split_sizes", output_split_sizes, output)
+    in_splits = _check_splits(call, "input_split_sizes", input_split_sizes, input)
+    copy_back: CopyBack = []
+    buffer = contiguous(output, copy_back)
+    source = input.contiguous()
+    return launch(call, lambda b: b.all_to_all_single(buffer, source, out_splits, in_splits), async_op=async_op, payload=input, copy_back=copy_back)
+
+
+def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Any = None, async_op: bool = False) -> Work | None:
+    call = begin("all_to_all", group, check.first_device("all_to_all", "input_tensor_list", input_tensor_list))
+    if call is None:
+        return None
+    size = call.group.size()
+    inputs = check.check_tensor_list(call, "input_tensor_list", input_tensor_list, size)
+    outputs = check.check_tensor_list(call, "output_tensor_list", output_tensor_list, size)
+    for index, output in enumerate(outputs):
+        check.check_dtype_match(call, f"output_tensor_list[{index}]", output, inputs[0])
+    copy_back: CopyBack = []
+    buffers = [contiguous(output, copy_back) for output in outputs]
+    sources = [chunk.contiguous() for chunk in inputs]
+    return launch(call, lambda b: b.all_to_all(buffers, sources), async_op=async_op, payload=inputs, copy_back=copy_back)
+
+
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int | None = None, group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+    call = begin("gather", group, check.first_device("gather", "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    root = _root(call, "dst", dst, group_dst)
+    outputs = _root_list(call, "gather_list", gather_list, root, tensor)
+    copy_back: CopyBack = []
+    buffers = None if outputs is None else [contiguous(output, copy_back) for output in outputs]
+    source = tensor.contiguous()
+    return launch(call, lambda b: b.gather(source, buffers, root), async_op=async_op, payload=tensor, copy_back=copy_back)
+
+
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
+    call = begin("scatter", group, check.first_device("scatter", "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    root = _root(call, "src", src, group_src)
+    inputs = _root_list(call, "scatter_list", scatter_list, root, tensor)
+    copy_back: CopyBack = []
+    buffer = contiguous(tensor, copy_back)
+    sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
+    return launch(call, lambda b: b.scatter(buffer, sources, root), async_op=async_op, payload=tensor, copy_back=copy_back)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Sequence[int] | None = None, timeout: timedelta | None = None) -> Work | None:
+    call = begin("barrier", group)
+    if call is None:
+        return None
+    work = launch(call, lambda b: b.barrier(), async_op=True)
+    if async_op:
+        return work
+    work.wait(timeout or call.group.timeout)
+    return None
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _root(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:
+    """The root as a group rank, from torch's ``dst=``/``src=`` (global) or ``group_dst=``."""
+    if group_rank is not None:
+        if global_rank is not None:
+            raise invalid_argument(call.op, arg, f"either {arg} or group_{arg}, not both", (global_rank, group_rank), call.rank)
+        if not isinstance(group_rank, int) or not 0 <= group_rank < call.group.size():
+            raise invalid_argument(call.op, f"group_{arg}", f"a group rank in [0, {call.group.size()})", group_rank, call.rank)
+        return group_rank
+    return check.check_peer(call, arg, 0 if global_rank is None else global_rank)
+
+
+def _root_list(call: Any, arg: str, values: Any, root: int, reference: torch.Tensor) -> list[torch.Tensor] | None:
+    """gather_list / scatter_list: required on the root, forbidden elsewhere (torch's rule)."""
+    if call.group.rank() != root:
+        if values:
+            raise invalid_argument(call.op, arg, "None on a non-root rank", f"a list of {len(values)}", call.rank)
+        return None
+    tensors = check.check_tensor_list(call, arg, values, call.group.size())
+    for index, value in enumerate(tensors):
+        check.check_dtype_match(call, f"{arg}[{index}]", value, reference)
+        check.check_numel(call, f"{arg}[{index}]", value, reference.numel(), "same as the tensor")
+    return tensors
+
+
+def _check_splits(call: Any, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor) -> list[int] | None:
+    size = call.group.size()
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not splits:
+        if rows % size:
+            raise invalid_argument(call.op, arg, f"given, since dim 0 ({rows}) is not divisible by the group size {size}", splits, call.rank)
+        return None
+    splits = list(splits)
+    if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
+        raise invalid_argument(call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank)
+    return splits

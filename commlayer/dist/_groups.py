@@ -1,0 +1,157 @@
+"""Process groups as the facade sees them, and the world they belong to.
+
+A :class:`ProcessGroup` is an ordered tuple of global ranks plus the backend communicator(s)
+serving it, one per device type. Example, world of 4 on ``"cpu:gloo,cuda:nccl"``::
+
+    g = dist.new_group([1, 3])
+    # on global rank 3: g.ranks == (1, 3), g.rank() == 1, g.size() == 2,
+    #                   g.backend_for("cpu") is a gloo communicator, g.backend_for("cuda") nccl
+    # on global ranks 0 and 2: g is dist.GroupMember.NON_GROUP_MEMBER
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Mapping
+
+from ..backend import Backend
+from ..errors import InvalidArgumentError, NotInitializedError
+
+__all__ = ["GroupMember", "ProcessGroup", "World", "current_world", "group", "resolve_group"]
+
+# Accelerator backends serve barrier and the object collectives when a group has several.
+_DEVICE_PREFERENCE = ("cuda", "xpu", "npu", "hpu", "cpu")
+
+
+class ProcessGroup:
+    """A group of ranks and the communicator(s) of this process for it."""
+
+    def __init__(
+        self,
+        name: str,
+        ranks: tuple[int, ...],
+        global_rank: int,
+        backends: Mapping[str, Backend],
+        backend_spec: str,
+        timeout: timedelta,
+    ) -> None:
+        self.name = name
+        self.ranks = ranks
+        self.global_rank = global_rank
+        self.backend_spec = backend_spec
+        self.timeout = timeout
+        self._backends = dict(backends)
+
+    def rank(self) -> int:
+        return self.ranks.index(self.global_rank)
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        return tuple(self._backends)
+
+    def backend_for(self, device_type: str) -> Backend | None:
+        return self._backends.get(device_type)
+
+    @property
+    def primary_backend(self) -> Backend:
+        for device_type in _DEVICE_PREFERENCE:
+            if device_type in self._backends:
+                return self._backends[device_type]
+        return next(iter(self._backends.values()))
+
+    def unique_backends(self) -> list[Backend]:
+        return list({id(backend): backend for backend in self._backends.values()}.values())
+
+    @property
+    def torch_group(self) -> Any:
+        """The torch ProcessGroup behind this group, for DDP/FSDP (``process_group=g.torch_group``)."""
+        pg = self.primary_backend.torch_group
+        if pg is None:
+            raise InvalidArgumentError(
+                f"group '{self.name}' runs on backend '{self.backend_spec}', which has no torch "
+                "ProcessGroup; DDP/FSDP need a gloo, nccl or hccl group"
+            )
+        return pg
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(name={self.name!r}, ranks={list(self.ranks)}, backend={self.backend_spec!r})"
+
+
+class _NonGroupMember:
+    """What new_group returns on ranks outside the group; ops on it do nothing, as in torch."""
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+NON_GROUP_MEMBER = _NonGroupMember()
+
+
+@dataclass
+class World:
+    """State of the initialised job; replaced whole by init and dropped by destroy."""
+
+    rank: int
+    size: int
+    store: Any
+    timeout: timedelta
+    default_group: ProcessGroup
+    # Backend name -> its world communicator; new_group(backend=...) builds from these.
+    world_backends: dict[str, Backend]
+    groups: dict[str, ProcessGroup] = field(default_factory=dict)
+    group_counter: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_world: World | None = None
+
+
+def current_world(op: str) -> World:
+    if _world is None:
+        raise NotInitializedError(
+            f"{op}: the default process group is not initialized; call "
+            "commlayer.dist.init_process_group() first"
+        )
+    return _world
+
+
+def world_or_none() -> World | None:
+    return _world
+
+
+def set_world(world: World | None) -> None:
+    global _world
+    _world = world
+
+
+class _GroupMeta(type):
+    @property
+    def WORLD(cls) -> ProcessGroup | None:  # noqa: N802 - torch's spelling
+        return None if _world is None else _world.default_group
+
+
+class group(metaclass=_GroupMeta):  # noqa: N801 - torch's spelling: dist.group.WORLD
+    """``dist.group.WORLD`` is the default group (None before init), as in torch."""
+
+
+class GroupMember(metaclass=_GroupMeta):
+    NON_GROUP_MEMBER = NON_GROUP_MEMBER
+
+
+def resolve_group(op: str, group_arg: Any) -> ProcessGroup | None:
+    """The ProcessGroup meant by ``group_arg``; None when this rank is not a member."""
+    world = current_world(op)
+    if group_arg is None:
+        return world.default_group
+    if group_arg is NON_GROUP_MEMBER:
+        return None
+    if isinstance(group_arg, ProcessGroup):
+        return group_arg if world.rank in group_arg.ranks else None
+    raise InvalidArgumentError(
+        f"{op}: argument 'group' expected a commlayer ProcessGroup or None, received "
+        f"{type(group_arg).__name__} (rank {world.rank})"
+    )

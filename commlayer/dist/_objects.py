@@ -1,0 +1,137 @@
+"""Collectives on picklable Python objects, built on the tensor collectives of this facade.
+
+Objects are pickled into uint8 tensors on the backend's object device; sizes travel first so
+every rank can pad to the largest payload, as torch does.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+
+from ..errors import invalid_argument
+from . import _collectives as coll
+from ._groups import ProcessGroup, resolve_group
+
+__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    resolved = _member_or_none("all_gather_object", group)
+    if resolved is None:
+        return
+    _check_list("all_gather_object", "object_list", object_list, resolved.size(), resolved)
+    payload = _pickle(obj, _device(resolved))
+    sizes = _all_sizes(payload, group, resolved)
+    padded = _pad(payload, max(sizes))
+    gathered = padded.new_empty(resolved.size() * padded.numel())
+    coll.all_gather_into_tensor(gathered, padded, group=group)
+    for index, rows in enumerate(gathered.view(resolved.size(), -1)):
+        object_list[index] = _unpickle(rows[: sizes[index]])
+
+
+def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None, group_dst: int | None = None) -> None:
+    resolved = _member_or_none("gather_object", group)
+    if resolved is None:
+        return
+    root = resolved.ranks[group_dst] if group_dst is not None else (0 if dst is None else dst)
+    is_root = resolved.global_rank == root
+    if is_root:
+        _check_list("gather_object", "object_gather_list", object_gather_list, resolved.size(), resolved)
+    payload = _pickle(obj, _device(resolved))
+    sizes = _all_sizes(payload, group, resolved)
+    padded = _pad(payload, max(sizes))
+    slots = [torch.empty_like(padded) for _ in range(resolved.size())] if is_root else None
+    coll.gather(padded, slots, dst=root, group=group)
+    if is_root:
+        for index, slot in enumerate(slots or []):
+            object_gather_list[index] = _unpickle(slot[: sizes[index]])  # type: ignore[index]
+
+
+def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: torch.device | None = None, group_src: int | None = None) -> None:
+    resolved = _member_or_none("broadcast_object_list", group)
+    if resolved is None:
+        return
+    if not isinstance(object_list, list):
+        raise invalid_argument("broadcast_object_list", "object_list", "a list", type(object_list).__name__, resolved.global_rank)
+    root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
+    target = torch.device(device) if device is not None else _device(resolved)
+    is_root = resolved.global_rank == root
+    payloads = [_pickle(item, target) for item in object_list] if is_root else []
+    sizes = torch.tensor([p.numel() for p in payloads] or [0] * len(object_list), dtype=torch.int64, device=target)
+    coll.broadcast(sizes, src=root, group=group)
+    data = torch.cat(payloads) if is_root else torch.empty(int(sizes.sum()), dtype=torch.uint8, device=target)
+    coll.broadcast(data, src=root, group=group)
+    offset = 0
+    for index, size in enumerate(sizes.tolist()):
+        object_list[index] = _unpickle(data[offset : offset + size])
+        offset += size
+
+
+def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None, src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+    resolved = _member_or_none("scatter_object_list", group)
+    if resolved is None:
+        return
+    if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
+        raise invalid_argument("scatter_object_list", "scatter_object_output_list", "a non-empty list", scatter_object_output_list, resolved.global_rank)
+    root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
+    is_root = resolved.global_rank == root
+    device = _device(resolved)
+    if is_root:
+        _check_list("scatter_object_list", "scatter_object_input_list", scatter_object_input_list, resolved.size(), resolved)
+    payloads = [_pickle(item, device) for item in scatter_object_input_list] if is_root else []  # type: ignore[union-attr]
+    header = torch.tensor([max((p.numel() for p in payloads), default=0)], dtype=torch.int64, device=device)
+    coll.broadcast(header, src=root, group=group)
+    width = int(header.item()) + 8  # 8 leading bytes carry each payload's length
+    framed = [_frame(p, width) for p in payloads] if is_root else None
+    received = torch.empty(width, dtype=torch.uint8, device=device)
+    coll.scatter(received, framed, src=root, group=group)
+    size = int(received[:8].view(torch.int64).item())
+    scatter_object_output_list[0] = _unpickle(received[8 : 8 + size])
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _member_or_none(op: str, group: Any) -> ProcessGroup | None:
+    return resolve_group(op, group)
+
+
+def _device(group: ProcessGroup) -> torch.device:
+    return group.primary_backend.object_device()
+
+
+def _check_list(op: str, arg: str, values: Any, size: int, group: ProcessGroup) -> None:
+    if not isinstance(values, list) or len(values) != size:
+        received = f"a list of {len(values)}" if isinstance(values, list) else type(values).__name__
+        raise invalid_argument(op, arg, f"a list of {size} (the group size)", received, group.global_rank)
+
+
+def _all_sizes(payload: torch.Tensor, group: Any, resolved: ProcessGroup) -> list[int]:
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device)
+    sizes = size.new_empty(resolved.size())
+    coll.all_gather_into_tensor(sizes, size, group=group)
+    return sizes.tolist()
+
+
+def _pickle(obj: Any, device: torch.device) -> torch.Tensor:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+
+
+def _unpickle(data: torch.Tensor) -> Any:
+    return pickle.loads(data.cpu().numpy().tobytes())
+
+
+def _pad(payload: torch.Tensor, size: int) -> torch.Tensor:
+    padded = payload.new_zeros(size)
+    padded[: payload.numel()] = payload
+    return padded
+
+
+def _frame(payload: torch.Tensor, width: int) -> torch.Tensor:
+    framed = payload.new_zeros(width)
+    framed[:8] = torch.tensor([payload.numel()], dtype=torch.int64).view(torch.uint8).to(payload.device)
+    framed[8 : 8 + payload.numel()] = payload
+    return framed

@@ -1,0 +1,93 @@
+"""Turn init_process_group's arguments and the launcher's environment into a store, rank and size.
+
+``env://`` (the default) reads the environment through :func:`commlayer.rendezvous.discover`,
+which knows torchrun, Open MPI, MPICH / Intel MPI / PMI(x) and SLURM. Under an MPI launcher with no
+MASTER_ADDR, rank 0's address and a free port are exchanged over MPI itself. ``tcp://`` and
+``file://`` go through torch's own rendezvous handlers.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as torch_dist
+
+from ..errors import invalid_argument
+from ..rendezvous import RendezvousInfo, discover
+
+__all__ = ["Rendezvous", "rendezvous"]
+
+_MPI_SOURCES = ("openmpi", "mpich", "intel-mpi", "pmi", "pmix")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    store: Any  # torch.distributed.Store
+    rank: int
+    world_size: int
+
+
+def rendezvous(
+    init_method: str | None, store: Any, rank: int, world_size: int, timeout: timedelta
+) -> Rendezvous:
+    if store is not None:
+        _require_explicit(rank, world_size, "store")
+        return Rendezvous(store, rank, world_size)
+    if init_method and not init_method.startswith("env://"):
+        found_store, found_rank, found_size = next(
+            torch_dist.rendezvous(init_method, rank=rank, world_size=world_size, timeout=timeout)
+        )
+        return Rendezvous(found_store, found_rank, found_size)
+    return _from_environment(rank, world_size, timeout)
+
+
+def _from_environment(rank: int, world_size: int, timeout: timedelta) -> Rendezvous:
+    info = discover(os.environ)
+    if info is None:
+        if rank in (-1, 0) and world_size in (-1, 1):
+            # A plain `python script.py`: a world of one needs no launcher.
+            return Rendezvous(torch_dist.HashStore(), 0, 1)
+        raise invalid_argument(
+            "init_process_group",
+            "init_method",
+            "a launcher environment (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from torchrun or "
+            "`commlayer run`, or mpirun/srun variables)",
+            "none of them set",
+            rank,
+        )
+    if info.master_addr is None and info.source in _MPI_SOURCES:
+        info = _master_over_mpi(info)
+    rank = info.rank if rank < 0 else rank
+    world_size = info.world_size if world_size < 0 else world_size
+    return Rendezvous(_tcp_store(info, rank, world_size, timeout), rank, world_size)
+
+
+def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timedelta) -> Any:
+    if info.master_addr is None or info.master_port is None:
+        raise invalid_argument(
+            "init_process_group", "MASTER_ADDR/MASTER_PORT", "both set", (info.master_addr, info.master_port), rank
+        )
+    # torchrun's agent already hosts the store at MASTER_PORT; its workers only connect.
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return torch_dist.TCPStore(
+        info.master_addr,
+        info.master_port,
+        world_size,
+        is_master=rank == 0 and not agent_hosts_store,
+        timeout=timeout,
+    )
+
+
+def _master_over_mpi(info: RendezvousInfo) -> RendezvousInfo:
+    from ..backends.mpi.discovery import exchange_master_address  # needs mpi4py: import late
+
+    return exchange_master_address(info)
+
+
+def _require_explicit(rank: int, world_size: int, because: str) -> None:
+    if world_size <= 0:
+        raise invalid_argument("init_process_group", "world_size", f"> 0 when {because} is given", world_size, rank)
+    if not 0 <= rank < world_size:
+        raise invalid_argument("init_process_group", "rank", f"in [0, {world_size}) when {because} is given", rank, rank)

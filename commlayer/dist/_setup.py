@@ -1,0 +1,231 @@
+"""init_process_group, new_group, destroy_process_group and the rank/size getters."""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Iterable, Sequence
+
+import torch.distributed as torch_dist
+
+from ..backend import Backend
+from ..errors import InvalidArgumentError, NotInitializedError, invalid_argument
+from ..registry import get_backend_class
+from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
+from ..types import DEFAULT_TIMEOUT, GroupSpec
+from ._groups import (
+    NON_GROUP_MEMBER,
+    ProcessGroup,
+    World,
+    current_world,
+    resolve_group,
+    set_world,
+    world_or_none,
+)
+from ._rendezvous import Rendezvous, rendezvous
+
+__all__ = [
+    "destroy_process_group",
+    "get_backend",
+    "get_global_rank",
+    "get_group_rank",
+    "get_process_group_ranks",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_available",
+    "is_initialized",
+    "new_group",
+]
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return world_or_none() is not None
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Join the job and build the default group, exactly like ``torch.distributed``'s.
+
+    ``backend=None`` picks from the accelerator (cuda -> ``"cpu:gloo,cuda:nccl"``, cpu ->
+    ``"gloo"``) unless ``$COMMLAYER_BACKEND`` names one. Backends are resolved before the
+    rendezvous, so a missing one fails fast with the list of installed backends.
+    """
+    if is_initialized():
+        world = current_world("init_process_group")
+        raise NotInitializedError(
+            f"init_process_group: already initialized (rank {world.rank}); call "
+            "destroy_process_group() before initializing again"
+        )
+    spec = resolve_backend_spec(backend, os.environ, detect_accelerator())
+    device_map = _device_map(spec)
+    timeout = timeout or DEFAULT_TIMEOUT
+    meeting = rendezvous(init_method, store, rank, world_size, timeout)
+    world_backends = {
+        name: _create_world_backend(name, meeting, timeout, pg_options)
+        for name in sorted(set(device_map.values()))
+    }
+    default = ProcessGroup(
+        "world",
+        tuple(range(meeting.world_size)),
+        meeting.rank,
+        {device: world_backends[name] for device, name in device_map.items()},
+        spec,
+        timeout,
+    )
+    set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Tear down one group, or (``group=None``) every group and the default one."""
+    world = current_world("destroy_process_group")
+    if group is None or group is world.default_group:
+        for member in list(world.groups.values()):
+            _shutdown(member.unique_backends())
+        _shutdown(reversed(list(world.world_backends.values())))
+        set_world(None)
+        return
+    if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
+        _shutdown(group.unique_backends())
+
+
+def new_group(
+    ranks: Sequence[int] | None = None,
+    timeout: timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+) -> ProcessGroup | object:
+    """Create a group of ``ranks`` (global ranks). Every rank of the world must call it.
+
+    World of 4, ``g = new_group([2, 0])``: ranks are sorted as in torch, so ``g.ranks == (0, 2)``;
+    global rank 2 is group rank 1; ranks 1 and 3 get ``GroupMember.NON_GROUP_MEMBER``.
+    """
+    world = current_world("new_group")
+    members = _check_group_ranks(world, ranks)
+    with world.lock:
+        world.group_counter += 1
+        name = f"group{world.group_counter}"
+    spec = world.default_group.backend_spec if backend is None else str(backend).lower()
+    device_map = _device_map(spec)
+    timeout = timeout or world.timeout
+    communicators = {
+        backend_name: _world_backend(world, backend_name, pg_options).new_group(
+            _group_spec(world, name, members, backend_name, timeout, pg_options)
+        )
+        for backend_name in sorted(set(device_map.values()))
+    }
+    if world.rank not in members:
+        return NON_GROUP_MEMBER
+    backends = {device: communicators[backend_name] for device, backend_name in device_map.items()}
+    created = ProcessGroup(name, members, world.rank, backends, spec, timeout)
+    world.groups[name] = created
+    return created
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (global rank by default); -1 when not a member."""
+    resolved = resolve_group("get_rank", group)
+    return -1 if resolved is None else resolved.rank()
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    resolved = resolve_group("get_world_size", group)
+    return -1 if resolved is None else resolved.size()
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    resolved = _member_group("get_backend", group)
+    return resolved.backend_spec
+
+
+def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
+    resolved = _member_group("get_process_group_ranks", group)
+    return list(resolved.ranks)
+
+
+def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
+    resolved = _member_group("get_global_rank", group)
+    if not isinstance(group_rank, int) or not 0 <= group_rank < resolved.size():
+        raise invalid_argument(
+            "get_global_rank", "group_rank", f"an int in [0, {resolved.size()})", group_rank, resolved.global_rank
+        )
+    return resolved.ranks[group_rank]
+
+
+def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
+    resolved = _member_group("get_group_rank", group)
+    if global_rank not in resolved.ranks:
+        raise invalid_argument(
+            "get_group_rank", "global_rank", f"one of the group's ranks {list(resolved.ranks)}", global_rank, resolved.global_rank
+        )
+    return resolved.ranks.index(global_rank)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _member_group(op: str, group: ProcessGroup | None) -> ProcessGroup:
+    resolved = resolve_group(op, group)
+    if resolved is None:
+        world = current_world(op)
+        raise InvalidArgumentError(f"{op}: rank {world.rank} is not a member of {group!r}")
+    return resolved
+
+
+def _device_map(spec: str) -> dict[str, str]:
+    devices_of = lambda name: sorted(get_backend_class(name).capabilities.devices)
+    device_map = parse_backend_spec(spec, devices_of)
+    for name in set(device_map.values()):
+        get_backend_class(name)  # fail before any rendezvous when a backend is missing
+    return device_map
+
+
+def _check_group_ranks(world: World, ranks: Sequence[int] | None) -> tuple[int, ...]:
+    if ranks is None or len(ranks) == 0:
+        return tuple(range(world.size))
+    bad = [r for r in ranks if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.size]
+    if bad or len(set(ranks)) != len(ranks):
+        raise invalid_argument(
+            "new_group", "ranks", f"distinct ints in [0, {world.size})", list(ranks), world.rank
+        )
+    return tuple(sorted(ranks))
+
+
+def _group_spec(
+    world: World, name: str, members: tuple[int, ...], backend_name: str, timeout: timedelta, options: Any
+) -> GroupSpec:
+    store = torch_dist.PrefixStore(f"commlayer/{backend_name}", world.store)
+    return GroupSpec(name, members, world.rank, store, timeout, options)
+
+
+def _create_world_backend(name: str, meeting: Rendezvous, timeout: timedelta, options: Any) -> Backend:
+    store = torch_dist.PrefixStore(f"commlayer/{name}", meeting.store)
+    spec = GroupSpec("world", tuple(range(meeting.world_size)), meeting.rank, store, timeout, options)
+    return get_backend_class(name).create_world(spec)
+
+
+def _world_backend(world: World, name: str, options: Any) -> Backend:
+    """The world communicator of backend ``name``, built on first use (every rank is here)."""
+    if name not in world.world_backends:
+        meeting = Rendezvous(world.store, world.rank, world.size)
+        world.world_backends[name] = _create_world_backend(name, meeting, world.timeout, options)
+    return world.world_backends[name]
+
+
+def _shutdown(backends: Iterable[Backend]) -> None:
+    for backend in backends:
+        backend.shutdown()
