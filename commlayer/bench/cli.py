@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import threading
@@ -35,8 +36,8 @@ OPTIONS_ENV = "COMMLAYER_BENCH_OPTIONS"
 RESULT_ENV = "COMMLAYER_BENCH_RESULT"
 PROGRESS_ENV = "COMMLAYER_BENCH_PROGRESS"
 
-#: Backends whose ranks must be started by a particular launcher, and the command to suggest.
-NEEDS_LAUNCHER = {"mpi": "mpirun -n {n} {python} -m commlayer bench --backends mpi ..."}
+#: Backends whose ranks must be started by a particular launcher (``-n`` cannot), and that launcher.
+NEEDS_LAUNCHER = {"mpi": "mpirun"}
 
 _DESCRIPTION = """\
 Time collectives on one or more backends and print nccl-tests-style tables.
@@ -171,15 +172,37 @@ def _drop_launcher_bound(options: BenchOptions, nproc: int) -> BenchOptions | No
     """Leave out backends that -n cannot start, saying how to run them; None if none is left."""
     keep = []
     for backend in options.backends:
-        command = NEEDS_LAUNCHER.get(backend)
-        if command is None or nproc == 1:
+        launcher = NEEDS_LAUNCHER.get(backend)
+        if launcher is None or nproc == 1:
             keep.append(backend)
             continue
-        how = command.format(n=nproc, python=Path(sys.executable).name)
-        print(f"commlayer bench: backend '{backend}' needs ranks started by its own launcher; run: {how}", file=sys.stderr)
+        how = f"{launcher} -n {nproc} {Path(sys.executable).name} -m commlayer bench {_arguments_without_nproc()}"
+        print(f"commlayer bench: backend '{backend}' needs ranks started by {launcher}, which -n does not use; "
+              f"skipping it. To include it, run:\n    {how.rstrip()}", file=sys.stderr)
     if not keep:
         return None
     return BenchOptions(**{**options.__dict__, "backends": tuple(keep)})
+
+
+def _arguments_without_nproc() -> str:
+    """This invocation's bench arguments minus ``-n N``, for a copy-paste mpirun command."""
+    arguments = sys.argv[1:]
+    if "bench" in arguments:
+        arguments = arguments[arguments.index("bench") + 1:]
+    kept, skip_value = [], False
+    for argument in arguments:
+        if skip_value:
+            skip_value = False
+        elif argument in ("-n", "--nproc-per-node"):
+            skip_value = True
+        elif not _is_attached_nproc(argument):
+            kept.append(argument)
+    return shlex.join(kept)
+
+
+def _is_attached_nproc(argument: str) -> bool:
+    """``-n4`` or ``--nproc-per-node=4``."""
+    return (argument.startswith("-n") and not argument.startswith("--")) or argument.startswith("--nproc-per-node=")
 
 
 def _plot_title(result: SweepResult, options: BenchOptions) -> str:

@@ -35,7 +35,7 @@ def format_report(result: SweepResult, options: BenchOptions) -> str:
     if summary:
         blocks.append(summary)
     if result.notes:
-        blocks.append("\n".join(f"note: {note}" for note in result.notes))
+        blocks.append("\n".join("note: " + note.replace("\n", "\n      ") for note in result.notes))
     return "\n\n".join(blocks) + "\n"
 
 
