@@ -14,7 +14,7 @@ from commlayer.bench import cli
 from commlayer.bench.formulas import busbw_factor
 from commlayer.bench.records import RECORD_KEYS
 from commlayer.registry import list_backends
-from commlayer.testing import run_world
+from commlayer.testing import require_mpirun, run_world
 
 ALL_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,barrier,pingpong"
 SIZES = [8, 64, 512, 4096]  # -b 8 -e 4K -f 8; every size holds whole float32 chunks for 2 ranks
@@ -111,6 +111,20 @@ def test_backends_side_by_side(tmp_path: Path) -> None:
     summary = done.stdout.split("# side by side")[1].splitlines()
     assert summary[1].split() == ["op", "bytes", "gloo", "ccl", "ccl/gloo"]
     assert [line.split()[:2] for line in summary[2:]] == [["all_reduce", str(size)] for size in SIZES] + [["barrier", "0"]]
+
+
+@pytest.mark.multirank
+@pytest.mark.mpi
+def test_mpi_next_to_gloo_under_mpirun(tmp_path: Path) -> None:
+    """mpi needs mpirun; under it the same command compares mpi with gloo (discovered over MPI)."""
+    require_mpirun()
+    target = tmp_path / "records.json"
+    run_world("tests.ranks.bench_in_place:run", 2, backend=None, launcher="mpirun", timeout=180,
+              args=[str(target), "--backends", "gloo,mpi", "--ops", "all_reduce,all_to_all,pingpong", "--check",
+                    "-b", "8", "-e", "4K", "-f", "8", "--iters", "2", "--warmup", "1"])
+    rows = json.loads(target.read_text())
+    for backend in ("gloo", "mpi"):
+        _check_records(rows, backend, ["all_reduce", "all_to_all", "pingpong"], 2)
 
 
 def _check_png(path: Path) -> None:
