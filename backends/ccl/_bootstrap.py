@@ -17,6 +17,7 @@ of the timeout.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -28,23 +29,20 @@ from typing import Any, Callable, TypeVar
 from commlayer.errors import CommError, CommTimeoutError
 from commlayer.types import GroupSpec
 
-__all__ = ["Connection", "GroupKeys", "connect"]
+__all__ = ["Connection", "GroupKeys", "connect", "disconnect"]
+
+# Longest a KVS owner waits at shutdown for the other members to release their communicators.
+SHUTDOWN_WAIT = timedelta(seconds=30)
 
 T = TypeVar("T")
+
+# What oneCCL's KVS address holds before its NUL padding: an IPv4/IPv6 address, "_", a port.
+_ADDRESS = re.compile(rb"[0-9A-Fa-f.:]+_[0-9]{1,5}")
 
 # How often this process built a group of a given name: keys stay fresh when a store outlives a
 # destroy_process_group / init_process_group cycle (every rank counts the same way).
 _generations: Counter[str] = Counter()
 _generations_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Connection:
-    """A oneCCL communicator and the KVS it was built from (kept alive with it)."""
-
-    communicator: Any
-    kvs: Any
-    address: str
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,33 @@ class GroupKeys:
 
     def joined(self, group_rank: int) -> str:
         return f"{self.prefix}/joined/{group_rank}"
+
+    def closed(self, group_rank: int) -> str:
+        return f"{self.prefix}/closed/{group_rank}"
+
+    @property
+    def released(self) -> str:
+        return f"{self.prefix}/released"
+
+
+@dataclass
+class Connection:
+    """Owns a oneCCL communicator and the KVS it was built from (which must outlive it)."""
+
+    communicator: Any
+    kvs: Any
+    address: str
+    keys: GroupKeys
+
+    def release(self) -> None:
+        # This object is the only owner, so oneCCL's destructors run here, communicator first.
+        self.communicator = None
+        self.kvs = None
+
+    def abandon(self) -> None:
+        """Leak both objects when released: their teardown would need a peer that may be gone."""
+        self.communicator.abandon()
+        self.kvs.abandon()
 
 
 class _Deadline:
@@ -99,9 +124,41 @@ def connect(spec: GroupSpec, native: ModuleType, keys: GroupKeys | None = None) 
                 f"ccl: group '{spec.name}': creating the oneCCL communicator over the KVS at "
                 f"'{printable(address)}' failed (rank {spec.global_rank}): {error}"
             ) from error
-        return Connection(communicator, kvs, printable(address))
+        return Connection(communicator, kvs, printable(address), keys)
 
     return _run_before(deadline, spec, build)
+
+
+def disconnect(spec: GroupSpec, connection: Connection) -> None:
+    """Release ``connection`` in the only order oneCCL 2021.14 survives.
+
+    Destroying a communicator talks to the KVS server living in group rank 0's process; if that
+    process has already dropped it, oneCCL aborts the process. So the other members release
+    theirs first and say so in the store; rank 0 waits for that (bounded), then releases its own
+    communicator and the server. A member that finds the server gone, or cannot reach the store,
+    leaks its objects instead: the process is ending anyway.
+    """
+    keys = connection.keys
+    if spec.group_rank == 0:
+        others = [keys.closed(rank) for rank in range(1, spec.size)]
+        if others:
+            _quietly(lambda: spec.store.wait(others, min(spec.timeout, SHUTDOWN_WAIT)))
+        _quietly(lambda: spec.store.set(keys.released, b"1"))
+        connection.release()
+        return
+    if not _quietly(lambda: not spec.store.check([keys.released])):
+        connection.abandon()
+    connection.release()
+    _quietly(lambda: spec.store.set(keys.closed(spec.group_rank), b"1"))
+
+
+def _quietly(step: Callable[[], Any]) -> bool:
+    """Run a store step during shutdown; False if it failed or returned something false."""
+    try:
+        result = step()
+    except RuntimeError:
+        return False
+    return result is None or bool(result)
 
 
 def printable(address: bytes) -> str:
@@ -134,10 +191,11 @@ def _read_address(spec: GroupSpec, keys: GroupKeys, deadline: _Deadline, size: i
             f"publish its oneCCL KVS address within {spec.timeout} (rank {spec.global_rank})"
         ) from error
     address = spec.store.get(keys.address)
-    if len(address) != size:
+    if len(address) != size or not _ADDRESS.fullmatch(address.rstrip(b"\0")):
         raise CommError(
-            f"ccl: group '{spec.name}': store key '{keys.address}' expected a {size}-byte oneCCL "
-            f"KVS address, received {len(address)} bytes {address[:40]!r} (rank {spec.global_rank})"
+            f"ccl: group '{spec.name}': store key '{keys.address}' expected a oneCCL KVS address "
+            f"('<ip>_<port>' padded with NUL bytes to {size}), received {len(address)} bytes "
+            f"{address[:40]!r} (rank {spec.global_rank})"
         )
     return address
 

@@ -6,7 +6,9 @@ methods are group ranks, as everywhere in the backend contract.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
+import threading
 from datetime import timedelta
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -18,7 +20,7 @@ from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
 from . import _native
-from ._bootstrap import Connection, connect
+from ._bootstrap import Connection, connect, disconnect
 from ._environment import apply_defaults
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, buffer
@@ -44,6 +46,7 @@ class CclBackend(Backend):
         super().__init__(spec)
         self._native = native
         self._connection: Connection | None = connection
+        _open_backends.add(self)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -69,7 +72,10 @@ class CclBackend(Backend):
         return type(self)(spec, self._native, connect(spec, self._native))
 
     def shutdown(self) -> None:
-        self._connection = None
+        connection, self._connection = self._connection, None
+        _open_backends.discard(self)
+        if connection is not None:
+            disconnect(self.spec, connection)
 
     @property
     def kvs_address(self) -> str:
@@ -195,6 +201,36 @@ class CclBackend(Backend):
         if op is not ReduceOp.AVG or not average:
             return work
         return work.then(lambda: [result.div_(self.size) for result in results])
+
+
+class _OpenBackends:
+    """Communicators not shut down yet; released in reverse creation order at interpreter exit.
+
+    A script that never calls destroy_process_group would otherwise have its communicators
+    destroyed in arbitrary order during interpreter teardown, which oneCCL does not survive.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backends: list[CclBackend] = []
+
+    def add(self, backend: CclBackend) -> None:
+        with self._lock:
+            self._backends.append(backend)
+
+    def discard(self, backend: CclBackend) -> None:
+        with self._lock:
+            self._backends = [other for other in self._backends if other is not backend]
+
+    def shutdown_all(self) -> None:
+        with self._lock:
+            newest_first = self._backends[::-1]
+        for backend in newest_first:
+            backend.shutdown()
+
+
+_open_backends = _OpenBackends()
+atexit.register(_open_backends.shutdown_all)
 
 
 def _load_native(timeout: timedelta | None = None) -> ModuleType:

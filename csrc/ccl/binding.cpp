@@ -36,6 +36,16 @@ class Kvs {
 public:
     explicit Kvs(std::shared_ptr<ccl::kvs> kvs) : kvs_(std::move(kvs)) {}
 
+    // An abandoned KVS is leaked: its teardown talks to the KVS server, and when that
+    // server's process is already gone oneCCL aborts the whole process.
+    ~Kvs() {
+        if (abandoned_) {
+            new std::shared_ptr<ccl::kvs>(std::move(kvs_));
+        }
+    }
+
+    void abandon() { abandoned_ = true; }
+
     py::bytes address() const {
         const ccl::kvs::address_type addr = kvs_->get_address();
         return py::bytes(addr.data(), addr.size());
@@ -45,6 +55,7 @@ public:
 
 private:
     std::shared_ptr<ccl::kvs> kvs_;
+    bool abandoned_ = false;
 };
 
 Kvs create_main_kvs() {
@@ -67,9 +78,27 @@ Kvs create_kvs(const std::string& address) {
 // An in-flight oneCCL operation. test() and wait_for() may be called from several
 // threads (Work.get_future waits on a helper thread), so each poll of the oneCCL
 // event holds a lock; completion is latched in an atomic flag.
+// Set once any op of a communicator was abandoned unfinished (its Event destroyed
+// before completion, typically after a timeout).
+using AbandonedFlag = std::shared_ptr<std::atomic<bool>>;
+
 class Event {
 public:
-    explicit Event(ccl::event event) : event_(std::move(event)) {}
+    Event(ccl::event event, AbandonedFlag abandoned)
+        : event_(std::move(event)), abandoned_(std::move(abandoned)) {}
+
+    Event(const Event&) = delete;
+    Event& operator=(const Event&) = delete;
+
+    // Destroying an incomplete oneCCL event can block forever (seen with 2021.14 when a
+    // peer never joined the op), so an abandoned event is leaked instead: after a timeout
+    // the communicator is unusable anyway, and the leak is one small object.
+    ~Event() {
+        if (!done_) {
+            *abandoned_ = true;
+            new ccl::event(std::move(event_));
+        }
+    }
 
     bool test() {
         if (done_) {
@@ -125,12 +154,31 @@ private:
 
     std::mutex mutex_;
     ccl::event event_;
+    AbandonedFlag abandoned_;
     std::atomic<bool> done_{false};
 };
 
 class Communicator {
 public:
     explicit Communicator(ccl::communicator comm) : comm_(std::move(comm)) {}
+
+    Communicator(const Communicator&) = delete;
+    Communicator& operator=(const Communicator&) = delete;
+
+    // Destroying a communicator with an op still in flight crashes oneCCL 2021.14, so one
+    // whose op was abandoned is leaked (its worker threads end with the process).
+    // Destruction also talks to the KVS server; Python orders teardown so it is still up.
+    ~Communicator() {
+        if (*abandoned_) {
+            new ccl::communicator(std::move(comm_));
+        }
+    }
+
+    bool abandoned() const { return *abandoned_; }
+
+    // Leak this communicator instead of destroying it (see ~Communicator); used when a
+    // peer or the KVS server may be gone.
+    void abandon() { *abandoned_ = true; }
 
     int rank() const { return comm_.rank(); }
     int size() const { return comm_.size(); }
@@ -227,7 +275,7 @@ private:
     template <class Post>
     std::unique_ptr<Event> run(Post&& post) {
         py::gil_scoped_release no_gil;
-        return std::make_unique<Event>(post());
+        return std::make_unique<Event>(post(), abandoned_);
     }
 
     static std::vector<void*> as_pointers(const std::vector<Address>& addresses) {
@@ -256,15 +304,16 @@ private:
     }
 
     ccl::communicator comm_;
+    AbandonedFlag abandoned_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-Communicator create_communicator(int size, int rank, const Kvs& kvs) {
+std::unique_ptr<Communicator> create_communicator(int size, int rank, const Kvs& kvs) {
     if (size <= 0 || rank < 0 || rank >= size) {
         throw py::value_error("create_communicator: expected 0 <= rank < size, got rank " +
                               std::to_string(rank) + " and size " + std::to_string(size));
     }
     py::gil_scoped_release no_gil;
-    return Communicator(ccl::create_communicator(size, rank, kvs.handle()));
+    return std::make_unique<Communicator>(ccl::create_communicator(size, rank, kvs.handle()));
 }
 
 std::string library_version() {
@@ -296,6 +345,8 @@ void bind_communicator(py::module_& m) {
     py::class_<Communicator>(m, "Communicator")
         .def_property_readonly("rank", &Communicator::rank)
         .def_property_readonly("size", &Communicator::size)
+        .def_property_readonly("abandoned", &Communicator::abandoned)
+        .def("abandon", &Communicator::abandon)
         .def("allreduce", &Communicator::allreduce, py::arg("send"), py::arg("recv"),
              py::arg("count"), py::arg("dtype"), py::arg("op"))
         .def("reduce", &Communicator::reduce, py::arg("send"), py::arg("recv"), py::arg("count"),
@@ -328,7 +379,7 @@ PYBIND11_MODULE(_C, m) {
     py::register_exception<ccl::exception>(m, "CclError", PyExc_RuntimeError);
     bind_enums(m);
 
-    py::class_<Kvs>(m, "Kvs").def("address", &Kvs::address);
+    py::class_<Kvs>(m, "Kvs").def("address", &Kvs::address).def("abandon", &Kvs::abandon);
     m.def("create_main_kvs", &create_main_kvs);
     m.def("create_kvs", &create_kvs, py::arg("address"));
 
