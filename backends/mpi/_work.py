@@ -1,0 +1,107 @@
+"""Work handles over MPI requests."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from commlayer.errors import CommTimeoutError
+from commlayer.work import Work
+
+__all__ = ["MpiWork", "StagedWork"]
+
+# How many MPI_Test calls run between two deadline checks, and after how many the spin starts
+# yielding the core: MPI_Test also drives the progress of non-blocking collectives, so the wait
+# keeps polling instead of sleeping (a sleeping rank would stall its peers), but it gives the
+# core away to oversubscribed ranks once the wait is clearly not short.
+_POLLS_PER_CLOCK_CHECK = 32
+_POLLS_BEFORE_YIELDING = 4096
+
+
+class MpiWork(Work):
+    """An MPI request in flight.
+
+    ``wait()`` without a timeout is MPI_Wait; with one (the facade always passes the group's),
+    it polls MPI_Test until the deadline, since MPI waits have none. ``keep_alive`` holds every
+    buffer MPI may still read or write -- they are views of tensor memory, not owners -- until
+    completion; ``epilogue`` runs once after it (copy out, AVG's division).
+    """
+
+    def __init__(
+        self,
+        request: Any,
+        result: Sequence[torch.Tensor],
+        keep_alive: Sequence[Any] = (),
+        epilogue: Callable[[], None] | None = None,
+        status: Any = None,
+    ) -> None:
+        super().__init__(result)
+        self._request = request
+        self._keep_alive = keep_alive
+        self._epilogue = epilogue
+        self._status = status
+        # MPI forbids testing one request from two threads at once (get_future waits on a thread).
+        self._request_lock = threading.Lock()
+
+    def _test(self) -> bool:
+        with self._request_lock:
+            return bool(self._request.Test(self._status))
+
+    def _block(self, timeout_s: float | None) -> bool:
+        if timeout_s is None:
+            with self._request_lock:
+                self._request.Wait(self._status)
+            return True
+        deadline = time.monotonic() + timeout_s
+        polls = 0
+        while not self._test():
+            polls += 1
+            if polls % _POLLS_PER_CLOCK_CHECK == 0:
+                if time.monotonic() >= deadline:
+                    return False
+                if polls >= _POLLS_BEFORE_YIELDING:
+                    os.sched_yield()
+        return True
+
+    def _on_complete(self) -> None:
+        self._keep_alive = ()
+        if self._epilogue is not None:
+            self._epilogue()
+
+    def source_rank(self) -> int:
+        """The group rank that sent a receive-from-any-source."""
+        if self._status is None:
+            raise RuntimeError("source_rank: this work is not a receive")
+        self.wait()
+        return int(self._status.Get_source())
+
+
+class StagedWork(Work):
+    """A host-staged op: completes when ``base`` does, after copying results back to the device.
+
+    Unlike ``Work.then``, its ``result()`` is the caller's device tensors, not the host copies.
+    """
+
+    def __init__(self, base: Work, copy_back: Callable[[], None], result: Sequence[torch.Tensor]) -> None:
+        super().__init__(result)
+        self._base = base
+        self._copy_back = copy_back
+
+    def _test(self) -> bool:
+        return self._base.is_completed()
+
+    def _block(self, timeout_s: float | None) -> bool:
+        try:
+            return self._base.wait(timeout_s)
+        except CommTimeoutError:
+            return False
+
+    def _on_complete(self) -> None:
+        self._base.wait()
+        self._copy_back()
+
+    def source_rank(self) -> int:
+        return self._base.source_rank()  # type: ignore[attr-defined]

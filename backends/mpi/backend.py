@@ -1,0 +1,341 @@
+"""The ``mpi`` backend: MPI through mpi4py, for jobs started by ``mpirun``.
+
+Tensors reach MPI as zero-copy views of their memory (``MPI.buffer.fromaddress`` over
+``data_ptr()``), typed by :mod:`._datatypes`. Every op has two forms: the blocking MPI call, used
+when the facade says the caller will wait right away (``commlayer.backend.is_blocking_call()``,
+where the facade provides it), and the non-blocking one (Iallreduce, Ibcast, Isend, ...) wrapped in
+an :class:`~._work.MpiWork`. MPI's blocking collectives may use faster algorithms than the
+non-blocking ones (Open MPI's Allgather is ~2.5x its Iallgather at 1 MiB on one node).
+
+Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are.
+World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communicator with
+``MPI_Comm_create_group``; on global rank 3, ``broadcast(t, root=0)`` is ``Bcast(t, root=0)`` on
+that communicator, i.e. global rank 1 sends. Global ranks 0 and 2 get None without any MPI call.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+import torch
+
+import commlayer.backend as contract
+from commlayer.backend import Backend
+from commlayer.errors import BackendUnavailableError, invalid_argument
+from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.work import CompletedWork, Work
+
+from . import _cuda
+from ._datatypes import MpiTypes
+from ._runtime import INSTALL_HINT, MpiLoadError, library_version, load_mpi, mpi4py_missing_reason
+from ._work import MpiWork, StagedWork
+
+__all__ = ["MpiBackend"]
+
+log = logging.getLogger("commlayer.backends.mpi")
+
+# Proposed facade hint: True while the facade launches an op it will wait for at once. Without it
+# every op takes the non-blocking path, which is correct, only slower on some libraries.
+_is_blocking_call: Callable[[], bool] = getattr(contract, "is_blocking_call", lambda: False)
+
+# Which positional arguments of each op are written, for staging CUDA tensors through the host.
+_OUTPUT_ARGUMENTS = {
+    "all_reduce": (0,), "broadcast": (0,), "reduce": (0,), "all_gather_into_tensor": (0,),
+    "all_gather": (0,), "reduce_scatter_tensor": (0,), "reduce_scatter": (0,), "all_to_all_single": (0,),
+    "all_to_all": (0,), "gather": (1,), "scatter": (0,), "send": (), "recv": (0,), "recv_any": (0,),
+}
+
+
+class MpiBackend(Backend):
+    """One MPI communicator over ``spec.ranks`` (a duplicate of COMM_WORLD for the world)."""
+
+    name = "mpi"
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True)
+    install_hint = INSTALL_HINT
+
+    def __init__(self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool) -> None:
+        super().__init__(spec)
+        self._comm = comm
+        self._mpi = mpi
+        self._types = _types_of(mpi)
+        self._datatypes = self._types.datatypes
+        self._cuda_aware = cuda_aware
+        self._tag_upper_bound = int(comm.Get_attr(mpi.TAG_UB))
+        self._in_place = mpi.IN_PLACE
+        self._from_address = mpi.buffer.fromaddress
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        missing = mpi4py_missing_reason()
+        return Availability.yes() if missing is None else Availability.no(missing, INSTALL_HINT)
+
+    @classmethod
+    def create_world(cls, spec: GroupSpec) -> MpiBackend:
+        try:
+            mpi = load_mpi()
+        except MpiLoadError as error:
+            raise BackendUnavailableError(f"init_process_group: backend 'mpi' cannot start (rank {spec.global_rank}): {error}") from error
+        _check_launched_by_mpi(mpi, spec)
+        return cls(spec, mpi.COMM_WORLD.Dup(), mpi, _cuda.cuda_aware(os.environ))
+
+    def new_group(self, spec: GroupSpec) -> MpiBackend | None:
+        if not spec.is_member:
+            return None  # MPI_Comm_create_group is collective over the members only
+        members = self._comm.Get_group().Incl([self.spec.ranks.index(rank) for rank in spec.ranks])
+        try:
+            comm = self._comm.Create_group(members)
+        finally:
+            members.Free()
+        return type(self)(spec, comm, self._mpi, self._cuda_aware)
+
+    def shutdown(self) -> None:
+        if self._comm is not None and not self._mpi.Is_finalized():
+            self._comm.Free()
+        self._comm = None
+
+    @property
+    def library(self) -> str:
+        """The MPI library serving this communicator, e.g. ``Open MPI v5.0.11, ...``."""
+        return library_version(self._mpi)
+
+    # --- the mandatory core ----------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("all_reduce", tensor, op)
+        message, mpi_op = self._message(tensor), self._types.reductions[(tensor.dtype, op)]
+        average = self._averaging(tensor, op)
+        if _is_blocking_call():
+            self._comm.Allreduce(self._in_place, message, mpi_op)
+            return _completed([tensor], average)
+        return MpiWork(self._comm.Iallreduce(self._in_place, message, mpi_op), [tensor], (tensor,), average)
+
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("all_gather_into_tensor", output, tensor)
+        mine, gathered = self._message(tensor), self._message(output)
+        if _is_blocking_call():
+            self._comm.Allgather(mine, gathered)
+            return CompletedWork([output])
+        return MpiWork(self._comm.Iallgather(mine, gathered), [output], (tensor, output))
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("broadcast", tensor, root)
+        message = self._message(tensor)
+        if _is_blocking_call():
+            self._comm.Bcast(message, root)
+            return CompletedWork([tensor])
+        return MpiWork(self._comm.Ibcast(message, root), [tensor], (tensor,))
+
+    def barrier(self) -> Work:
+        if _is_blocking_call():
+            self._comm.Barrier()
+            return CompletedWork()
+        return MpiWork(self._comm.Ibarrier(), ())
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        self._check_tag("send", tag)
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("send", tensor, dst, tag)
+        return MpiWork(self._comm.Isend(self._message(tensor), dst, tag), (), (tensor,))
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        self._check_tag("recv", tag)
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("recv", tensor, src, tag)
+        return MpiWork(self._comm.Irecv(self._message(tensor), src, tag), [tensor], (tensor,))
+
+    def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
+        self._check_tag("recv", tag)
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("recv_any", tensor, tag)
+        status = self._mpi.Status()
+        request = self._comm.Irecv(self._message(tensor), self._mpi.ANY_SOURCE, tag)
+        return MpiWork(request, [tensor], (tensor,), status=status)
+
+    # --- native versions of the fallbacks -------------------------------------------------
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("reduce", tensor, root, op)
+        message, mpi_op = self._message(tensor), self._types.reductions[(tensor.dtype, op)]
+        # The root reduces in place; the others only send (MPI ignores their receive buffer).
+        send, receive = (self._in_place, message) if self.rank == root else (message, None)
+        average = self._averaging(tensor, op) if self.rank == root else None
+        if _is_blocking_call():
+            self._comm.Reduce(send, receive, mpi_op, root)
+            return _completed([tensor], average)
+        return MpiWork(self._comm.Ireduce(send, receive, mpi_op, root), [tensor], (tensor,), average)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("reduce_scatter_tensor", output, tensor, op)
+        send, receive = self._message(tensor), self._message(output)
+        mpi_op, average = self._types.reductions[(tensor.dtype, op)], self._averaging(output, op)
+        if _is_blocking_call():
+            self._comm.Reduce_scatter_block(send, receive, mpi_op)
+            return _completed([output], average)
+        request = self._comm.Ireduce_scatter_block(send, receive, mpi_op)
+        return MpiWork(request, [output], (tensor, output), average)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+    ) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("all_to_all_single", output, tensor, output_splits, input_splits)
+        if not output_splits and not input_splits:
+            send, receive = self._message(tensor), self._message(output)
+            blocking, nonblocking = self._comm.Alltoall, self._comm.Ialltoall
+        else:
+            send = self._message(tensor, _counts_and_displacements(tensor, input_splits, self.size))
+            receive = self._message(output, _counts_and_displacements(output, output_splits, self.size))
+            blocking, nonblocking = self._comm.Alltoallv, self._comm.Ialltoallv
+        if _is_blocking_call():
+            blocking(send, receive)
+            return CompletedWork([output])
+        return MpiWork(nonblocking(send, receive), [output], (tensor, output))
+
+    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
+        if inputs[0].is_cuda and not self._cuda_aware:
+            return self._via_host("all_to_all", outputs, inputs)
+        # One packed buffer per side: MPI's vector all-to-all needs a single base address.
+        packed = torch.cat([chunk.reshape(-1) for chunk in inputs])
+        landing = packed.new_empty(sum(output.numel() for output in outputs))
+        send = self._message(packed, _layout([chunk.numel() for chunk in inputs]))
+        receive = self._message(landing, _layout([output.numel() for output in outputs]))
+        unpack = functools.partial(_unpack, landing, outputs)
+        if _is_blocking_call():
+            self._comm.Alltoallv(send, receive)
+            return _completed(outputs, unpack)
+        return MpiWork(self._comm.Ialltoallv(send, receive), outputs, (packed, landing), unpack)
+
+    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("gather", tensor, outputs, root)
+        landing = tensor.new_empty(self.size * tensor.numel()) if outputs is not None else None
+        receive = self._message(landing) if landing is not None else None
+        unpack = functools.partial(_unpack, landing, outputs) if outputs is not None else None
+        if _is_blocking_call():
+            self._comm.Gather(self._message(tensor), receive, root)
+            return _completed(outputs or (), unpack)
+        request = self._comm.Igather(self._message(tensor), receive, root)
+        return MpiWork(request, outputs or (), (tensor, landing), unpack)
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+        if output.is_cuda and not self._cuda_aware:
+            return self._via_host("scatter", output, inputs, root)
+        packed = torch.cat([chunk.reshape(-1) for chunk in inputs]) if inputs is not None else None
+        send = self._message(packed) if packed is not None else None
+        if _is_blocking_call():
+            self._comm.Scatter(send, self._message(output), root)
+            return CompletedWork([output])
+        return MpiWork(self._comm.Iscatter(send, self._message(output), root), [output], (packed, output))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _message(self, tensor: torch.Tensor, layout: tuple[list[int], list[int]] | None = None) -> list[Any]:
+        """``[buffer, datatype]`` (or ``[buffer, (counts, displacements), datatype]``) over the tensor's memory."""
+        if tensor.is_cuda:
+            _cuda.synchronize_producers(tensor)
+        memory = self._from_address(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        if layout is None:
+            return [memory, self._datatypes[tensor.dtype]]
+        return [memory, layout, self._datatypes[tensor.dtype]]
+
+    def _averaging(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], Any] | None:
+        """AVG is SUM on the wire, then this division of the result."""
+        if op is not ReduceOp.AVG:
+            return None
+        return functools.partial(tensor.div_, self.size)
+
+    def _check_tag(self, op: str, tag: int) -> None:
+        if not isinstance(tag, int) or not 0 <= tag <= self._tag_upper_bound:
+            raise invalid_argument(op, "tag", f"an int in [0, {self._tag_upper_bound}] (MPI's tag range)", tag, self.spec.global_rank)
+
+    def _via_host(self, op: str, *arguments: Any) -> Work:
+        """Run ``op`` on host copies of the CUDA arguments, then copy its outputs back."""
+        _log_staging_once(self.library)
+        staged = [_cuda.on_host(argument) for argument in arguments]
+        work = getattr(self, op)(*staged)
+        written = _OUTPUT_ARGUMENTS[op]
+        devices, hosts = [arguments[index] for index in written], [staged[index] for index in written]
+        results = [t for value in devices for t in ([value] if isinstance(value, torch.Tensor) else value or ())]
+        return StagedWork(work, functools.partial(_cuda.copy_back, devices, hosts), results)
+
+
+def _completed(result: Sequence[torch.Tensor], epilogue: Callable[[], Any] | None) -> Work:
+    if epilogue is not None:
+        epilogue()
+    return CompletedWork(result)
+
+
+def _unpack(landing: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``landing`` into ``outputs``."""
+    offset = 0
+    for output in outputs:
+        output.view(-1).copy_(landing[offset : offset + output.numel()])
+        offset += output.numel()
+
+
+def _layout(counts: list[int]) -> tuple[list[int], list[int]]:
+    """``[2, 3, 1]`` -> ``([2, 3, 1], [0, 2, 5])``: element counts and where each block starts."""
+    displacements, start = [], 0
+    for count in counts:
+        displacements.append(start)
+        start += count
+    return counts, displacements
+
+
+def _counts_and_displacements(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> tuple[list[int], list[int]]:
+    """Row splits along dim 0 (None: equal parts) as element counts and displacements."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    row_elements = tensor.numel() // rows if rows else 0
+    row_splits = list(splits) if splits else [rows // parts] * parts
+    return _layout([split * row_elements for split in row_splits])
+
+
+@functools.cache
+def _types_of(mpi: ModuleType) -> MpiTypes:
+    """One table (and one set of user-defined 16-bit float ops) per process."""
+    return MpiTypes.build(mpi)
+
+
+@functools.cache
+def _log_staging_once(library: str) -> None:
+    log.warning(
+        "mpi: %s is not CUDA-aware (or does not say so); CUDA tensors are staged through host "
+        "memory. Set %s=1 if the library supports CUDA.", library, _cuda.CUDA_AWARE_ENV
+    )
+
+
+def _check_launched_by_mpi(mpi: ModuleType, spec: GroupSpec) -> None:
+    """The facade's rank and world size must be MPI's own, else MPI would talk to other processes."""
+    world = mpi.COMM_WORLD
+    if (world.Get_rank(), world.Get_size()) == (spec.global_rank, spec.size):
+        return
+    if world.Get_size() == 1:
+        raise BackendUnavailableError(
+            f"init_process_group: backend 'mpi' needs its {spec.size} ranks started by an MPI launcher, "
+            f"but MPI sees this process as a world of one (rank {spec.global_rank}). Launch with:\n"
+            f"    mpirun -n {spec.size} python your_script.py\n"
+            "(Open MPI run as root also needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, and "
+            "--oversubscribe for more ranks than cores). If mpirun did start it, that mpirun belongs to "
+            f"another MPI than the library mpi4py loaded ({library_version(mpi)}): use that library's "
+            "mpirun, or set MPI4PY_LIBMPI to the launcher's libmpi (Open MPI: libmpi.so.40, MPICH and "
+            "Intel MPI: libmpi.so.12)."
+        )
+    raise BackendUnavailableError(
+        f"init_process_group: backend 'mpi' got rank {spec.global_rank} of {spec.size} from the rendezvous, "
+        f"but MPI's COMM_WORLD says rank {world.Get_rank()} of {world.Get_size()}; under mpirun, let the "
+        "launcher set rank and world size (do not pass rank=/world_size=)"
+    )
