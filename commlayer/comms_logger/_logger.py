@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, NamedTuple, TextIO
 
 import torch
 
@@ -75,8 +75,9 @@ class _Accumulator:
         self.bus_bytes += bus_bytes
 
 
-@dataclass(frozen=True)
-class TraceEvent:
+class TraceEvent(NamedTuple):
+    """One logged op (a tuple: the enabled logger builds one per call)."""
+
     op: str
     nbytes: int
     start_us: float  # wall clock, so ranks on one host line up in the trace
@@ -106,7 +107,9 @@ class CommsLogger:
         self._muted_thread: int | None = None  # summary()'s own traffic is not logged
 
     def observe(self, call: _dispatch.OpCall, nbytes: int, start: Callable[[], Work]) -> Work:
-        if not self.options.wants(call.op) or threading.get_ident() == self._muted_thread:
+        if self.options.ops is not None and not self.options.wants(call.op):
+            return start()
+        if self._muted_thread is not None and threading.get_ident() == self._muted_thread:
             return start()
         accelerators = _accelerators_of(call.backend)
         _synchronize(accelerators)
@@ -272,15 +275,17 @@ def _global_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else _records.rank
 
 
+_candidates_by_class: dict[type, tuple[Any, ...]] = {}
+
+
 def _accelerators_of(backend: Any) -> tuple[Any, ...]:
     """The torch device modules to synchronise for ops on ``backend`` (initialised ones only)."""
-    modules = []
-    for kind in _ACCELERATORS:
-        module = getattr(torch, kind, None)
-        initialized = getattr(module, "is_initialized", None)
-        if kind in backend.capabilities.devices and initialized is not None and initialized():
-            modules.append(module)
-    return tuple(modules)
+    candidates = _candidates_by_class.get(type(backend))
+    if candidates is None:  # once per backend class: CPU-only backends end up with nothing to test
+        modules = [getattr(torch, kind, None) for kind in _ACCELERATORS if kind in backend.capabilities.devices]
+        candidates = tuple(module for module in modules if hasattr(module, "is_initialized"))
+        _candidates_by_class[type(backend)] = candidates
+    return tuple(module for module in candidates if module.is_initialized()) if candidates else ()
 
 
 def _synchronize(modules: tuple[Any, ...]) -> None:
