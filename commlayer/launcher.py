@@ -40,6 +40,7 @@ __all__ = [
     "SuperviseOptions",
     "free_port",
     "launch",
+    "pid_running",
     "supervise",
 ]
 
@@ -64,6 +65,7 @@ class LaunchConfig:
     forward_signals: bool = True  # SIGINT/SIGTERM reach every rank (main thread only)
     kill_grace: float = 3.0  # seconds between SIGTERM and SIGKILL when stopping
     tail_lines: int = 40  # output lines kept per rank for LaunchResult
+    stop_check: Callable[[], str | None] | None = None  # see SuperviseOptions
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -164,6 +166,7 @@ def launch(config: LaunchConfig) -> LaunchResult:
         forward_signals=config.forward_signals,
         kill_grace=config.kill_grace,
         tail_lines=config.tail_lines,
+        stop_check=config.stop_check,
     )
     return supervise(specs, options)
 
@@ -288,6 +291,28 @@ def _stop(running: list[_Running], grace: float) -> set[int]:
     return {process.index for process in alive}
 
 
+def pid_running(pid: int) -> bool:
+    """Alive and not a zombie: an exited process nobody has reaped yet counts as gone.
+
+    Popen.poll() cannot tell while another thread waits on the child, and a multi-threaded child
+    stays a zombie that waitid() does not report until all its threads are gone; /proc is exact.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass  # no /proc: fall back to a signal-0 probe, which counts zombies as alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _signal_pids(pids: set[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -372,7 +397,7 @@ class _Running:
                     sink.flush()
 
     def alive(self) -> bool:
-        return self.popen.returncode is None and self.popen.poll() is None
+        return self.popen.returncode is None and pid_running(self.pid)
 
     def signal_group(self, signum: int) -> None:
         if self.popen.returncode is None:
