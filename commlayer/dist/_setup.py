@@ -1,6 +1,7 @@
 """init_process_group, new_group, destroy_process_group and the rank/size getters."""
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 from typing import Any, Iterable, Sequence
@@ -22,6 +23,11 @@ from ._groups import (
     world_or_none,
 )
 from ._rendezvous import Rendezvous, rendezvous
+
+log = logging.getLogger("commlayer.dist")
+
+# A peer that died is reported by its launcher; rank 0 need not wait for it for long.
+_LEAVE_TIMEOUT = timedelta(seconds=60)
 
 __all__ = [
     "destroy_process_group",
@@ -95,6 +101,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         for member in list(world.groups.values()):
             _shutdown(member.unique_backends())
         _shutdown(reversed(list(world.world_backends.values())))
+        _leave(world)
         set_world(None)
         return
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
@@ -224,6 +231,23 @@ def _world_backend(world: World, name: str, options: Any) -> Backend:
         meeting = Rendezvous(world.store, world.rank, world.size)
         world.world_backends[name] = _create_world_backend(name, meeting, world.timeout, options)
     return world.world_backends[name]
+
+
+def _leave(world: World) -> None:
+    """Keep the rendezvous store alive until every rank has left.
+
+    Rank 0 usually hosts the store; if it exited first, a peer still reading its last message
+    through the store (a store-based backend, or a torch backend's final exchange) would fail.
+    """
+    if world.size == 1:
+        return
+    world.store.set(f"commlayer/left/{world.rank}", b"1")
+    if world.rank == 0:
+        keys = [f"commlayer/left/{rank}" for rank in range(world.size)]
+        try:
+            world.store.wait(keys, min(world.timeout, _LEAVE_TIMEOUT))
+        except Exception as error:  # noqa: BLE001 - a dead peer must not turn teardown into a crash
+            log.warning("destroy_process_group: not every rank left within %s: %s", _LEAVE_TIMEOUT, error)
 
 
 def _shutdown(backends: Iterable[Backend]) -> None:

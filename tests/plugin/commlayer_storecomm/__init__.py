@@ -22,7 +22,7 @@ class StoreBackend(Backend):
     name = "storecomm"
     capabilities = Capabilities(
         devices=frozenset({"cpu"}),
-        dtypes=frozenset({torch.float32, torch.float64, torch.int64}),
+        dtypes=frozenset({torch.float32, torch.float64, torch.int64, torch.uint8}),  # uint8: object helpers
         reduce_ops=frozenset(_COMBINE) | {ReduceOp.AVG},
     )
 
