@@ -101,7 +101,7 @@ def test_layout_rounds_to_whole_elements_and_chunks() -> None:
 def test_check_values_are_exact_and_distinct(dtype: torch.dtype, world_size: int) -> None:
     """Every rank's values, and their sum over ranks, survive the dtype exactly."""
     pattern = ValuePattern(world_size, dtype)
-    count, cpu = 3 * pattern.period, torch.device("cpu")
+    count, cpu = pattern.period + 2, torch.device("cpu")  # every pattern value, largest included
     wide = [pattern.rank_values(rank, 0, count, 5, cpu).to(torch.float64) for rank in range(world_size)]
     exact = [1 + rank + world_size * pattern.pattern(0, count, 5, cpu).to(torch.float64) for rank in range(world_size)]
     assert all(torch.equal(value, reference) for value, reference in zip(wide, exact))
@@ -181,3 +181,22 @@ def test_report_has_a_table_per_op_and_backend_and_the_notes() -> None:
     assert text.splitlines()[2].split() == ["8", "2", "float32", "12.50", "1.50e-05", "1.50e-05", "-"]
     assert "note: ccl: skipped" in text
     assert SweepResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"])
+def test_check_counts_exactly_the_wrong_elements(op: str, world_of_one: None) -> None:
+    """Wiring: a real op on a world of one verifies clean, then every corrupted element is counted."""
+    from commlayer import dist
+    from commlayer.bench.cases import CaseContext, make_case
+
+    context = CaseContext(None, 0, 1, torch.device("cpu"), torch.float32)
+    case = make_case(context, layout(op, 64, torch.float32, 1))
+    for iteration in range(3):
+        case.fill(iteration)
+        case.launch(async_op=False)
+        assert case.wrong(iteration) == 0
+    output = case.buffer if hasattr(case, "buffer") else case.output
+    output[3:7] += 1
+    assert case.wrong(2) == 4
+    assert case.wrong(1) == output.numel()  # a stale result from another iteration is all wrong
+    assert dist.get_world_size() == 1

@@ -153,9 +153,17 @@ class BenchCase:
     def _empty(self, count: int) -> torch.Tensor:
         return torch.zeros(count, dtype=self.context.dtype, device=self.context.device)
 
+    def _values_of(self, rank: int, start: int, count: int, iteration: int) -> torch.Tensor:
+        """Rank ``rank``'s input elements [start, start + count) at ``iteration``, on our device."""
+        assert self.values is not None, "a barrier has no values"
+        return self.values.rank_values(rank, start, count, iteration, self.context.device)
+
     def _mine(self, start: int, count: int, iteration: int) -> torch.Tensor:
-        assert self.values is not None
-        return self.values.rank_values(self.context.rank, start, count, iteration, self.context.device)
+        return self._values_of(self.context.rank, start, count, iteration)
+
+    def _sum_over_ranks(self, start: int, count: int, iteration: int) -> torch.Tensor:
+        assert self.values is not None, "a barrier has no values"
+        return self.values.summed(start, count, iteration, self.context.device)
 
     def fill(self, iteration: int) -> None:
         """Inputs get this iteration's values; outputs get 0, a value no correct result holds."""
@@ -184,8 +192,7 @@ class AllReduceCase(BenchCase):
         return dist.all_reduce(self.buffer, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
-        assert self.values is not None
-        return self._mismatches(self.buffer, self.values.summed(0, self.layout.count, iteration, self.context.device))
+        return self._mismatches(self.buffer, self._sum_over_ranks(0, self.layout.count, iteration))
 
 
 class BroadcastCase(AllReduceCase):
@@ -193,7 +200,7 @@ class BroadcastCase(AllReduceCase):
 
     def fill(self, iteration: int) -> None:
         if self.context.rank == 0:
-            self.buffer.copy_(self.values.rank_values(0, 0, self.layout.count, iteration, self.context.device))  # type: ignore[union-attr]
+            self.buffer.copy_(self._values_of(0, 0, self.layout.count, iteration))
         else:
             self.buffer.zero_()
 
@@ -201,9 +208,7 @@ class BroadcastCase(AllReduceCase):
         return dist.broadcast(self.buffer, src=0, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
-        assert self.values is not None
-        expected = self.values.rank_values(0, 0, self.layout.count, iteration, self.context.device)
-        return self._mismatches(self.buffer, expected)
+        return self._mismatches(self.buffer, self._values_of(0, 0, self.layout.count, iteration))
 
 
 class ChunkedCase(BenchCase):
@@ -232,16 +237,14 @@ class ChunkedCase(BenchCase):
         return self._mismatches(self.output, self._expected(iteration))
 
     def _expected(self, iteration: int) -> torch.Tensor:
-        assert self.values is not None
-        rank, chunk, device = self.context.rank, self.chunk, self.context.device
+        rank, chunk = self.context.rank, self.chunk
         if self.layout.op == "reduce_scatter":
-            return self.values.summed(rank * chunk, chunk, iteration, device)
+            return self._sum_over_ranks(rank * chunk, chunk, iteration)
         senders = range(self.context.world_size)
         if self.layout.op == "all_gather":
-            parts = [self.values.rank_values(sender, 0, chunk, iteration, device) for sender in senders]
-        else:  # all_to_all: chunk j of my output is chunk <my rank> of rank j's input
-            parts = [self.values.rank_values(sender, rank * chunk, chunk, iteration, device) for sender in senders]
-        return torch.cat(parts)
+            return torch.cat([self._values_of(sender, 0, chunk, iteration) for sender in senders])
+        # all_to_all: chunk j of my output is chunk <my rank> of rank j's input
+        return torch.cat([self._values_of(sender, rank * chunk, chunk, iteration) for sender in senders])
 
 
 class BarrierCase(BenchCase):
@@ -280,10 +283,8 @@ class PingPongCase(BenchCase):
     def wrong(self, iteration: int) -> int:
         if not self.active:
             return 0
-        assert self.values is not None
         sender = self.context.rank if self.initiator else self.peer
-        expected = self.values.rank_values(sender, 0, self.layout.count, iteration, self.context.device)
-        return self._mismatches(self.incoming, expected)
+        return self._mismatches(self.incoming, self._values_of(sender, 0, self.layout.count, iteration))
 
 
 _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
