@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import threading
 from fractions import Fraction
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from commlayer.bench.cases import ValuePattern, check_values_exact, layout
 from commlayer.bench.formulas import algbw_gbps, busbw_factor, busbw_gbps, format_size, parse_size, size_sweep
 from commlayer.bench.options import BENCH_DTYPES, BenchOptions
+from commlayer.bench.progress import ProgressBar, StepFileWriter, follow_file
 from commlayer.bench.records import RECORD_KEYS, BenchRecord, SweepResult, read_json, write_csv, write_json
 from commlayer.bench.table import format_report, format_side_by_side
 
@@ -200,3 +203,26 @@ def test_check_counts_exactly_the_wrong_elements(op: str, world_of_one: None) ->
     assert case.wrong(2) == 4
     assert case.wrong(1) == output.numel()  # a stale result from another iteration is all wrong
     assert dist.get_world_size() == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_only(tmp_path) -> None:
+    quiet, terminal = io.StringIO(), _Terminal()
+    for stream in (quiet, terminal):
+        bar = ProgressBar(4, stream)
+        bar.update(2, "gloo all_reduce 8B")
+        bar.close()
+    assert quiet.getvalue() == ""
+    assert "[###############...............]    2/4  gloo all_reduce 8B" in terminal.getvalue()
+    # Under -n, rank 0 appends steps to a file and the parent redraws from its last line.
+    writer, shown = StepFileWriter(tmp_path / "steps"), _Terminal()
+    writer(1, "gloo broadcast 8B")
+    writer(3, "gloo broadcast 64B")
+    stop = threading.Event()
+    stop.set()  # already done: the follower draws once more, then clears the line
+    follow_file(tmp_path / "steps", ProgressBar(4, shown), stop)
+    assert "3/4  gloo broadcast 64B" in shown.getvalue()

@@ -53,17 +53,25 @@ class StepFileWriter:
 
 def follow_file(path: str | Path, bar: ProgressBar, stop: threading.Event, poll_s: float = 0.2) -> None:
     """Redraw ``bar`` from the last line of ``path`` until ``stop`` is set (run on a thread)."""
-    seen = 0
-    while not stop.wait(poll_s):
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            continue
-        if len(lines) > seen and "\t" in lines[-1]:
-            seen = len(lines)
-            done, label = lines[-1].split("\t", 1)
-            bar.update(int(done), label)
+    shown = 0
+    while True:
+        stopping = stop.wait(poll_s)
+        shown = _redraw_from(path, bar, shown)
+        if stopping:
+            break
     bar.close()
+
+
+def _redraw_from(path: str | Path, bar: ProgressBar, shown: int) -> int:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return shown
+    if len(lines) > shown and "\t" in lines[-1]:
+        done, label = lines[-1].split("\t", 1)
+        bar.update(int(done), label)
+        return len(lines)
+    return shown
 
 
 def _is_terminal(stream: TextIO) -> bool:
