@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from .launcher import LaunchConfig, launch
+from .launcher import LaunchConfig, SuperviseOptions, launch
 
 __all__ = ["main"]
 
@@ -76,8 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         nproc_per_node=args.nproc_per_node,
         master_addr=args.master_addr,
         master_port=args.master_port,
-        log_dir=args.log_dir,
-        timeout=args.timeout,
+        options=SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir),
     )
     result = launch(config)
     summary = result.summary()

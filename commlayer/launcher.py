@@ -51,6 +51,25 @@ _PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
+class SuperviseOptions:
+    timeout: float | None = None  # seconds before every process is stopped
+    echo: bool = True  # copy output to this process's stdout/stderr with a [rankN] prefix
+    log_dir: Path | None = None  # one rankN.log (label without spaces) per process
+    forward_signals: bool = True  # SIGINT/SIGTERM reach every process (main thread only)
+    kill_grace: float = 3.0  # seconds between SIGTERM and SIGKILL when stopping
+    tail_lines: int = 40  # output lines kept per process for LaunchResult
+    # Polled while the processes run; a returned reason stops all of them (e.g. a rank of an
+    # mpirun job wrote a traceback but mpirun itself keeps waiting for the other ranks).
+    stop_check: Callable[[], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"SuperviseOptions: argument 'timeout' expected a positive number of seconds or None, received {self.timeout}")
+        if not self.kill_grace >= 0:
+            raise ValueError(f"SuperviseOptions: argument 'kill_grace' expected a non-negative number of seconds, received {self.kill_grace}")
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     """One ``commlayer run``: ``command`` runs once per rank, all on this host."""
 
@@ -59,13 +78,7 @@ class LaunchConfig:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None  # None: pick a free port
     env: Mapping[str, str] | None = None  # base environment of every rank; None: this process's
-    log_dir: Path | None = None  # one rankN.log per rank
-    timeout: float | None = None  # seconds before every rank is stopped
-    echo: bool = True  # copy output to this process's stdout/stderr with a [rankN] prefix
-    forward_signals: bool = True  # SIGINT/SIGTERM reach every rank (main thread only)
-    kill_grace: float = 3.0  # seconds between SIGTERM and SIGKILL when stopping
-    tail_lines: int = 40  # output lines kept per rank for LaunchResult
-    stop_check: Callable[[], str | None] | None = None  # see SuperviseOptions
+    options: SuperviseOptions = SuperviseOptions()  # timeout, echo, logs, grace... (frozen: safe to share)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -74,7 +87,6 @@ class LaunchConfig:
             raise ValueError(f"LaunchConfig: argument 'nproc_per_node' expected an integer >= 1, received {self.nproc_per_node}")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise ValueError(f"LaunchConfig: argument 'master_port' expected a port in 1..65535, received {self.master_port}")
-        _check_supervise_numbers("LaunchConfig", self.timeout, self.kill_grace)
 
 
 @dataclass(frozen=True)
@@ -82,22 +94,6 @@ class ProcessSpec:
     label: str  # e.g. "rank 1": used in summaries; "[rank1]" prefixes output, "rank1.log" is its log
     argv: tuple[str, ...]
     env: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class SuperviseOptions:
-    timeout: float | None = None
-    echo: bool = True
-    log_dir: Path | None = None
-    forward_signals: bool = True
-    kill_grace: float = 3.0
-    tail_lines: int = 40
-    # Polled while the processes run; a returned reason stops all of them (e.g. a rank of an
-    # mpirun job wrote a traceback but mpirun itself keeps waiting for the other ranks).
-    stop_check: Callable[[], str | None] | None = None
-
-    def __post_init__(self) -> None:
-        _check_supervise_numbers("SuperviseOptions", self.timeout, self.kill_grace)
 
 
 @dataclass(frozen=True)
@@ -159,16 +155,7 @@ def launch(config: LaunchConfig) -> LaunchResult:
         ProcessSpec(f"rank {rank}", config.command, _rank_environment(base, rank, config, port))
         for rank in range(config.nproc_per_node)
     ]
-    options = SuperviseOptions(
-        timeout=config.timeout,
-        echo=config.echo,
-        log_dir=config.log_dir,
-        forward_signals=config.forward_signals,
-        kill_grace=config.kill_grace,
-        tail_lines=config.tail_lines,
-        stop_check=config.stop_check,
-    )
-    return supervise(specs, options)
+    return supervise(specs, config.options)
 
 
 def _rank_environment(base: Mapping[str, str], rank: int, config: LaunchConfig, port: int) -> dict[str, str]:
@@ -443,13 +430,6 @@ def _child_setup_function() -> Callable[[], None]:
 
 
 _CHILD_SETUP = _child_setup_function()
-
-
-def _check_supervise_numbers(owner: str, timeout: float | None, kill_grace: float) -> None:
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"{owner}: argument 'timeout' expected a positive number of seconds or None, received {timeout}")
-    if not kill_grace >= 0:
-        raise ValueError(f"{owner}: argument 'kill_grace' expected a non-negative number of seconds, received {kill_grace}")
 
 
 def _shell_code(code: int) -> int:

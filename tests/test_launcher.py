@@ -6,7 +6,6 @@ pay for importing commlayer in a subprocess.
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from commlayer import cli
-from commlayer.launcher import LaunchConfig, LaunchResult, ProcessOutcome, free_port, launch
+from commlayer.launcher import LaunchConfig, LaunchResult, ProcessOutcome, SuperviseOptions, free_port, launch
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = str(REPO / "tests" / "scripts" / "rank_behaviour.py")
@@ -33,13 +32,18 @@ def env_line(rank: int, world: int, port: int | str, args: str) -> str:
 
 @pytest.mark.parametrize(
     ("fields", "argument"),
-    [({"command": ()}, "command"), ({"nproc_per_node": 0}, "nproc_per_node"), ({"master_port": 70000}, "master_port"),
-     ({"timeout": 0.0}, "timeout"), ({"kill_grace": -1.0}, "kill_grace")],
+    [({"command": ()}, "command"), ({"nproc_per_node": 0}, "nproc_per_node"), ({"master_port": 70000}, "master_port")],
 )
 def test_launch_config_rejects_bad_fields(fields: dict[str, object], argument: str) -> None:
     defaults: dict[str, object] = {"command": ("python",), "nproc_per_node": 2}
     with pytest.raises(ValueError, match=f"LaunchConfig: argument '{argument}' expected"):
         LaunchConfig(**{**defaults, **fields})
+
+
+@pytest.mark.parametrize(("fields", "argument"), [({"timeout": 0.0}, "timeout"), ({"kill_grace": -1.0}, "kill_grace")])
+def test_supervise_options_reject_bad_fields(fields: dict[str, float], argument: str) -> None:
+    with pytest.raises(ValueError, match=f"SuperviseOptions: argument '{argument}' expected"):
+        SuperviseOptions(**fields)
 
 
 def outcome(label: str, code: int, stopped: bool = False) -> ProcessOutcome:
@@ -129,7 +133,7 @@ def test_log_dir_holds_one_unprefixed_log_per_rank(tmp_path: Path, capsys: pytes
 
 def test_launch_api_reports_every_rank_without_echo(capsys: pytest.CaptureFixture[str]) -> None:
     config = LaunchConfig(command=(sys.executable, SCRIPT, "--fail-rank", "1", "--kill-self", "--block"), nproc_per_node=3,
-                          env={**os.environ, "PYTHONPATH": ""}, echo=False, forward_signals=False, master_port=free_port())
+                          master_port=free_port(), options=SuperviseOptions(echo=False, forward_signals=False))
     result = launch(config)
     assert capsys.readouterr() == ("", "")
     assert (result.first_failure, result.exit_code, result.timed_out) == (1, 137, False)

@@ -58,13 +58,12 @@ def run_world(
         command = _worker_command(target, backend, args)
         # Locally a raising rank's exit code stops the world; under mpirun only its traceback can.
         watch = _RanksWatch(results, watch_tracebacks=launcher == "mpirun")
+        options = SuperviseOptions(timeout=timeout, echo=False, forward_signals=False, kill_grace=_KILL_GRACE_SECONDS,
+                                   tail_lines=_TAIL_LINES * (1 if launcher == "local" else world_size), stop_check=watch)
         if launcher == "local":
-            result = launch(LaunchConfig(command, world_size, env=rank_env, timeout=timeout, echo=False, forward_signals=False,
-                                         kill_grace=_KILL_GRACE_SECONDS, tail_lines=_TAIL_LINES, stop_check=watch))
+            result = launch(LaunchConfig(command, world_size, env=rank_env, options=options))
         else:
             plan = mpirun_plan(world_size, rank_env)
-            options = SuperviseOptions(timeout=timeout, echo=False, forward_signals=False, kill_grace=_KILL_GRACE_SECONDS,
-                                       tail_lines=_TAIL_LINES * world_size, stop_check=watch)
             result = supervise([ProcessSpec("mpirun", (*plan.argv, *command), plan.env)], options)
         state = _WorldState.read(results, watch)
         problems = _problems(world_size, result, state, local=launcher == "local")
