@@ -1,8 +1,6 @@
 """Gloo through torch.distributed: the default CPU backend."""
 from __future__ import annotations
 
-import torch
-
 from commlayer.types import Capabilities
 
 from ._torch import TorchBackend
@@ -14,4 +12,3 @@ class GlooBackend(TorchBackend):
     name = "gloo"
     torch_backend = "gloo"
     capabilities = Capabilities(devices=frozenset({"cpu"}), recv_any_source=True)
-    generic_ops = frozenset()

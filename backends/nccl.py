@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from commlayer.types import Availability, Capabilities
+from commlayer.types import Availability, Capabilities, ReduceOp
 
 from ._torch import TorchBackend
 
@@ -13,7 +13,11 @@ __all__ = ["NcclBackend"]
 class NcclBackend(TorchBackend):
     name = "nccl"
     torch_backend = "nccl"
-    capabilities = Capabilities(devices=frozenset({"cuda"}))
+    # NCCL has no bitwise reductions; torch refuses BAND/BOR/BXOR on it, so we declare them absent.
+    capabilities = Capabilities(
+        devices=frozenset({"cuda"}),
+        reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
+    )
     native_avg = True
 
     @classmethod
