@@ -77,7 +77,7 @@ def test_two_rank_gloo_sweep_writes_table_json_csv_and_png(tmp_path: Path) -> No
                   "--csv", str(outputs["csv"]), "--plot", str(outputs["png"]))
     assert done.returncode == 0, done.stdout + done.stderr
     for op in ALL_OPS.split(","):
-        assert f"# {op} | gloo | 2 ranks | cpu | float32 | 3 iters, 1 warmup | blocking, checked" in done.stdout
+        assert f"# {op} | gloo | 2 ranks | cpu | float32 | 3 iters, 1 warmup | blocking, every iteration checked" in done.stdout
     headers = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("bytes")]
     assert headers == [["bytes", "count", "dtype", "time_us", "algbw_GB/s", "busbw_GB/s", "wrong"]] * 7
     assert "note: nosuch: skipped (failed to start on ranks [0, 1]): BackendUnavailableError: unknown backend 'nosuch'" in done.stdout
@@ -103,7 +103,7 @@ def test_backends_side_by_side(tmp_path: Path) -> None:
     if not any(info.name == "ccl" and info.availability for info in list_backends()):
         pytest.skip("the ccl backend is not available here")
     done = _bench("-n", "2", "--backends", "gloo,ccl", "--ops", "all_reduce,barrier", "-b", "8", "-e", "4K", "-f", "8",
-                  "--iters", "2", "--warmup", "1", "--check", "--json", str(tmp_path / "out.json"))
+                  "--iters", "2", "--warmup", "1", "--json", str(tmp_path / "out.json"))
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((tmp_path / "out.json").read_text())
     for backend in ("gloo", "ccl"):
@@ -120,7 +120,7 @@ def test_mpi_next_to_gloo_under_mpirun(tmp_path: Path) -> None:
     require_mpirun()
     target = tmp_path / "records.json"
     run_world("tests.ranks.bench_in_place:run", 2, backend=None, launcher="mpirun", timeout=180,
-              args=[str(target), "--backends", "gloo,mpi", "--ops", "all_reduce,all_to_all,pingpong", "--check",
+              args=[str(target), "--backends", "gloo,mpi", "--ops", "all_reduce,all_to_all,pingpong",
                     "-b", "8", "-e", "4K", "-f", "8", "--iters", "2", "--warmup", "1"])
     rows = json.loads(target.read_text())
     for backend in ("gloo", "mpi"):

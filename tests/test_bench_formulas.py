@@ -146,12 +146,12 @@ def test_options_reject_bad_values(change: dict, complaint: str) -> None:
         BenchOptions(**change)
 
 
-def _record(backend: str, op: str, nbytes: int, time_us: float, busbw: float, wrong: int | None = 0) -> BenchRecord:
+def _record(backend: str, op: str, nbytes: int, time_us: float, busbw: float, wrong: int = 0) -> BenchRecord:
     return BenchRecord(backend, op, nbytes, nbytes // 4, "float32", 2, time_us, busbw, busbw, wrong)
 
 
 def test_json_and_csv_have_exactly_the_record_keys(tmp_path) -> None:
-    records = [_record("gloo", "all_reduce", 8, 12.5, 0.25), _record("gloo", "barrier", 0, 3.0, 0.0, wrong=None)]
+    records = [_record("gloo", "all_reduce", 8, 12.5, 0.25), _record("gloo", "barrier", 0, 3.0, 0.0, wrong=3)]
     write_json(tmp_path / "out.json", records)
     rows = json.loads((tmp_path / "out.json").read_text())
     assert [tuple(row) for row in rows] == [RECORD_KEYS] * 2
@@ -160,7 +160,7 @@ def test_json_and_csv_have_exactly_the_record_keys(tmp_path) -> None:
     write_csv(tmp_path / "out.csv", records)
     with open(tmp_path / "out.csv", newline="") as stream:
         table = list(csv.DictReader(stream))
-    assert tuple(table[0]) == RECORD_KEYS and table[0]["wrong"] == "0" and table[1]["wrong"] == ""
+    assert tuple(table[0]) == RECORD_KEYS and table[0]["wrong"] == "0" and table[1]["wrong"] == "3"
 
 
 def test_side_by_side_ratio_reads_faster_than_the_first_backend() -> None:
@@ -176,12 +176,13 @@ def test_side_by_side_ratio_reads_faster_than_the_first_backend() -> None:
 
 
 def test_report_has_a_table_per_op_and_backend_and_the_notes() -> None:
-    records = [_record("gloo", "all_reduce", 8, 12.5, 1.5e-5, wrong=None), _record("gloo", "all_reduce", 16, 12.0, 3e-5, wrong=None)]
+    records = [_record("gloo", "all_reduce", 8, 12.5, 1.5e-5), _record("gloo", "all_reduce", 16, 12.0, 3e-5, wrong=2)]
     result = SweepResult(tuple(records), ("ccl: skipped (failed to start on ranks [0, 1]): not built",), 2, (("gloo", "cpu"),))
     text = format_report(result, BenchOptions())
-    assert "# all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking" in text
+    assert "# all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking, checked once" in text
     assert text.splitlines()[1].split() == ["bytes", "count", "dtype", "time_us", "algbw_GB/s", "busbw_GB/s", "wrong"]
-    assert text.splitlines()[2].split() == ["8", "2", "float32", "12.50", "1.50e-05", "1.50e-05", "-"]
+    assert text.splitlines()[2].split() == ["8", "2", "float32", "12.50", "1.50e-05", "1.50e-05", "0"]
+    assert text.splitlines()[3].split()[-1] == "2"
     assert "note: ccl: skipped" in text
     assert SweepResult.from_json(json.loads(json.dumps(result.to_json()))) == result
 

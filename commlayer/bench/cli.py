@@ -68,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async", dest="async_op", action="store_true",
                         help="launch every iteration with async_op=True, then wait for all of them")
     parser.add_argument("--check", action="store_true",
-                        help="verify every iteration against exact expected values and count wrong elements")
+                        help="verify every timed iteration against exact expected values (default: one "
+                             "untimed verification run per size); 'wrong' counts wrong elements over all ranks")
     parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: the backend's accelerator if present)")
     parser.add_argument("--timeout", dest="timeout_s", default=300.0, type=float, help="seconds before a stuck rank fails")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the records as a JSON list")
@@ -141,7 +142,7 @@ def _publish(result: SweepResult, options: BenchOptions, args: argparse.Namespac
         from .plot import write_plot  # matplotlib only when a plot is asked for
 
         write_plot(args.plot, result.records, _plot_title(result, options))
-    wrong = sum(record.wrong or 0 for record in result.records)
+    wrong = sum(record.wrong for record in result.records)
     if wrong:
         print(f"commlayer bench: {wrong} wrong elements (see the 'wrong' column)", file=sys.stderr)
         return 1

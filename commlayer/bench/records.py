@@ -1,8 +1,8 @@
 """One measured row of ``commlayer bench``, and its JSON / CSV files.
 
 A JSON file is a list of objects with exactly :data:`RECORD_KEYS`; the CSV file has the same
-columns in the same order. ``wrong`` is null (empty in CSV) when the run was not made with
-``--check``: "not checked" must never read as "0 wrong".
+columns in the same order. ``wrong`` counts wrong result elements, summed over ranks: of one
+verification run after the timed iterations, or of every timed iteration with ``--check``.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class BenchRecord:
     time_us: float  # per op, max over ranks of each rank's mean
     algbw_gbps: float
     busbw_gbps: float
-    wrong: int | None  # wrong elements summed over ranks and iterations; None: not checked
+    wrong: int  # wrong result elements, summed over ranks and verified iterations
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,7 +77,4 @@ def write_csv(path: str | Path, records: Sequence[BenchRecord]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as stream:
         writer = csv.DictWriter(stream, fieldnames=RECORD_KEYS)
         writer.writeheader()
-        for record in records:
-            row = record.as_dict()
-            row["wrong"] = "" if record.wrong is None else record.wrong
-            writer.writerow(row)
+        writer.writerows(record.as_dict() for record in records)

@@ -154,7 +154,7 @@ class _Sweep:
     # --- one size --------------------------------------------------------------------------
 
     def _measure(self, case: Any, device: torch.device) -> tuple[float, int]:
-        """This rank's mean time per op in us, and its wrong elements over every iteration."""
+        """This rank's mean time per op in us, and its wrong elements (see :meth:`_verify_once`)."""
         options = self.options
         case.fill(0)
         for _ in range(options.warmup):
@@ -172,7 +172,16 @@ class _Sweep:
             for _ in range(options.iters):
                 case.launch(False)
         _synchronize(device)
-        return (time.perf_counter() - start) / options.iters * 1e6, 0
+        elapsed_us = (time.perf_counter() - start) / options.iters * 1e6
+        return elapsed_us, self._verify_once(case, device)
+
+    def _verify_once(self, case: Any, device: torch.device) -> int:
+        """Without --check, one untimed run on fresh values still proves the results right."""
+        iteration = self.options.iters  # values no timed iteration used
+        case.fill(iteration)
+        _finish(case.launch(self.options.async_op))
+        _synchronize(device)
+        return case.wrong(iteration)
 
     def _measure_checked(self, case: Any, device: torch.device) -> tuple[float, int]:
         """Refill, time and verify each iteration on its own; only the op itself is timed."""
@@ -208,7 +217,7 @@ class _Sweep:
             time_us=slowest_us,
             algbw_gbps=algbw,
             busbw_gbps=algbw * busbw_factor(op, self.world_size),
-            wrong=int(per_rank[:, 1].sum()) if self.options.check else None,
+            wrong=int(per_rank[:, 1].sum()),
         ))
 
     def _skip_steps(self, backend: str, ops: Any) -> None:

@@ -2,7 +2,7 @@
 
 Example (2 ranks, gloo and mpi)::
 
-    # all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking, checked
+    # all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking, checked once
            bytes       count       dtype     time_us  algbw_GB/s  busbw_GB/s   wrong
                8           2     float32       31.20       0.000       0.000       0
 
@@ -42,8 +42,7 @@ def format_report(result: SweepResult, options: BenchOptions) -> str:
 def format_table(rows: Sequence[BenchRecord], header: str) -> str:
     lines = [header, _line(_COLUMNS)]
     for row in rows:
-        wrong = "-" if row.wrong is None else str(row.wrong)
-        cells = (row.bytes, row.count, row.dtype, f"{row.time_us:.2f}", _bandwidth(row.algbw_gbps), _bandwidth(row.busbw_gbps), wrong)
+        cells = (row.bytes, row.count, row.dtype, f"{row.time_us:.2f}", _bandwidth(row.algbw_gbps), _bandwidth(row.busbw_gbps), row.wrong)
         lines.append(_line(cells))
     return "\n".join(lines)
 
@@ -80,11 +79,11 @@ def _grouped(records: Iterable[BenchRecord]) -> dict[tuple[str, str], list[Bench
 
 def _header(op: str, backend: str, world_size: int, device: str, options: BenchOptions) -> str:
     mode = "async" if options.async_op else "blocking"
-    checked = ", checked" if options.check else ""
+    checked = "every iteration checked" if options.check else "checked once"
     ranks = f"{world_size} rank" + ("" if world_size == 1 else "s")
     return (
         f"# {op} | {backend} | {ranks} | {device} | {options.dtype} | "
-        f"{options.iters} iters, {options.warmup} warmup | {mode}{checked}"
+        f"{options.iters} iters, {options.warmup} warmup | {mode}, {checked}"
     )
 
 
