@@ -25,36 +25,7 @@ straggler, and the spread between ``avg_us_min`` and ``avg_us_max`` is the time 
 """
 from __future__ import annotations
 
-from ._logger import (
-    ENV_ENABLE,
-    ENV_OPS,
-    ENV_TRACE,
-    ENV_VERBOSE,
-    LoggerOptions,
-    disable,
-    enable,
-    enable_from_environment,
-    export_chrome_trace,
-    is_enabled,
-    reset,
-    stats,
-    summary,
-)
-
-__all__ = [
-    "ENV_ENABLE",
-    "ENV_OPS",
-    "ENV_TRACE",
-    "ENV_VERBOSE",
-    "LoggerOptions",
-    "disable",
-    "enable",
-    "enable_from_environment",
-    "export_chrome_trace",
-    "is_enabled",
-    "reset",
-    "stats",
-    "summary",
-]
+from ._logger import *  # noqa: F403 - the public API is _logger's __all__
+from ._logger import __all__, enable_from_environment
 
 enable_from_environment()
