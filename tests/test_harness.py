@@ -86,15 +86,18 @@ def test_mismatched_or_missing_mpi_is_refused(env: dict[str, str], complaint: st
 
 # ---- tier 3: local worlds ----------------------------------------------------------------------
 
+@pytest.mark.multirank
 def test_default_backend_world_gets_args_env_and_an_initialised_facade() -> None:
     run_world(f"{TARGETS}:check_environment", 3, args=["3", "--flag", "two words"],
               env={"COMMLAYER_TEST_MARKER": "from-env-argument"})
 
 
+@pytest.mark.multirank
 def test_backend_none_leaves_init_to_the_function() -> None:
     run_world(f"{TARGETS}:torch_collectives", 2, backend=None)
 
 
+@pytest.mark.multirank
 def test_raising_rank_shows_its_traceback_and_the_others_are_stopped() -> None:
     message = failure_of("raise_on", 3, backend=None, args=["1"])
     assert "failed: rank 1 raised; the harness stopped rank 0, rank 2" in message
@@ -105,6 +108,7 @@ def test_raising_rank_shows_its_traceback_and_the_others_are_stopped() -> None:
         assert f"---- rank {rank} output (exit code -15, stopped by the harness)" in message
 
 
+@pytest.mark.multirank
 def test_timeout_names_the_ranks_still_running() -> None:
     message = failure_of("sleep_on", 2, backend=None, args=["1"], timeout=5)
     assert "failed: timed out after 5s with rank" in message
@@ -112,6 +116,7 @@ def test_timeout_names_the_ranks_still_running() -> None:
     assert "---- rank 1 output (exit code -15, stopped by the harness)" in message
 
 
+@pytest.mark.multirank
 def test_hard_exit_is_reported_without_a_traceback() -> None:
     message = failure_of("hard_exit_on", 2, backend=None, args=["0", "7"])
     assert ("failed: rank 0 exited with code 7 before its target returned, without a Python traceback "
@@ -120,6 +125,7 @@ def test_hard_exit_is_reported_without_a_traceback() -> None:
     assert "traceback ----" not in message
 
 
+@pytest.mark.multirank
 def test_exit_zero_before_the_target_returns_is_a_failure() -> None:
     message = failure_of("hard_exit_on", 2, backend=None, args=["1", "0"])
     assert "failed: rank 1 exited with code 0 before its target returned, without a Python traceback" in message
@@ -128,12 +134,16 @@ def test_exit_zero_before_the_target_returns_is_a_failure() -> None:
 
 # ---- tier 3: mpirun worlds ---------------------------------------------------------------------
 
+@pytest.mark.multirank
+@pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, OPENMPI], ids=["default-mpi", "openmpi"])
 def test_mpirun_world_is_one_mpi_world(env: dict[str, str]) -> None:
     require_mpirun()
     run_world(f"{TARGETS}:mpi_world", 3, launcher="mpirun", env=env)
 
 
+@pytest.mark.multirank
+@pytest.mark.mpi
 def test_mpirun_raising_rank_stops_the_job() -> None:
     # Intel MPI's Hydra would wait for the blocked ranks forever; the harness notices the traceback.
     require_mpirun()
@@ -143,6 +153,8 @@ def test_mpirun_raising_rank_stops_the_job() -> None:
     assert "---- mpirun output (exit code" in message
 
 
+@pytest.mark.multirank
+@pytest.mark.mpi
 def test_mpirun_hard_exit_is_noticed() -> None:
     require_mpirun()
     message = failure_of("hard_exit_on", 2, backend=None, launcher="mpirun", args=["1", "9"])

@@ -91,6 +91,7 @@ def test_bench_subcommand_help_comes_from_the_bench_package(capsys: pytest.Captu
 
 # ---- tier 3: real rank processes ---------------------------------------------------------------
 
+@pytest.mark.multirank
 def test_run_sets_rank_variables_and_prefixes_both_streams(capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     assert cli.main(["run", "-n", "3", "--master-port", str(port), SCRIPT, "--lr", "0.1", "positional"]) == 0
@@ -101,6 +102,7 @@ def test_run_sets_rank_variables_and_prefixes_both_streams(capsys: pytest.Captur
     assert "commlayer run:" not in err  # no summary when every rank succeeded
 
 
+@pytest.mark.multirank
 def test_default_master_port_is_shared_and_module_mode_works(monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(REPO)  # `python -m tests.scripts...` resolves from the working directory, as in torchrun
@@ -109,17 +111,20 @@ def test_default_master_port_is_shared_and_module_mode_works(monkeypatch: pytest
     assert len(ports) == 1 and 1 <= int(ports.pop()) <= 65535
 
 
+@pytest.mark.multirank
 def test_first_failure_stops_the_others_and_returns_its_code(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["run", "-n", "4", SCRIPT, "--fail-rank", "2", "--exit-code", "3", "--block"]
     assert cli.main(argv) == 3
     assert capsys.readouterr().err.splitlines()[-1] == "commlayer run: rank 2 exited with code 3; stopped 3 other ranks"
 
 
+@pytest.mark.multirank
 def test_timeout_stops_every_rank(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "-n", "2", "--timeout", "1", SCRIPT, "--block"]) == 124
     assert capsys.readouterr().err.splitlines()[-1] == "commlayer run: timed out after 1s; stopped rank 0, rank 1 (still running)"
 
 
+@pytest.mark.multirank
 def test_log_dir_holds_one_unprefixed_log_per_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "-n", "2", "--log-dir", str(tmp_path / "logs"), SCRIPT]) == 0
     capsys.readouterr()
@@ -131,6 +136,7 @@ def test_log_dir_holds_one_unprefixed_log_per_rank(tmp_path: Path, capsys: pytes
         assert sorted(log.splitlines()) == sorted([unprefixed_env, f"rank {rank} says hello on stderr"])
 
 
+@pytest.mark.multirank
 def test_launch_api_reports_every_rank_without_echo(capsys: pytest.CaptureFixture[str]) -> None:
     config = LaunchConfig(command=(sys.executable, SCRIPT, "--fail-rank", "1", "--kill-self", "--block"), nproc_per_node=3,
                           master_port=free_port(), options=SuperviseOptions(echo=False, forward_signals=False))
@@ -151,6 +157,7 @@ def _launcher_process(argv: list[str]) -> subprocess.Popen[str]:
     return process
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signals_are_forwarded_to_every_rank(signum: signal.Signals) -> None:
     launcher = _launcher_process([sys.executable, "-m", "commlayer", "run", "-n", "2", SCRIPT, "--trap-signals"])
@@ -168,6 +175,7 @@ def test_signals_are_forwarded_to_every_rank(signum: signal.Signals) -> None:
     assert f"commlayer run: received {signum.name} and forwarded it to every process" in err
 
 
+@pytest.mark.multirank
 def test_console_script_matches_python_dash_m() -> None:
     script = Path(sys.executable).parent / "commlayer"
     if not script.exists():
