@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -75,33 +75,41 @@ class CclWork(Work):
 
     ``keep_alive`` holds every tensor oneCCL reads or writes until the op completes, since oneCCL
     only has their raw pointers. A wait without a timeout still ends at the group's timeout: a
-    oneCCL op whose peer never calls it would otherwise block forever.
+    oneCCL op whose peer never calls it would otherwise block forever. Once the group's timeout
+    has passed, ``on_expired(message)`` marks the communicator unusable; a shorter wait the
+    caller chose leaves the op pending, so it can be waited for again.
     """
 
     def __init__(
         self,
         event: Any,
         what: str,
-        default_timeout: timedelta,
+        group_timeout: timedelta,
+        on_expired: Callable[[str], None],
         result: Sequence[torch.Tensor] = (),
         keep_alive: Sequence[torch.Tensor] = (),
     ) -> None:
         super().__init__(result)
         self._event = event
         self._what = what
-        self._default_timeout = default_timeout
+        self._group_timeout = group_timeout.total_seconds()
+        self._on_expired = on_expired
         self._keep_alive = list(keep_alive)
 
     def _test(self) -> bool:
         return bool(self._event.test())
 
     def _block(self, timeout_s: float | None) -> bool:
-        limit = self._default_timeout.total_seconds() if timeout_s is None else timeout_s
+        limit = self._group_timeout if timeout_s is None else timeout_s
         if self._event.wait_for(max(0.0, limit)):
             return True
+        message = f"{self._what} did not complete within {limit:g} s"
+        if limit < self._group_timeout:
+            raise CommTimeoutError(f"{message}; it is still pending and can be waited for again")
+        self._on_expired(message)
         raise CommTimeoutError(
-            f"{self._what} did not complete within {limit:g} s; a peer may have failed, or not "
-            "called the same op in the same order. This communicator cannot be used any more."
+            f"{message} (the group timeout); a peer may have failed, or not called the same op in "
+            "the same order. This communicator cannot be used any more."
         )
 
     def _on_complete(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from commlayer.backend import Backend
+from commlayer.errors import CommError
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
@@ -46,6 +47,7 @@ class CclBackend(Backend):
         super().__init__(spec)
         self._native = native
         self._connection: Connection | None = connection
+        self._expired: str | None = None  # why the communicator became unusable
         _open_backends.add(self)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -169,9 +171,15 @@ class CclBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
     def _live(self) -> Connection:
+        where = f"group '{self.spec.name}' (rank {self.spec.global_rank})"
+        if self._expired is not None:
+            raise CommError(f"ccl: {where} cannot be used after an op timed out: {self._expired}")
         if self._connection is None:
-            raise RuntimeError(f"ccl: group '{self.spec.name}' was shut down (rank {self.spec.global_rank})")
+            raise CommError(f"ccl: {where} was shut down")
         return self._connection
+
+    def _expire(self, message: str) -> None:
+        self._expired = message
 
     def _dtype(self, tensor: torch.Tensor) -> Any:
         return _native.datatype(self._native, tensor.dtype)
@@ -184,7 +192,7 @@ class CclBackend(Backend):
         keep_alive: Sequence[torch.Tensor] = (),
     ) -> CclWork:
         what = f"ccl {op} (group '{self.spec.name}', rank {self.spec.global_rank})"
-        return CclWork(event, what, self.spec.timeout, result, [*result, *keep_alive])
+        return CclWork(event, what, self.spec.timeout, self._expire, result, [*result, *keep_alive])
 
     def _reduction(
         self,

@@ -1,0 +1,164 @@
+"""The ccl backend's pure logic and wiring, in this process (multi-rank runs are in test_ccl.py).
+
+Pure logic: where oneCCL is looked for, which environment is set, store keys, split counts.
+Wiring: the entry point, declared capabilities, availability and its reason when the extension
+is missing, backend selection, and the extension's own argument checks.
+"""
+from __future__ import annotations
+
+import importlib.util
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from commlayer.backends.ccl import INSTALL_HINT, CclBackend, _native
+from commlayer.backends.ccl._bootstrap import GroupKeys, printable
+from commlayer.backends.ccl._environment import oneccl_defaults
+from commlayer.backends.ccl._locate import OneCclInstall, candidate_prefixes, find_oneccl
+from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
+from commlayer.registry import get_backend_class, list_backends
+from commlayer.selection import resolve_backend_spec
+from commlayer.types import ReduceOp
+
+HAS_EXTENSION = importlib.util.find_spec(_native.EXTENSION) is not None
+
+
+def _fake_prefix(root: Path, headers: bool) -> Path:
+    """A directory laid out like a oneCCL install (empty files: only the layout is inspected)."""
+    (root / "lib" / "libfabric" / "prov").mkdir(parents=True)
+    (root / "lib" / "libccl.so.1").touch()
+    (root / "lib" / "libfabric" / "libfabric.so.1").touch()
+    if headers:
+        (root / "include" / "oneapi").mkdir(parents=True)
+        (root / "include" / "oneapi" / "ccl.hpp").touch()
+    return root
+
+
+# --- locating oneCCL -------------------------------------------------------------------------
+
+
+def test_ccl_root_is_searched_first_and_prefixes_are_unique(tmp_path: Path) -> None:
+    prefixes = candidate_prefixes({"CCL_ROOT": str(tmp_path), "ONEAPI_ROOT": str(tmp_path / "oneapi")})
+    assert prefixes[:2] == [tmp_path, tmp_path / "oneapi" / "ccl" / "latest"]
+    assert len(prefixes) == len(set(prefixes))
+
+
+def test_find_oneccl_prefers_ccl_root_and_reports_its_layout(tmp_path: Path) -> None:
+    root = _fake_prefix(tmp_path / "ccl", headers=True)
+    install = find_oneccl(require_headers=True, environ={"CCL_ROOT": str(root)})
+    assert install == OneCclInstall(prefix=root, lib_dir=root / "lib", include_dir=root / "include")
+    assert install.library == root / "lib" / "libccl.so.1"
+    assert install.libfabric_provider_dir == root / "lib" / "libfabric" / "prov"
+
+
+def test_a_runtime_only_prefix_does_not_satisfy_the_build(tmp_path: Path) -> None:
+    root = _fake_prefix(tmp_path / "runtime", headers=False)
+    runtime = find_oneccl(require_headers=False, environ={"CCL_ROOT": str(root)})
+    assert runtime is not None and runtime.prefix == root and runtime.include_dir is None
+    for_build = find_oneccl(require_headers=True, environ={"CCL_ROOT": str(root)})
+    assert for_build is None or for_build.prefix != root
+
+
+# --- the environment oneCCL gets -------------------------------------------------------------
+
+
+def test_defaults_cover_transport_provider_paths_and_timeouts(tmp_path: Path) -> None:
+    root = _fake_prefix(tmp_path, headers=False)
+    install = OneCclInstall(root, root / "lib", None)
+    added = oneccl_defaults({}, install, timedelta(seconds=2.5))
+    assert added == {
+        "CCL_ATL_TRANSPORT": "ofi",
+        "FI_PROVIDER": "tcp",
+        "CCL_LOG_LEVEL": "error",
+        "CCL_KVS_CONNECTION_TIMEOUT": "3",
+        "CCL_KVS_GET_TIMEOUT": "3",
+        "FI_PROVIDER_PATH": str(root / "lib" / "libfabric" / "prov"),
+        "CCL_OFI_LIBRARY_PATH": str(root / "lib" / "libfabric" / "libfabric.so.1"),
+    }
+
+
+def test_defaults_never_override_what_the_user_set() -> None:
+    user = {"CCL_ATL_TRANSPORT": "mpi", "FI_PROVIDER": "shm", "CCL_KVS_CONNECTION_TIMEOUT": "100"}
+    added = oneccl_defaults(user, None, timedelta(minutes=30))
+    assert not set(user) & set(added)
+    assert added["CCL_KVS_GET_TIMEOUT"] == "1800"
+
+
+def test_torchrun_local_layout_is_passed_on() -> None:
+    added = oneccl_defaults({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, None, timedelta(seconds=1))
+    assert (added["CCL_LOCAL_RANK"], added["CCL_LOCAL_SIZE"]) == ("1", "4")
+    assert "CCL_LOCAL_RANK" not in oneccl_defaults({"LOCAL_RANK": "1"}, None, timedelta(seconds=1))
+
+
+# --- store keys, addresses, splits -----------------------------------------------------------
+
+
+def test_each_incarnation_of_a_group_gets_fresh_keys() -> None:
+    first, second = GroupKeys.next_for("unit-test-group"), GroupKeys.next_for("unit-test-group")
+    assert first.address != second.address and first.joined(1) != second.joined(1)
+    assert first.address.startswith("unit-test-group/") and first.closed(2).endswith("/closed/2")
+
+
+def test_printable_address_drops_the_nul_padding() -> None:
+    assert printable(b"10.0.0.7_41234".ljust(256, b"\0")) == "10.0.0.7_41234"
+
+
+def test_element_counts_turn_row_splits_into_per_rank_elements() -> None:
+    rows_of_three = torch.zeros(6, 3)
+    assert _element_counts(rows_of_three, [1, 0, 5], 3) == [3, 0, 15]
+    assert _element_counts(rows_of_three, None, 3) == [6, 6, 6]
+    assert _element_counts(torch.zeros(0, 3), [0, 0], 2) == [0, 0]
+
+
+def test_unflatten_fills_each_output_in_order() -> None:
+    outputs = [torch.zeros(2), torch.zeros(1, 3), torch.zeros(0)]
+    _unflatten_into(torch.arange(5.0), outputs)
+    assert outputs[0].tolist() == [0.0, 1.0] and outputs[1].tolist() == [[2.0, 3.0, 4.0]]
+
+
+# --- wiring ----------------------------------------------------------------------------------
+
+
+def test_declared_capabilities_are_the_issue_contract() -> None:
+    caps = CclBackend.capabilities
+    assert {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8} <= caps.dtypes
+    assert torch.bool not in caps.dtypes  # oneCCL has no boolean type
+    assert caps.reduce_ops == {ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
+    assert caps.devices == {"cpu"} and not caps.recv_any_source
+
+
+def test_ccl_is_selected_by_the_environment_variable_and_by_xpu() -> None:
+    assert resolve_backend_spec(None, {"COMMLAYER_BACKEND": "ccl"}, "cpu") == "ccl"
+    assert "xpu:ccl" in resolve_backend_spec(None, {}, "xpu")
+    assert resolve_backend_spec(None, {}, "cpu") == "gloo"
+
+
+def test_missing_extension_is_reported_with_reason_and_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_native, "EXTENSION", "commlayer.backends.ccl._not_built")
+    availability = CclBackend.is_available()
+    assert not availability
+    assert "not built" in availability.reason and "_not_built" in availability.reason
+    assert availability.install_hint == INSTALL_HINT
+    assert "pip install" in INSTALL_HINT and "'commlayer[ccl]'" in INSTALL_HINT
+    assert "--no-build-isolation" in INSTALL_HINT
+
+
+@pytest.mark.ccl
+@pytest.mark.skipif(not HAS_EXTENSION, reason="the oneCCL extension is not built")
+def test_entry_point_registers_an_available_ccl() -> None:
+    assert get_backend_class("ccl") is CclBackend
+    (info,) = [info for info in list_backends() if info.name == "ccl"]
+    assert info.availability, info.availability.reason
+    assert info.origin == "commlayer.backends.ccl:CclBackend"
+
+
+@pytest.mark.ccl
+@pytest.mark.skipif(not HAS_EXTENSION, reason="the oneCCL extension is not built")
+def test_extension_rejects_bad_arguments_before_calling_oneccl() -> None:
+    native = _native.load_extension()
+    with pytest.raises(ValueError, match="'address' must be exactly 256 bytes"):
+        native.create_kvs(b"127.0.0.1_1")
+    assert native.ADDRESS_SIZE == 256
+    assert {dtype: _native.datatype(native, dtype).name for dtype in (torch.bfloat16, torch.uint8)} == {torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
