@@ -1,11 +1,14 @@
-"""``--plot FILE.png``: busbw against size (one line per backend and op) and small-message latency.
+"""``--plot FILE.png``: per op, busbw against size and latency at small sizes, a line per backend.
+
+One row per op (left: busbw over every size; right: time per op up to
+:data:`SMALL_MESSAGE_BYTES`), each backend in the same colour everywhere, so backends are compared
+inside a panel; barrier, which has no size, gets a bar per backend in the last row.
 
 matplotlib is imported here only, with the Agg backend, so the benchmark runs headless and the
 rest of ``commlayer bench`` works without matplotlib installed (``pip install 'commlayer[bench]'``).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,54 +17,65 @@ from .records import BenchRecord
 
 __all__ = ["SMALL_MESSAGE_BYTES", "write_plot"]
 
-#: Messages up to this size are latency-bound; the right-hand panel shows their time.
+#: Messages up to this size are latency-bound; the right-hand panels show their time.
 SMALL_MESSAGE_BYTES = 64 << 10
+_ROW_HEIGHT_IN = 2.6
 
 
 def write_plot(path: str | Path, records: Sequence[BenchRecord], title: str) -> None:
     pyplot = _pyplot()
-    figure, (bandwidth_axes, latency_axes) = pyplot.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
-    series = _series(records)
-    for (backend, op), rows in series.items():
-        label = f"{backend} {op}"
-        if op == "barrier":
-            latency_axes.axhline(rows[0].time_us, linestyle=":", color="gray", label=f"{label} ({rows[0].time_us:.1f} us)")
-            continue
-        sizes = [row.bytes for row in rows]
-        bandwidth_axes.plot(sizes, [row.busbw_gbps for row in rows], marker="o", markersize=3, label=label)
-        small = [row for row in rows if row.bytes <= SMALL_MESSAGE_BYTES]
-        if small:
-            latency_axes.plot([row.bytes for row in small], [row.time_us for row in small], marker="o", markersize=3, label=label)
-    _style(bandwidth_axes, "busbw (GB/s, nccl-tests factors)", "bus bandwidth")
-    _style(latency_axes, "time per op (us, slowest rank)", f"latency up to {format_size(SMALL_MESSAGE_BYTES)}B")
-    latency_axes.set_yscale("log")
+    backends = list(dict.fromkeys(record.backend for record in records))
+    colours = {backend: f"C{index % 10}" for index, backend in enumerate(backends)}
+    sized_ops = list(dict.fromkeys(record.op for record in records if record.op != "barrier"))
+    barrier = [record for record in records if record.op == "barrier"]
+    rows = len(sized_ops) + (1 if barrier else 0)
+    figure, axes = pyplot.subplots(max(rows, 1), 2, figsize=(11, 1 + _ROW_HEIGHT_IN * max(rows, 1)),
+                                   squeeze=False, constrained_layout=True)
+    for row, op in enumerate(sized_ops):
+        _plot_op(axes[row], [record for record in records if record.op == op], op, colours)
+    if barrier:
+        _plot_barrier(axes[rows - 1], barrier, colours)
     figure.suptitle(title)
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     pyplot.close(figure)
 
 
-def _series(records: Sequence[BenchRecord]) -> dict[tuple[str, str], list[BenchRecord]]:
-    series: dict[tuple[str, str], list[BenchRecord]] = defaultdict(list)
-    for record in records:
-        series[(record.backend, record.op)].append(record)
-    return {key: sorted(rows, key=lambda row: row.bytes) for key, rows in series.items()}
+def _plot_op(row: Any, records: list[BenchRecord], op: str, colours: dict[str, str]) -> None:
+    bandwidth_axes, latency_axes = row
+    for backend, colour in colours.items():
+        mine = sorted((record for record in records if record.backend == backend), key=lambda record: record.bytes)
+        if not mine:
+            continue
+        bandwidth_axes.plot([r.bytes for r in mine], [r.busbw_gbps for r in mine], marker="o", markersize=3,
+                            color=colour, label=backend)
+        small = [record for record in mine if record.bytes <= SMALL_MESSAGE_BYTES]
+        latency_axes.plot([r.bytes for r in small], [r.time_us for r in small], marker="o", markersize=3,
+                          color=colour, label=backend)
+    _style_sizes(bandwidth_axes, f"{op}: busbw (GB/s)")
+    _style_sizes(latency_axes, f"{op}: time per op (us), up to {format_size(SMALL_MESSAGE_BYTES)}B")
+    latency_axes.set_yscale("log")
 
 
-def _style(axes: Any, ylabel: str, title: str) -> None:
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel("message size S (bytes)")
-    axes.set_ylabel(ylabel)
-    axes.set_title(title)
-    axes.grid(True, which="both", alpha=0.3)
-    axes.xaxis.set_major_formatter(_size_formatter())
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize="small")
+def _plot_barrier(row: Any, records: list[BenchRecord], colours: dict[str, str]) -> None:
+    bars, unused = row
+    bars.bar([r.backend for r in records], [r.time_us for r in records], color=[colours[r.backend] for r in records])
+    bars.set_title("barrier: time per op (us)", fontsize="medium")
+    bars.set_yscale("log")
+    bars.set_axisbelow(True)
+    bars.grid(True, axis="y", which="major", alpha=0.3)
+    unused.axis("off")
 
 
-def _size_formatter() -> Any:
+def _style_sizes(axes: Any, title: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    return FuncFormatter(lambda value, _position: format_size(int(value)) if value >= 1 else "")
+    axes.set_xscale("log", base=2)
+    axes.set_title(title, fontsize="medium")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: format_size(int(value)) if value >= 1 else ""))
+    axes.set_xlabel("message size S (bytes)", fontsize="small")
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize="small")
 
 
 def _pyplot() -> Any:
