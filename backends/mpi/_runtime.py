@@ -16,6 +16,7 @@ mpi4py's default), so nothing here runs at ``import commlayer``.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = [
     "INSTALL_HINT",
     "MpiLoadError",
+    "choose_library",
     "launcher_family",
     "library_candidates",
     "library_version",
@@ -57,9 +59,11 @@ class MpiLoadError(RuntimeError):
 
 def mpi4py_missing_reason() -> str | None:
     """Why mpi4py cannot be imported, without importing it (importing MPI initialises MPI)."""
-    if "mpi4py.MPI" in sys.modules or importlib.util.find_spec("mpi4py") is not None:
-        return None
-    return "mpi4py is not installed"
+    try:
+        found = importlib.util.find_spec("mpi4py") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else "mpi4py is not installed"
 
 
 def launcher_family(environ: Mapping[str, str]) -> str | None:
@@ -83,6 +87,19 @@ def library_candidates(family: str, prefixes: Sequence[str], library_path: str) 
     return [str(Path(directory) / soname) for directory in dict.fromkeys(directories)]
 
 
+def choose_library(environ: Mapping[str, str], prefixes: Sequence[str]) -> str | None:
+    """The libmpi that matches this process's launcher, or None to leave mpi4py's own choice.
+
+    None when no MPI launcher started the process, when the user chose (MPI4PY_LIBMPI or
+    MPI4PY_MPIABI), or when no candidate exists on disk.
+    """
+    family = launcher_family(environ)
+    if family is None or any(name in environ for name in _USER_CHOICE_VARIABLES):
+        return None
+    candidates = library_candidates(family, prefixes, environ.get("LD_LIBRARY_PATH", ""))
+    return next((path for path in candidates if Path(path).is_file()), None)
+
+
 def load_mpi() -> ModuleType:
     """``mpi4py.MPI``, imported (and MPI initialised) on first use; raises MpiLoadError."""
     global _mpi
@@ -102,7 +119,12 @@ def _import_mpi() -> ModuleType:
     missing = mpi4py_missing_reason()
     if missing is not None:
         raise MpiLoadError(f"{missing}; install: {INSTALL_HINT}")
-    _choose_library(os.environ)
+    library = choose_library(os.environ, _python_prefixes())
+    if library is not None:
+        # mpi4py's documented switch, set in os.environ on purpose: child processes that import
+        # mpi4py load the same library.
+        os.environ["MPI4PY_LIBMPI"] = library
+        log.debug("mpi: launched by %s's process manager; mpi4py loads %s", launcher_family(os.environ), library)
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError, OSError) as error:
@@ -110,21 +132,6 @@ def _import_mpi() -> ModuleType:
             f"mpi4py could not load an MPI library ({type(error).__name__}: {error}); install one: {INSTALL_HINT}"
         ) from error
     return MPI
-
-
-def _choose_library(environ: Any) -> None:
-    """Point MPI4PY_LIBMPI at the launcher's library unless the user chose one (see module doc).
-
-    The variable is set in ``os.environ`` on purpose: it is mpi4py's documented switch, and child
-    processes that import mpi4py then load the same library.
-    """
-    family = launcher_family(environ)
-    if family is None or any(name in environ for name in _USER_CHOICE_VARIABLES):
-        return
-    found = [path for path in library_candidates(family, _python_prefixes(), environ.get("LD_LIBRARY_PATH", "")) if Path(path).is_file()]
-    if found:
-        environ["MPI4PY_LIBMPI"] = found[0]
-        log.debug("mpi: launched by %s's process manager; mpi4py loads %s", family, found[0])
 
 
 def _python_prefixes() -> list[str]:
@@ -140,17 +147,25 @@ def _install_abort_on_uncaught_exception(mpi: ModuleType) -> None:
 
     Without this, the failing rank runs MPI_Finalize at exit, which waits for every other rank,
     while they wait inside a collective for the failed one: the job hangs until a timeout.
-    MPI_Abort makes the launcher kill every rank and exit non-zero.
+    MPI_Abort makes the launcher kill every rank and exit non-zero. The abort runs at exit, not
+    inside the hook: torch's own excepthook (installed later, around this one) buffers the
+    traceback and prints it only after the hook it wraps returns.
     """
     if mpi.COMM_WORLD.Get_size() == 1:
         return
     previous = sys.excepthook
+    uncaught: list[BaseException] = []
 
-    def abort_after_report(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+    def remember_and_report(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        uncaught.append(error)
         previous(kind, error, trace)
-        if mpi.Is_initialized() and not mpi.Is_finalized():
+
+    def abort_if_an_exception_escaped() -> None:
+        if uncaught and mpi.Is_initialized() and not mpi.Is_finalized():
             sys.stdout.flush()
             sys.stderr.flush()
             mpi.COMM_WORLD.Abort(1)
 
-    sys.excepthook = abort_after_report
+    sys.excepthook = remember_and_report
+    # Registered after mpi4py's own finalizer, so it runs before it (atexit is last-in, first-out).
+    atexit.register(abort_if_an_exception_escaped)

@@ -1,0 +1,184 @@
+"""Rank bodies for tests/test_mpi_worlds.py: what the mpi backend adds beyond the compatibility suite.
+
+Run under mpirun by the harness::
+
+    run_world("tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", args=["blocking"])
+    run_world("tests.ranks.mpi_checks:gloo_through_mpi_discovery", 3, backend=None, launcher="mpirun")
+
+Every rank and element gets a distinct value (rank * 1000 + index) and every result is checked
+exactly. The subgroup used below, in a world of 3, is global ranks [2, 0] (sorted to (0, 2)), so
+group rank 1 is global rank 2 and global rank 1 is the non-member.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from unittest import mock
+
+import torch
+
+from commlayer import dist
+from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
+from commlayer.rendezvous import discover
+
+from . import compat
+
+_TIMEOUT_TAG = 11
+_ANY_SOURCE_TAG = 12
+
+
+def main(*options: str) -> None:
+    """Checks on the mpi backend; with "blocking", the compatibility suite on blocking MPI calls too."""
+    backend = dist.group.WORLD.primary_backend
+    assert dist.get_backend() == "mpi" and backend.name == "mpi", dist.get_backend()
+    assert backend.library, "the backend reports its MPI library"
+    check_tag_range_is_validated()
+    check_wait_with_timeout_then_completion()
+    check_futures_and_many_ops_in_flight()
+    check_sixteen_bit_floats_over_a_large_buffer()
+    check_receive_from_any_source_in_a_subgroup()
+    check_discovery_layout()
+    if "blocking" in options:
+        check_compatibility_suite_with_blocking_calls()
+
+
+def check_tag_range_is_validated() -> None:
+    rank, peer = dist.get_rank(), (dist.get_rank() + 1) % dist.get_world_size()
+    upper = dist.group.WORLD.primary_backend._tag_upper_bound
+    for tag in (-1, upper + 1):
+        try:
+            dist.isend(torch.ones(2), dst=peer, tag=tag)
+        except InvalidArgumentError as error:
+            expected = f"send: argument 'tag' expected an int in [0, {upper}] (MPI's tag range), received {tag} (rank {rank})"
+            assert str(error) == expected, str(error)
+        else:
+            raise AssertionError(f"send with tag {tag} was accepted")
+
+
+def check_wait_with_timeout_then_completion() -> None:
+    """A receive whose sender has not sent yet times out, stays pending, then completes exactly."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = torch.zeros(5, dtype=torch.int64)
+        work = dist.irecv(incoming, src=world - 1, tag=_TIMEOUT_TAG)
+        try:
+            work.wait(timeout=timedelta(milliseconds=50))
+        except CommTimeoutError:
+            pass
+        else:
+            raise AssertionError("wait() returned before the sender sent")
+        assert not work.is_completed()
+    dist.barrier()  # only now does the last rank send
+    if rank == world - 1:
+        dist.send(_distinct(rank, 5, torch.int64), dst=0, tag=_TIMEOUT_TAG)
+    if rank == 0:
+        assert work.wait() and work.is_completed()
+        assert torch.equal(incoming, _distinct(world - 1, 5, torch.int64)), incoming
+
+
+def check_futures_and_many_ops_in_flight() -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensors = [_distinct(rank, 7, torch.float64) + 10_000 * slot for slot in range(6)]
+    works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors]
+    root_tensor = _distinct(rank, 3, torch.int32)
+    works.append(dist.broadcast(root_tensor, src=world - 1, async_op=True))
+    future = works[0].get_future()
+    for work in reversed(works):
+        assert work.wait()
+    assert future.wait()[0] is tensors[0]
+    for slot, tensor in enumerate(tensors):
+        expected = sum(_distinct(peer, 7, torch.float64) + 10_000 * slot for peer in range(world))
+        assert torch.equal(tensor, expected), (slot, tensor)
+    assert torch.equal(root_tensor, _distinct(world - 1, 3, torch.int32))
+
+
+def check_sixteen_bit_floats_over_a_large_buffer() -> None:
+    """MPI splits a large reduction into pieces; each piece goes through the user-defined op."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    numel = 1 << 20
+    for dtype in (torch.bfloat16, torch.float16):
+        inputs = [((torch.arange(numel) + 3 * peer) % 50 + 1).to(dtype) for peer in range(world)]
+        for op, combine in ((dist.ReduceOp.SUM, torch.add), (dist.ReduceOp.MAX, torch.maximum), (dist.ReduceOp.MIN, torch.minimum)):
+            tensor = inputs[rank].clone()
+            dist.all_reduce(tensor, op=op)
+            expected = inputs[0]
+            for other in inputs[1:]:
+                expected = combine(expected, other)
+            assert torch.equal(tensor, expected), f"{dtype} {op.name}: first mismatch at {(tensor != expected).nonzero()[:3].tolist()}"
+
+
+def check_receive_from_any_source_in_a_subgroup() -> None:
+    """Group rank 0 receives from any source; the reported sender is the global rank."""
+    world = dist.get_world_size()
+    members = sorted({world - 1, 0})
+    group = dist.new_group([world - 1, 0])
+    rank = dist.get_rank()
+    if rank not in members:
+        assert group is dist.GroupMember.NON_GROUP_MEMBER
+        return
+    if rank == members[0]:
+        incoming = torch.zeros(4, dtype=torch.int64)
+        sender = dist.recv(incoming, src=None, group=group, tag=_ANY_SOURCE_TAG)
+        assert sender == members[-1], sender
+        assert torch.equal(incoming, _distinct(members[-1], 4, torch.int64)), incoming
+    else:
+        dist.send(_distinct(rank, 4, torch.int64), dst=members[0], group=group, tag=_ANY_SOURCE_TAG)
+
+
+def check_compatibility_suite_with_blocking_calls() -> None:
+    """The suite again, with every collective on its blocking MPI call (the facade's sync path)."""
+    with _blocking_calls():
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        assert type(work).__name__ == "CompletedWork", f"expected the blocking path, got {work!r}"
+        compat.main()
+
+
+def check_discovery_layout() -> None:
+    """The MPI rendezvous, called directly: one host, so loopback and local rank = rank."""
+    from commlayer.backends.mpi.discovery import exchange_master_address
+
+    info = discover(os.environ)
+    assert info is not None and info.source in ("openmpi", "intel-mpi", "mpich"), info
+    found = exchange_master_address(info)
+    assert found.master_addr == "127.0.0.1" and isinstance(found.master_port, int) and found.master_port > 0, found
+    assert (found.local_rank, found.local_world_size) == (info.rank, info.world_size), found
+
+
+def gloo_through_mpi_discovery() -> None:
+    """mpirun starts the job, backend=None picks gloo, and the rendezvous address comes over MPI."""
+    assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ
+    dist.init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    info = discover(os.environ)
+    assert info is not None and (rank, world) == (info.rank, info.world_size), (rank, world, info)
+    assert dist.get_backend() == "gloo", dist.get_backend()
+    tensor = _distinct(rank, 6, torch.float32)
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, sum(_distinct(peer, 6, torch.float32) for peer in range(world))), tensor
+    gathered = torch.zeros(world * 3, dtype=torch.int64)
+    dist.all_gather_into_tensor(gathered, _distinct(rank, 3, torch.int64))
+    assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), gathered
+    dist.destroy_process_group()
+
+
+def _blocking_calls() -> mock._patch:
+    """Stand in for the facade saying "the caller waits at once" (commlayer.backend.is_blocking_call)."""
+    return mock.patch("commlayer.backends.mpi.backend._is_blocking_call", lambda: True)
+
+
+def _distinct(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return (rank * 1000 + torch.arange(numel) + 1).to(dtype)
+
+
+def mpi_backend_without_mpirun() -> None:
+    """Ranks from a non-MPI launcher: each is a world of one to MPI, so init must refuse and explain."""
+    world = int(os.environ["WORLD_SIZE"])
+    try:
+        dist.init_process_group("mpi")
+    except BackendUnavailableError as error:
+        assert f"needs its {world} ranks started by an MPI launcher" in str(error), str(error)
+        assert f"mpirun -n {world} python your_script.py" in str(error), str(error)
+        assert f"(rank {os.environ['RANK']})" in str(error), str(error)
+    else:
+        raise AssertionError("init_process_group('mpi') succeeded without mpirun")
+    assert not dist.is_initialized()
