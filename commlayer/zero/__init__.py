@@ -1,0 +1,57 @@
+"""ZeRO data parallelism (stages 0-3) over ``commlayer.dist`` only: runs on gloo, mpi, ccl, nccl.
+
+::
+
+    from commlayer import dist, zero
+    dist.init_process_group()
+    engine = zero.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                             config={"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": True},
+                                     "zero_optimization": {"stage": 2}})
+
+The config takes DeepSpeed's keys (see :mod:`.config`); checkpoints are sharded per rank and
+load at any world size, or into a plain model with :func:`consolidated_state_dict`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import dist
+from ..errors import NotInitializedError
+from ..mesh import Mesh, init_mesh
+from .checkpoint import consolidated_state_dict
+from .checks import check_model_and_optimizer
+from .config import ZeroConfig, ZeroConfigError, load_config, resolve_batch_sizes
+from .engine import ZeroEngine
+
+__all__ = ["ZeroConfig", "ZeroConfigError", "ZeroEngine", "consolidated_state_dict", "initialize", "load_config"]
+
+
+def initialize(
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    config: ZeroConfig | dict[str, Any] | str | Path | None = None,
+    mesh: Mesh | None = None,
+) -> ZeroEngine:
+    """Wrap ``model`` and ``optimizer`` in a ZeRO engine (collective over the world).
+
+    ``mesh`` defaults to a 1-D "dp" mesh over the whole world. Config, model and optimizer are
+    all checked before the first collective, so bad input fails alike on every rank.
+    """
+    if not dist.is_initialized():
+        raise NotInitializedError("zero.initialize: call commlayer.dist.init_process_group() first")
+    rank = dist.get_rank()
+    if config is None:
+        raise ZeroConfigError(f"zero.initialize: argument 'config' expected a dict or a JSON file path, received None (rank {rank})")
+    checked = load_config(config)
+    names, params = check_model_and_optimizer(model, optimizer, checked, rank)
+    if mesh is not None and "dp" not in mesh.mesh_dim_names:
+        raise ZeroConfigError(f"zero.initialize: argument 'mesh' expected a mesh with a 'dp' dim, received {mesh!r} (rank {rank})")
+    dp_size = mesh.size("dp") if mesh is not None else dist.get_world_size()
+    batch = resolve_batch_sizes(checked, dp_size)
+    if mesh is None:
+        mesh = init_mesh((dist.get_world_size(),), ("dp",))
+    assert isinstance(model, torch.nn.Module) and isinstance(optimizer, torch.optim.Optimizer)
+    return ZeroEngine(model, optimizer, checked, batch, mesh, names, params)

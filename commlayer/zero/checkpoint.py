@@ -1,0 +1,249 @@
+"""Sharded checkpoints: one file per rank plus shared metadata, written atomically.
+
+Layout of ``save_dir``::
+
+    latest                 the newest tag (replaced atomically)
+    <tag>/meta.json        world size, stage, step counters, loss scale, parameter names/shapes
+    <tag>/common.pt        optimizer hyperparameters, buffers, state_dict aliases, client state
+    <tag>/rank_<r>.pt      rank r's fragments: parameter name, start, values, optimizer state
+
+A save goes to ``.<tag>.partial`` and is renamed into place only after every rank's file is
+complete, then ``latest`` is replaced; an interrupted save therefore leaves the previous
+checkpoint loadable. Fragments are addressed by (parameter name, element range), not by rank,
+so a checkpoint loads at any world size and stage: each rank copies the overlap of its new
+fragments with the saved ones. :func:`consolidated_state_dict` assembles the plain fp32 model
+without any process group.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import dist
+from ..errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from .engine import ZeroEngine
+
+__all__ = ["consolidated_state_dict", "load_checkpoint", "save_checkpoint"]
+
+FORMAT = 1
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+
+def save_checkpoint(engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | None, client_state: dict | None) -> str:
+    """Write the engine's state under ``save_dir/tag`` (collective); returns the tag."""
+    _require_whole_world(engine, "save_checkpoint")
+    tag = tag or f"global_step{engine.global_steps}"
+    root, rank = Path(save_dir), engine.group_rank
+    partial = root / f".{tag}.partial"
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier(group=engine.group)
+    _atomic_save(_rank_payload(engine), partial / f"rank_{rank}.pt")
+    if engine.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
+        weights = {k: v.to(engine.train_dtype) if v.is_floating_point() else v for k, v in engine.full_state_dict().items()}
+        if rank == 0:
+            _atomic_save(weights, partial / "model_16bit.pt")
+    dist.barrier(group=engine.group)
+    if rank == 0:
+        _atomic_save(_common_payload(engine, client_state), partial / "common.pt")
+        _atomic_write(partial / "meta.json", json.dumps(_meta(engine), indent=1))
+        _swap_into_place(partial, root / tag)
+        _atomic_write(root / "latest", tag)
+    dist.barrier(group=engine.group)
+    return tag
+
+
+def _rank_payload(engine: ZeroEngine) -> dict[str, Any]:
+    optimizer_state = {id(t): engine.optimizer.state.get(t, {}) for _, t in engine.master.trainable_fragments(engine.params)}
+    fragments = []
+    for fragment, values in zip(engine.master.fragments, engine.master.fragment_values):
+        state = optimizer_state.get(id(values), {})
+        fragments.append({
+            "param": engine.param_names[fragment.param],
+            "start": fragment.start,
+            "numel": fragment.numel,
+            "values": values.detach().reshape(-1).cpu().clone(),
+            "state": {key: _to_cpu(value) for key, value in state.items()},
+        })
+    return {"format": FORMAT, "rank": engine.group_rank, "fragments": fragments}
+
+
+def _common_payload(engine: ZeroEngine, client_state: dict | None) -> dict[str, Any]:
+    index_of = {id(p): name for p, name in zip(engine.params, engine.param_names)}
+    aliases = {key: index_of[id(value)] for key, value in engine.module.state_dict(keep_vars=True).items() if id(value) in index_of}
+    buffers = {key: value.detach().cpu().clone() for key, value in engine.module.state_dict(keep_vars=True).items() if key not in aliases}
+    groups = [{key: _to_cpu(value) for key, value in group.items() if key != "params"} for group in engine.optimizer.param_groups]
+    return {"format": FORMAT, "param_groups": groups, "aliases": aliases, "buffers": buffers, "client_state": client_state or {}}
+
+
+def _meta(engine: ZeroEngine) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "world_size": engine.group_size,
+        "stage": engine.config.stage,
+        "global_steps": engine.global_steps,
+        "micro_steps": engine.micro_steps,
+        "skipped_steps": engine.skipped_steps,
+        "loss_scaler": engine.scaler.state_dict(),
+        "params": [{"name": n, "shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+                   for n, shape, dtype in zip(engine.param_names, engine.master.shapes, engine.param_dtypes)],
+    }
+
+
+def _to_cpu(value: Any) -> Any:
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _atomic_save(payload: Any, path: Path) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(payload, temporary)
+    os.replace(temporary, path)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _swap_into_place(partial: Path, final: Path) -> None:
+    """Rename the finished checkpoint over ``final``; an older one of the same tag goes last."""
+    previous = final.with_name(f".{final.name}.old")
+    shutil.rmtree(previous, ignore_errors=True)
+    if final.exists():
+        os.replace(final, previous)
+    os.replace(partial, final)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _require_whole_world(engine: ZeroEngine, op: str) -> None:
+    if engine.group_size != dist.get_world_size():
+        raise InvalidArgumentError(
+            f"{op}: checkpoints need the partition group to span the world ({dist.get_world_size()} ranks), "
+            f"received a mesh whose 'dp' group has {engine.group_size} ranks (tensor/pipeline-parallel "
+            f"checkpoints are not supported) (rank {dist.get_rank()})"
+        )
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+class _Saved:
+    """A checkpoint directory opened for reading; fragments are memory-mapped."""
+
+    def __init__(self, load_dir: str | os.PathLike, tag: str | None) -> None:
+        root = Path(load_dir)
+        if tag is None:
+            latest = root / "latest"
+            if not latest.is_file():
+                raise InvalidArgumentError(f"load_checkpoint: argument 'load_dir' expected a checkpoint directory with a 'latest' file, received {str(root)!r}")
+            tag = latest.read_text().strip()
+        self.path = root / tag
+        if not (self.path / "meta.json").is_file():
+            raise InvalidArgumentError(f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(self.path)!r} (no meta.json)")
+        self.meta = json.loads((self.path / "meta.json").read_text())
+        self.common = torch.load(self.path / "common.pt", map_location="cpu", weights_only=False)
+        self.pieces: dict[str, list[dict[str, Any]]] = {}
+        for rank in range(self.meta["world_size"]):
+            payload = torch.load(self.path / f"rank_{rank}.pt", map_location="cpu", mmap=True, weights_only=True)
+            for fragment in payload["fragments"]:
+                self.pieces.setdefault(fragment["param"], []).append(fragment)
+
+    def assemble(self, name: str, start: int, numel: int, key: str | None) -> torch.Tensor | None:
+        """Elements [start, start + numel) of a parameter's values (key None) or state ``key``."""
+        out: torch.Tensor | None = None
+        for piece in self.pieces.get(name, ()):
+            low, high = max(start, piece["start"]), min(start + numel, piece["start"] + piece["numel"])
+            source = piece["values"] if key is None else piece["state"].get(key)
+            if low >= high or source is None:
+                continue
+            if out is None:
+                out = torch.empty(numel, dtype=source.dtype)
+            out[low - start : high - start] = source.reshape(-1)[low - piece["start"] : high - piece["start"]]
+        return out
+
+    def scalar_state(self, name: str) -> dict[str, Any]:
+        """State entries that are not per-element (e.g. Adam's ``step``), from any fragment."""
+        for piece in self.pieces.get(name, ()):
+            return {k: v for k, v in piece["state"].items() if not (isinstance(v, torch.Tensor) and v.numel() == piece["numel"] and v.dim() > 0)}
+        return {}
+
+
+def load_checkpoint(engine: ZeroEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool) -> tuple[str, dict]:
+    """Load (and reshard, if the world size differs) a checkpoint into ``engine``."""
+    saved = _Saved(load_dir, tag)
+    _check_params(engine, saved)
+    master = engine.master
+    for fragment, values in zip(master.fragments, master.fragment_values):
+        name = engine.param_names[fragment.param]
+        values.view(-1).copy_(saved.assemble(name, fragment.start, fragment.numel, None))
+    if load_optimizer_states:
+        _load_optimizer(engine, saved)
+    engine.global_steps, engine.micro_steps = saved.meta["global_steps"], saved.meta["micro_steps"]
+    engine.skipped_steps = saved.meta["skipped_steps"]
+    engine.scaler = engine.scaler.with_state(saved.meta["loss_scaler"])
+    _load_buffers(engine, saved.common["buffers"])
+    engine.zero_grad()
+    engine.runtime.refresh_params()
+    return str(saved.path), saved.common["client_state"]
+
+
+def _check_params(engine: ZeroEngine, saved: _Saved) -> None:
+    have = [(n, list(s)) for n, s in zip(engine.param_names, engine.master.shapes)]
+    stored = [(p["name"], p["shape"]) for p in saved.meta["params"]]
+    if have != stored:
+        differ = [f"{a} vs {b}" for a, b in zip(have, stored) if a != b][:3] or [f"{len(have)} vs {len(stored)} parameters"]
+        raise InvalidArgumentError(f"load_checkpoint: the checkpoint at {str(saved.path)!r} holds a different model: {'; '.join(differ)}")
+
+
+def _load_optimizer(engine: ZeroEngine, saved: _Saved) -> None:
+    for group, stored in zip(engine.optimizer.param_groups, saved.common["param_groups"]):
+        group.update({key: value for key, value in stored.items() if key in group})
+    device = engine.master.values.device
+    for fragment, tensor in engine.master.trainable_fragments(engine.params):
+        name = engine.param_names[fragment.param]
+        state = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved.scalar_state(name).items()}
+        keys = {key for piece in saved.pieces.get(name, ()) for key in piece["state"]} - set(state)
+        for key in sorted(keys):
+            part = saved.assemble(name, fragment.start, fragment.numel, key)
+            if part is not None:
+                state[key] = part.to(device).view_as(tensor)
+        if state:
+            engine.optimizer.state[tensor] = state
+
+
+def _load_buffers(engine: ZeroEngine, buffers: dict[str, torch.Tensor]) -> None:
+    current = dict(engine.module.named_buffers())
+    for key, value in buffers.items():
+        if key in current:
+            current[key].copy_(value.to(current[key].dtype))
+
+
+def consolidated_state_dict(load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's full model as a plain ``state_dict`` (no process group needed).
+
+    ``model.load_state_dict(consolidated_state_dict("ckpt"))`` restores the fp32 weights (in the
+    model's original dtypes) and buffers of a model trained at any world size and stage.
+    """
+    saved = _Saved(load_dir, tag)
+    weights = {}
+    for entry in saved.meta["params"]:
+        numel = 1
+        for size in entry["shape"]:
+            numel *= size
+        values = saved.assemble(entry["name"], 0, numel, None)
+        assert values is not None, entry["name"]
+        weights[entry["name"]] = values.view(entry["shape"]).to(getattr(torch, entry["dtype"]))
+    state = {key: weights[name] for key, name in saved.common["aliases"].items()}
+    state.update(saved.common["buffers"])
+    return state

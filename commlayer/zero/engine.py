@@ -1,0 +1,264 @@
+"""The ZeRO engine: DeepSpeed's training loop shape, over nothing but ``commlayer.dist``.
+
+::
+
+    engine = commlayer.zero.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=cfg)
+    for batch in data:
+        loss = engine(*batch)      # forward
+        engine.backward(loss)      # scaled by 1/accumulation (and the fp16 loss scale)
+        engine.step()              # every micro-step; the optimizer steps on the boundary
+
+Stage 0 keeps everything on every rank and all-reduces gradient buckets; stage 1 shards the
+fp32 master weights and optimizer state; stage 2 also shards gradients (reduce-scattered
+during backward); stage 3 also shards parameters (see :mod:`.stage3`). The partition group is
+the mesh's "dp" group, or "dp_sp" when the mesh has sequence parallelism.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .. import dist
+from ..dist import ProcessGroup
+from ..mesh import Mesh
+from .config import BatchSizes, ZeroConfig
+from .master import MasterShard
+from .partition import FlatLayout, bucket_indices, build_layout
+from .reducer import GradientReducer
+from .replicated import ReplicatedParams
+from .scaler import LossScaler
+from .stage3 import PartitionedParams
+from .units import plan_units
+
+__all__ = ["ALIGNMENT", "ZeroEngine", "partition_dims"]
+
+log = logging.getLogger("commlayer.zero")
+
+#: Every shard is a multiple of this many elements, so shard boundaries stay vector-aligned.
+ALIGNMENT = 64
+#: Scratch gradient buckets (stages 2 and 3) reduced at once; more in flight wait for the oldest.
+MAX_SCRATCH_IN_FLIGHT = 2
+
+
+class ZeroEngine:
+    """Built by :func:`commlayer.zero.initialize`; see the module docstring for the loop."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: ZeroConfig,
+        batch: BatchSizes,
+        mesh: Mesh,
+        names: list[str],
+        params: list[torch.nn.Parameter],
+    ) -> None:
+        self.module, self.optimizer, self.config, self.batch, self.mesh = model, optimizer, config, batch, mesh
+        self.param_names, self.params = names, params
+        self.param_dtypes = [p.dtype for p in params]
+        self.train_dtype = config.train_dtype
+        self.global_steps = self.micro_steps = self.skipped_steps = 0
+        self.scaler = LossScaler.from_config(config.fp16)
+        self.group: ProcessGroup = mesh[partition_dims(mesh)].group
+        self.group_rank, self.group_size = self.group.rank(), self.group.size()
+        self.device = params[0].device
+        self._last_grad_norm: torch.Tensor | None = None
+        self.layout = self._plan_layout()
+        self.master = MasterShard(self.layout, self.group_rank if self.layout.shards > 1 else 0, params, self.device)
+        self.runtime = self._build_runtime()
+        self._take_rank0_values()
+        self.master.attach(optimizer, params)
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def _plan_layout(self) -> FlatLayout:
+        numels = [p.numel() for p in self.params]
+        stage = self.config.stage
+        if stage == 3:
+            zero = self.config.zero_optimization
+            self.unit_plans = plan_units(self.module, self.params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel)
+            groups = [plan.params for plan in self.unit_plans]
+        else:
+            # Reverse registration order: roughly the order in which backward produces gradients.
+            order = list(reversed(range(len(self.params))))
+            groups = bucket_indices(numels, order, self.config.zero_optimization.reduce_bucket_size)
+        return build_layout(groups, numels, 1 if stage == 0 else self.group_size, ALIGNMENT)
+
+    def _build_runtime(self) -> ReplicatedParams | PartitionedParams:
+        zero, stage = self.config.zero_optimization, self.config.stage
+        scratch = MAX_SCRATCH_IN_FLIGHT if stage >= 2 else None
+        reducer = GradientReducer(self.group, self.master, self.config.reduce_dtype, scratch)
+        # A second communicator for parameter gathers: ordered independently of the reductions.
+        gather_group = self._gather_group() if stage >= 1 else None
+        if stage == 3:
+            assert gather_group is not None
+            return PartitionedParams(self.params, self.unit_plans, self.layout, self.master, reducer, gather_group,
+                                     train_dtype=self.train_dtype, prefetch_numel=zero.stage3_prefetch_bucket_size)
+        return ReplicatedParams(self.params, self.param_names, self.layout, self.master, reducer, gather_group, stage=stage,
+                                train_dtype=self.train_dtype, overlap=zero.overlap, allgather_numel=zero.allgather_bucket_size)
+
+    def _gather_group(self) -> ProcessGroup:
+        return self.mesh[partition_dims(self.mesh)].duplicate_group()
+
+    def _take_rank0_values(self) -> None:
+        """Broadcast every segment (and buffer) from the group's first rank, then adopt it."""
+        source = self.group.ranks[0]
+        for segment in self.layout.segments:
+            full = torch.zeros(segment.padded_numel, dtype=torch.float32, device=self.device)
+            for slot in segment.slots:
+                full[slot.offset : slot.offset + slot.numel].copy_(self.params[slot.param].detach().reshape(-1))
+            dist.broadcast(full, src=source, group=self.group)
+            self.runtime.adopt(segment, full)
+        self.runtime.install()
+        for buffer in self.module.buffers():
+            if buffer.is_floating_point():
+                buffer.data = buffer.data.to(self.train_dtype)
+            dist.broadcast(buffer.data, src=source, group=self.group)
+
+    # --- the training loop -------------------------------------------------------------------
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self.forward(*inputs, **kwargs)
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the model; floating-point inputs are cast to the training dtype first."""
+        if self.train_dtype != torch.float32:
+            inputs, kwargs = _cast(inputs, self.train_dtype), _cast(kwargs, self.train_dtype)
+        return self.module(*inputs, **kwargs)
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.batch.gradient_accumulation_steps == 0
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
+        """Backpropagate ``loss / accumulation_steps`` (times the fp16 loss scale) and reduce."""
+        scaled = loss * (self.scaler.scale / self.batch.gradient_accumulation_steps)
+        self.runtime.begin_backward(self.is_gradient_accumulation_boundary())
+        try:
+            scaled.backward(retain_graph=retain_graph)
+        finally:
+            self.runtime.finish_backward()
+        return loss
+
+    def step(self) -> None:
+        """Count a micro-step; on the accumulation boundary, step the optimizer."""
+        boundary = self.is_gradient_accumulation_boundary()
+        self.micro_steps += 1
+        if boundary:
+            self._optimizer_step()
+
+    def zero_grad(self) -> None:
+        self.runtime.zero_grads()
+        self.master.grads.zero_()
+
+    def _optimizer_step(self) -> None:
+        overflow = self.config.fp16.enabled and self._any_rank_overflowed()
+        if overflow:
+            self.skipped_steps += 1
+            log.info("step %d skipped: fp16 gradient overflow at loss scale %g", self.global_steps, self.scaler.scale)
+        else:
+            self.master.grads.mul_(self._gradient_factor())
+            self.master.link_grads()
+            self.optimizer.step()
+            self.runtime.refresh_params()
+        self.zero_grad()
+        self.scaler = self.scaler.update(overflow)
+        self.global_steps += 1
+        self._maybe_log()
+
+    def _any_rank_overflowed(self) -> bool:
+        flag = self.master.nonfinite_flag()
+        if self.group_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True).wait()
+        return bool(flag.item())
+
+    def _gradient_factor(self) -> torch.Tensor | float:
+        """Unscale (fp16) and clip to ``gradient_clipping`` by the global norm, without a host sync."""
+        unscale = 1.0 / self.scaler.scale
+        if self.config.gradient_clipping <= 0:
+            return unscale
+        squared = self.master.grad_norm_squared()
+        if self.layout.shards > 1:
+            dist.all_reduce(squared, group=self.group, async_op=True).wait()
+        norm = squared.sqrt() * unscale
+        self._last_grad_norm = norm
+        clip = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
+        return clip * unscale
+
+    def _maybe_log(self) -> None:
+        every = self.config.steps_per_print
+        if every and self.global_steps % every == 0 and dist.get_rank() == 0:
+            norm = None if self._last_grad_norm is None else round(float(self._last_grad_norm.item()), 6)
+            lr = [group.get("lr") for group in self.optimizer.param_groups]
+            log.warning("step=%d skipped=%d lr=%s loss_scale=%g grad_norm=%s", self.global_steps,
+                        self.skipped_steps, lr, self.scaler.scale, norm)
+
+    # --- state -------------------------------------------------------------------------------
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    def get_global_grad_norm(self) -> float | None:
+        """The clipped step's global gradient norm (before clipping), when clipping is on."""
+        return None if self._last_grad_norm is None else float(self._last_grad_norm.item())
+
+    def train_batch_size(self) -> int:
+        return self.batch.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.batch.micro_batch_size
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.batch.gradient_accumulation_steps
+
+    def train(self, mode: bool = True) -> ZeroEngine:
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> ZeroEngine:
+        return self.train(False)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights (fp32 masters in the original dtypes) and buffers, on CPU.
+
+        Collective: every rank of the partition group must call it; every rank gets the result.
+        """
+        values = self.runtime.full_values()
+        by_id = {id(p): v.to(dtype).cpu() for p, v, dtype in zip(self.params, values, self.param_dtypes)}
+        state = {}
+        for key, value in self.module.state_dict(keep_vars=True).items():
+            state[key] = by_id[id(value)] if id(value) in by_id else value.detach().cpu().clone()
+        return state
+
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None) -> str:
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True) -> tuple[str, dict]:
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag, load_optimizer_states)
+
+    def destroy(self) -> None:
+        """Remove the engine's hooks from the model (the parameters stay as they are)."""
+        self.runtime.remove_hooks()
+
+
+def partition_dims(mesh: Mesh) -> tuple[str, ...]:
+    """ZeRO partitions over the ranks holding the same parameters: "dp", with "sp" when present."""
+    return tuple(dim for dim in mesh.mesh_dim_names if dim in ("dp", "sp"))
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple):
+        return tuple(_cast(item, dtype) for item in value)
+    if isinstance(value, list):
+        return [_cast(item, dtype) for item in value]
+    if isinstance(value, dict):
+        return {key: _cast(item, dtype) for key, item in value.items()}
+    return value

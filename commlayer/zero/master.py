@@ -1,0 +1,104 @@
+"""A rank's fp32 master shard, its gradient, and the optimizer rewired to step only that shard.
+
+The torch optimizer the user built keeps its param groups (learning rates, weight decay, betas);
+only each group's ``params`` list is replaced by the *fragments* of those parameters this rank
+owns -- views into one flat fp32 tensor. For element-wise optimizers (Adam, AdamW, SGD, ...)
+stepping fragments is exactly stepping the whole parameters, restricted to this rank's elements.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .. import dist
+from ..dist import ProcessGroup
+from .partition import FlatLayout, Fragment, Segment
+
+__all__ = ["MasterShard"]
+
+
+class MasterShard:
+    """``values`` and ``grads``: this rank's flat fp32 shard of every segment, end to end."""
+
+    def __init__(self, layout: FlatLayout, rank: int, params: Sequence[torch.Tensor], device: torch.device) -> None:
+        self.layout = layout
+        self.rank = rank
+        self.values = torch.zeros(layout.shard_numel, dtype=torch.float32, device=device)
+        self.grads = torch.zeros_like(self.values)
+        self.fragments: tuple[Fragment, ...] = layout.fragments(rank)
+        self.shapes = [tuple(p.shape) for p in params]
+        self.fragment_values = [self._view(self.values, f, self.shapes[f.param]) for f in self.fragments]
+        self.fragment_grads = [self._view(self.grads, f, self.shapes[f.param]) for f in self.fragments]
+
+    @staticmethod
+    def _view(flat: torch.Tensor, fragment: Fragment, shape: tuple[int, ...]) -> torch.Tensor:
+        view = flat[fragment.master_offset : fragment.master_offset + fragment.numel]
+        # A fragment holding a whole parameter keeps its shape, for optimizers that look at it.
+        whole = fragment.start == 0 and fragment.numel == _numel(shape)
+        return view.view(shape) if whole else view
+
+    def segment_values(self, segment: Segment) -> torch.Tensor:
+        return self.values[segment.shard_offset : segment.shard_offset + segment.shard_numel]
+
+    def segment_grads(self, segment: Segment) -> torch.Tensor:
+        return self.grads[segment.shard_offset : segment.shard_offset + segment.shard_numel]
+
+    def gather_segment(self, segment: Segment, group: ProcessGroup) -> torch.Tensor:
+        """A whole segment's fp32 values assembled from every rank's shard (collective)."""
+        mine = self.segment_values(segment)
+        if self.layout.shards == 1:
+            return mine.clone()
+        whole = torch.empty(segment.padded_numel, dtype=mine.dtype, device=mine.device)
+        dist.all_gather_into_tensor(whole, mine, group=group)
+        return whole
+
+    def gather_params(self, group: ProcessGroup) -> list[torch.Tensor]:
+        """Every parameter's full fp32 value, assembled from all ranks' shards (collective)."""
+        gathered: list[torch.Tensor] = [self.values] * len(self.shapes)
+        for segment in self.layout.segments:
+            whole = self.gather_segment(segment, group)
+            for slot in segment.slots:
+                gathered[slot.param] = whole[slot.offset : slot.offset + slot.numel].view(self.shapes[slot.param])
+        return gathered
+
+    # --- optimizer ---------------------------------------------------------------------------
+
+    def attach(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> None:
+        """Replace each group's parameters by this rank's trainable fragments of them."""
+        group_of = {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        per_group: list[list[torch.Tensor]] = [[] for _ in optimizer.param_groups]
+        for fragment, tensor in zip(self.fragments, self.fragment_values):
+            param = params[fragment.param]
+            if param.requires_grad and id(param) in group_of:
+                per_group[group_of[id(param)]].append(tensor)
+        for group, fragments in zip(optimizer.param_groups, per_group):
+            group["params"] = fragments
+        self.link_grads()
+
+    def link_grads(self) -> None:
+        """Point every fragment's ``.grad`` at the shard's gradient (a zero_grad may drop it)."""
+        for tensor, grad in zip(self.fragment_values, self.fragment_grads):
+            if tensor.grad is not grad:
+                tensor.grad = grad
+
+    def trainable_fragments(self, params: Sequence[torch.nn.Parameter]) -> list[tuple[Fragment, torch.Tensor]]:
+        """(fragment, master view) pairs of the parameters the optimizer steps, in shard order."""
+        return [(f, t) for f, t in zip(self.fragments, self.fragment_values) if params[f.param].requires_grad]
+
+    # --- gradient arithmetic -----------------------------------------------------------------
+
+    def grad_norm_squared(self) -> torch.Tensor:
+        """Local sum of squared gradients, a 1-element fp32 tensor (padding is always zero)."""
+        return torch.linalg.vector_norm(self.grads, 2).square().reshape(1)
+
+    def nonfinite_flag(self) -> torch.Tensor:
+        """1.0 when any local gradient is inf or nan, as a 1-element tensor to all-reduce with MAX."""
+        return (~torch.isfinite(self.grads).all()).to(torch.float32).reshape(1)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total

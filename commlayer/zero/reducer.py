@@ -1,0 +1,74 @@
+"""Averaging one segment's gradient over the data-parallel group, asynchronously.
+
+A segment whose gradient buffer is complete is reduced with one collective: ``all_reduce`` when
+every rank keeps the whole segment (stage 0), ``reduce_scatter_tensor`` in place otherwise, so
+rank ``r`` ends up with the sum of shard ``r`` only. The buffer is divided by the group size
+*before* the sum, which keeps fp16 sums in range. When the collective completes, the rank's
+piece is added into its fp32 master gradient, so gradient accumulation over micro-steps is a
+plain sum there. Launch order is the caller's business: every rank must launch the same
+segments in the same order, since each is one collective on a shared communicator.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from .. import dist
+from ..dist import ProcessGroup, Work
+from .master import MasterShard
+from .partition import Segment
+
+__all__ = ["GradientReducer"]
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    segment: Segment
+    work: Work
+    piece: torch.Tensor  # this rank's reduced part of the buffer (keeps the buffer alive)
+
+
+class GradientReducer:
+    """Launches segment reductions and folds finished ones into the master gradient."""
+
+    def __init__(self, group: ProcessGroup, master: MasterShard, reduce_dtype: torch.dtype, max_in_flight: int | None) -> None:
+        self.group = group
+        self.master = master
+        self.reduce_dtype = reduce_dtype
+        self.size = group.size()
+        self.rank = group.rank()
+        self.max_in_flight = max_in_flight
+        self._in_flight: deque[_InFlight] = deque()
+
+    def launch(self, segment: Segment, buffer: torch.Tensor) -> None:
+        """Start averaging ``buffer`` (the segment's whole padded gradient) over the group.
+
+        The buffer is overwritten (divided, then reduced in place), so pass a scratch buffer or
+        one that is zeroed afterwards.
+        """
+        source = buffer if buffer.dtype == self.reduce_dtype else buffer.to(self.reduce_dtype)
+        if self.size > 1:
+            source.div_(self.size)
+        if self.master.layout.shards == 1:
+            piece = source
+            work = dist.all_reduce(source, group=self.group, async_op=True)
+        else:
+            low, high = segment.shard_range(self.rank)
+            piece = source[low:high]
+            work = dist.reduce_scatter_tensor(piece, source, group=self.group, async_op=True)
+        self._in_flight.append(_InFlight(segment, work, piece))
+        # Bounding the reductions in flight bounds the scratch buffers alive at once.
+        while self.max_in_flight is not None and len(self._in_flight) > self.max_in_flight:
+            self._finish_oldest()
+
+    def drain(self) -> None:
+        """Wait for every reduction and fold it into the master gradient."""
+        while self._in_flight:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        done = self._in_flight.popleft()
+        done.work.wait()
+        self.master.segment_grads(done.segment).add_(done.piece)
