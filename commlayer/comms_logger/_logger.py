@@ -127,7 +127,9 @@ class CommsLogger:
         records = self.records
         with records.lock:
             records.rank = call.group.global_rank
-            accumulator = records.totals.setdefault((call.op, nbytes), _Accumulator())
+            accumulator = records.totals.get((call.op, nbytes))
+            if accumulator is None:  # not setdefault: that would build an accumulator per call
+                accumulator = records.totals[(call.op, nbytes)] = _Accumulator()
             accumulator.add(seconds, nbytes * busbw_factor(call.op, size))
             if self.options.max_trace_events > 0:
                 if len(records.events) >= self.options.max_trace_events:
