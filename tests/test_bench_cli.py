@@ -56,6 +56,7 @@ def test_help_explains_busbw_and_the_deepspeed_difference(capsys: pytest.Capture
     (["--ops", "all_reduce,allgather"], "--ops: expected a comma-separated subset"),
     (["-b", "1M", "-e", "8"], "size sweep: expected 1 <= min-bytes <= max-bytes"),
     (["-n", "2", "--backends", "mpi"], "needs ranks started by mpirun, which -n does not use"),
+    (["-n", "16", "--dtype", "int8"], "--dtype: torch.int8 cannot hold the sum over 16 ranks exactly"),
 ])
 def test_bad_requests_fail_before_any_rank_starts(argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(_parse(*argv)) == 2

@@ -122,7 +122,7 @@ def test_check_values_change_every_iteration() -> None:
 
 def test_check_refuses_a_dtype_too_narrow_for_the_world() -> None:
     check_values_exact(torch.int8, 15)  # 15 * 16 / 2 = 120 <= 127
-    with pytest.raises(ValueError, match="cannot hold the sum over 16 ranks exactly"):
+    with pytest.raises(ValueError, match="int8 cannot hold the sum over 16 ranks exactly"):
         check_values_exact(torch.int8, 16)
     with pytest.raises(ValueError, match="--dtype: expected one of"):
         check_values_exact(torch.bool, 2)

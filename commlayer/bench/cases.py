@@ -65,13 +65,14 @@ _PATTERN_CAP = 1 << 16  # a longer period buys nothing and costs int64 headroom
 
 
 def check_values_exact(dtype: torch.dtype, world_size: int) -> None:
-    """Raise ValueError unless ``--check`` can verify ``dtype`` exactly at this world size."""
+    """Raise ValueError unless results in ``dtype`` can be verified exactly at this world size."""
     if dtype not in _EXACT_LIMIT:
         names = ", ".join(sorted(str(known).removeprefix("torch.") for known in _EXACT_LIMIT))
         raise ValueError(f"--dtype: expected one of {names}, received {dtype}")
     if _base_sum(world_size) > _EXACT_LIMIT[dtype]:
         raise ValueError(
-            f"--check: dtype {dtype} cannot hold the sum over {world_size} ranks exactly; use a wider --dtype"
+            f"--dtype: {dtype} cannot hold the sum over {world_size} ranks exactly, so results could not "
+            "be verified; use a wider --dtype"
         )
 
 

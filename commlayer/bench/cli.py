@@ -22,7 +22,7 @@ from typing import Sequence
 from commlayer.launcher import LaunchConfig, launch
 from commlayer.rendezvous import discover
 
-from .cases import BENCH_OPS
+from .cases import BENCH_OPS, check_values_exact
 from .formulas import parse_size
 from .options import BENCH_DTYPES, BenchOptions
 from .progress import ProgressBar, follow_file
@@ -80,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         options = _options(args)
+        check_values_exact(options.torch_dtype, _world_size(args))
     except ValueError as error:
         print(f"commlayer bench: {error}", file=sys.stderr)
         return 2
@@ -167,6 +168,13 @@ def _options(args: argparse.Namespace) -> BenchOptions:
         device=args.device,
         timeout_s=args.timeout_s,
     )
+
+
+def _world_size(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        return int(args.nproc)
+    found = discover(os.environ)
+    return 1 if found is None else found.world_size
 
 
 def _drop_launcher_bound(options: BenchOptions, nproc: int) -> BenchOptions | None:
