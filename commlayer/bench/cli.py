@@ -11,6 +11,7 @@ Two ways to run it:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -66,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", default=20, type=_positive_int, help="timed iterations per size (default 20)")
     parser.add_argument("--warmup", default=5, type=int, help="untimed iterations per size first (default 5)")
     parser.add_argument("--async", dest="async_op", action="store_true",
-                        help="launch every iteration with async_op=True, then wait for all of them")
+                        help="launch every iteration with async_op=True, then wait for all of them "
+                             "(they share buffers, as in nccl-tests)")
     parser.add_argument("--check", action="store_true",
                         help="verify every timed iteration against exact expected values (default: one "
                              "untimed verification run per size); 'wrong' counts wrong elements over all ranks")
@@ -100,23 +102,30 @@ def _launch_local(options: BenchOptions, args: argparse.Namespace) -> int:
     if runnable is None:
         return 2
     with tempfile.TemporaryDirectory(prefix="commlayer-bench-") as scratch:
-        result_path, progress_path = Path(scratch) / "result.json", Path(scratch) / "progress"
-        env = {**os.environ, OPTIONS_ENV: runnable.to_json(), RESULT_ENV: str(result_path), PROGRESS_ENV: str(progress_path)}
-        # No overall time limit: a 1 GiB CPU sweep takes long; a stuck op fails after --timeout.
-        config = LaunchConfig((sys.executable, "-m", "commlayer.bench.worker"), args.nproc, env=env)
-        bar, stop = ProgressBar(count_steps(runnable)), threading.Event()
-        follower = threading.Thread(target=follow_file, args=(progress_path, bar, stop), daemon=True)
-        follower.start()
-        try:
-            outcome = launch(config)
-        finally:
-            stop.set()
-            follower.join()
-        if outcome.exit_code != 0 or not result_path.exists():
-            print(outcome.summary("commlayer bench") or "commlayer bench: rank 0 wrote no results", file=sys.stderr)
-            return outcome.exit_code or 1
-        result = SweepResult.from_json(_read_json(result_path))
-    return _publish(result, runnable, args)
+        outcome = _run_ranks(runnable, args.nproc, Path(scratch))
+    if isinstance(outcome, int):
+        return outcome
+    return _publish(outcome, runnable, args)
+
+
+def _run_ranks(options: BenchOptions, nproc: int, scratch: Path) -> SweepResult | int:
+    """Start the ranks, draw rank 0's progress here, return its result (or an exit code)."""
+    result_path, progress_path = scratch / "result.json", scratch / "progress"
+    env = {**os.environ, OPTIONS_ENV: options.to_json(), RESULT_ENV: str(result_path), PROGRESS_ENV: str(progress_path)}
+    # No overall time limit: a 1 GiB CPU sweep takes long; a stuck op fails after --timeout.
+    config = LaunchConfig((sys.executable, "-m", "commlayer.bench.worker"), nproc, env=env)
+    bar, stop = ProgressBar(count_steps(options)), threading.Event()
+    follower = threading.Thread(target=follow_file, args=(progress_path, bar, stop), daemon=True)
+    follower.start()
+    try:
+        outcome = launch(config)
+    finally:
+        stop.set()
+        follower.join()
+    if outcome.exit_code != 0 or not result_path.exists():
+        print(outcome.summary("commlayer bench") or "commlayer bench: rank 0 wrote no results", file=sys.stderr)
+        return outcome.exit_code or 1
+    return SweepResult.from_json(json.loads(result_path.read_text(encoding="utf-8")))
 
 
 def _run_in_place(options: BenchOptions, args: argparse.Namespace) -> int:
@@ -221,12 +230,6 @@ def _plot_title(result: SweepResult, options: BenchOptions) -> str:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip().lower() for name in text.split(",") if name.strip())
-
-
-def _read_json(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def _size(text: str) -> int:
