@@ -11,8 +11,9 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.backend import Backend
+from commlayer.fallbacks import P2PRequest
 from commlayer.types import Availability, GroupSpec, ReduceOp
-from commlayer.work import TorchWork, Work
+from commlayer.work import TorchWork, Work, WorkList
 
 __all__ = ["TorchBackend"]
 
@@ -166,6 +167,15 @@ class TorchBackend(Backend):
         scatter_list = list(inputs) if inputs is not None else None
         work = torch_dist.scatter(output, scatter_list, self._global(root), self._pg, async_op=True)
         return TorchWork(work, [output])
+
+    def batch_p2p(self, requests: Sequence[P2PRequest]) -> list[Work]:
+        ops = [
+            torch_dist.P2POp(torch_dist.isend if r.kind == "send" else torch_dist.irecv, r.tensor, self._global(r.peer), self._pg, r.tag)
+            for r in requests
+        ]
+        works = [TorchWork(work) for work in torch_dist.batch_isend_irecv(ops)]
+        # NCCL coalesces a batch into one work; every request then completes with it.
+        return works if len(works) == len(requests) else [WorkList(works)] * len(requests)
 
     def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
         return TorchWork(torch_dist.irecv(tensor, None, self._pg, tag), [tensor])

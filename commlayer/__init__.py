@@ -3,28 +3,50 @@
 ``from commlayer import dist`` is a drop-in for ``import torch.distributed as dist``; backends are
 plugins registered under the ``commlayer.backends`` entry-point group or with
 :func:`register_backend`.
+
+Attributes load on first use (PEP 562), so ``commlayer run`` and the launcher-side tools start
+without importing torch; only the ranks pay for it.
 """
 from __future__ import annotations
 
-from . import dist
-from .backend import Backend
-from .registry import get_backend_class, list_backends, register_backend, unregister_backend
-from .types import Availability, Capabilities, GroupSpec, ReduceOp
-from .work import Work
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Availability",
-    "Backend",
-    "Capabilities",
-    "GroupSpec",
-    "ReduceOp",
-    "Work",
-    "__version__",
-    "dist",
-    "get_backend_class",
-    "list_backends",
-    "register_backend",
-    "unregister_backend",
-]
+_LAZY = {
+    "dist": ("commlayer.dist", None),
+    "Backend": ("commlayer.backend", "Backend"),
+    "get_backend_class": ("commlayer.registry", "get_backend_class"),
+    "list_backends": ("commlayer.registry", "list_backends"),
+    "register_backend": ("commlayer.registry", "register_backend"),
+    "unregister_backend": ("commlayer.registry", "unregister_backend"),
+    "Availability": ("commlayer.types", "Availability"),
+    "Capabilities": ("commlayer.types", "Capabilities"),
+    "GroupSpec": ("commlayer.types", "GroupSpec"),
+    "ReduceOp": ("commlayer.types", "ReduceOp"),
+    "Work": ("commlayer.work", "Work"),
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+if TYPE_CHECKING:
+    from . import dist
+    from .backend import Backend
+    from .registry import get_backend_class, list_backends, register_backend, unregister_backend
+    from .types import Availability, Capabilities, GroupSpec, ReduceOp
+    from .work import Work
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'commlayer' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

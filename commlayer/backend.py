@@ -92,6 +92,10 @@ class Backend(GenericCollectives, ABC):
         return torch.device("cpu")
 
     # --- the mandatory core ----------------------------------------------------------------
+    #
+    # Every op returns a Work. ``Work.wait()`` without a timeout must still end by the group's
+    # timeout (``spec.timeout``) when the library has no deadline of its own, so that a peer
+    # that never arrives raises instead of hanging.
 
     @abstractmethod
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work: ...

@@ -9,7 +9,7 @@ first), so they cannot deadlock even on a library whose send blocks until the re
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 
@@ -19,14 +19,34 @@ from .work import CompletedWork, Work, WorkList
 if TYPE_CHECKING:
     from .backend import Backend
 
-__all__ = ["GenericCollectives", "FALLBACK_TAG"]
+__all__ = ["FALLBACK_TAG", "GenericCollectives", "P2PRequest"]
 
 # Tag reserved for the messages fallbacks exchange; user tags stay below it in practice.
 FALLBACK_TAG = 0x6C6D
 
 
+class P2PRequest(NamedTuple):
+    """One send or receive of a batch; ``peer`` is a group rank."""
+
+    kind: str  # "send" | "recv"
+    tensor: torch.Tensor
+    peer: int
+    tag: int
+
+
 class GenericCollectives:
     """Mixin of fallbacks; ``self`` is a :class:`~commlayer.backend.Backend`."""
+
+    def batch_p2p(self: Backend, requests: Sequence[P2PRequest]) -> list[Work]:
+        """Post sends and receives as one batch.
+
+        Posting them one by one is right for libraries whose send does not wait for the
+        matching receive (gloo, MPI); NCCL's backend overrides this to group them.
+        """
+        return [
+            self.send(r.tensor, r.peer, r.tag) if r.kind == "send" else self.recv(r.tensor, r.peer, r.tag)
+            for r in requests
+        ]
 
     def reduce(self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
         scratch = tensor.clone()

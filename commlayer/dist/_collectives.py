@@ -201,7 +201,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Sequence[int]
     work = launch(call, lambda b: b.barrier(), async_op=True)
     if async_op:
         return work
-    work.wait(timeout or call.group.timeout)
+    work.wait(timeout)
     return None
 
 

@@ -88,6 +88,11 @@ def launch(
 ) -> Work | None:
     """Run ``start`` on the call's backend; wait unless ``async_op``, as torch does.
 
+    A synchronous op waits with no explicit timeout, exactly like torch: on CUDA that only orders
+    the current stream after the collective instead of blocking the CPU (a timed wait makes
+    torch's NCCL work poll the CPU at 1 ms intervals), and every Work adapter bounds an untimed
+    wait by its group's timeout itself (torch's own timeout, MPI and oneCCL adapters' deadline).
+
     ``payload`` is the buffer whose size is the op's message size in nccl-tests' terms (the full
     gathered output, the full reduce-scatter input); it is only measured when the comms logger
     observes the call, so the common path pays nothing for it.
@@ -100,7 +105,7 @@ def launch(
         work = work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
     if async_op:
         return work
-    work.wait(call.group.timeout)
+    work.wait()
     return None
 
 

@@ -4,49 +4,52 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
 from ..errors import CommTimeoutError, InvalidArgumentError, invalid_argument
-from ..fallbacks import FALLBACK_TAG
+from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import _validate as check
-from ._dispatch import begin, contiguous, launch
+from ._dispatch import OpCall, begin, contiguous, launch
 from ._groups import resolve_group
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
 
 
+class _Prepared(NamedTuple):
+    """A validated send or receive, ready for a backend."""
+
+    call: OpCall
+    request: P2PRequest
+    copy_back: list
+
+
 def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Work | None:
-    call = begin("send", group, check.first_device("send", "tensor", tensor))
-    if call is None:
+    prepared = _prepare("send", tensor, dst, group, tag, group_dst)
+    if prepared is None:
         return None
-    check.check_tensor(call, "tensor", tensor)
-    peer = _peer(call, "dst", dst, group_dst)
-    source = tensor.contiguous()
-    return launch(call, lambda b: b.send(source, peer, tag), async_op=True, payload=tensor)
+    request = prepared.request
+    return launch(prepared.call, lambda b: b.send(request.tensor, request.peer, tag), async_op=True, payload=tensor)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work | None:
-    call = begin("recv", group, check.first_device("recv", "tensor", tensor))
-    if call is None:
+    prepared = _prepare("recv", tensor, src, group, tag, group_src)
+    if prepared is None:
         return None
-    check.check_tensor(call, "tensor", tensor)
-    copy_back: list = []
-    buffer = contiguous(tensor, copy_back)
+    buffer = prepared.request.tensor
     if src is None and group_src is None:
-        if not call.backend.capabilities.recv_any_source:
-            raise invalid_argument("recv", "src", f"a rank (backend '{call.backend.name}' cannot receive from any source)", None, call.rank)
-        return launch(call, lambda b: b.recv_any(buffer, tag), async_op=True, payload=tensor, copy_back=copy_back)
-    peer = _peer(call, "src", src, group_src)
-    return launch(call, lambda b: b.recv(buffer, peer, tag), async_op=True, payload=tensor, copy_back=copy_back)
+        start = lambda b: b.recv_any(buffer, tag)
+    else:
+        start = lambda b: b.recv(buffer, prepared.request.peer, tag)
+    return launch(prepared.call, start, async_op=True, payload=tensor, copy_back=prepared.copy_back)
 
 
 def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
     work = isend(tensor, dst, group, tag, group_dst)
     if work is not None:
-        work.wait(_timeout(group))
+        work.wait()
 
 
 def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
@@ -54,7 +57,7 @@ def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: i
     work = irecv(tensor, src, group, tag, group_src)
     if work is None:
         return -1
-    work.wait(_timeout(group))
+    work.wait()
     if src is not None:
         return src
     resolved = resolve_group("recv", group)
@@ -80,16 +83,52 @@ class P2POp:
 
 
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
-    """Post every send and receive, then return their works (all in flight together)."""
+    """Post every send and receive together and return their works.
+
+    All entries are validated before anything is posted. Entries on one communicator go to its
+    ``batch_p2p`` in a single call, which NCCL needs: two ranks that both send first would
+    otherwise deadlock once messages exceed NCCL's eager size.
+    """
     if not p2p_op_list or not all(isinstance(p2p, P2POp) for p2p in p2p_op_list):
         raise InvalidArgumentError(f"batch_isend_irecv: argument 'p2p_op_list' expected a non-empty list of P2POp, received {p2p_op_list!r}")
-    works = []
-    for p2p in p2p_op_list:
-        peer_kwargs = {"group_dst" if p2p.op is isend else "group_src": p2p.group_peer}
-        work = p2p.op(p2p.tensor, p2p.peer, p2p.group, p2p.tag, **peer_kwargs)
-        if work is not None:
-            works.append(work)
-    return works
+    prepared = [_prepare_op(p2p) for p2p in p2p_op_list]
+    members = [entry for entry in prepared if entry is not None]
+    if not members:
+        return []
+    backends = {id(entry.call.backend) for entry in members}
+    if len(backends) == 1:
+        works = members[0].call.backend.batch_p2p([entry.request for entry in members])
+    else:
+        works = [GenericCollectives.batch_p2p(entry.call.backend, [entry.request])[0] for entry in members]
+    return [_with_copy_back(work, entry.copy_back) for work, entry in zip(works, members)]
+
+
+def _prepare_op(p2p: P2POp) -> _Prepared | None:
+    kind = "send" if p2p.op is isend else "recv"
+    if kind == "recv" and p2p.peer is None and p2p.group_peer is None:
+        raise InvalidArgumentError("batch_isend_irecv: argument 'peer' expected a rank for every irecv, received None")
+    return _prepare(kind, p2p.tensor, p2p.peer, p2p.group, p2p.tag, p2p.group_peer)
+
+
+def _prepare(kind: str, tensor: Any, peer: int | None, group: Any, tag: int, group_peer: int | None) -> _Prepared | None:
+    call = begin(kind, group, check.first_device(kind, "tensor", tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    copy_back: list = []
+    buffer = tensor.contiguous() if kind == "send" else contiguous(tensor, copy_back)
+    arg = "dst" if kind == "send" else "src"
+    if kind == "recv" and peer is None and group_peer is None:
+        if not call.backend.capabilities.recv_any_source:
+            raise invalid_argument("recv", "src", f"a rank (backend '{call.backend.name}' cannot receive from any source)", None, call.rank)
+        return _Prepared(call, P2PRequest(kind, buffer, -1, tag), copy_back)
+    return _Prepared(call, P2PRequest(kind, buffer, _peer(call, arg, peer, group_peer), tag), copy_back)
+
+
+def _with_copy_back(work: Work, copy_back: list) -> Work:
+    if not copy_back:
+        return work
+    return work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
 
 
 def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
@@ -140,7 +179,3 @@ def _peer(call: Any, arg: str, global_rank: int | None, group_rank: int | None) 
             raise invalid_argument(call.op, f"group_{arg}", f"another group rank in [0, {call.group.size()})", group_rank, call.rank)
         return group_rank
     return check.check_peer(call, arg, global_rank, allow_self=False)
-
-
-def _timeout(group: Any) -> timedelta:
-    return resolve_group("send/recv", group).timeout

@@ -8,8 +8,10 @@ exits 1, so the parent can show the traceback of every failing rank.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -28,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if info is None:
         raise RuntimeError("commlayer.testing._worker: no launcher variables (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK...) found")
     results.mark_started(info.rank, os.getpid())
+    # When the harness stops a hung or bystander rank (SIGTERM), its Python stacks go to stderr
+    # first, so the report shows where each rank was stuck.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     try:
         _run(options.target, tuple(options.args), options.backend)
     except SystemExit as request:
