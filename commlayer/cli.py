@@ -1,4 +1,4 @@
-"""The ``commlayer`` command: ``commlayer run`` launches local ranks, ``commlayer bench`` benchmarks.
+"""The ``commlayer`` command: ``run`` launches local ranks, ``bench`` benchmarks, ``backends`` lists.
 
 ``commlayer bench`` lives in :mod:`commlayer.bench.cli` (``add_arguments(parser)`` and
 ``main(args) -> int``); it is imported only when that subcommand is asked for, so ``run`` works
@@ -36,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exit_status(exit_request.code)
     if args.command == "run":
         return _run(args)
+    if args.command == "backends":
+        return _list_backends()
     if args.command == "bench" and bench_cli is not None:
         return int(bench_cli.main(args) or 0)
     parser.print_help(sys.stderr)
@@ -44,11 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="commlayer", description="commlayer: pluggable communication backends for PyTorch.")
-    commands = parser.add_subparsers(dest="command", metavar="{run,bench}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends}")
     _add_run_arguments(commands.add_parser("run", help="launch N local ranks of a Python script or module"))
     bench = commands.add_parser("bench", help="run the collective benchmarks (commlayer.bench)")
     if bench_cli is not None:  # imported only when `bench` was asked for
         bench_cli.add_arguments(bench)
+    commands.add_parser("backends", help="list installed backends and whether each can run here")
     return parser
 
 
@@ -83,6 +86,17 @@ def _run(args: argparse.Namespace) -> int:
     if summary is not None:
         print(summary, file=sys.stderr, flush=True)
     return result.exit_code
+
+
+def _list_backends() -> int:
+    from .registry import list_backends  # imports torch: only this subcommand pays for it
+
+    for info in list_backends():
+        status = info.availability
+        detail = "available" if status else f"unavailable: {status.reason}"
+        hint = f" (install: {status.install_hint})" if status.install_hint and not status else ""
+        print(f"{info.name:<8} {detail}{hint}    [{info.origin}]")
+    return 0
 
 
 def _load_bench() -> tuple[ModuleType | None, str | None]:
