@@ -85,6 +85,7 @@ class _Sweep:
         self.devices: list[tuple[str, str]] = []
 
     def run(self) -> SweepResult | None:
+        self._note_pinning()
         for backend in self.options.backends:
             group, device = self._open(backend)
             if group is None:
@@ -99,6 +100,17 @@ class _Sweep:
         if self.rank != 0:
             return None
         return SweepResult(tuple(self.records), tuple(self.notes), self.world_size, tuple(self.devices))
+
+    def _note_pinning(self) -> None:
+        """Say so when a launcher pinned this rank: helper threads (gloo's) then share its cores."""
+        allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        cores = os.cpu_count() or 1
+        if allowed is not None and allowed < cores:
+            self.notes.append(
+                f"rank {self.rank} is pinned to {allowed} of {cores} cores (launcher binding); backends that "
+                "progress on helper threads (gloo) slow down most: compare with binding off too "
+                "(Open MPI: --bind-to none, Intel MPI: I_MPI_PIN=0)"
+            )
 
     # --- one backend -----------------------------------------------------------------------
 
