@@ -58,9 +58,9 @@ def _plot_op(row: Any, records: list[BenchRecord], op: str, colours: dict[str, s
 
 def _plot_barrier(row: Any, records: list[BenchRecord], colours: dict[str, str]) -> None:
     bars, unused = row
-    bars.bar([r.backend for r in records], [r.time_us for r in records], color=[colours[r.backend] for r in records])
+    drawn = bars.bar([r.backend for r in records], [r.time_us for r in records], color=[colours[r.backend] for r in records])
+    bars.bar_label(drawn, fmt="%.1f", fontsize="small")
     bars.set_title("barrier: time per op (us)", fontsize="medium")
-    bars.set_yscale("log")
     bars.set_axisbelow(True)
     bars.grid(True, axis="y", which="major", alpha=0.3)
     unused.axis("off")
