@@ -51,11 +51,11 @@ def ns_per_call(variants: dict[str, Callable[[], object]], calls: int, rounds: i
 def measure_launch(calls: int, rounds: int) -> dict[str, float]:
     call = _dispatch.begin("all_reduce", None, torch.device("cpu"))
     assert call is not None
-    done, tensor, timeout = CompletedWork(), torch.ones(1), call.group.timeout
+    done, tensor = CompletedWork(), torch.ones(1)
     start = lambda backend: done  # noqa: E731 - the op itself is not what is measured
     launch = _dispatch.launch
     variants = {
-        "backend call + wait": lambda: start(call.backend).wait(timeout),
+        "backend call + wait": lambda: start(call.backend).wait(),
         "launch, logger disabled": lambda: launch(call, start, async_op=False, payload=tensor),
     }
     results = ns_per_call(variants, calls, rounds)
