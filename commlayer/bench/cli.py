@@ -11,6 +11,7 @@ Two ways to run it:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -83,6 +84,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = _options(args)
         check_values_exact(options.torch_dtype, _world_size(args))
+        if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib: pip install 'commlayer[bench]'")
     except ValueError as error:
         print(f"commlayer bench: {error}", file=sys.stderr)
         return 2
