@@ -70,22 +70,26 @@ _COMBINERS: dict[ReduceOp, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 
 @dataclass(frozen=True)
 class MpiTypes:
-    """The MPI datatype of every dtype and the MPI op of every (dtype, ReduceOp) pair."""
+    """The MPI datatype of every dtype and the MPI op of every (ReduceOp, dtype) pair.
+
+    ``reductions[op][dtype]``: nested rather than keyed by a tuple, which saves building and
+    hashing a tuple on every call of the hot path.
+    """
 
     datatypes: dict[torch.dtype, Any]
-    reductions: dict[tuple[torch.dtype, ReduceOp], Any]
+    reductions: dict[ReduceOp, dict[torch.dtype, Any]]
 
     @classmethod
     def build(cls, mpi: ModuleType) -> MpiTypes:
         datatypes = {dtype: getattr(mpi, name) for dtype, name in _NATIVE_DATATYPE_NAMES.items()}
-        reductions: dict[tuple[torch.dtype, ReduceOp], Any] = {}
+        reductions: dict[ReduceOp, dict[torch.dtype, Any]] = {op: {} for op in ReduceOp}
         for dtype in datatypes:
             for op in ReduceOp:
                 mpi_op = _mpi_op(mpi, dtype, op) if op is not ReduceOp.AVG else None
                 if mpi_op is not None:
-                    reductions[(dtype, op)] = mpi_op
+                    reductions[op][dtype] = mpi_op
             if dtype.is_floating_point:
-                reductions[(dtype, ReduceOp.AVG)] = reductions[(dtype, ReduceOp.SUM)]  # then divide
+                reductions[ReduceOp.AVG][dtype] = reductions[ReduceOp.SUM][dtype]  # then divide
         return cls(datatypes, reductions)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from commlayer.errors import CommTimeoutError
 from commlayer.work import Work
 
-__all__ = ["MpiWork", "StagedWork"]
+__all__ = ["MpiWork", "StagedWork", "WaitLimit"]
 
 # How many MPI_Test calls run between two deadline checks, and after how many the spin starts
 # yielding the core: MPI_Test also drives the progress of non-blocking collectives, so the wait
@@ -21,18 +22,30 @@ _POLLS_PER_CLOCK_CHECK = 32
 _POLLS_BEFORE_YIELDING = 4096
 
 
+@dataclass(frozen=True)
+class WaitLimit:
+    """What an untimed wait on one communicator may take, and who is waiting (for messages)."""
+
+    group_timeout_s: float
+    rank: int  # global rank
+
+
 class MpiWork(Work):
     """An MPI request in flight.
 
-    ``wait()`` without a timeout is MPI_Wait; with one (the facade always passes the group's),
-    it polls MPI_Test until the deadline, since MPI waits have none. ``keep_alive`` holds every
-    buffer MPI may still read or write -- they are views of tensor memory, not owners -- until
-    completion; ``epilogue`` runs once after it (copy out, AVG's division).
+    MPI's own waits have no deadline, so every wait polls MPI_Test until one: the caller's
+    timeout, else the group's. The group's timeout passing means a peer never joined the op;
+    MPI cannot cancel a started collective, so the error says to end the job (uncaught, it does:
+    see ``_runtime``). ``keep_alive`` holds every buffer MPI may still read or write -- they are
+    views of tensor memory, not owners -- until completion; ``epilogue`` runs once after it
+    (copy out, AVG's division).
     """
 
     def __init__(
         self,
         request: Any,
+        op: str,
+        limit: WaitLimit,
         result: Sequence[torch.Tensor],
         keep_alive: Sequence[Any] = (),
         epilogue: Callable[[], None] | None = None,
@@ -40,6 +53,8 @@ class MpiWork(Work):
     ) -> None:
         super().__init__(result)
         self._request = request
+        self._op = op
+        self._limit = limit
         self._keep_alive = keep_alive
         self._epilogue = epilogue
         self._status = status
@@ -51,20 +66,28 @@ class MpiWork(Work):
             return bool(self._request.Test(self._status))
 
     def _block(self, timeout_s: float | None) -> bool:
-        if timeout_s is None:
-            with self._request_lock:
-                self._request.Wait(self._status)
+        if self._test():
             return True
-        deadline = time.monotonic() + timeout_s
+        limit = self._limit.group_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
         polls = 0
         while not self._test():
             polls += 1
             if polls % _POLLS_PER_CLOCK_CHECK == 0:
                 if time.monotonic() >= deadline:
-                    return False
+                    return self._expired(limit, caller_chose=timeout_s is not None)
                 if polls >= _POLLS_BEFORE_YIELDING:
                     os.sched_yield()
         return True
+
+    def _expired(self, limit: float, caller_chose: bool) -> bool:
+        if caller_chose and limit < self._limit.group_timeout_s:
+            return False  # the caller's shorter wait: the op stays pending and can be waited for again
+        raise CommTimeoutError(
+            f"{self._op}: the MPI operation did not complete within the group's timeout of {limit:g} s "
+            f"(rank {self._limit.rank}); a peer failed or did not call the same op in the same order. "
+            "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
+        )
 
     def _on_complete(self) -> None:
         self._keep_alive = ()

@@ -31,7 +31,7 @@ from commlayer.work import CompletedWork, Work
 from . import _cuda
 from ._datatypes import MpiTypes
 from ._runtime import INSTALL_HINT, MpiLoadError, library_version, load_mpi, mpi4py_missing_reason
-from ._work import MpiWork, StagedWork
+from ._work import MpiWork, StagedWork, WaitLimit
 
 __all__ = ["MpiBackend"]
 
@@ -40,6 +40,8 @@ log = logging.getLogger("commlayer.backends.mpi")
 # Proposed facade hint: True while the facade launches an op it will wait for at once. Without it
 # every op takes the non-blocking path, which is correct, only slower on some libraries.
 _is_blocking_call: Callable[[], bool] = getattr(contract, "is_blocking_call", lambda: False)
+
+_AVG = ReduceOp.AVG
 
 # Which positional arguments of each op are written, for staging CUDA tensors through the host.
 _OUTPUT_ARGUMENTS = {
@@ -60,12 +62,13 @@ class MpiBackend(Backend):
         super().__init__(spec)
         self._comm = comm
         self._mpi = mpi
-        self._types = _types_of(mpi)
-        self._datatypes = self._types.datatypes
+        types = _types_of(mpi)
+        self._datatypes, self._reductions = types.datatypes, types.reductions
         self._cuda_aware = cuda_aware
         self._tag_upper_bound = int(comm.Get_attr(mpi.TAG_UB))
         self._in_place = mpi.IN_PLACE
         self._from_address = mpi.buffer.fromaddress
+        self._limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -108,12 +111,12 @@ class MpiBackend(Backend):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("all_reduce", tensor, op)
-        message, mpi_op = self._message(tensor), self._types.reductions[(tensor.dtype, op)]
+        message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         average = self._averaging(tensor, op)
         if _is_blocking_call():
             self._comm.Allreduce(self._in_place, message, mpi_op)
             return _completed([tensor], average)
-        return MpiWork(self._comm.Iallreduce(self._in_place, message, mpi_op), [tensor], (tensor,), average)
+        return MpiWork(self._comm.Iallreduce(self._in_place, message, mpi_op), "all_reduce", self._limit, [tensor], (tensor,), average)
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -122,7 +125,7 @@ class MpiBackend(Backend):
         if _is_blocking_call():
             self._comm.Allgather(mine, gathered)
             return CompletedWork([output])
-        return MpiWork(self._comm.Iallgather(mine, gathered), [output], (tensor, output))
+        return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather_into_tensor", self._limit, [output], (tensor, output))
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -131,25 +134,25 @@ class MpiBackend(Backend):
         if _is_blocking_call():
             self._comm.Bcast(message, root)
             return CompletedWork([tensor])
-        return MpiWork(self._comm.Ibcast(message, root), [tensor], (tensor,))
+        return MpiWork(self._comm.Ibcast(message, root), "broadcast", self._limit, [tensor], (tensor,))
 
     def barrier(self) -> Work:
         if _is_blocking_call():
             self._comm.Barrier()
             return CompletedWork()
-        return MpiWork(self._comm.Ibarrier(), ())
+        return MpiWork(self._comm.Ibarrier(), "barrier", self._limit, ())
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         self._check_tag("send", tag)
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("send", tensor, dst, tag)
-        return MpiWork(self._comm.Isend(self._message(tensor), dst, tag), (), (tensor,))
+        return MpiWork(self._comm.Isend(self._message(tensor), dst, tag), "send", self._limit, (), (tensor,))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         self._check_tag("recv", tag)
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("recv", tensor, src, tag)
-        return MpiWork(self._comm.Irecv(self._message(tensor), src, tag), [tensor], (tensor,))
+        return MpiWork(self._comm.Irecv(self._message(tensor), src, tag), "recv", self._limit, [tensor], (tensor,))
 
     def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
         self._check_tag("recv", tag)
@@ -157,32 +160,32 @@ class MpiBackend(Backend):
             return self._via_host("recv_any", tensor, tag)
         status = self._mpi.Status()
         request = self._comm.Irecv(self._message(tensor), self._mpi.ANY_SOURCE, tag)
-        return MpiWork(request, [tensor], (tensor,), status=status)
+        return MpiWork(request, "recv", self._limit, [tensor], (tensor,), status=status)
 
     # --- native versions of the fallbacks -------------------------------------------------
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("reduce", tensor, root, op)
-        message, mpi_op = self._message(tensor), self._types.reductions[(tensor.dtype, op)]
+        message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         # The root reduces in place; the others only send (MPI ignores their receive buffer).
         send, receive = (self._in_place, message) if self.rank == root else (message, None)
         average = self._averaging(tensor, op) if self.rank == root else None
         if _is_blocking_call():
             self._comm.Reduce(send, receive, mpi_op, root)
             return _completed([tensor], average)
-        return MpiWork(self._comm.Ireduce(send, receive, mpi_op, root), [tensor], (tensor,), average)
+        return MpiWork(self._comm.Ireduce(send, receive, mpi_op, root), "reduce", self._limit, [tensor], (tensor,), average)
 
     def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("reduce_scatter_tensor", output, tensor, op)
         send, receive = self._message(tensor), self._message(output)
-        mpi_op, average = self._types.reductions[(tensor.dtype, op)], self._averaging(output, op)
+        mpi_op, average = self._reductions[op][tensor.dtype], self._averaging(output, op)
         if _is_blocking_call():
             self._comm.Reduce_scatter_block(send, receive, mpi_op)
             return _completed([output], average)
         request = self._comm.Ireduce_scatter_block(send, receive, mpi_op)
-        return MpiWork(request, [output], (tensor, output), average)
+        return MpiWork(request, "reduce_scatter_tensor", self._limit, [output], (tensor, output), average)
 
     def all_to_all_single(
         self,
@@ -203,7 +206,7 @@ class MpiBackend(Backend):
         if _is_blocking_call():
             blocking(send, receive)
             return CompletedWork([output])
-        return MpiWork(nonblocking(send, receive), [output], (tensor, output))
+        return MpiWork(nonblocking(send, receive), "all_to_all_single", self._limit, [output], (tensor, output))
 
     def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
         if inputs[0].is_cuda and not self._cuda_aware:
@@ -217,7 +220,7 @@ class MpiBackend(Backend):
         if _is_blocking_call():
             self._comm.Alltoallv(send, receive)
             return _completed(outputs, unpack)
-        return MpiWork(self._comm.Ialltoallv(send, receive), outputs, (packed, landing), unpack)
+        return MpiWork(self._comm.Ialltoallv(send, receive), "all_to_all", self._limit, outputs, (packed, landing), unpack)
 
     def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -229,7 +232,7 @@ class MpiBackend(Backend):
             self._comm.Gather(self._message(tensor), receive, root)
             return _completed(outputs or (), unpack)
         request = self._comm.Igather(self._message(tensor), receive, root)
-        return MpiWork(request, outputs or (), (tensor, landing), unpack)
+        return MpiWork(request, "gather", self._limit, outputs or (), (tensor, landing), unpack)
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Work:
         if output.is_cuda and not self._cuda_aware:
@@ -239,7 +242,7 @@ class MpiBackend(Backend):
         if _is_blocking_call():
             self._comm.Scatter(send, self._message(output), root)
             return CompletedWork([output])
-        return MpiWork(self._comm.Iscatter(send, self._message(output), root), [output], (packed, output))
+        return MpiWork(self._comm.Iscatter(send, self._message(output), root), "scatter", self._limit, [output], (packed, output))
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -247,14 +250,14 @@ class MpiBackend(Backend):
         """``[buffer, datatype]`` (or ``[buffer, (counts, displacements), datatype]``) over the tensor's memory."""
         if tensor.is_cuda:
             _cuda.synchronize_producers(tensor)
-        memory = self._from_address(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        memory = self._from_address(tensor.data_ptr(), tensor.nbytes)
         if layout is None:
             return [memory, self._datatypes[tensor.dtype]]
         return [memory, layout, self._datatypes[tensor.dtype]]
 
     def _averaging(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], Any] | None:
         """AVG is SUM on the wire, then this division of the result."""
-        if op is not ReduceOp.AVG:
+        if op is not _AVG:
             return None
         return functools.partial(tensor.div_, self.size)
 

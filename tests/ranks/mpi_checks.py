@@ -34,6 +34,7 @@ def main(*options: str) -> None:
     assert backend.library, "the backend reports its MPI library"
     check_tag_range_is_validated()
     check_wait_with_timeout_then_completion()
+    check_untimed_wait_ends_at_the_group_timeout()
     check_futures_and_many_ops_in_flight()
     check_sixteen_bit_floats_over_a_large_buffer()
     check_receive_from_any_source_in_a_subgroup()
@@ -74,6 +75,27 @@ def check_wait_with_timeout_then_completion() -> None:
     if rank == 0:
         assert work.wait() and work.is_completed()
         assert torch.equal(incoming, _distinct(world - 1, 5, torch.int64)), incoming
+
+
+def check_untimed_wait_ends_at_the_group_timeout() -> None:
+    """MPI waits have no deadline: an untimed wait in a group with a 1 s timeout must raise."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    quick = dist.new_group(list(range(world)), timeout=timedelta(seconds=1))
+    if rank == 0:
+        incoming = torch.zeros(3, dtype=torch.int64)
+        work = dist.irecv(incoming, src=1, group=quick, tag=_TIMEOUT_TAG)
+        try:
+            work.wait()
+        except CommTimeoutError as error:
+            assert "recv: the MPI operation did not complete within the group's timeout of 1 s (rank 0)" in str(error), str(error)
+        else:
+            raise AssertionError("an unmatched receive completed")
+    dist.barrier()
+    if rank == 1:
+        dist.send(_distinct(1, 3, torch.int64), dst=0, group=quick, tag=_TIMEOUT_TAG)
+    if rank == 0:
+        assert work.wait() and torch.equal(incoming, _distinct(1, 3, torch.int64)), incoming
+    dist.destroy_process_group(quick)
 
 
 def check_futures_and_many_ops_in_flight() -> None:
