@@ -38,6 +38,7 @@ def main(*options: str) -> None:
     check_futures_and_many_ops_in_flight()
     check_sixteen_bit_floats_over_a_large_buffer()
     check_receive_from_any_source_in_a_subgroup()
+    check_host_staging_plumbing()
     check_discovery_layout()
     if "blocking" in options:
         check_compatibility_suite_with_blocking_calls()
@@ -145,6 +146,26 @@ def check_receive_from_any_source_in_a_subgroup() -> None:
         assert torch.equal(incoming, _distinct(members[-1], 4, torch.int64)), incoming
     else:
         dist.send(_distinct(rank, 4, torch.int64), dst=members[0], group=group, tag=_ANY_SOURCE_TAG)
+
+
+def check_host_staging_plumbing() -> None:
+    """The CUDA staging path (argument routing, copy-back, results) run on host tensors.
+
+    Without a GPU here, the staged copies are the tensors themselves; tests/ranks/mpi_cuda.py
+    runs the real device path on a GPU machine.
+    """
+    backend = dist.group.WORLD.primary_backend
+    rank, world = dist.get_rank(), dist.get_world_size()
+    summed = _distinct(rank, 4, torch.float64)
+    work = backend._via_host("all_reduce", summed, dist.ReduceOp.SUM)
+    assert work.wait() and work.result() == [summed]
+    assert torch.equal(summed, sum(_distinct(peer, 4, torch.float64) for peer in range(world))), summed
+    root = world - 1
+    slots = [torch.zeros(2, dtype=torch.int64) for _ in range(world)] if rank == root else None
+    work = backend._via_host("gather", _distinct(rank, 2, torch.int64), slots, root)
+    assert work.wait() and work.result() == (slots or [])
+    if rank == root:
+        assert all(torch.equal(slot, _distinct(peer, 2, torch.int64)) for peer, slot in enumerate(slots)), slots
 
 
 def check_compatibility_suite_with_blocking_calls() -> None:
