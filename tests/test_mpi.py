@@ -6,15 +6,17 @@ mpirun (a real two-rank local world) failing with instructions.
 """
 from __future__ import annotations
 
+import doctest
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 from commlayer import dist, list_backends
-from commlayer.backends.mpi import MpiBackend
-from commlayer.backends.mpi._runtime import choose_library, launcher_family, library_candidates
+from commlayer.backends.mpi import MpiBackend, _runtime, discovery
+from commlayer.backends.mpi._runtime import choose_library, launcher_family, library_candidates, mpi4py_version_problem
 from commlayer.backends.mpi.backend import _counts_and_displacements, _layout
 from commlayer.backends.mpi.discovery import local_layout, master_address
 from commlayer.errors import BackendUnavailableError
@@ -61,6 +63,11 @@ def test_library_choice_is_left_alone(tmp_path: Path) -> None:
     assert choose_library(HYDRA_ENV, prefixes) is None  # no libmpi.so.12 on disk
 
 
+def test_mpi4py_3_is_refused_with_the_version_needed() -> None:
+    assert mpi4py_version_problem("3.1.6") == "mpi4py 3.1.6 is too old (commlayer needs mpi4py >= 4.0)"
+    assert mpi4py_version_problem("4.0.0") is None and mpi4py_version_problem("5.0.dev0") is None
+
+
 def test_local_layout_counts_ranks_per_host() -> None:
     hosts = ["a", "b", "a", "b", "a"]
     assert [local_layout(hosts, rank) for rank in range(5)] == [(0, 3), (0, 2), (1, 3), (1, 2), (2, 3)]
@@ -85,6 +92,11 @@ def test_all_to_all_layouts() -> None:
     assert _counts_and_displacements(rows, [1, 2, 3], 3) == ([4, 8, 12], [0, 4, 12])
     assert _counts_and_displacements(rows, None, 3) == ([8, 8, 8], [0, 8, 16])
     assert _counts_and_displacements(torch.zeros(0, 4), [0, 0], 2) == ([0, 0], [0, 0])
+
+
+@pytest.mark.parametrize("module", [_runtime, discovery], ids=lambda module: module.__name__)
+def test_docstring_examples(module: ModuleType) -> None:
+    assert doctest.testmod(module).failed == 0
 
 
 # --- wiring ------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
-from commlayer.testing import mpirun_plan, mpirun_unavailable_reason, require_mpirun, run_world
+from commlayer.launcher import LaunchResult, ProcessSpec, SuperviseOptions, supervise
+from commlayer.testing import MpirunPlan, mpirun_plan, mpirun_unavailable_reason, require_mpirun, run_world
 
 REPO = Path(__file__).resolve().parent.parent
 PAIRS = {"default": {}, "openmpi": {"COMMLAYER_MPI": "openmpi"}}
@@ -54,6 +54,17 @@ def test_gloo_runs_a_job_rendezvoused_over_mpi() -> None:
     run_world("tests.ranks.mpi_checks:gloo_through_mpi_discovery", 3, backend=None, launcher="mpirun", timeout=180)
 
 
+@pytest.mark.parametrize("backend", ["mpi", ""])
+def test_torch_script_runs_unchanged_under_mpirun(backend: str) -> None:
+    """``mpirun -n 3 python examples/allreduce.py``: on the mpi backend, and with backend=None (gloo)."""
+    require_mpirun()
+    plan = mpirun_plan(3, {**os.environ, "COMMLAYER_BACKEND": backend})
+    result = _run_under_mpirun(plan, (sys.executable, str(REPO / "examples" / "allreduce.py")), plan.env)
+    output = "\n".join(result.outcomes[0].output_tail)
+    assert result.exit_code == 0, output
+    assert output.count(f"on {backend or 'gloo'}: all_reduce -> [300.0, 303.0, 306.0, 309.0] (correct)") == 3, output
+
+
 @pytest.mark.parametrize(
     ("pair", "mode", "backend"),
     [("default", "raise", "mpi"), ("default", "raise", "gloo"), ("default", "kill", "mpi"), ("openmpi", "raise", "mpi")],
@@ -62,9 +73,7 @@ def test_a_dead_rank_ends_the_job(pair: str, mode: str, backend: str) -> None:
     """Rank 1 dies while rank 0 loops on all_reduce; mpirun itself must end the job, non-zero."""
     pair_env = _usable_pair(pair)
     plan = mpirun_plan(2, {**os.environ, **pair_env, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
-    command = (*plan.argv, sys.executable, "-m", "tests.ranks.mpi_death", mode, backend)
-    options = SuperviseOptions(timeout=120, echo=False, forward_signals=False, kill_grace=1.0, tail_lines=60)
-    result = supervise([ProcessSpec("mpirun", command, plan.env)], options)
+    result = _run_under_mpirun(plan, (sys.executable, "-m", "tests.ranks.mpi_death", mode, backend), plan.env)
     output = "\n".join(result.outcomes[0].output_tail)
     assert not result.timed_out, f"the job hung after rank 1 died ({mode}, {backend}):\n{output}"
     assert result.outcomes[0].exit_code != 0, output
@@ -81,9 +90,14 @@ def test_launcher_and_library_of_different_mpis_are_reported() -> None:
     plan = mpirun_plan(2, {**os.environ, **PAIRS["openmpi"], "PYTHONPATH": str(REPO)})
     script = "from commlayer import dist; dist.init_process_group()"
     env = {**plan.env, "MPI4PY_LIBMPI": str(hydra_library)}
-    options = SuperviseOptions(timeout=120, echo=False, forward_signals=False, kill_grace=1.0, tail_lines=80)
-    result = supervise([ProcessSpec("mpirun", (*plan.argv, sys.executable, "-c", script), env)], options)
+    result = _run_under_mpirun(plan, (sys.executable, "-c", script), env)
     output = "\n".join(result.outcomes[0].output_tail)
     assert not result.timed_out and result.outcomes[0].exit_code != 0, output
     assert "launcher and library belong to different MPI implementations" in output, output
     assert "MPI4PY_LIBMPI" in output, output
+
+
+def _run_under_mpirun(plan: MpirunPlan, program: tuple[str, ...], env: Mapping[str, str]) -> LaunchResult:
+    """mpirun itself, watched only by a timeout: whether the job ends is what these tests check."""
+    options = SuperviseOptions(timeout=120, echo=False, forward_signals=False, kill_grace=1.0, tail_lines=80)
+    return supervise([ProcessSpec("mpirun", (*plan.argv, *program), env)], options)

@@ -17,6 +17,7 @@ mpi4py's default), so nothing here runs at ``import commlayer``.
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -37,6 +38,7 @@ __all__ = [
     "library_version",
     "load_mpi",
     "mpi4py_missing_reason",
+    "mpi4py_version_problem",
 ]
 
 log = logging.getLogger("commlayer.backends.mpi")
@@ -46,6 +48,7 @@ INSTALL_HINT = (
     "or mpich), or your cluster's MPI module"
 )
 
+_MPI4PY_MAJOR = 4
 _SONAME_BY_FAMILY = {"openmpi": "libmpi.so.40", "hydra": "libmpi.so.12"}
 _USER_CHOICE_VARIABLES = ("MPI4PY_LIBMPI", "MPI4PY_MPIABI")
 
@@ -58,12 +61,36 @@ class MpiLoadError(RuntimeError):
 
 
 def mpi4py_missing_reason() -> str | None:
-    """Why mpi4py cannot be imported, without importing it (importing MPI initialises MPI)."""
+    """Why mpi4py cannot be used, without importing it (importing MPI initialises MPI).
+
+    mpi4py 4 is needed: its ``MPI.buffer.fromaddress`` gives zero-copy views of tensor memory,
+    and its wheels choose the MPI library at run time.
+    """
     try:
         found = importlib.util.find_spec("mpi4py") is not None
     except (ImportError, ValueError):
         found = False
-    return None if found else "mpi4py is not installed"
+    if not found:
+        return "mpi4py is not installed"
+    try:
+        version = importlib.metadata.version("mpi4py")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # importable but unregistered (a source tree on sys.path): let the import decide
+    return mpi4py_version_problem(version)
+
+
+def mpi4py_version_problem(version: str) -> str | None:
+    """Why this mpi4py version cannot serve the backend, or None.
+
+    >>> mpi4py_version_problem("3.1.6")
+    'mpi4py 3.1.6 is too old (commlayer needs mpi4py >= 4.0)'
+    >>> mpi4py_version_problem("4.1.2") is None
+    True
+    """
+    major = version.split(".", 1)[0]
+    if major.isdigit() and int(major) < _MPI4PY_MAJOR:
+        return f"mpi4py {version} is too old (commlayer needs mpi4py >= {_MPI4PY_MAJOR}.0)"
+    return None
 
 
 def launcher_family(environ: Mapping[str, str]) -> str | None:

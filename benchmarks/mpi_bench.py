@@ -1,0 +1,280 @@
+"""commlayer's mpi backend against raw mpi4py, and against torch's gloo, in the same mpirun job.
+
+One command launches every job (world sizes x MPI launcher/library pairs) and prints the tables::
+
+    python benchmarks/mpi_bench.py --world-sizes 2,4 --pairs default,openmpi --out benchmarks/results
+
+Each job runs this file under mpirun (the pair's launcher, from commlayer.testing.mpirun_plan) and
+measures, for all_reduce (SUM, float32, in place), all_gather (into one tensor) and broadcast, at
+8 B .. 64 MiB per rank, interleaved round by round so drift hits every variant alike:
+
+    raw      mpi4py Allreduce / Allgather / Bcast on numpy buffers (the reference)
+    mpi      commlayer.dist on the mpi backend, CPU tensors (what a user calls)
+    mpi+hint the same with the facade's proposed "caller waits at once" hint, i.e. blocking MPI
+             calls; only measured while the facade lacks commlayer.backend.is_blocking_call
+    gloo     torch.distributed on gloo, rendezvoused in the same job
+
+Times are the slowest rank's, per op, in the best of the rounds (load from other processes on a
+shared host only ever adds time); the JSON also keeps the median. Before timing, each variant's
+result is checked exactly once per op and size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+from unittest import mock
+
+REPO = Path(__file__).resolve().parent.parent
+SIZES = [8 << (2 * step) for step in range(12)] + [1 << 20, 64 << 20]  # 8 B, 32 B, ... 32 MiB, 1 MiB, 64 MiB
+OPS = ("all_reduce", "all_gather", "broadcast")
+PAIRS = {"default": {}, "openmpi": {"COMMLAYER_MPI": "openmpi"}}
+HINT = "commlayer.backends.mpi.backend._is_blocking_call"
+
+
+@dataclass(frozen=True)
+class Record:
+    op: str
+    nbytes: int  # per rank: the reduced, contributed or broadcast buffer
+    variant: str
+    seconds: float  # per op, slowest rank, best round (other load on the host only adds time)
+    median_seconds: float  # the same, median over rounds
+    world_size: int
+    library: str
+
+
+# --- inside one mpirun job -------------------------------------------------------------------
+
+
+def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
+    import numpy as np
+    import torch
+    import torch.distributed as torch_dist
+    from mpi4py import MPI
+
+    import commlayer.backend
+    from commlayer import dist
+
+    dist.init_process_group("mpi", timeout=timedelta(minutes=10))
+    comm, backend = MPI.COMM_WORLD.Dup(), dist.group.WORLD.primary_backend
+    torch_dist.init_process_group("gloo", store=_gloo_store(comm), rank=comm.rank, world_size=comm.size)
+    with_hint = not hasattr(commlayer.backend, "is_blocking_call")
+    records = []
+    for nbytes in sorted(size for size in set(SIZES) if size <= max_bytes):
+        for op in OPS:
+            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, with_hint)
+            for name, (run, check) in cases.items():
+                with _hint(name):
+                    check()
+            samples = _measure(cases, comm, MPI, rounds, budget_s)
+            records += [
+                Record(op, nbytes, name, min(values), statistics.median(values), comm.size, backend.library)
+                for name, values in samples.items()
+            ]
+        if comm.rank == 0:
+            print(f"# done {nbytes} B", file=sys.stderr, flush=True)
+    torch_dist.destroy_process_group()
+    dist.destroy_process_group()
+    return records
+
+
+def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, with_hint: bool) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+    """variant -> (one timed op, one exact check); every variant has its own buffers."""
+    count, size, rank = nbytes // 4, comm.size, comm.rank
+    array, gathered = np.zeros(count, np.float32), np.zeros(count * size, np.float32)
+    tensors = {name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi+hint", "gloo")}
+    facade = {
+        "all_reduce": lambda t, out: dist.all_reduce(t),
+        "all_gather": lambda t, out: dist.all_gather_into_tensor(out, t),
+        "broadcast": lambda t, out: dist.broadcast(t, src=0),
+    }[op]
+    gloo = {
+        "all_reduce": lambda t, out: torch_dist.all_reduce(t),
+        "all_gather": lambda t, out: getattr(torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor)(out, t),
+        "broadcast": lambda t, out: torch_dist.broadcast(t, src=0),
+    }[op]
+    raw = {
+        "all_reduce": lambda: comm.Allreduce(mpi.IN_PLACE, array),
+        "all_gather": lambda: comm.Allgather(array, gathered),
+        "broadcast": lambda: comm.Bcast(array, 0),
+    }[op]
+    variants = {"raw": (raw, lambda: _check_numpy(op, array, gathered, raw, rank, size, np))}
+    for name, call in (("mpi", facade), ("mpi+hint", facade), ("gloo", gloo)):
+        if name == "mpi+hint" and not with_hint:
+            continue
+        tensor, out = tensors[name]
+        variants[name] = (lambda call=call, tensor=tensor, out=out: call(tensor, out), _torch_check(op, tensor, out, call, rank, size, torch))
+    return variants
+
+
+def _measure(cases: dict[str, Any], comm: Any, mpi: Any, rounds: int, budget_s: float) -> dict[str, list[float]]:
+    """Per variant, one time per round: seconds per op of the slowest rank."""
+    share = budget_s / (rounds * len(cases))
+    iterations = {}
+    for name, (run, _check) in cases.items():
+        with _hint(name):
+            iterations[name] = _iterations(run, comm, mpi, share)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, (run, _check) in cases.items():
+            with _hint(name):
+                comm.Barrier()
+                start = time.perf_counter()
+                for _ in range(iterations[name]):
+                    run()
+                elapsed = (time.perf_counter() - start) / iterations[name]
+            samples[name].append(comm.allreduce(elapsed, op=mpi.MAX))
+    return samples
+
+
+def _iterations(run: Callable[[], Any], comm: Any, mpi: Any, budget_s: float) -> int:
+    """How many ops of this variant fit its budget, judged from the slowest rank; at least 3."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(3):
+        run()
+    once = comm.allreduce((time.perf_counter() - start) / 3, op=mpi.MAX)
+    return max(3, min(20_000, int(budget_s / max(once, 1e-7))))
+
+
+def _hint(variant: str) -> Any:
+    return mock.patch(HINT, lambda: True) if variant == "mpi+hint" else nullcontext()
+
+
+def _check_numpy(op: str, array: Any, gathered: Any, run: Callable[[], Any], rank: int, size: int, np: Any) -> None:
+    array[:] = np.arange(array.size, dtype=np.float32) % 97 + 1000 * rank
+    run()
+    _compare(op, array, gathered, rank, size, lambda expected: np.asarray(expected, dtype=np.float32), "raw")
+    array[:] = 0
+
+
+def _torch_check(op: str, tensor: Any, out: Any, call: Callable[..., Any], rank: int, size: int, torch: Any) -> Callable[[], None]:
+    def check() -> None:
+        tensor.copy_(torch.arange(tensor.numel(), dtype=torch.float32) % 97 + 1000 * rank)
+        call(tensor, out)
+        _compare(op, tensor.numpy(), out.numpy(), rank, size, lambda expected: expected, "torch")
+        tensor.zero_()
+
+    return check
+
+
+def _compare(op: str, mine: Any, gathered: Any, rank: int, size: int, convert: Callable[[Any], Any], who: str) -> None:
+    import numpy as np
+
+    base = np.arange(mine.size, dtype=np.float32) % 97
+    if op == "all_reduce":
+        expected, actual = base * size + 1000 * sum(range(size)), mine
+    elif op == "broadcast":
+        expected, actual = base, mine
+    else:
+        expected, actual = np.concatenate([base + 1000 * peer for peer in range(size)]), gathered
+    if not np.array_equal(actual, convert(expected)):
+        raise AssertionError(f"{who} {op} of {mine.size * 4} B on rank {rank}: wrong result")
+
+
+def _gloo_store(comm: Any) -> Any:
+    """A TCPStore for torch's gloo, at an address and port rank 0 picks and broadcasts over MPI."""
+    import torch.distributed as torch_dist
+
+    from commlayer.launcher import free_port
+
+    port = comm.bcast(free_port() if comm.rank == 0 else None, root=0)
+    return torch_dist.TCPStore("127.0.0.1", port, comm.size, is_master=comm.rank == 0, timeout=timedelta(minutes=5))
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+def launch_jobs(arguments: argparse.Namespace) -> list[Record]:
+    from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
+    from commlayer.testing import mpirun_plan
+
+    records: list[Record] = []
+    for pair in arguments.pairs.split(","):
+        for world_size in (int(size) for size in arguments.world_sizes.split(",")):
+            output = arguments.out / f"mpi_{pair}_{world_size}.json"
+            env = {**os.environ, **PAIRS[pair], "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+            plan = mpirun_plan(world_size, env)
+            job = (*plan.argv, sys.executable, __file__, "--job", str(output), "--rounds", str(arguments.rounds),
+                   "--budget", str(arguments.budget), "--max-bytes", str(arguments.max_bytes))
+            options = SuperviseOptions(timeout=arguments.timeout, echo=True, forward_signals=True, kill_grace=2.0)
+            result = supervise([ProcessSpec(f"mpirun {pair} x{world_size}", job, plan.env)], options)
+            if result.exit_code != 0:
+                raise SystemExit(f"mpi_bench: the {pair} job at {world_size} ranks failed ({result.summary('mpi_bench')})")
+            records += [Record(**row) for row in json.loads(output.read_text())["records"]]
+    return records
+
+
+def render(records: list[Record]) -> str:
+    """Markdown: one table per (library, world size); times in us, ratios against raw and gloo."""
+    lines = []
+    groups = sorted({(record.library, record.world_size) for record in records})
+    for library, world_size in groups:
+        chosen = [r for r in records if (r.library, r.world_size) == (library, world_size)]
+        table = {(r.op, r.nbytes, r.variant): r.seconds for r in chosen}
+        hinted = any(r.variant == "mpi+hint" for r in chosen)
+        lines += [f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op; raw/mpi = mpi's share of raw bandwidth)\n"]
+        header = "| op | bytes | raw | mpi | " + ("mpi+hint | " if hinted else "") + "gloo | raw/mpi | +us at mpi | " + ("raw/(mpi+hint) | " if hinted else "") + "gloo/mpi |"
+        lines += [header, "|" + "---|" * (header.count("|") - 1)]
+        for op in OPS:
+            for nbytes in sorted({r.nbytes for r in chosen if r.op == op}):
+                lines.append(_row(op, nbytes, table, hinted))
+    return "\n".join(lines)
+
+
+def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float], hinted: bool) -> str:
+    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi+hint", "gloo") if (op, nbytes, variant) in table}
+    cells = [op, _size(nbytes), f"{us['raw']:.1f}", f"{us['mpi']:.1f}"]
+    cells += [f"{us['mpi+hint']:.1f}"] if hinted else []
+    cells += [f"{us['gloo']:.1f}", f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
+    cells += [f"{us['raw'] / us['mpi+hint']:.2f}"] if hinted else []
+    cells += [f"{us['gloo'] / us['mpi']:.2f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def _machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--pairs", default="default,openmpi", help=f"launcher/library pairs: {', '.join(PAIRS)}")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=3.0, help="seconds per (op, size) across variants and rounds")
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per mpirun job")
+    parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)  # set when running inside mpirun
+    arguments = parser.parse_args()
+    if arguments.job is not None:
+        records = run_job(arguments.rounds, arguments.budget, arguments.max_bytes)
+        if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))) == 0:
+            payload = {"machine": _machine(), "records": [asdict(record) for record in records]}
+            arguments.job.write_text(json.dumps(payload, indent=1))
+        return
+    arguments.out.mkdir(parents=True, exist_ok=True)
+    records = launch_jobs(arguments)
+    print(f"machine: {_machine()}")
+    print(render(records))
+
+
+if __name__ == "__main__":
+    main()
