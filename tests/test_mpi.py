@@ -7,6 +7,8 @@ mpirun (a real two-rank local world) failing with instructions.
 from __future__ import annotations
 
 import doctest
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -111,6 +113,20 @@ def test_missing_mpi4py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     assert not listed["mpi"] and "commlayer[mpi]" in listed["mpi"].install_hint
     with pytest.raises(BackendUnavailableError, match=r"(?s)backend 'mpi' is not available.*mpi +unavailable: mpi4py is not installed; install: pip install 'commlayer\[mpi\]'"):
         dist.init_process_group("mpi")
+
+
+def test_plain_python_runs_a_world_of_one_on_mpi() -> None:
+    """``python script.py`` with init_process_group("mpi") and no launcher: an MPI singleton."""
+    script = (
+        "import torch; from commlayer import dist; dist.init_process_group('mpi'); "
+        "t = torch.arange(3.0); dist.all_reduce(t, op=dist.ReduceOp.AVG); w = dist.broadcast(t, src=0, async_op=True); "
+        "assert w.wait() and torch.equal(t, torch.arange(3.0)) and dist.get_world_size() == 1, t; "
+        "dist.destroy_process_group(); print('world of one ok')"
+    )
+    launcher_variables = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(launcher_variables)}
+    finished = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0 and "world of one ok" in finished.stdout, finished.stdout + finished.stderr
 
 
 @pytest.mark.multirank

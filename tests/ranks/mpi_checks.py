@@ -40,6 +40,7 @@ def main(*options: str) -> None:
     check_receive_from_any_source_in_a_subgroup()
     check_host_staging_plumbing()
     check_discovery_layout()
+    check_destroy_then_initialise_again()
     if "blocking" in options:
         check_compatibility_suite_with_blocking_calls()
 
@@ -185,6 +186,17 @@ def check_discovery_layout() -> None:
     found = exchange_master_address(info)
     assert found.master_addr == "127.0.0.1" and isinstance(found.master_port, int) and found.master_port > 0, found
     assert (found.local_rank, found.local_world_size) == (info.rank, info.world_size), found
+
+
+def check_destroy_then_initialise_again() -> None:
+    """MPI stays initialised across destroy_process_group; a new world duplicates COMM_WORLD again."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    dist.init_process_group("mpi")
+    tensor = _distinct(rank, 3, torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    assert torch.equal(tensor, _distinct(world - 1, 3, torch.int64)), tensor
 
 
 def gloo_through_mpi_discovery() -> None:
