@@ -158,7 +158,9 @@ class ZeroEngine:
             self.skipped_steps += 1
             log.info("step %d skipped: fp16 gradient overflow at loss scale %g", self.global_steps, self.scaler.scale)
         else:
-            self.master.grads.mul_(self._gradient_factor())
+            factor = self._gradient_factor()
+            if not (isinstance(factor, float) and factor == 1.0):
+                self.master.grads.mul_(factor)
             self.master.link_grads()
             self.optimizer.step()
             self.runtime.refresh_params()

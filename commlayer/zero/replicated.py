@@ -54,6 +54,7 @@ class ReplicatedParams:
         self.grad_flat = torch.zeros_like(self.flat) if stage < 2 else None
         self.grad_views = self._views(self.grad_flat) if self.grad_flat is not None else None
         self.segment_of = {slot.param: segment for segment in layout.segments for slot in segment.slots}
+        self.slot_of = {slot.param: slot for segment in layout.segments for slot in segment.slots}
         self.expected = [sum(self.params[s.param].requires_grad for s in segment.slots) for segment in layout.segments]
         self._staging: dict[int, torch.Tensor] = {}
         self._arrived: list[set[int]] = [set() for _ in layout.segments]
@@ -120,7 +121,7 @@ class ReplicatedParams:
                 "(reentrant activation checkpointing?); set zero_optimization.overlap_comm to false"
             )
         if self.stage == 2:
-            slot = next(s for s in segment.slots if s.param == index)
+            slot = self.slot_of[index]
             staging = self._staging_for(segment)
             staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
             param.grad = None

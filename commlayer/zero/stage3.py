@@ -79,6 +79,7 @@ class PartitionedParams:
         device = master.values.device
         self.units = [_Unit(plan, segment, self.params, train_dtype, device) for plan, segment in zip(plans, layout.segments)]
         self.unit_of = {slot.param: unit for unit in self.units for slot in unit.segment.slots}
+        self.slot_of = {slot.param: slot for unit in self.units for slot in unit.segment.slots}
         self._placeholder = torch.empty(0, dtype=train_dtype, device=device)
         self._forward_order: list[int] | None = None
         self._recording: list[int] = []
@@ -205,7 +206,7 @@ class PartitionedParams:
             if not self._backward_started:
                 return
             unit = self.unit_of[index]
-            slot = next(s for s in unit.segment.slots if s.param == index)
+            slot = self.slot_of[index]
             if unit.staging is None:
                 unit.staging = torch.zeros(unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=param.device)
             unit.staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
