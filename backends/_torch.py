@@ -20,20 +20,32 @@ __all__ = ["TorchBackend"]
 _TORCH_OPS = {op: getattr(torch_dist.ReduceOp, op.name) for op in ReduceOp}
 
 
-def _reduce_options(op: Any, kind: Any) -> Any:
+def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
     options = kind()
-    options.reduceOp = op
+    for name, value in fields.items():
+        setattr(options, name, value)
+    if hasattr(options, "asyncOp"):  # torch >= 2.8: a blocking op may run on the caller's stream
+        options.asyncOp = async_op
     return options
 
 
-# Options objects are built once and only read afterwards: the facade has validated everything
-# torch's Python wrappers would check, so the hot ops call the ProcessGroup's methods directly.
-_ALLREDUCE_OPTIONS = {op: _reduce_options(torch_op, torch_dist.AllreduceOptions) for op, torch_op in _TORCH_OPS.items()}
-_REDUCE_SCATTER_OPTIONS = {op: _reduce_options(torch_op, torch_dist.ReduceScatterOptions) for op, torch_op in _TORCH_OPS.items()}
+# The hot ops call the ProcessGroup's methods directly: the facade has already checked everything
+# torch's Python wrappers would. Their options objects are built once here and only read after.
+_MODES = (True, False)
+_ALLREDUCE_OPTIONS = {
+    (op, mode): _options(torch_dist.AllreduceOptions, mode, reduceOp=_TORCH_OPS[op]) for op in ReduceOp for mode in _MODES
+}
+_REDUCE_SCATTER_OPTIONS = {
+    (op, mode): _options(torch_dist.ReduceScatterOptions, mode, reduceOp=_TORCH_OPS[op]) for op in ReduceOp for mode in _MODES
+}
+_ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
 class TorchBackend(Backend):
-    """A communicator over one torch ProcessGroup; subclasses name the torch backend."""
+    """A communicator over one torch ProcessGroup; subclasses name the torch backend.
+
+    Ops take the facade's ``async_op`` hint (``Capabilities.sync_hint``); only the hot ops use it.
+    """
 
     torch_backend: ClassVar[str]
     #: Ops the torch library lacks for this backend; they use the generic fallbacks instead.
@@ -88,48 +100,49 @@ class TorchBackend(Backend):
 
     # --- core ----------------------------------------------------------------------------
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
-        return self._reduce_with(lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o]), op, (tensor,))
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+        run = lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o, async_op])
+        return self._reduce_with(run, op, (tensor,))
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
-        return TorchWork(self._pg._allgather_base(output, tensor), (output,))
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True) -> Work:
+        return TorchWork(self._pg._allgather_base(output, tensor, _ALLGATHER_OPTIONS[async_op]), (output,))
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
-        options = torch_dist.BroadcastOptions()
-        options.rootRank = root  # a group rank, as the ProcessGroup itself counts
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
+        # rootRank is a group rank: the ProcessGroup counts its own members.
+        options = _options(torch_dist.BroadcastOptions, async_op, rootRank=root)
         return TorchWork(self._pg.broadcast([tensor], options), (tensor,))
 
-    def barrier(self) -> Work:
+    def barrier(self, *, async_op: bool = True) -> Work:
         return TorchWork(torch_dist.barrier(self._pg, async_op=True))
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
         return TorchWork(torch_dist.isend(tensor, self._global(dst), self._pg, tag))
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool = True) -> Work:
         return TorchWork(torch_dist.irecv(tensor, self._global(src), self._pg, tag), [tensor])
 
     # --- native versions of the fallbacks -------------------------------------------------
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         if "reduce" in self.generic_ops:
             return super().reduce(tensor, root, op)
         dst = self._global(root)
         run = lambda o: torch_dist.reduce(tensor, dst, _TORCH_OPS[o], self._pg, async_op=True)
         return self._reduce_with(run, op, (tensor,), average=self.rank == root)
 
-    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
+    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
         if "all_gather" in self.generic_ops:
             return super().all_gather(outputs, tensor)
         work = torch_dist.all_gather(list(outputs), tensor, self._pg, async_op=True)
         return TorchWork(work, list(outputs))
 
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         if "reduce_scatter_tensor" in self.generic_ops:
             return super().reduce_scatter_tensor(output, tensor, op)
-        run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o])
+        run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (output,))
 
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp) -> Work:
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
         if "reduce_scatter" in self.generic_ops:
             return super().reduce_scatter(output, inputs, op)
         run = lambda o: torch_dist.reduce_scatter(output, list(inputs), _TORCH_OPS[o], self._pg, async_op=True)
@@ -141,6 +154,8 @@ class TorchBackend(Backend):
         tensor: torch.Tensor,
         output_splits: Sequence[int] | None,
         input_splits: Sequence[int] | None,
+        *,
+        async_op: bool = True,
     ) -> Work:
         if "all_to_all_single" in self.generic_ops:
             return super().all_to_all_single(output, tensor, output_splits, input_splits)
@@ -148,27 +163,27 @@ class TorchBackend(Backend):
         work = torch_dist.all_to_all_single(output, tensor, *splits, group=self._pg, async_op=True)
         return TorchWork(work, [output])
 
-    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
+    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
         if "all_to_all" in self.generic_ops:
             return super().all_to_all(outputs, inputs)
         work = torch_dist.all_to_all(list(outputs), list(inputs), self._pg, async_op=True)
         return TorchWork(work, list(outputs))
 
-    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if "gather" in self.generic_ops:
             return super().gather(tensor, outputs, root)
         gather_list = list(outputs) if outputs is not None else None
         work = torch_dist.gather(tensor, gather_list, self._global(root), self._pg, async_op=True)
         return TorchWork(work, gather_list or [])
 
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if "scatter" in self.generic_ops:
             return super().scatter(output, inputs, root)
         scatter_list = list(inputs) if inputs is not None else None
         work = torch_dist.scatter(output, scatter_list, self._global(root), self._pg, async_op=True)
         return TorchWork(work, [output])
 
-    def batch_p2p(self, requests: Sequence[P2PRequest]) -> list[Work]:
+    def batch_p2p(self, requests: Sequence[P2PRequest], *, async_op: bool = True) -> list[Work]:
         ops = [
             torch_dist.P2POp(torch_dist.isend if r.kind == "send" else torch_dist.irecv, r.tensor, self._global(r.peer), self._pg, r.tag)
             for r in requests
@@ -177,7 +192,7 @@ class TorchBackend(Backend):
         # NCCL coalesces a batch into one work; every request then completes with it.
         return works if len(works) == len(requests) else [WorkList(works)] * len(requests)
 
-    def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
+    def recv_any(self, tensor: torch.Tensor, tag: int, *, async_op: bool = True) -> Work:
         return TorchWork(torch_dist.irecv(tensor, None, self._pg, tag), [tensor])
 
     # --- helpers ---------------------------------------------------------------------------

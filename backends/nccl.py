@@ -17,6 +17,7 @@ class NcclBackend(TorchBackend):
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
+        sync_hint=True,
     )
     native_avg = True
 

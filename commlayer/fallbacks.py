@@ -35,9 +35,12 @@ class P2PRequest(NamedTuple):
 
 
 class GenericCollectives:
-    """Mixin of fallbacks; ``self`` is a :class:`~commlayer.backend.Backend`."""
+    """Mixin of fallbacks; ``self`` is a :class:`~commlayer.backend.Backend`.
 
-    def batch_p2p(self: Backend, requests: Sequence[P2PRequest]) -> list[Work]:
+    Each accepts the facade's ``async_op`` hint (see ``Capabilities.sync_hint``) and ignores it.
+    """
+
+    def batch_p2p(self: Backend, requests: Sequence[P2PRequest], *, async_op: bool = True) -> list[Work]:
         """Post sends and receives as one batch.
 
         Posting them one by one is right for libraries whose send does not wait for the
@@ -48,14 +51,14 @@ class GenericCollectives:
             for r in requests
         ]
 
-    def reduce(self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+    def reduce(self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         scratch = tensor.clone()
         work = self.all_reduce(scratch, op)
         if self.rank != root:
             return work
         return work.then(lambda: tensor.copy_(scratch))
 
-    def all_gather(self: Backend, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
+    def all_gather(self: Backend, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
         gathered = tensor.new_empty((self.size, tensor.numel()))
         work = self.all_gather_into_tensor(gathered, tensor)
 
@@ -66,8 +69,7 @@ class GenericCollectives:
         return work.then(scatter_rows)
 
     def reduce_scatter_tensor(
-        self: Backend, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp
-    ) -> Work:
+        self: Backend, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         scratch = tensor.clone()
         work = self.all_reduce(scratch, op)
         count = output.numel()
@@ -75,8 +77,7 @@ class GenericCollectives:
         return work.then(lambda: output.copy_(mine.view_as(output)))
 
     def reduce_scatter(
-        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp
-    ) -> Work:
+        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
         flat = torch.cat([chunk.reshape(-1) for chunk in inputs])
         return self.reduce_scatter_tensor(output, flat, op)
 
@@ -86,14 +87,15 @@ class GenericCollectives:
         tensor: torch.Tensor,
         output_splits: Sequence[int] | None,
         input_splits: Sequence[int] | None,
+        *,
+        async_op: bool = True,
     ) -> Work:
         outputs = _split_rows(output, output_splits, self.size)
         inputs = _split_rows(tensor, input_splits, self.size)
         return self.all_to_all(outputs, inputs)
 
     def all_to_all(
-        self: Backend, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
-    ) -> Work:
+        self: Backend, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
         outputs[self.rank].copy_(inputs[self.rank])
         works: list[Work] = []
         for peer in range(self.size):
@@ -102,8 +104,7 @@ class GenericCollectives:
         return WorkList(works)
 
     def gather(
-        self: Backend, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int
-    ) -> Work:
+        self: Backend, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if self.rank != root:
             return self.send(tensor, root, FALLBACK_TAG)
         assert outputs is not None
@@ -112,8 +113,7 @@ class GenericCollectives:
         return WorkList([self.recv(outputs[peer], peer, FALLBACK_TAG) for peer in peers])
 
     def scatter(
-        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int
-    ) -> Work:
+        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if self.rank != root:
             return self.recv(output, root, FALLBACK_TAG)
         assert inputs is not None

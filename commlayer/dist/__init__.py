@@ -38,6 +38,8 @@ from ._setup import (
     new_group,
 )
 
+from .. import comms_logger  # noqa: E402 - hooks into _dispatch, imported above
+
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
 _all_gather_base = all_gather_single = all_gather_into_tensor
 _reduce_scatter_base = reduce_scatter_single = reduce_scatter_tensor
@@ -59,6 +61,7 @@ __all__ = [
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
+    "comms_logger",
     "destroy_process_group",
     "gather",
     "gather_object",

@@ -42,7 +42,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, 
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
-    return launch(call, lambda b: b.all_reduce(buffer, reduce_op), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.all_reduce(buffer, reduce_op, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
@@ -54,7 +54,7 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
-    return launch(call, lambda b: b.reduce(buffer, root, reduce_op), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.reduce(buffer, root, reduce_op, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
@@ -65,7 +65,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
     root = _root(call, "src", src, group_src)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
-    return launch(call, lambda b: b.broadcast(buffer, root), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.broadcast(buffer, root, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Work | None:
@@ -80,7 +80,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(call, lambda b: b.all_gather(buffers, source), async_op=async_op, payload=outputs, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.all_gather(buffers, source, **hint), async_op=async_op, payload=outputs, copy_back=copy_back)
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Work | None:
@@ -96,7 +96,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
     output = contiguous(output_tensor, copy_back).view(-1)
     source = input_tensor.contiguous().view(-1)
-    return launch(call, lambda b: b.all_gather_into_tensor(output, source), async_op=async_op, payload=output_tensor, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.all_gather_into_tensor(output, source, **hint), async_op=async_op, payload=output_tensor, copy_back=copy_back)
 
 
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
@@ -112,7 +112,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     sources = [chunk.contiguous() for chunk in inputs]
-    return launch(call, lambda b: b.reduce_scatter(buffer, sources, reduce_op), async_op=async_op, payload=inputs, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.reduce_scatter(buffer, sources, reduce_op, **hint), async_op=async_op, payload=inputs, copy_back=copy_back)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:  # noqa: A002 - torch's name
@@ -128,7 +128,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back).view(-1)
     source = input.contiguous().view(-1)
-    return launch(call, lambda b: b.reduce_scatter_tensor(buffer, source, reduce_op), async_op=async_op, payload=input, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.reduce_scatter_tensor(buffer, source, reduce_op, **hint), async_op=async_op, payload=input, copy_back=copy_back)
 
 
 def all_to_all_single(
@@ -150,7 +150,7 @@ def all_to_all_single(
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     source = input.contiguous()
-    return launch(call, lambda b: b.all_to_all_single(buffer, source, out_splits, in_splits), async_op=async_op, payload=input, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.all_to_all_single(buffer, source, out_splits, in_splits, **hint), async_op=async_op, payload=input, copy_back=copy_back)
 
 
 def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Any = None, async_op: bool = False) -> Work | None:
@@ -165,7 +165,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     sources = [chunk.contiguous() for chunk in inputs]
-    return launch(call, lambda b: b.all_to_all(buffers, sources), async_op=async_op, payload=inputs, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.all_to_all(buffers, sources, **hint), async_op=async_op, payload=inputs, copy_back=copy_back)
 
 
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int | None = None, group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
@@ -178,7 +178,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     copy_back: CopyBack = []
     buffers = None if outputs is None else [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(call, lambda b: b.gather(source, buffers, root), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.gather(source, buffers, root, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
@@ -191,14 +191,14 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
-    return launch(call, lambda b: b.scatter(buffer, sources, root), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(call, lambda b, **hint: b.scatter(buffer, sources, root, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Sequence[int] | None = None, timeout: timedelta | None = None) -> Work | None:
     call = begin("barrier", group)
     if call is None:
         return None
-    work = launch(call, lambda b: b.barrier(), async_op=True)
+    work = launch(call, lambda b, **hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work
     work.wait(timeout)

@@ -43,6 +43,9 @@ class Observer(Protocol):
 
 _observer: Observer | None = None
 
+_SYNC_HINT = {"async_op": False}
+_NO_HINT: dict[str, bool] = {}
+
 # Facade ops that are not backend ops, and the backend ops they are built from.
 _BUILT_FROM = {"monitored_barrier": ("send", "recv")}
 
@@ -97,10 +100,12 @@ def launch(
     gathered output, the full reduce-scatter input); it is only measured when the comms logger
     observes the call, so the common path pays nothing for it.
     """
+    backend = call.backend
+    hint = _SYNC_HINT if not async_op and backend.capabilities.sync_hint else _NO_HINT
     if _observer is None:
-        work = start(call.backend)
+        work = start(backend, **hint)
     else:
-        work = _observer.observe(call, _nbytes(payload), lambda: start(call.backend))
+        work = _observer.observe(call, _nbytes(payload), lambda: start(backend, **hint))
     if copy_back:
         work = work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
     if async_op:

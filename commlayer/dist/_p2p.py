@@ -31,7 +31,7 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: 
     if prepared is None:
         return None
     request = prepared.request
-    return launch(prepared.call, lambda b: b.send(request.tensor, request.peer, tag), async_op=True, payload=tensor)
+    return launch(prepared.call, lambda b, **hint: b.send(request.tensor, request.peer, tag, **hint), async_op=True, payload=tensor)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work | None:
@@ -40,9 +40,9 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: 
         return None
     buffer = prepared.request.tensor
     if src is None and group_src is None:
-        start = lambda b: b.recv_any(buffer, tag)
+        start = lambda b, **hint: b.recv_any(buffer, tag, **hint)
     else:
-        start = lambda b: b.recv(buffer, prepared.request.peer, tag)
+        start = lambda b, **hint: b.recv(buffer, prepared.request.peer, tag, **hint)
     return launch(prepared.call, start, async_op=True, payload=tensor, copy_back=prepared.copy_back)
 
 
