@@ -5,6 +5,7 @@ so ``group.torch_group`` is a real ProcessGroup that DDP and FSDP accept.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
@@ -13,7 +14,7 @@ import torch.distributed as torch_dist
 from commlayer.backend import Backend
 from commlayer.fallbacks import P2PRequest
 from commlayer.types import Availability, GroupSpec, ReduceOp
-from commlayer.work import TorchWork, Work, WorkList
+from commlayer.work import CompletedWork, TorchWork, Work, WorkList
 
 __all__ = ["TorchBackend"]
 
@@ -39,6 +40,12 @@ _REDUCE_SCATTER_OPTIONS = {
     (op, mode): _options(torch_dist.ReduceScatterOptions, mode, reduceOp=_TORCH_OPS[op]) for op in ReduceOp for mode in _MODES
 }
 _ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
+
+
+@functools.lru_cache(maxsize=None)
+def _broadcast_options(root: int, async_op: bool) -> Any:
+    # rootRank is a group rank: the ProcessGroup counts its own members.
+    return _options(torch_dist.BroadcastOptions, async_op, rootRank=root)
 
 
 class TorchBackend(Backend):
@@ -100,17 +107,18 @@ class TorchBackend(Backend):
 
     # --- core ----------------------------------------------------------------------------
 
+    # With asyncOp False, torch's NCCL may run the op on the caller's stream and hand back no
+    # Work at all: the op is then already ordered before anything the caller enqueues next.
+
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         run = lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (tensor,))
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True) -> Work:
-        return TorchWork(self._pg._allgather_base(output, tensor, _ALLGATHER_OPTIONS[async_op]), (output,))
+        return _wrap(self._pg._allgather_base(output, tensor, _ALLGATHER_OPTIONS[async_op]), (output,))
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
-        # rootRank is a group rank: the ProcessGroup counts its own members.
-        options = _options(torch_dist.BroadcastOptions, async_op, rootRank=root)
-        return TorchWork(self._pg.broadcast([tensor], options), (tensor,))
+        return _wrap(self._pg.broadcast([tensor], _broadcast_options(root, async_op)), (tensor,))
 
     def barrier(self, *, async_op: bool = True) -> Work:
         return TorchWork(torch_dist.barrier(self._pg, async_op=True))
@@ -205,11 +213,15 @@ class TorchBackend(Backend):
         ``average`` is False on ranks that receive no result (reduce's non-roots).
         """
         if op is not ReduceOp.AVG or self.native_avg:
-            return TorchWork(run(op), results)
-        work = TorchWork(run(ReduceOp.SUM), results)
+            return _wrap(run(op), results)
+        work = _wrap(run(ReduceOp.SUM), results)
         if not average:
             return work
         return work.then(lambda: [result.div_(self.size) for result in results])
+
+
+def _wrap(torch_work: Any, results: tuple[torch.Tensor, ...]) -> Work:
+    return CompletedWork(results) if torch_work is None else TorchWork(torch_work, results)
 
 
 def _as_list(splits: Sequence[int] | None) -> list[int] | None:
