@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.testing import run_world
+from commlayer.testing import require_mpirun, run_world
 
 
 @pytest.mark.multirank
@@ -20,3 +20,10 @@ def test_stages_match_single_process_and_checkpoints_reshard_from_4_to_2(tmp_pat
     assert sorted(p.name for p in (tmp_path / "stage3").iterdir()) == [
         "common.pt", "meta.json", "rank_0.pt", "rank_1.pt", "rank_2.pt", "rank_3.pt"]
     run_world("tests.ranks.zero_worlds:world2", world_size=2, backend="gloo", timeout=300, args=[str(tmp_path)])
+
+
+@pytest.mark.multirank
+@pytest.mark.mpi
+def test_stages_match_single_process_on_the_mpi_backend() -> None:
+    require_mpirun()
+    run_world("tests.ranks.zero_mpi:main", world_size=2, backend="mpi", launcher="mpirun", timeout=300)

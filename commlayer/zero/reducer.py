@@ -1,8 +1,9 @@
 """Averaging one segment's gradient over the data-parallel group, asynchronously.
 
 A segment whose gradient buffer is complete is reduced with one collective: ``all_reduce`` when
-every rank keeps the whole segment (stage 0), ``reduce_scatter_tensor`` in place otherwise, so
-rank ``r`` ends up with the sum of shard ``r`` only. The buffer is divided by the group size
+every rank keeps the whole segment (stage 0), ``reduce_scatter_tensor`` otherwise, so rank ``r``
+ends up with the sum of shard ``r`` only. Outputs never alias inputs: NCCL allows that, MPI
+forbids it, and the engine must run on every backend. The buffer is divided by the group size
 *before* the sum, which keeps fp16 sums in range. When the collective completes, the rank's
 piece is added into its fp32 master gradient, so gradient accumulation over micro-steps is a
 plain sum there. Launch order is the caller's business: every rank must launch the same
@@ -27,7 +28,8 @@ __all__ = ["GradientReducer"]
 class _InFlight:
     segment: Segment
     work: Work
-    piece: torch.Tensor  # this rank's reduced part of the buffer (keeps the buffer alive)
+    piece: torch.Tensor  # this rank's reduced part
+    source: torch.Tensor  # kept alive until the collective completes
 
 
 class GradientReducer:
@@ -45,8 +47,8 @@ class GradientReducer:
     def launch(self, segment: Segment, buffer: torch.Tensor) -> None:
         """Start averaging ``buffer`` (the segment's whole padded gradient) over the group.
 
-        The buffer is overwritten (divided, then reduced in place), so pass a scratch buffer or
-        one that is zeroed afterwards.
+        The buffer is overwritten (divided, and summed into by all_reduce), so pass a scratch
+        buffer or one that is zeroed afterwards.
         """
         source = buffer if buffer.dtype == self.reduce_dtype else buffer.to(self.reduce_dtype)
         if self.size > 1:
@@ -55,10 +57,9 @@ class GradientReducer:
             piece = source
             work = dist.all_reduce(source, group=self.group, async_op=True)
         else:
-            low, high = segment.shard_range(self.rank)
-            piece = source[low:high]
+            piece = torch.empty(segment.shard_numel, dtype=source.dtype, device=source.device)
             work = dist.reduce_scatter_tensor(piece, source, group=self.group, async_op=True)
-        self._in_flight.append(_InFlight(segment, work, piece))
+        self._in_flight.append(_InFlight(segment, work, piece, source))
         # Bounding the reductions in flight bounds the scratch buffers alive at once.
         while self.max_in_flight is not None and len(self._in_flight) > self.max_in_flight:
             self._finish_oldest()

@@ -170,21 +170,22 @@ class ReplicatedParams:
         self._staging.clear()
 
     def refresh_params(self) -> None:
-        """Copy the master shard into the working parameters and all-gather them in place."""
-        in_flight: list[tuple[Work, int]] = []
+        """Copy the master shard into the working parameters: all-gather it (stages 1-2)."""
+        in_flight: list[tuple[Work, torch.Tensor, int]] = []
         for segment in self.layout.segments:
             whole = self.flat[segment.offset : segment.offset + segment.padded_numel]
+            shard = self.master.segment_values(segment)
             if self.layout.shards == 1:
-                whole.copy_(self.master.segment_values(segment))
+                whole.copy_(shard)
                 continue
-            low, high = segment.shard_range(self.master.rank)
-            whole[low:high].copy_(self.master.segment_values(segment))
-            work = dist.all_gather_into_tensor(whole, whole[low:high], group=self.gather_group, async_op=True)
-            in_flight.append((work, segment.padded_numel))
+            # A separate input (never a slice of the output): MPI forbids aliased buffers.
+            source = shard.to(self.flat.dtype) if shard.dtype != self.flat.dtype else shard
+            work = dist.all_gather_into_tensor(whole, source, group=self.gather_group, async_op=True)
+            in_flight.append((work, source, segment.padded_numel))
             # allgather_bucket_size caps the elements being gathered at once.
-            while sum(n for _, n in in_flight) > self.allgather_numel and len(in_flight) > 1:
+            while sum(n for _, _, n in in_flight) > self.allgather_numel and len(in_flight) > 1:
                 in_flight.pop(0)[0].wait()
-        for work, _ in in_flight:
+        for work, _, _ in in_flight:
             work.wait()
 
     def full_values(self) -> list[torch.Tensor]:
