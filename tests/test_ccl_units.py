@@ -15,7 +15,7 @@ import torch
 
 from commlayer.backends.ccl import INSTALL_HINT, CclBackend, _native
 from commlayer.backends.ccl._bootstrap import GroupKeys, printable
-from commlayer.backends.ccl._environment import oneccl_defaults
+from commlayer.backends.ccl._environment import HostLayout, oneccl_defaults
 from commlayer.backends.ccl._locate import OneCclInstall, candidate_prefixes, find_oneccl
 from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
 from commlayer.registry import get_backend_class, list_backends
@@ -64,10 +64,13 @@ def test_a_runtime_only_prefix_does_not_satisfy_the_build(tmp_path: Path) -> Non
 # --- the environment oneCCL gets -------------------------------------------------------------
 
 
+ROOMY_HOST = HostLayout(local_rank=None, local_size=2, cpus=64)
+
+
 def test_defaults_cover_transport_provider_paths_and_timeouts(tmp_path: Path) -> None:
     root = _fake_prefix(tmp_path, headers=False)
     install = OneCclInstall(root, root / "lib", None)
-    added = oneccl_defaults({}, install, timedelta(seconds=2.5))
+    added = oneccl_defaults({}, install, timedelta(seconds=2.5), ROOMY_HOST)
     assert added == {
         "CCL_ATL_TRANSPORT": "ofi",
         "FI_PROVIDER": "tcp",
@@ -81,15 +84,21 @@ def test_defaults_cover_transport_provider_paths_and_timeouts(tmp_path: Path) ->
 
 def test_defaults_never_override_what_the_user_set() -> None:
     user = {"CCL_ATL_TRANSPORT": "mpi", "FI_PROVIDER": "shm", "CCL_KVS_CONNECTION_TIMEOUT": "100"}
-    added = oneccl_defaults(user, None, timedelta(minutes=30))
+    added = oneccl_defaults(user, None, timedelta(minutes=30), ROOMY_HOST)
     assert not set(user) & set(added)
     assert added["CCL_KVS_GET_TIMEOUT"] == "1800"
 
 
-def test_torchrun_local_layout_is_passed_on() -> None:
-    added = oneccl_defaults({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, None, timedelta(seconds=1))
+def test_the_launchers_local_layout_is_passed_on() -> None:
+    added = oneccl_defaults({}, None, timedelta(seconds=1), HostLayout(local_rank=1, local_size=4, cpus=64))
     assert (added["CCL_LOCAL_RANK"], added["CCL_LOCAL_SIZE"]) == ("1", "4")
-    assert "CCL_LOCAL_RANK" not in oneccl_defaults({"LOCAL_RANK": "1"}, None, timedelta(seconds=1))
+
+
+def test_worker_threads_are_dropped_only_on_an_oversubscribed_host() -> None:
+    one_second = timedelta(seconds=1)
+    assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults({}, None, one_second, HostLayout(0, 4, cpus=8))
+    assert oneccl_defaults({}, None, one_second, HostLayout(0, 2, cpus=2))["CCL_WORKER_OFFLOAD"] == "0"
+    assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults({"CCL_WORKER_OFFLOAD": "1"}, None, one_second, HostLayout(0, 2, cpus=2))
 
 
 # --- store keys, addresses, splits -----------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import os
 import threading
 from datetime import timedelta
 from types import ModuleType
@@ -17,12 +18,13 @@ import torch
 
 from commlayer.backend import Backend
 from commlayer.errors import CommError
+from commlayer.rendezvous import discover
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
 from . import _native
 from ._bootstrap import Connection, connect, disconnect
-from ._environment import apply_defaults
+from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, buffer
 
@@ -64,7 +66,7 @@ class CclBackend(Backend):
 
     @classmethod
     def create_world(cls, spec: GroupSpec) -> CclBackend:
-        native = _load_native(spec.timeout)
+        native = _load_native(spec.timeout, _host_layout(spec))
         return cls(spec, native, connect(spec, native))
 
     def new_group(self, spec: GroupSpec) -> CclBackend | None:
@@ -241,11 +243,22 @@ _open_backends = _OpenBackends()
 atexit.register(_open_backends.shutdown_all)
 
 
-def _load_native(timeout: timedelta | None = None) -> ModuleType:
-    """Set oneCCL's environment, preload libccl, import the extension."""
+def _host_layout(spec: GroupSpec) -> HostLayout:
+    """The launcher's local layout; without one, assume every rank of the world shares this host."""
+    try:
+        found = discover(os.environ)
+    except ValueError:  # malformed launcher variables: init_process_group reports those itself
+        found = None
+    if found is None:
+        return HostLayout(local_rank=None, local_size=spec.size, cpus=usable_cpus())
+    return HostLayout(found.local_rank, found.local_world_size, usable_cpus())
+
+
+def _load_native(timeout: timedelta | None = None, host: HostLayout | None = None) -> ModuleType:
+    """Set oneCCL's environment (when a world is being built), preload libccl, import the extension."""
     install = find_oneccl(require_headers=False)
-    if timeout is not None:
-        apply_defaults(install, timeout)
+    if timeout is not None and host is not None:
+        apply_defaults(install, timeout, host)
     if install is not None:
         # The extension's rpath names the lib folder it was built against; loading the runtime
         # library found now by its soname first keeps a moved or rebuilt environment working.
