@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from commlayer.launcher import free_port
 from commlayer.testing import run_world
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,6 +22,11 @@ pytestmark = pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_compatibility_suite_on_gloo(world_size: int) -> None:
     run_world("tests.ranks.compat:main", world_size, backend="gloo", timeout=240)
+
+
+def test_every_init_method(tmp_path: Path) -> None:
+    ports = (str(free_port()), str(free_port()))
+    run_world("tests.ranks.init_methods:main", 2, backend=None, timeout=120, args=(*ports, str(tmp_path / "rendezvous")))
 
 
 def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
