@@ -6,6 +6,7 @@ every backend is held to one definition of correct.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,10 @@ def test_every_init_method(tmp_path: Path) -> None:
 
 def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
     """A separately installed distribution adds a backend through its entry point alone."""
-    site = tmp_path / "site"
+    site, source = tmp_path / "site", tmp_path / "plugin"
+    shutil.copytree(REPO / "tests" / "plugin", source)  # the build writes next to its sources
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(REPO / "tests" / "plugin")],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(source)],
         check=True,
         timeout=240,
     )
