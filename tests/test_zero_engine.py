@@ -129,3 +129,13 @@ def test_bad_arguments_are_refused_before_communicating(world_of_one: None) -> N
     with pytest.raises(InvalidArgumentError, match="a fresh optimizer with no state"):
         zero.initialize(model=model, optimizer=stepped, config={"train_batch_size": 8})
     assert dist.is_initialized()
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_plain_loss_backward_is_refused_with_the_fix(world_of_one: None, stage: int) -> None:
+    engine = make_engine(stage)
+    loss = engine(*common.rank_batch(RECIPE, 0, 0, 0, 1))
+    with pytest.raises(RuntimeError, match=r"outside engine.backward\(\); call engine.backward\(loss\) instead"):
+        loss.backward()
+    with pytest.raises(RuntimeError, match=r"engine.step\(\) without engine.backward\(loss\)"):
+        engine.step()

@@ -66,7 +66,11 @@ def save_checkpoint(engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | 
 def _rank_payload(engine: ZeroEngine) -> dict[str, Any]:
     optimizer_state = {id(t): engine.optimizer.state.get(t, {}) for _, t in engine.master.trainable_fragments(engine.params)}
     fragments = []
+    # Unsharded (stage 0): every rank holds everything, so rank 0 alone writes it.
+    replica = engine.layout.shards == 1 and engine.group_rank != 0
     for fragment, values in zip(engine.master.fragments, engine.master.fragment_values):
+        if replica:
+            break
         state = optimizer_state.get(id(values), {})
         fragments.append({
             "param": engine.param_names[fragment.param],

@@ -65,6 +65,7 @@ class ZeroEngine:
         self.group_rank, self.group_size = self.group.rank(), self.group.size()
         self.device = params[0].device
         self._last_grad_norm: torch.Tensor | None = None
+        self._backward_done = False
         self.layout = self._plan_layout()
         self.master = MasterShard(self.layout, self.group_rank if self.layout.shards > 1 else 0, params, self.device)
         self.runtime = self._build_runtime()
@@ -94,7 +95,7 @@ class ZeroEngine:
         gather_group = self._gather_group() if stage >= 1 else None
         if stage == 3:
             assert gather_group is not None
-            return PartitionedParams(self.params, self.unit_plans, self.layout, self.master, reducer, gather_group,
+            return PartitionedParams(self.params, self.param_names, self.unit_plans, self.layout, self.master, reducer, gather_group,
                                      train_dtype=self.train_dtype, prefetch_numel=zero.stage3_prefetch_bucket_size)
         return ReplicatedParams(self.params, self.param_names, self.layout, self.master, reducer, gather_group, stage=stage,
                                 train_dtype=self.train_dtype, overlap=zero.overlap, allgather_numel=zero.allgather_bucket_size)
@@ -139,10 +140,15 @@ class ZeroEngine:
             scaled.backward(retain_graph=retain_graph)
         finally:
             self.runtime.finish_backward()
+        self._backward_done = True
         return loss
 
     def step(self) -> None:
         """Count a micro-step; on the accumulation boundary, step the optimizer."""
+        if not self._backward_done:
+            raise RuntimeError("zero: engine.step() without engine.backward(loss) since the last step; "
+                               "each micro-step is engine(...), engine.backward(loss), engine.step()")
+        self._backward_done = False
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
         if boundary:

@@ -60,6 +60,7 @@ class ReplicatedParams:
         self._arrived: list[set[int]] = [set() for _ in layout.segments]
         self._next_launch = 0
         self._counting = False
+        self._inside_backward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(self.params) if p.requires_grad]
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -103,11 +104,14 @@ class ReplicatedParams:
         self.attach_grads()
         # Stages 0-1 reduce only on the accumulation boundary; stage 2 on every micro-step.
         self._counting = boundary or self.stage == 2
+        self._inside_backward = True
         self._arrived = [set() for _ in self.layout.segments]
         self._next_launch = 0
 
     def _hook_for(self, index: int):
         def on_grad(param: torch.Tensor) -> None:
+            if not self._inside_backward:
+                raise outside_backward(self.names[index])
             if self._counting:
                 self._gradient_arrived(index, param)
 
@@ -155,6 +159,7 @@ class ReplicatedParams:
 
     def finish_backward(self) -> None:
         """Reduce whatever is left (unused parameters, or everything without overlap), in order."""
+        self._inside_backward = False
         if not self._counting:
             return
         for segment in self.layout.segments[self._next_launch :]:
@@ -196,3 +201,9 @@ class ReplicatedParams:
         for handle in self._hooks:
             handle.remove()
 
+
+def outside_backward(name: str) -> RuntimeError:
+    return RuntimeError(
+        f"zero: a gradient reached parameter '{name}' outside engine.backward(); call "
+        "engine.backward(loss) instead of loss.backward(), so that the engine can reduce it"
+    )

@@ -29,6 +29,7 @@ from ..dist import ProcessGroup, Work
 from .master import MasterShard
 from .partition import FlatLayout, Segment
 from .reducer import GradientReducer
+from .replicated import outside_backward
 from .units import UnitPlan
 
 __all__ = ["PartitionedParams"]
@@ -65,6 +66,7 @@ class PartitionedParams:
     def __init__(
         self,
         params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
         plans: Sequence[UnitPlan],
         layout: FlatLayout,
         master: MasterShard,
@@ -74,7 +76,7 @@ class PartitionedParams:
         train_dtype: torch.dtype,
         prefetch_numel: int,
     ) -> None:
-        self.params, self.layout, self.master, self.reducer = list(params), layout, master, reducer
+        self.params, self.names, self.layout, self.master, self.reducer = list(params), list(names), layout, master, reducer
         self.gather_group, self.train_dtype, self.prefetch_numel = gather_group, train_dtype, prefetch_numel
         device = master.values.device
         self.units = [_Unit(plan, segment, self.params, train_dtype, device) for plan, segment in zip(plans, layout.segments)]
@@ -204,7 +206,7 @@ class PartitionedParams:
     def _grad_hook(self, index: int):
         def on_grad(param: torch.Tensor) -> None:
             if not self._backward_started:
-                return
+                raise outside_backward(self.names[index])
             unit = self.unit_of[index]
             slot = self.slot_of[index]
             if unit.staging is None:

@@ -92,15 +92,13 @@ def check_state_bytes(stage: int, world: int) -> None:
     shard = sum(math.ceil(s.numel / (shards * ALIGNMENT)) * ALIGNMENT for s in layout.segments)
     assert engine.master.values.numel() == layout.shard_numel == shard
     assert math.ceil(total / shards) <= shard <= math.ceil(total / shards) + len(layout.segments) * ALIGNMENT
-    # One step creates AdamW's state; 'step' is a scalar, exp_avg and exp_avg_sq are per element.
-    owned = sum(f.numel for f in engine.master.fragments)
+    owned = sum(f.numel for f in engine.master.fragments)  # the real elements this rank steps
     counts = torch.tensor([owned], dtype=torch.int64)
     dist.all_reduce(counts)
     assert counts.item() == total * (world if stage == 0 else 1), (counts.item(), total)
     assert owned <= shard
-    engine.backward(engine(*common.rank_batch(RECIPE, 0, 0, dist.get_rank(), world)))
-    for _ in range(engine.gradient_accumulation_steps()):
-        engine.step()
+    # One step creates AdamW's state; 'step' is a scalar, exp_avg and exp_avg_sq are per element.
+    common.train(engine, RECIPE, dist.get_rank(), world, range(1))
     state_bytes = sum(v.numel() * v.element_size() for s in engine.optimizer.state.values() for k, v in s.items() if k != "step")
     assert state_bytes == 2 * 4 * owned, (state_bytes, owned)
 
