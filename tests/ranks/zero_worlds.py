@@ -121,10 +121,25 @@ def world2(directory: str) -> None:
         engine = engine_for(RECIPE, world, stage)
         common.train(engine, RECIPE, rank, world, range(RECIPE.steps))
         check_equal(engine.full_state_dict(), expected, f"world {world} stage {stage} fp32")
+    # Reductions after backward instead of from the hooks, and a world-sized reduction bucket.
+    engine = engine_for(RECIPE, world, 2, zero_optimization={"stage": 2, "overlap_comm": False})
+    common.train(engine, RECIPE, rank, world, range(RECIPE.steps))
+    check_equal(engine.full_state_dict(), expected, f"world {world} stage 2 fp32 without overlap, one bucket")
+    check_rank0_weights_win()
     check_resume(directory, saved_stage=2, load_stage=2)
     check_resume(directory, saved_stage=3, load_stage=1)
     check_bf16_loss_curve(reference_losses)
     check_fp16_overflow_skips_together()
+
+
+def check_rank0_weights_win() -> None:
+    """Ranks that built different weights all start from rank 0's (broadcast at initialize)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for stage in (1, 3):
+        model = common.make_model(RECIPE, seed=100 + rank)
+        rank0 = common.make_model(RECIPE, seed=100).state_dict()
+        engine = zero.initialize(model=model, optimizer=common.make_optimizer(model, RECIPE), config=config(RECIPE, world, stage))
+        assert common.max_difference(engine.full_state_dict(), rank0)[0] == 0.0
 
 
 def check_resume(directory: str, saved_stage: int, load_stage: int) -> None:
@@ -139,8 +154,8 @@ def check_resume(directory: str, saved_stage: int, load_stage: int) -> None:
 
 def check_bf16_loss_curve(reference_losses: list[float]) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    for stage in (1, 3):
-        engine = engine_for(RECIPE, world, stage, bf16={"enabled": True})
+    for stage, reduce_in in ((1, None), (3, "fp32")):
+        engine = engine_for(RECIPE, world, stage, bf16={"enabled": True}, communication_data_type=reduce_in)
         assert all(p.dtype == torch.bfloat16 for p in engine.module.parameters() if p.numel())
         losses = common.train(engine, RECIPE, rank, world, range(RECIPE.steps))
         worst = max(abs(a - b) for a, b in zip(losses, reference_losses))
