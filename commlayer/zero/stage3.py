@@ -84,6 +84,7 @@ class PartitionedParams:
         self.slot_of = {slot.param: slot for unit in self.units for slot in unit.segment.slots}
         self._placeholder = torch.empty(0, dtype=train_dtype, device=device)
         self._forward_order: list[int] | None = None
+        self._backward_order: list[int] = []  # reverse forward order, each unit once, root left out
         self._recording: list[int] = []
         self._position = 0
         self._backward_started = False
@@ -184,6 +185,7 @@ class PartitionedParams:
                 self.free_all()
             elif self._forward_order is None:
                 self._forward_order = list(self._recording)
+                self._backward_order = [i for i in dict.fromkeys(reversed(self._recording)) if i != 0]
 
         return post_forward
 
@@ -191,17 +193,11 @@ class PartitionedParams:
         def pre_backward(grad: torch.Tensor) -> torch.Tensor:
             if unit.state is not _State.READY and not unit.reduced:
                 self._ensure_gathered(unit)
-                order = self._backward_order()
-                if order and unit.index in order:
-                    self._prefetch(order, order.index(unit.index))
+                if unit.index in self._backward_order:
+                    self._prefetch(self._backward_order, self._backward_order.index(unit.index))
             return grad
 
         return pre_backward
-
-    def _backward_order(self) -> list[int]:
-        if self._forward_order is None:
-            return []
-        return [index for index in dict.fromkeys(reversed(self._forward_order)) if index != 0]
 
     def _grad_hook(self, index: int):
         def on_grad(param: torch.Tensor) -> None:

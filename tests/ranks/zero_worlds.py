@@ -38,7 +38,7 @@ def config(recipe: Recipe, world: int, stage: int, **extra: object) -> dict:
         "gradient_clipping": recipe.clip,
         # Small buckets and units, so the tiny model spans many segments and units.
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 7000,
-                              "stage3_max_unit_numel": 5000, "stage3_min_unit_numel": 100},
+                              "stage3_max_unit_numel": 5000, "stage3_min_unit_numel": 100, "stage3_prefetch_bucket_size": 6000},
         **extra,
     }
 
