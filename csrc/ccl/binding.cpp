@@ -110,9 +110,11 @@ public:
 
     // Polls until completion or until `timeout_s` passes; returns false on timeout.
     // Waiting by polling (instead of ccl::event::wait) is what makes a deadline
-    // possible: oneCCL's own wait has none. The first polls spin for latency;
-    // later ones yield and then sleep, so a long wait does not starve oneCCL's
-    // worker threads on a machine with fewer cores than ranks.
+    // possible: oneCCL's own wait has none. The first polls spin for latency; then
+    // each poll yields the core, so other ranks and oneCCL's worker threads run on a
+    // machine with fewer cores than ranks. Without worker threads
+    // (CCL_WORKER_OFFLOAD=0) these polls are what moves the data, so they only turn
+    // into sleeps after a second, when a peer is late rather than the transfer long.
     bool wait_for(double timeout_s) {
         if (done_) {
             return true;
@@ -141,7 +143,7 @@ public:
 
 private:
     static constexpr unsigned kSpinPolls = 64;
-    static constexpr std::chrono::milliseconds kYieldPhase{2};
+    static constexpr std::chrono::milliseconds kYieldPhase{1000};
     static constexpr std::chrono::microseconds kSleepStep{50};
 
     bool poll() {
