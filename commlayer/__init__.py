@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "dist": ("commlayer.dist", None),
+    "mesh": ("commlayer.mesh", None),
+    "zero": ("commlayer.zero", None),
     "Backend": ("commlayer.backend", "Backend"),
     "get_backend_class": ("commlayer.registry", "get_backend_class"),
     "list_backends": ("commlayer.registry", "list_backends"),
@@ -31,7 +33,7 @@ _LAZY = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 if TYPE_CHECKING:
-    from . import dist
+    from . import dist, mesh, zero
     from .backend import Backend
     from .registry import get_backend_class, list_backends, register_backend, unregister_backend
     from .types import Availability, Capabilities, GroupSpec, ReduceOp
