@@ -7,14 +7,18 @@ One command builds the reference program, runs every job and prints the tables::
 Per world size and round (the order of the two jobs alternates between rounds, so drift on a shared
 host hits both alike):
 
-    oneccl-raw  csrc/bench/ccl_allreduce_bench.cpp, plain oneCCL C++ built here with the venv's
-                headers and libraries, run with exactly the environment the ccl backend sets
+    raw-wait    csrc/bench/ccl_allreduce_bench.cpp, plain oneCCL C++ built here with the venv's
+                headers and libraries, run with exactly the environment the ccl backend sets,
+                waiting with ccl::event::wait()
+    raw-poll    the same program waiting as commlayer's binding does (test() + yield), which
+                separates the cost of the binding from the choice of wait loop
     ccl, gloo, mpi   ``commlayer bench --ops all_reduce`` with all three backends in one mpirun job
                 (without a usable mpirun: a local launch of ccl and gloo only)
 
 Both sides time the same thing: in-place float32 SUM, warm-up ops, a barrier, then blocking ops;
 a rank's figure is its mean per op, the job's is the slowest rank's; every result is checked once.
 Reported: the best round (load from other processes only adds time); the JSON keeps the median.
+"ccl vs raw" is the best raw variant's time over ccl's (>= 1: ccl is as fast).
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ from commlayer.testing.mpi import mpirun_plan, mpirun_unavailable_reason
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "csrc" / "bench" / "ccl_allreduce_bench.cpp"
 PROGRAM = REPO / "build" / "ccl_bench" / "ccl_allreduce_bench"
-RAW = "oneccl-raw"
+RAW_VARIANTS = {"raw-wait": "native", "raw-poll": "poll"}  # variant -> the program's --wait
 GOAL_RATIO, GOAL_FROM_BYTES = 0.95, 1 << 20
 JOB_TIMEOUT_S = 900
 
@@ -58,7 +62,7 @@ class Settings:
 @dataclass(frozen=True)
 class Sample:
     world_size: int
-    variant: str  # oneccl-raw | ccl | gloo | mpi
+    variant: str  # raw-wait | raw-poll | ccl | gloo | mpi
     nbytes: int
     time_us: float
 
@@ -73,7 +77,9 @@ def main() -> None:
     samples: list[Sample] = []
     for round_index in range(settings.rounds):
         for world_size in settings.worlds:
-            jobs = [lambda: run_raw(world_size, settings, install), lambda: run_commlayer(world_size, settings)]
+            jobs = [lambda: run_raw(world_size, settings, install, "raw-wait"),
+                    lambda: run_commlayer(world_size, settings),
+                    lambda: run_raw(world_size, settings, install, "raw-poll")]
             for job in jobs if round_index % 2 == 0 else jobs[::-1]:
                 samples += job()
             print(f"round {round_index + 1}/{settings.rounds}, {world_size} ranks: done", file=sys.stderr, flush=True)
@@ -97,19 +103,19 @@ def build_program(install: OneCclInstall) -> None:
     subprocess.run(command, check=True)
 
 
-def run_raw(world_size: int, settings: Settings, install: OneCclInstall) -> list[Sample]:
+def run_raw(world_size: int, settings: Settings, install: OneCclInstall, variant: str) -> list[Sample]:
     with tempfile.TemporaryDirectory(prefix="ccl-raw-") as directory:
-        arguments = [str(PROGRAM), "--kvs-file", str(Path(directory) / "kvs.address"),
+        arguments = [str(PROGRAM), "--kvs-file", str(Path(directory) / "kvs.address"), "--wait", RAW_VARIANTS[variant],
                      "--min-bytes", str(settings.min_bytes), "--max-bytes", str(settings.max_bytes),
                      "--factor", str(int(settings.factor)), "--iters", str(settings.iters), "--warmup", str(settings.warmup)]
         ranks = [subprocess.Popen(arguments, env=_raw_env(install, rank, world_size), stdout=subprocess.PIPE, text=True)
                  for rank in range(world_size)]
         outputs = [rank.communicate(timeout=JOB_TIMEOUT_S)[0] for rank in ranks]
     if any(rank.returncode for rank in ranks):
-        raise RuntimeError(f"{RAW} failed with exit codes {[rank.returncode for rank in ranks]}")
+        raise RuntimeError(f"{variant} failed with exit codes {[rank.returncode for rank in ranks]}")
     rows = [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
-    _require_correct(RAW, rows)
-    return [Sample(world_size, RAW, row["bytes"], row["time_us"]) for row in rows]
+    _require_correct(variant, rows)
+    return [Sample(world_size, variant, row["bytes"], row["time_us"]) for row in rows]
 
 
 def _raw_env(install: OneCclInstall, rank: int, world_size: int) -> dict[str, str]:
@@ -170,14 +176,15 @@ def summarize(samples: list[Sample]) -> list[dict]:
             if (sample.world_size, sample.nbytes) == (world_size, nbytes):
                 times.setdefault(sample.variant, []).append(sample.time_us)
         best = {variant: min(values) for variant, values in times.items()}
+        raw_best = min((best[v] for v in RAW_VARIANTS if v in best), default=None)
         rows.append({
             "world_size": world_size,
             "bytes": nbytes,
             "best_us": best,
             "median_us": {variant: statistics.median(values) for variant, values in times.items()},
-            "ccl_vs_raw": best[RAW] / best["ccl"] if RAW in best and "ccl" in best else None,
+            "ccl_vs_raw": raw_best / best["ccl"] if raw_best is not None and "ccl" in best else None,
             "fastest": min(best, key=best.get),
-            "fastest_backend": min((v for v in best if v != RAW), key=best.get, default=None),
+            "fastest_backend": min((v for v in best if v not in RAW_VARIANTS), key=best.get, default=None),
         })
     return rows
 
@@ -186,7 +193,7 @@ def markdown(report: dict) -> str:
     lines: list[str] = []
     for world_size in sorted({row["world_size"] for row in report["rows"]}):
         rows = [row for row in report["rows"] if row["world_size"] == world_size]
-        variants = [v for v in (RAW, "ccl", "gloo", "mpi") if any(v in row["best_us"] for row in rows)]
+        variants = [v for v in (*RAW_VARIANTS, "ccl", "gloo", "mpi") if any(v in row["best_us"] for row in rows)]
         lines += ["", f"all_reduce, float32 SUM, {world_size} ranks: time per op in us (best of rounds)", ""]
         lines.append("| bytes | " + " | ".join(variants) + " | ccl vs raw | fastest backend |")
         lines.append("|---:|" + "---:|" * len(variants) + "---:|---|")

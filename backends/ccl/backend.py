@@ -262,7 +262,10 @@ def _load_native(timeout: timedelta | None = None, host: HostLayout | None = Non
     if install is not None:
         # The extension's rpath names the lib folder it was built against; loading the runtime
         # library found now by its soname first keeps a moved or rebuilt environment working.
-        ctypes.CDLL(str(install.library), mode=ctypes.RTLD_GLOBAL)
+        try:
+            ctypes.CDLL(str(install.library), mode=ctypes.RTLD_GLOBAL)
+        except OSError as error:
+            raise ExtensionMissing(f"cannot load {install.library}: {error}") from error
     return _native.load_extension()
 
 

@@ -12,6 +12,7 @@
 //
 //   ccl_allreduce_bench --kvs-file /tmp/kvs.addr [--min-bytes 8] [--max-bytes 67108864]
 //                       [--factor 4] [--iters 20] [--warmup 5] [--timeout 60]
+//                       [--wait native|poll]
 //
 // Output (rank 0, one JSON object per line):
 //   {"backend": "oneccl-raw", "op": "all_reduce", "bytes": 1048576, "world_size": 2,
@@ -42,6 +43,7 @@ struct Options {
     int iters = 20;
     int warmup = 5;
     double timeout_s = 60.0;
+    bool poll = false;  // --wait poll: test() + yield, the binding's discipline; native: event.wait()
 };
 
 int env_int(const char* name) {
@@ -65,6 +67,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "--iters") options.iters = std::stoi(value);
         else if (flag == "--warmup") options.warmup = std::stoi(value);
         else if (flag == "--timeout") options.timeout_s = std::stod(value);
+        else if (flag == "--wait") options.poll = value == "poll";
         else throw std::invalid_argument("unknown option " + flag);
     }
     if (options.rank < 0 || options.size <= 0 || options.rank >= options.size) {
@@ -125,6 +128,14 @@ long count_wrong(const std::vector<float>& buffer, int size) {
     return wrong;
 }
 
+// What commlayer's binding does instead of ccl::event::wait (see Event::wait_for there):
+// spin on test() briefly, then yield the core between polls.
+void poll_until_done(ccl::event& event) {
+    for (unsigned polls = 0; !event.test(); ++polls) {
+        if (polls >= 64) std::this_thread::yield();
+    }
+}
+
 double slowest(double mine, const ccl::communicator& comm) {
     double result = 0.0;
     ccl::allreduce(&mine, &result, 1, ccl::datatype::float64, ccl::reduction::max, comm).wait();
@@ -136,7 +147,8 @@ void measure(size_t bytes, const Options& options, const ccl::communicator& comm
     std::vector<float> buffer(count);
     fill(buffer, options.rank);
     const auto allreduce = [&] {
-        ccl::allreduce(buffer.data(), buffer.data(), count, ccl::reduction::sum, comm).wait();
+        auto event = ccl::allreduce(buffer.data(), buffer.data(), count, ccl::reduction::sum, comm);
+        options.poll ? poll_until_done(event) : event.wait();
     };
     for (int i = 0; i < options.warmup; ++i) allreduce();
     ccl::barrier(comm).wait();
