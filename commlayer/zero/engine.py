@@ -32,7 +32,7 @@ from .scaler import LossScaler
 from .stage3 import PartitionedParams
 from .units import plan_units
 
-__all__ = ["ALIGNMENT", "ZeroEngine", "partition_dims"]
+__all__ = ["ALIGNMENT", "ZeroEngine", "keeps_full_gradients", "partition_dims"]
 
 log = logging.getLogger("commlayer.zero")
 
@@ -89,7 +89,8 @@ class ZeroEngine:
 
     def _build_runtime(self) -> ReplicatedParams | PartitionedParams:
         zero, stage = self.config.zero_optimization, self.config.stage
-        scratch = MAX_SCRATCH_IN_FLIGHT if stage >= 2 else None
+        full_grads = keeps_full_gradients(stage, self.batch.gradient_accumulation_steps)
+        scratch = None if full_grads else MAX_SCRATCH_IN_FLIGHT
         reducer = GradientReducer(self.group, self.master, self.config.reduce_dtype, scratch)
         # A second communicator for parameter gathers: ordered independently of the reductions.
         gather_group = self._gather_group() if stage >= 1 else None
@@ -97,8 +98,9 @@ class ZeroEngine:
             assert gather_group is not None
             return PartitionedParams(self.params, self.param_names, self.unit_plans, self.layout, self.master, reducer, gather_group,
                                      train_dtype=self.train_dtype, prefetch_numel=zero.stage3_prefetch_bucket_size)
-        return ReplicatedParams(self.params, self.param_names, self.layout, self.master, reducer, gather_group, stage=stage,
-                                train_dtype=self.train_dtype, overlap=zero.overlap, allgather_numel=zero.allgather_bucket_size)
+        return ReplicatedParams(self.params, self.param_names, self.layout, self.master, reducer, gather_group,
+                                full_grads=full_grads, train_dtype=self.train_dtype, overlap=zero.overlap,
+                                allgather_numel=zero.allgather_bucket_size)
 
     def _gather_group(self) -> ProcessGroup:
         return self.mesh[partition_dims(self.mesh)].duplicate_group()
@@ -140,6 +142,9 @@ class ZeroEngine:
             scaled.backward(retain_graph=retain_graph)
         finally:
             self.runtime.finish_backward()
+        if self.master.pending and not self.is_gradient_accumulation_boundary():
+            # The next micro-step adds to these gradients: accumulate them in fp32 from now on.
+            self.master.fold_pending()
         self._backward_done = True
         return loss
 
@@ -156,7 +161,7 @@ class ZeroEngine:
 
     def zero_grad(self) -> None:
         self.runtime.zero_grads()
-        self.master.grads.zero_()
+        self.master.release_grads()
 
     def _optimizer_step(self) -> None:
         overflow = self.config.fp16.enabled and self._any_rank_overflowed()
@@ -165,8 +170,9 @@ class ZeroEngine:
             log.info("step %d skipped: fp16 gradient overflow at loss scale %g", self.global_steps, self.scaler.scale)
         else:
             factor = self._gradient_factor()
+            grads = self.master.fold_pending()
             if not (isinstance(factor, float) and factor == 1.0):
-                self.master.grads.mul_(factor)
+                grads.mul_(factor)
             self.master.link_grads()
             self.optimizer.step()
             self.runtime.refresh_params()
@@ -253,6 +259,18 @@ class ZeroEngine:
     def destroy(self) -> None:
         """Remove the engine's hooks from the model (the parameters stay as they are)."""
         self.runtime.remove_hooks()
+
+
+def keeps_full_gradients(stage: int, accumulation_steps: int) -> bool:
+    """Whether ranks keep a whole-model gradient buffer between backward passes (stages 0-2).
+
+    Stage 0 does (it all-reduces whole buckets); stage 1 does only when gradients accumulate
+    over micro-steps, since it reduces once per optimizer step. With one micro-step per step
+    nothing has to outlive the backward pass, so stage 1 reduce-scatters scratch buckets as
+    stage 2 does and never holds the full gradient (that buffer is 2 bytes per parameter in
+    bf16, on top of the memory peak). Stage 2 never does.
+    """
+    return stage == 0 or (stage == 1 and accumulation_steps > 1)
 
 
 def partition_dims(mesh: Mesh) -> tuple[str, ...]:

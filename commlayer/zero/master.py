@@ -1,5 +1,13 @@
 """A rank's fp32 master shard, its gradient, and the optimizer rewired to step only that shard.
 
+The fp32 gradient shard exists only while it is needed. A reduced segment arrives as a *piece*
+in the reduction dtype (bf16 in bf16 training) and is kept as it is; the pieces are folded into
+a freshly allocated fp32 gradient shard just before the optimizer step (or at the end of a
+micro-step that must accumulate into the next one), and that shard is released after the step.
+So during forward and backward -- where activations make the memory peak -- a rank holds no
+fp32 gradient at all, only the pieces reduced so far (half the bytes in bf16, and arriving as
+activations are freed). Folding is the same ``add_`` into zeros as before, so values are exact.
+
 The torch optimizer the user built keeps its param groups (learning rates, weight decay, betas);
 only each group's ``params`` list is replaced by the *fragments* of those parameters this rank
 owns -- views into one flat fp32 tensor. For element-wise optimizers (Adam, AdamW, SGD, ...)
@@ -25,11 +33,12 @@ class MasterShard:
         self.layout = layout
         self.rank = rank
         self.values = torch.zeros(layout.shard_numel, dtype=torch.float32, device=device)
-        self.grads = torch.zeros_like(self.values)
+        self.grads: torch.Tensor | None = None  # see fold_pending / release_grads
+        self.pending: dict[int, torch.Tensor] = {}  # segment index -> reduced piece, not yet in grads
         self.fragments: tuple[Fragment, ...] = layout.fragments(rank)
         self.shapes = [tuple(p.shape) for p in params]
         self.fragment_values = [self._view(self.values, f, self.shapes[f.param]) for f in self.fragments]
-        self.fragment_grads = [self._view(self.grads, f, self.shapes[f.param]) for f in self.fragments]
+        self.fragment_grads: list[torch.Tensor] = []
 
     @staticmethod
     def _view(flat: torch.Tensor, fragment: Fragment, shape: tuple[int, ...]) -> torch.Tensor:
@@ -42,7 +51,48 @@ class MasterShard:
         return self.values[segment.shard_offset : segment.shard_offset + segment.shard_numel]
 
     def segment_grads(self, segment: Segment) -> torch.Tensor:
+        assert self.grads is not None, "fold_pending() allocates the gradient shard"
         return self.grads[segment.shard_offset : segment.shard_offset + segment.shard_numel]
+
+    # --- gradient life cycle -----------------------------------------------------------------
+
+    def accept_piece(self, segment: Segment, piece: torch.Tensor) -> None:
+        """Keep ``piece`` (this rank's reduced part of ``segment``) until the next fold."""
+        if segment.index in self.pending:  # a second reduction of the segment in one micro-step
+            self.fold_pending()
+        self.pending[segment.index] = piece
+
+    def fold_pending(self) -> torch.Tensor:
+        """Sum the kept pieces into the fp32 gradient shard (allocated here when absent)."""
+        fresh = self.grads is None
+        if fresh:
+            self.grads = torch.empty_like(self.values)
+            self.fragment_grads = [self._view(self.grads, f, self.shapes[f.param]) for f in self.fragments]
+        for segment in self.layout.segments:
+            piece = self.pending.pop(segment.index, None)
+            target = self.segment_grads(segment)
+            if piece is None:
+                if fresh:
+                    target.zero_()
+            elif fresh:
+                target.copy_(piece)  # same value as adding into zeros, one pass fewer
+            else:
+                target.add_(piece)
+        assert self.grads is not None
+        return self.grads
+
+    def release_grads(self) -> None:
+        """Drop the fp32 gradient shard and any kept pieces (after a step, or on zero_grad)."""
+        self.pending.clear()
+        self.grads = None
+        self.fragment_grads = []
+        for tensor in self.fragment_values:
+            tensor.grad = None
+
+    def grad_bytes(self) -> int:
+        """Bytes of gradient this rank holds right now (fp32 shard plus kept pieces)."""
+        held = 0 if self.grads is None else self.grads.numel() * self.grads.element_size()
+        return held + sum(piece.numel() * piece.element_size() for piece in self.pending.values())
 
     def gather_segment(self, segment: Segment, group: ProcessGroup) -> torch.Tensor:
         """A whole segment's fp32 values assembled from every rank's shard (collective)."""
@@ -74,10 +124,10 @@ class MasterShard:
                 per_group[group_of[id(param)]].append(tensor)
         for group, fragments in zip(optimizer.param_groups, per_group):
             group["params"] = fragments
-        self.link_grads()
 
     def link_grads(self) -> None:
-        """Point every fragment's ``.grad`` at the shard's gradient (a zero_grad may drop it)."""
+        """Point every fragment's ``.grad`` at the folded gradient shard (call after fold_pending)."""
+        assert len(self.fragment_grads) == len(self.fragment_values), "fold_pending() first"
         for tensor, grad in zip(self.fragment_values, self.fragment_grads):
             if tensor.grad is not grad:
                 tensor.grad = grad
@@ -90,11 +140,11 @@ class MasterShard:
 
     def grad_norm_squared(self) -> torch.Tensor:
         """Local sum of squared gradients, a 1-element fp32 tensor (padding is always zero)."""
-        return torch.linalg.vector_norm(self.grads, 2).square().reshape(1)
+        return torch.linalg.vector_norm(self.fold_pending(), 2).square().reshape(1)
 
     def nonfinite_flag(self) -> torch.Tensor:
         """1.0 when any local gradient is inf or nan, as a 1-element tensor to all-reduce with MAX."""
-        return (~torch.isfinite(self.grads).all()).to(torch.float32).reshape(1)
+        return (~torch.isfinite(self.fold_pending()).all()).to(torch.float32).reshape(1)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

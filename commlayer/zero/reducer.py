@@ -5,8 +5,8 @@ every rank keeps the whole segment (stage 0), ``reduce_scatter_tensor`` otherwis
 ends up with the sum of shard ``r`` only. Outputs never alias inputs: NCCL allows that, MPI
 forbids it, and the engine must run on every backend. The buffer is divided by the group size
 *before* the sum, which keeps fp16 sums in range. When the collective completes, the rank's
-piece is added into its fp32 master gradient, so gradient accumulation over micro-steps is a
-plain sum there. Launch order is the caller's business: every rank must launch the same
+piece is handed to the master shard, which keeps it in the reduction dtype and folds it into
+the fp32 gradient only when the step (or the next micro-step's accumulation) needs it. Launch order is the caller's business: every rank must launch the same
 segments in the same order, since each is one collective on a shared communicator.
 """
 from __future__ import annotations
@@ -65,11 +65,11 @@ class GradientReducer:
             self._finish_oldest()
 
     def drain(self) -> None:
-        """Wait for every reduction and fold it into the master gradient."""
+        """Wait for every reduction and hand its piece to the master shard."""
         while self._in_flight:
             self._finish_oldest()
 
     def _finish_oldest(self) -> None:
         done = self._in_flight.popleft()
         done.work.wait()
-        self.master.segment_grads(done.segment).add_(done.piece)
+        self.master.accept_piece(done.segment, done.piece)

@@ -3,11 +3,14 @@
 Parameters become views into ``flat`` (segment after segment, see :mod:`.partition`), so the
 all-gather after the optimizer step writes them in place. Gradients:
 
-- stages 0 and 1 keep a persistent flat gradient buffer; each ``param.grad`` is a view into it,
-  so autograd accumulates micro-steps there, and only the boundary micro-step reduces it;
-- stage 2 keeps no full gradient: a grad hook copies each gradient into its segment's scratch
-  buffer and drops ``param.grad``; every micro-step reduce-scatters the segments into the fp32
-  master gradient shard.
+- with ``full_grads`` (stage 0, and stage 1 accumulating over micro-steps, see
+  :func:`.engine.keeps_full_gradients`) a persistent flat gradient buffer; each ``param.grad``
+  is a view into it, so autograd accumulates micro-steps there, and only the boundary
+  micro-step reduces it;
+- otherwise no full gradient: a grad hook copies each gradient into its segment's scratch
+  buffer (allocated on its first gradient, freed once reduced) and drops ``param.grad``; every
+  micro-step reduce-scatters the segments into this rank's gradient pieces (see
+  :class:`.master.MasterShard`).
 
 With ``overlap_comm`` a segment is reduced from the backward hooks as soon as all its gradients
 arrived, in segment order (segments hold parameters in reverse registration order, which is
@@ -41,17 +44,17 @@ class ReplicatedParams:
         reducer: GradientReducer,
         gather_group: ProcessGroup | None,
         *,
-        stage: int,
+        full_grads: bool,
         train_dtype: torch.dtype,
         overlap: bool,
         allgather_numel: int,
     ) -> None:
         self.params, self.names, self.layout, self.master, self.reducer = list(params), list(names), layout, master, reducer
-        self.gather_group, self.stage, self.overlap, self.allgather_numel = gather_group, stage, overlap, allgather_numel
+        self.gather_group, self.full_grads, self.overlap, self.allgather_numel = gather_group, full_grads, overlap, allgather_numel
         device = self.params[0].device
         self.flat = torch.zeros(layout.padded_numel, dtype=train_dtype, device=device)
         self.param_views = self._views(self.flat)
-        self.grad_flat = torch.zeros_like(self.flat) if stage < 2 else None
+        self.grad_flat = torch.zeros_like(self.flat) if full_grads else None
         self.grad_views = self._views(self.grad_flat) if self.grad_flat is not None else None
         self.segment_of = {slot.param: segment for segment in layout.segments for slot in segment.slots}
         self.slot_of = {slot.param: slot for segment in layout.segments for slot in segment.slots}
@@ -86,7 +89,7 @@ class ReplicatedParams:
         self.attach_grads()
 
     def attach_grads(self) -> None:
-        """Stages 0-1: make each ``.grad`` the flat view again (a user zero_grad may replace it)."""
+        """With full gradients: make each ``.grad`` the flat view again (a user zero_grad may replace it)."""
         if self.grad_views is None:
             return
         for param, view in zip(self.params, self.grad_views):
@@ -102,8 +105,8 @@ class ReplicatedParams:
 
     def begin_backward(self, boundary: bool) -> None:
         self.attach_grads()
-        # Stages 0-1 reduce only on the accumulation boundary; stage 2 on every micro-step.
-        self._counting = boundary or self.stage == 2
+        # Full gradients are reduced only on the accumulation boundary; scratch ones every micro-step.
+        self._counting = boundary or not self.full_grads
         self._inside_backward = True
         self._arrived = [set() for _ in self.layout.segments]
         self._next_launch = 0
@@ -124,7 +127,7 @@ class ReplicatedParams:
                 f"zero: parameter '{self.names[index]}' received a second gradient in one backward pass "
                 "(reentrant activation checkpointing?); set zero_optimization.overlap_comm to false"
             )
-        if self.stage == 2:
+        if not self.full_grads:
             slot = self.slot_of[index]
             staging = self._staging_for(segment)
             staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
@@ -147,7 +150,7 @@ class ReplicatedParams:
 
     def _launch(self, segment: Segment) -> None:
         self._next_launch = segment.index + 1
-        if self.stage == 2:
+        if not self.full_grads:
             buffer = self._staging_for(segment)
             for slot in segment.slots:
                 if slot.param not in self._arrived[segment.index]:  # unused this time: no gradient
