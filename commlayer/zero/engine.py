@@ -234,6 +234,27 @@ class ZeroEngine:
     def eval(self) -> ZeroEngine:
         return self.train(False)
 
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes of each buffer the engine holds on this rank right now (activations not included).
+
+        ``params``: the working parameters (stages 0-2: the flat training-dtype buffer; stage 3:
+        units gathered now); ``full_grads``: the whole-model gradient buffer (stage 0, or stage 1
+        with accumulation); ``master``: the fp32 shard; ``master_grads``: its fp32 gradient plus
+        reduced pieces not yet folded (zero between steps); ``optimizer``: the optimizer state.
+        """
+        def size(tensor: torch.Tensor | None) -> int:
+            return 0 if tensor is None else tensor.untyped_storage().nbytes()
+
+        runtime = self.runtime
+        if isinstance(runtime, ReplicatedParams):
+            params, full_grads = size(runtime.flat), size(runtime.grad_flat)
+        else:
+            params, full_grads = sum(size(unit.full) for unit in runtime.units), 0
+        state = [value for values in self.optimizer.state.values() for value in values.values()]
+        optimizer = sum(size(value) for value in state if isinstance(value, torch.Tensor) and value.dim() > 0)
+        return {"params": params, "full_grads": full_grads, "master": size(self.master.values),
+                "master_grads": self.master.grad_bytes(), "optimizer": optimizer}
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights (fp32 masters in the original dtypes) and buffers, on CPU.
 

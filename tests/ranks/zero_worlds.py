@@ -7,8 +7,10 @@
 - each rank's optimizer state covers exactly its shard: ceil(total / N) plus alignment padding;
 - world 4 saves checkpoints mid-run and the weights of the uninterrupted run; world 2 loads
   them (resharding 4 -> 2, and stage 3 -> stage 1) and trains on to the same weights;
-- world 2 also checks the bf16 loss curve, fp16 overflow skipping agreed by all ranks, and
-  errors raised before any communication.
+- world 2 also checks the bf16 loss curve, fp16 overflow skipping agreed by all ranks,
+  errors raised before any communication, stages 1-2 without accumulation, and the bytes each
+  rank holds (working copy, full gradient or not, master, fp32 gradient or pieces, AdamW state)
+  against their closed form.
 """
 from __future__ import annotations
 
@@ -126,6 +128,8 @@ def world2(directory: str) -> None:
     common.train(engine, RECIPE, rank, world, range(RECIPE.steps))
     check_equal(engine.full_state_dict(), expected, f"world {world} stage 2 fp32 without overlap, one bucket")
     check_rank0_weights_win()
+    check_memory_without_accumulation()
+    check_memory_with_accumulation()
     check_resume(directory, saved_stage=2, load_stage=2)
     check_resume(directory, saved_stage=3, load_stage=1)
     check_bf16_loss_curve(reference_losses)
@@ -140,6 +144,52 @@ def check_rank0_weights_win() -> None:
         rank0 = common.make_model(RECIPE, seed=100).state_dict()
         engine = zero.initialize(model=model, optimizer=common.make_optimizer(model, RECIPE), config=config(RECIPE, world, stage))
         assert common.max_difference(engine.full_state_dict(), rank0)[0] == 0.0
+
+
+def expected_bytes(engine: zero.ZeroEngine, item: int, *, full_grads: bool, master_grads: int) -> dict[str, int]:
+    """The closed form per rank: working copy ``item`` bytes per padded element, fp32 master and
+    AdamW's two fp32 moments on this rank's shard, and a full gradient only when asked."""
+    layout = engine.layout
+    owned = sum(f.numel for f in engine.master.fragments)
+    return {"params": item * layout.padded_numel, "full_grads": item * layout.padded_numel if full_grads else 0,
+            "master": 4 * layout.shard_numel, "master_grads": master_grads, "optimizer": 2 * 4 * owned}
+
+
+def check_memory_without_accumulation() -> None:
+    """One micro-step per step: stages 1 and 2 hold no full gradient and, between steps, no fp32
+    gradient shard; right after backward only the reduced pieces in the training dtype."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    recipe = Recipe(accumulation=1)
+    expected, _ = common.reference_run(recipe)
+    for stage in (1, 2):
+        engine = engine_for(recipe, world, stage)
+        common.train(engine, recipe, rank, world, range(recipe.steps))
+        check_equal(engine.full_state_dict(), expected, f"world {world} stage {stage} fp32 without accumulation")
+        assert engine.memory_bytes() == expected_bytes(engine, 4, full_grads=False, master_grads=0)
+        engine = engine_for(recipe, world, stage, bf16={"enabled": True})
+        common.train(engine, recipe, rank, world, range(1))
+        engine.backward(engine(*common.rank_batch(recipe, 1, 0, rank, world)))
+        pieces = 2 * engine.layout.shard_numel  # every segment's reduced piece, bf16
+        assert engine.memory_bytes() == expected_bytes(engine, 2, full_grads=False, master_grads=pieces)
+        engine.step()
+        assert engine.memory_bytes() == expected_bytes(engine, 2, full_grads=False, master_grads=0)
+    log(f"world {world} stages 1-2 without accumulation: no full gradient, no fp32 gradient between steps")
+
+
+def check_memory_with_accumulation() -> None:
+    """Accumulating: stage 1 keeps the full gradient and reduces on the boundary only; stage 2
+    folds each micro-step's pieces into an fp32 shard that lives until the step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for stage in (1, 2):
+        engine = engine_for(RECIPE, world, stage, bf16={"enabled": True})
+        common.train(engine, RECIPE, rank, world, range(1))
+        engine.backward(engine(*common.rank_batch(RECIPE, 1, 0, rank, world)))
+        held = 0 if stage == 1 else 4 * engine.layout.shard_numel
+        assert engine.memory_bytes() == expected_bytes(engine, 2, full_grads=stage == 1, master_grads=held)
+        engine.step()
+        engine.backward(engine(*common.rank_batch(RECIPE, 1, 1, rank, world)))
+        engine.step()
+        assert engine.memory_bytes() == expected_bytes(engine, 2, full_grads=stage == 1, master_grads=0)
 
 
 def check_resume(directory: str, saved_stage: int, load_stage: int) -> None:
