@@ -202,7 +202,9 @@ def launch_jobs(arguments: argparse.Namespace) -> list[Record]:
     for pair in arguments.pairs.split(","):
         for world_size in (int(size) for size in arguments.world_sizes.split(",")):
             output = arguments.out / f"mpi_{pair}_{world_size}.json"
-            env = {**os.environ, **PAIRS[pair], "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+            # Unpinned ranks, as Open MPI's plan already runs them (--bind-to none): Intel MPI pins
+            # each rank to one core, where gloo's helper threads then starve behind the rank.
+            env = {"I_MPI_PIN": "0", **os.environ, **PAIRS[pair], "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
             plan = mpirun_plan(world_size, env)
             job = (*plan.argv, sys.executable, __file__, "--job", str(output), "--rounds", str(arguments.rounds),
                    "--budget", str(arguments.budget), "--max-bytes", str(arguments.max_bytes))
