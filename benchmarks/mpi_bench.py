@@ -8,11 +8,12 @@ Each job runs this file under mpirun (the pair's launcher, from commlayer.testin
 measures, for all_reduce (SUM, float32, in place), all_gather (into one tensor) and broadcast, at
 8 B .. 64 MiB per rank, interleaved round by round so drift hits every variant alike:
 
-    raw      mpi4py Allreduce / Allgather / Bcast on numpy buffers (the reference)
-    mpi      commlayer.dist on the mpi backend, CPU tensors (what a user calls)
-    mpi+hint the same with the facade's proposed "caller waits at once" hint, i.e. blocking MPI
-             calls; only measured while the facade lacks commlayer.backend.is_blocking_call
-    gloo     torch.distributed on gloo, rendezvoused in the same job
+    raw        mpi4py Allreduce / Allgather / Bcast on numpy buffers (the reference)
+    mpi        commlayer.dist on the mpi backend, CPU tensors, synchronous (what a user calls;
+               the facade's sync hint makes it MPI's blocking call)
+    mpi-async  the same with async_op=True and an immediate wait(): MPI's non-blocking
+               collective (Iallreduce, ...) and the wait loop
+    gloo       torch.distributed on gloo, rendezvoused in the same job
 
 Times are the slowest rank's, per op, in the best of the rounds (load from other processes on a
 shared host only ever adds time); the JSON also keeps the median. Before timing, each variant's
@@ -27,18 +28,15 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
-from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = [8 << (2 * step) for step in range(12)] + [1 << 20, 64 << 20]  # 8 B, 32 B, ... 32 MiB, 1 MiB, 64 MiB
 OPS = ("all_reduce", "all_gather", "broadcast")
 PAIRS = {"default": {}, "openmpi": {"COMMLAYER_MPI": "openmpi"}}
-HINT = "commlayer.backends.mpi.backend._is_blocking_call"
 
 
 @dataclass(frozen=True)
@@ -61,20 +59,17 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     import torch.distributed as torch_dist
     from mpi4py import MPI
 
-    import commlayer.backend
     from commlayer import dist
 
     dist.init_process_group("mpi", timeout=timedelta(minutes=10))
     comm, backend = MPI.COMM_WORLD.Dup(), dist.group.WORLD.primary_backend
     torch_dist.init_process_group("gloo", store=_gloo_store(comm), rank=comm.rank, world_size=comm.size)
-    with_hint = not hasattr(commlayer.backend, "is_blocking_call")
     records = []
     for nbytes in sorted(size for size in set(SIZES) if size <= max_bytes):
         for op in OPS:
-            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, with_hint)
+            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI)
             for name, (run, check) in cases.items():
-                with _hint(name):
-                    check()
+                check()
             samples = _measure(cases, comm, MPI, rounds, budget_s)
             records += [
                 Record(op, nbytes, name, min(values), statistics.median(values), comm.size, backend.library)
@@ -87,15 +82,20 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     return records
 
 
-def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, with_hint: bool) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
     """variant -> (one timed op, one exact check); every variant has its own buffers."""
     count, size, rank = nbytes // 4, comm.size, comm.rank
     array, gathered = np.zeros(count, np.float32), np.zeros(count * size, np.float32)
-    tensors = {name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi+hint", "gloo")}
+    tensors = {name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi-async", "gloo")}
     facade = {
         "all_reduce": lambda t, out: dist.all_reduce(t),
         "all_gather": lambda t, out: dist.all_gather_into_tensor(out, t),
         "broadcast": lambda t, out: dist.broadcast(t, src=0),
+    }[op]
+    facade_async = {
+        "all_reduce": lambda t, out: dist.all_reduce(t, async_op=True).wait(),
+        "all_gather": lambda t, out: dist.all_gather_into_tensor(out, t, async_op=True).wait(),
+        "broadcast": lambda t, out: dist.broadcast(t, src=0, async_op=True).wait(),
     }[op]
     gloo = {
         "all_reduce": lambda t, out: torch_dist.all_reduce(t),
@@ -108,9 +108,7 @@ def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any
         "broadcast": lambda: comm.Bcast(array, 0),
     }[op]
     variants = {"raw": (raw, lambda: _check_numpy(op, array, gathered, raw, rank, size, np))}
-    for name, call in (("mpi", facade), ("mpi+hint", facade), ("gloo", gloo)):
-        if name == "mpi+hint" and not with_hint:
-            continue
+    for name, call in (("mpi", facade), ("mpi-async", facade_async), ("gloo", gloo)):
         tensor, out = tensors[name]
         variants[name] = (lambda call=call, tensor=tensor, out=out: call(tensor, out), _torch_check(op, tensor, out, call, rank, size, torch))
     return variants
@@ -121,17 +119,15 @@ def _measure(cases: dict[str, Any], comm: Any, mpi: Any, rounds: int, budget_s: 
     share = budget_s / (rounds * len(cases))
     iterations = {}
     for name, (run, _check) in cases.items():
-        with _hint(name):
-            iterations[name] = _iterations(run, comm, mpi, share)
+        iterations[name] = _iterations(run, comm, mpi, share)
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, (run, _check) in cases.items():
-            with _hint(name):
-                comm.Barrier()
-                start = time.perf_counter()
-                for _ in range(iterations[name]):
-                    run()
-                elapsed = (time.perf_counter() - start) / iterations[name]
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(iterations[name]):
+                run()
+            elapsed = (time.perf_counter() - start) / iterations[name]
             samples[name].append(comm.allreduce(elapsed, op=mpi.MAX))
     return samples
 
@@ -144,10 +140,6 @@ def _iterations(run: Callable[[], Any], comm: Any, mpi: Any, budget_s: float) ->
         run()
     once = comm.allreduce((time.perf_counter() - start) / 3, op=mpi.MAX)
     return max(3, min(20_000, int(budget_s / max(once, 1e-7))))
-
-
-def _hint(variant: str) -> Any:
-    return mock.patch(HINT, lambda: True) if variant == "mpi+hint" else nullcontext()
 
 
 def _check_numpy(op: str, array: Any, gathered: Any, run: Callable[[], Any], rank: int, size: int, np: Any) -> None:
@@ -223,23 +215,20 @@ def render(records: list[Record]) -> str:
     for library, world_size in groups:
         chosen = [r for r in records if (r.library, r.world_size) == (library, world_size)]
         table = {(r.op, r.nbytes, r.variant): r.seconds for r in chosen}
-        hinted = any(r.variant == "mpi+hint" for r in chosen)
-        lines += [f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op; raw/mpi = mpi's share of raw bandwidth)\n"]
-        header = "| op | bytes | raw | mpi | " + ("mpi+hint | " if hinted else "") + "gloo | raw/mpi | +us at mpi | " + ("raw/(mpi+hint) | " if hinted else "") + "gloo/mpi |"
+        lines += [f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"]
+        header = "| op | bytes | raw | mpi | mpi-async | gloo | raw/mpi | mpi - raw (us) | raw/mpi-async | gloo/mpi |"
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for op in OPS:
             for nbytes in sorted({r.nbytes for r in chosen if r.op == op}):
-                lines.append(_row(op, nbytes, table, hinted))
+                lines.append(_row(op, nbytes, table))
     return "\n".join(lines)
 
 
-def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float], hinted: bool) -> str:
-    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi+hint", "gloo") if (op, nbytes, variant) in table}
-    cells = [op, _size(nbytes), f"{us['raw']:.1f}", f"{us['mpi']:.1f}"]
-    cells += [f"{us['mpi+hint']:.1f}"] if hinted else []
-    cells += [f"{us['gloo']:.1f}", f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
-    cells += [f"{us['raw'] / us['mpi+hint']:.2f}"] if hinted else []
-    cells += [f"{us['gloo'] / us['mpi']:.2f}"]
+def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float]) -> str:
+    """raw/mpi is mpi's share of raw bandwidth; gloo/mpi > 1 means mpi is that many times faster."""
+    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-async", "gloo")}
+    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-async", "gloo")]
+    cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}", f"{us['raw'] / us['mpi-async']:.2f}", f"{us['gloo'] / us['mpi']:.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 

@@ -44,8 +44,8 @@ def test_compatibility_suite_on_mpi(world_size: int) -> None:
 
 def test_mpi_specific_checks(pair_env: Mapping[str, str]) -> None:
     """Tags, timed waits, futures, 16-bit floats over 2 MiB, any-source receive; on Open MPI also
-    the compatibility suite on blocking MPI calls (the other pair runs it non-blocking above)."""
-    options = ["blocking"] if pair_env else []
+    the compatibility suite (the default pair runs it at 2, 3 and 4 ranks above)."""
+    options = ["compat"] if pair_env else []
     run_world("tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", timeout=300, env=pair_env, args=options)
 
 

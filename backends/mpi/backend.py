@@ -1,11 +1,13 @@
 """The ``mpi`` backend: MPI through mpi4py, for jobs started by ``mpirun``.
 
 Tensors reach MPI as zero-copy views of their memory (``MPI.buffer.fromaddress`` over
-``data_ptr()``), typed by :mod:`._datatypes`. Every op has two forms: the blocking MPI call, used
-when the facade says the caller will wait right away (``commlayer.backend.is_blocking_call()``,
-where the facade provides it), and the non-blocking one (Iallreduce, Ibcast, Isend, ...) wrapped in
-an :class:`~._work.MpiWork`. MPI's blocking collectives may use faster algorithms than the
-non-blocking ones (Open MPI's Allgather is ~2.5x its Iallgather at 1 MiB on one node).
+``data_ptr()``), typed by :mod:`._datatypes`. Every collective has two forms: the blocking MPI
+call, used when the facade says the caller waits at once (``async_op=False``, see
+``Capabilities.sync_hint``), and the non-blocking one (Iallreduce, Ibcast, ...) wrapped in an
+:class:`~._work.MpiWork`. MPI's blocking collectives may use faster algorithms than the
+non-blocking ones (Open MPI's Allgather is ~2.5x its Iallgather at 1 MiB on one node). Sends and
+receives are always non-blocking (Isend/Irecv): a batch of them must all be posted before any
+waits, or a ring of blocking sends could deadlock.
 
 Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are.
 World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communicator with
@@ -22,7 +24,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-import commlayer.backend as contract
 from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, invalid_argument
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
@@ -36,10 +37,6 @@ from ._work import MpiWork, StagedWork, WaitLimit
 __all__ = ["MpiBackend"]
 
 log = logging.getLogger("commlayer.backends.mpi")
-
-# Proposed facade hint: True while the facade launches an op it will wait for at once. Without it
-# every op takes the non-blocking path, which is correct, only slower on some libraries.
-_is_blocking_call: Callable[[], bool] = getattr(contract, "is_blocking_call", lambda: False)
 
 _AVG = ReduceOp.AVG
 
@@ -55,7 +52,7 @@ class MpiBackend(Backend):
     """One MPI communicator over ``spec.ranks`` (a duplicate of COMM_WORLD for the world)."""
 
     name = "mpi"
-    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True)
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True, sync_hint=True)
     install_hint = INSTALL_HINT
 
     def __init__(self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool) -> None:
@@ -108,80 +105,95 @@ class MpiBackend(Backend):
 
     # --- the mandatory core ----------------------------------------------------------------
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("all_reduce", tensor, op)
+            return self._via_host("all_reduce", tensor, op, async_op=async_op)
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         average = self._averaging(tensor, op)
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Allreduce(self._in_place, message, mpi_op)
             return _completed([tensor], average)
         return MpiWork(self._comm.Iallreduce(self._in_place, message, mpi_op), "all_reduce", self._limit, [tensor], (tensor,), average)
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("all_gather_into_tensor", output, tensor)
+            return self._via_host("all_gather_into_tensor", output, tensor, async_op=async_op)
         mine, gathered = self._message(tensor), self._message(output)
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Allgather(mine, gathered)
             return CompletedWork([output])
         return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather_into_tensor", self._limit, [output], (tensor, output))
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("broadcast", tensor, root)
+            return self._via_host("broadcast", tensor, root, async_op=async_op)
         message = self._message(tensor)
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Bcast(message, root)
             return CompletedWork([tensor])
         return MpiWork(self._comm.Ibcast(message, root), "broadcast", self._limit, [tensor], (tensor,))
 
-    def barrier(self) -> Work:
-        if _is_blocking_call():
+    def barrier(self, *, async_op: bool = True) -> Work:
+        if not async_op:
             self._comm.Barrier()
             return CompletedWork()
         return MpiWork(self._comm.Ibarrier(), "barrier", self._limit, ())
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("send", tag)
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("send", tensor, dst, tag)
+            return self._via_host("send", tensor, dst, tag, async_op=async_op)
         return MpiWork(self._comm.Isend(self._message(tensor), dst, tag), "send", self._limit, (), (tensor,))
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("recv", tag)
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("recv", tensor, src, tag)
+            return self._via_host("recv", tensor, src, tag, async_op=async_op)
         return MpiWork(self._comm.Irecv(self._message(tensor), src, tag), "recv", self._limit, [tensor], (tensor,))
 
-    def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
+    def recv_any(self, tensor: torch.Tensor, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("recv", tag)
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("recv_any", tensor, tag)
+            return self._via_host("recv_any", tensor, tag, async_op=async_op)
         status = self._mpi.Status()
         request = self._comm.Irecv(self._message(tensor), self._mpi.ANY_SOURCE, tag)
         return MpiWork(request, "recv", self._limit, [tensor], (tensor,), status=status)
 
     # --- native versions of the fallbacks -------------------------------------------------
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("reduce", tensor, root, op)
+            return self._via_host("reduce", tensor, root, op, async_op=async_op)
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         # The root reduces in place; the others only send (MPI ignores their receive buffer).
         send, receive = (self._in_place, message) if self.rank == root else (message, None)
         average = self._averaging(tensor, op) if self.rank == root else None
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Reduce(send, receive, mpi_op, root)
             return _completed([tensor], average)
         return MpiWork(self._comm.Ireduce(send, receive, mpi_op, root), "reduce", self._limit, [tensor], (tensor,), average)
 
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("reduce_scatter_tensor", output, tensor, op)
+            return self._via_host("all_gather", outputs, tensor, async_op=async_op)
+        landing = tensor.new_empty(self.size * tensor.numel())
+        mine, gathered = self._message(tensor), self._message(landing)
+        unpack = functools.partial(_unpack, landing, outputs)
+        if not async_op:
+            self._comm.Allgather(mine, gathered)
+            return _completed(outputs, unpack)
+        return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather", self._limit, outputs, (tensor, landing), unpack)
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
+        packed = torch.cat([chunk.reshape(-1) for chunk in inputs])  # MPI reduces one contiguous buffer
+        return self.reduce_scatter_tensor(output, packed, op, async_op=async_op)
+
+    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("reduce_scatter_tensor", output, tensor, op, async_op=async_op)
         send, receive = self._message(tensor), self._message(output)
         mpi_op, average = self._reductions[op][tensor.dtype], self._averaging(output, op)
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Reduce_scatter_block(send, receive, mpi_op)
             return _completed([output], average)
         request = self._comm.Ireduce_scatter_block(send, receive, mpi_op)
@@ -193,9 +205,11 @@ class MpiBackend(Backend):
         tensor: torch.Tensor,
         output_splits: Sequence[int] | None,
         input_splits: Sequence[int] | None,
+        *,
+        async_op: bool = True,
     ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("all_to_all_single", output, tensor, output_splits, input_splits)
+            return self._via_host("all_to_all_single", output, tensor, output_splits, input_splits, async_op=async_op)
         if not output_splits and not input_splits:
             send, receive = self._message(tensor), self._message(output)
             blocking, nonblocking = self._comm.Alltoall, self._comm.Ialltoall
@@ -203,43 +217,43 @@ class MpiBackend(Backend):
             send = self._message(tensor, _counts_and_displacements(tensor, input_splits, self.size))
             receive = self._message(output, _counts_and_displacements(output, output_splits, self.size))
             blocking, nonblocking = self._comm.Alltoallv, self._comm.Ialltoallv
-        if _is_blocking_call():
+        if not async_op:
             blocking(send, receive)
             return CompletedWork([output])
         return MpiWork(nonblocking(send, receive), "all_to_all_single", self._limit, [output], (tensor, output))
 
-    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
+    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
         if inputs[0].is_cuda and not self._cuda_aware:
-            return self._via_host("all_to_all", outputs, inputs)
+            return self._via_host("all_to_all", outputs, inputs, async_op=async_op)
         # One packed buffer per side: MPI's vector all-to-all needs a single base address.
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs])
         landing = packed.new_empty(sum(output.numel() for output in outputs))
         send = self._message(packed, _layout([chunk.numel() for chunk in inputs]))
         receive = self._message(landing, _layout([output.numel() for output in outputs]))
         unpack = functools.partial(_unpack, landing, outputs)
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Alltoallv(send, receive)
             return _completed(outputs, unpack)
         return MpiWork(self._comm.Ialltoallv(send, receive), "all_to_all", self._limit, outputs, (packed, landing), unpack)
 
-    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("gather", tensor, outputs, root)
+            return self._via_host("gather", tensor, outputs, root, async_op=async_op)
         landing = tensor.new_empty(self.size * tensor.numel()) if outputs is not None else None
         receive = self._message(landing) if landing is not None else None
         unpack = functools.partial(_unpack, landing, outputs) if outputs is not None else None
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Gather(self._message(tensor), receive, root)
             return _completed(outputs or (), unpack)
         request = self._comm.Igather(self._message(tensor), receive, root)
         return MpiWork(request, "gather", self._limit, outputs or (), (tensor, landing), unpack)
 
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Work:
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if output.is_cuda and not self._cuda_aware:
-            return self._via_host("scatter", output, inputs, root)
+            return self._via_host("scatter", output, inputs, root, async_op=async_op)
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs]) if inputs is not None else None
         send = self._message(packed) if packed is not None else None
-        if _is_blocking_call():
+        if not async_op:
             self._comm.Scatter(send, self._message(output), root)
             return CompletedWork([output])
         return MpiWork(self._comm.Iscatter(send, self._message(output), root), "scatter", self._limit, [output], (packed, output))
@@ -265,11 +279,11 @@ class MpiBackend(Backend):
         if not isinstance(tag, int) or not 0 <= tag <= self._tag_upper_bound:
             raise invalid_argument(op, "tag", f"an int in [0, {self._tag_upper_bound}] (MPI's tag range)", tag, self.spec.global_rank)
 
-    def _via_host(self, op: str, *arguments: Any) -> Work:
+    def _via_host(self, op: str, *arguments: Any, async_op: bool) -> Work:
         """Run ``op`` on host copies of the CUDA arguments, then copy its outputs back."""
         _log_staging_once(self.library)
         staged = [_cuda.on_host(argument) for argument in arguments]
-        work = getattr(self, op)(*staged)
+        work = getattr(self, op)(*staged, async_op=async_op)
         written = _OUTPUT_ARGUMENTS[op]
         devices, hosts = [arguments[index] for index in written], [staged[index] for index in written]
         results = [t for value in devices for t in ([value] if isinstance(value, torch.Tensor) else value or ())]

@@ -2,7 +2,7 @@
 
 Run under mpirun by the harness::
 
-    run_world("tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", args=["blocking"])
+    run_world("tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", args=["compat"])
     run_world("tests.ranks.mpi_checks:gloo_through_mpi_discovery", 3, backend=None, launcher="mpirun")
 
 Every rank and element gets a distinct value (rank * 1000 + index) and every result is checked
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from unittest import mock
 
 import torch
 
@@ -28,11 +27,12 @@ _ANY_SOURCE_TAG = 12
 
 
 def main(*options: str) -> None:
-    """Checks on the mpi backend; with "blocking", the compatibility suite on blocking MPI calls too."""
+    """Checks on the mpi backend; with "compat", the compatibility suite too (for a second MPI)."""
     backend = dist.group.WORLD.primary_backend
     assert dist.get_backend() == "mpi" and backend.name == "mpi", dist.get_backend()
     assert backend.library, "the backend reports its MPI library"
     check_tag_range_is_validated()
+    check_sync_calls_block_and_async_calls_do_not()
     check_wait_with_timeout_then_completion()
     check_untimed_wait_ends_at_the_group_timeout()
     check_futures_and_many_ops_in_flight()
@@ -41,8 +41,8 @@ def main(*options: str) -> None:
     check_host_staging_plumbing()
     check_discovery_layout()
     check_destroy_then_initialise_again()
-    if "blocking" in options:
-        check_compatibility_suite_with_blocking_calls()
+    if "compat" in options:
+        compat.main()
 
 
 def check_tag_range_is_validated() -> None:
@@ -56,6 +56,19 @@ def check_tag_range_is_validated() -> None:
             assert str(error) == expected, str(error)
         else:
             raise AssertionError(f"send with tag {tag} was accepted")
+
+
+def check_sync_calls_block_and_async_calls_do_not() -> None:
+    """The facade's sync hint (async_op=False) takes MPI's blocking call; async gets a request."""
+    backend = dist.group.WORLD.primary_backend
+    assert backend.capabilities.sync_hint
+    rank, world = dist.get_rank(), dist.get_world_size()
+    expected = sum(_distinct(peer, 4, torch.int32) for peer in range(world))
+    for async_op, kind in ((False, "CompletedWork"), (True, "MpiWork")):
+        tensor = _distinct(rank, 4, torch.int32)
+        work = backend.all_reduce(tensor, dist.ReduceOp.SUM, async_op=async_op)
+        assert type(work).__name__ == kind, (async_op, work)
+        assert work.wait() and torch.equal(tensor, expected), tensor
 
 
 def check_wait_with_timeout_then_completion() -> None:
@@ -158,23 +171,15 @@ def check_host_staging_plumbing() -> None:
     backend = dist.group.WORLD.primary_backend
     rank, world = dist.get_rank(), dist.get_world_size()
     summed = _distinct(rank, 4, torch.float64)
-    work = backend._via_host("all_reduce", summed, dist.ReduceOp.SUM)
+    work = backend._via_host("all_reduce", summed, dist.ReduceOp.SUM, async_op=True)
     assert work.wait() and work.result() == [summed]
     assert torch.equal(summed, sum(_distinct(peer, 4, torch.float64) for peer in range(world))), summed
     root = world - 1
     slots = [torch.zeros(2, dtype=torch.int64) for _ in range(world)] if rank == root else None
-    work = backend._via_host("gather", _distinct(rank, 2, torch.int64), slots, root)
+    work = backend._via_host("gather", _distinct(rank, 2, torch.int64), slots, root, async_op=False)
     assert work.wait() and work.result() == (slots or [])
     if rank == root:
         assert all(torch.equal(slot, _distinct(peer, 2, torch.int64)) for peer, slot in enumerate(slots)), slots
-
-
-def check_compatibility_suite_with_blocking_calls() -> None:
-    """The suite again, with every collective on its blocking MPI call (the facade's sync path)."""
-    with _blocking_calls():
-        work = dist.all_reduce(torch.ones(1), async_op=True)
-        assert type(work).__name__ == "CompletedWork", f"expected the blocking path, got {work!r}"
-        compat.main()
 
 
 def check_discovery_layout() -> None:
@@ -214,11 +219,6 @@ def gloo_through_mpi_discovery() -> None:
     dist.all_gather_into_tensor(gathered, _distinct(rank, 3, torch.int64))
     assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), gathered
     dist.destroy_process_group()
-
-
-def _blocking_calls() -> mock._patch:
-    """Stand in for the facade saying "the caller waits at once" (commlayer.backend.is_blocking_call)."""
-    return mock.patch("commlayer.backends.mpi.backend._is_blocking_call", lambda: True)
 
 
 def _distinct(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
