@@ -75,8 +75,8 @@ def test_defaults_cover_transport_provider_paths_and_timeouts(tmp_path: Path) ->
         "CCL_ATL_TRANSPORT": "ofi",
         "FI_PROVIDER": "tcp",
         "CCL_LOG_LEVEL": "error",
-        "CCL_KVS_CONNECTION_TIMEOUT": "3",
-        "CCL_KVS_GET_TIMEOUT": "3",
+        "CCL_KVS_CONNECTION_TIMEOUT": "2",
+        "CCL_KVS_GET_TIMEOUT": "2",
         "FI_PROVIDER_PATH": str(root / "lib" / "libfabric" / "prov"),
         "CCL_OFI_LIBRARY_PATH": str(root / "lib" / "libfabric" / "libfabric.so.1"),
     }
@@ -86,7 +86,7 @@ def test_defaults_never_override_what_the_user_set() -> None:
     user = {"CCL_ATL_TRANSPORT": "mpi", "FI_PROVIDER": "shm", "CCL_KVS_CONNECTION_TIMEOUT": "100"}
     added = oneccl_defaults(user, None, timedelta(minutes=30), ROOMY_HOST)
     assert not set(user) & set(added)
-    assert added["CCL_KVS_GET_TIMEOUT"] == "1800"
+    assert added["CCL_KVS_GET_TIMEOUT"] == "1440"
 
 
 def test_the_launchers_local_layout_is_passed_on() -> None:
@@ -170,4 +170,6 @@ def test_extension_rejects_bad_arguments_before_calling_oneccl() -> None:
     with pytest.raises(ValueError, match="'address' must be exactly 256 bytes"):
         native.create_kvs(b"127.0.0.1_1")
     assert native.ADDRESS_SIZE == 256
-    assert {dtype: _native.datatype(native, dtype).name for dtype in (torch.bfloat16, torch.uint8)} == {torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
+    types = _native.NativeTypes.of(native)
+    assert {dtype: types.datatypes[dtype].name for dtype in (torch.bfloat16, torch.uint8)} == {torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
+    assert types.reductions[ReduceOp.AVG].name == "sum" and types.reductions[ReduceOp.PRODUCT].name == "prod"

@@ -126,7 +126,7 @@ def connect(spec: GroupSpec, native: ModuleType, keys: GroupKeys | None = None) 
             ) from error
         return Connection(communicator, kvs, printable(address), keys)
 
-    return _run_before(deadline, spec, build)
+    return _run_before(deadline, spec, build, f"over the KVS at '{printable(address)}'")
 
 
 def disconnect(spec: GroupSpec, connection: Connection) -> None:
@@ -210,7 +210,7 @@ def _open_kvs(spec: GroupSpec, native: ModuleType, address: bytes) -> Any:
         ) from error
 
 
-def _run_before(deadline: _Deadline, spec: GroupSpec, build: Callable[[], T]) -> T:
+def _run_before(deadline: _Deadline, spec: GroupSpec, build: Callable[[], T], over: str) -> T:
     """Run ``build`` on a daemon thread; give up (leaving it blocked in oneCCL) at the deadline."""
     outcome: dict[str, Any] = {}
 
@@ -225,8 +225,9 @@ def _run_before(deadline: _Deadline, spec: GroupSpec, build: Callable[[], T]) ->
     worker.join(deadline.remaining().total_seconds())
     if worker.is_alive():
         raise CommTimeoutError(
-            f"ccl: group '{spec.name}': building the oneCCL communicator did not finish within "
-            f"{spec.timeout} (rank {spec.global_rank}); a peer may have died while connecting"
+            f"ccl: group '{spec.name}': building the oneCCL communicator {over} (published by "
+            f"global rank {spec.ranks[0]}) did not finish within {spec.timeout} (rank "
+            f"{spec.global_rank}); the address may be unreachable or a peer died while connecting"
         )
     if "error" in outcome:
         raise outcome["error"]

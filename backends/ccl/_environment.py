@@ -10,8 +10,8 @@ What is chosen, and why (oneccl-cpu 2021.14 wheels, checked on this project's CI
   folder libfabric cannot find by itself; ``tcp`` is present on every Linux host.
 - ``CCL_OFI_LIBRARY_PATH``: oneCCL dlopen()s libfabric at run time; naming the file means no
   ``LD_LIBRARY_PATH`` edits are needed (those only take effect at process start anyway).
-- ``CCL_KVS_CONNECTION_TIMEOUT`` / ``CCL_KVS_GET_TIMEOUT``: the group timeout, so a bad KVS
-  address fails instead of retrying forever.
+- ``CCL_KVS_CONNECTION_TIMEOUT`` / ``CCL_KVS_GET_TIMEOUT``: 80% of the group timeout, so a bad
+  KVS address fails in oneCCL, with a clear error, before commlayer's own deadline.
 - ``CCL_LOCAL_RANK`` / ``CCL_LOCAL_SIZE``: the launcher's local layout (torchrun, mpirun, srun).
 - ``CCL_WORKER_OFFLOAD=0`` only on an oversubscribed host (fewer usable cores than two per local
   rank): oneCCL's default worker thread per rank busy-polls, and on such a host it competes with
@@ -86,7 +86,9 @@ def usable_cpus() -> int:
 
 
 def _timeouts(timeout: timedelta) -> dict[str, str]:
-    seconds = str(max(1, math.ceil(timeout.total_seconds())))
+    # oneCCL's own limit comes first (at 80%), so an unreachable KVS ends in oneCCL's error, with
+    # its thread finished, rather than in commlayer's deadline with that thread still inside oneCCL.
+    seconds = str(max(1, math.floor(0.8 * timeout.total_seconds())))
     return {"CCL_KVS_CONNECTION_TIMEOUT": seconds, "CCL_KVS_GET_TIMEOUT": seconds}
 
 

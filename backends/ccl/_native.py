@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -17,7 +18,7 @@ from commlayer.errors import CommTimeoutError
 from commlayer.types import ReduceOp
 from commlayer.work import Work
 
-__all__ = ["CCL_DTYPES", "CCL_REDUCE_OPS", "CclWork", "ExtensionMissing", "load_extension", "buffer"]
+__all__ = ["CCL_DTYPES", "CCL_REDUCE_OPS", "CclWork", "ExtensionMissing", "NativeTypes", "buffer", "load_extension"]
 
 EXTENSION = "commlayer.backends.ccl._C"
 
@@ -57,12 +58,18 @@ def load_extension() -> ModuleType:
         raise ExtensionMissing(f"cannot import {EXTENSION}: {error}") from error
 
 
-def datatype(native: ModuleType, dtype: torch.dtype) -> Any:
-    return getattr(native.DataType, _DTYPE_NAMES[dtype])
+@dataclass(frozen=True)
+class NativeTypes:
+    """torch dtypes and commlayer reduce ops as the extension's enum members (looked up once)."""
 
+    datatypes: Mapping[torch.dtype, Any]
+    reductions: Mapping[ReduceOp, Any]
 
-def reduction(native: ModuleType, op: ReduceOp) -> Any:
-    return getattr(native.Reduction, _REDUCTION_NAMES[op])
+    @classmethod
+    def of(cls, native: ModuleType) -> NativeTypes:
+        datatypes = {dtype: getattr(native.DataType, name) for dtype, name in _DTYPE_NAMES.items()}
+        reductions = {op: getattr(native.Reduction, name) for op, name in _REDUCTION_NAMES.items()}
+        return cls(datatypes, reductions)
 
 
 def buffer(tensor: torch.Tensor) -> tuple[int, int]:
@@ -83,7 +90,7 @@ class CclWork(Work):
     def __init__(
         self,
         event: Any,
-        what: str,
+        what: tuple[str, str],
         group_timeout: timedelta,
         on_expired: Callable[[str], None],
         result: Sequence[torch.Tensor] = (),
@@ -103,7 +110,8 @@ class CclWork(Work):
         limit = self._group_timeout if timeout_s is None else timeout_s
         if self._event.wait_for(max(0.0, limit)):
             return True
-        message = f"{self._what} did not complete within {limit:g} s"
+        op, where = self._what
+        message = f"ccl {op} ({where}) did not complete within {limit:g} s"
         if limit < self._group_timeout:
             raise CommTimeoutError(f"{message}; it is still pending and can be waited for again")
         self._on_expired(message)

@@ -26,7 +26,7 @@ from . import _native
 from ._bootstrap import Connection, connect, disconnect
 from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
-from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, buffer
+from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
 
 __all__ = ["CclBackend", "INSTALL_HINT"]
 
@@ -48,6 +48,8 @@ class CclBackend(Backend):
     def __init__(self, spec: GroupSpec, native: ModuleType, connection: Connection) -> None:
         super().__init__(spec)
         self._native = native
+        self._types = NativeTypes.of(native)
+        self._where = f"group '{spec.name}', rank {spec.global_rank}"  # for error messages
         self._connection: Connection | None = connection
         self._expired: str | None = None  # why the communicator became unusable
         _open_backends.add(self)
@@ -173,18 +175,17 @@ class CclBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
     def _live(self) -> Connection:
-        where = f"group '{self.spec.name}' (rank {self.spec.global_rank})"
+        if self._connection is not None and self._expired is None:
+            return self._connection
         if self._expired is not None:
-            raise CommError(f"ccl: {where} cannot be used after an op timed out: {self._expired}")
-        if self._connection is None:
-            raise CommError(f"ccl: {where} was shut down")
-        return self._connection
+            raise CommError(f"ccl: {self._where}: cannot be used after an op timed out: {self._expired}")
+        raise CommError(f"ccl: {self._where}: the communicator was shut down")
 
     def _expire(self, message: str) -> None:
         self._expired = message
 
     def _dtype(self, tensor: torch.Tensor) -> Any:
-        return _native.datatype(self._native, tensor.dtype)
+        return self._types.datatypes[tensor.dtype]
 
     def _work(
         self,
@@ -193,8 +194,7 @@ class CclBackend(Backend):
         result: Sequence[torch.Tensor] = (),
         keep_alive: Sequence[torch.Tensor] = (),
     ) -> CclWork:
-        what = f"ccl {op} (group '{self.spec.name}', rank {self.spec.global_rank})"
-        return CclWork(event, what, self.spec.timeout, self._expire, result, [*result, *keep_alive])
+        return CclWork(event, (op, self._where), self.spec.timeout, self._expire, result, (*result, *keep_alive))
 
     def _reduction(
         self,
@@ -206,7 +206,7 @@ class CclBackend(Backend):
         average: bool = True,
     ) -> Work:
         """Post a reducing op; AVG runs as SUM and divides the results afterwards."""
-        event = post(self._live().communicator, _native.reduction(self._native, op))
+        event = post(self._live().communicator, self._types.reductions[op])
         work = self._work(event, op_name, results, [source])
         if op is not ReduceOp.AVG or not average:
             return work
