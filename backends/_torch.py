@@ -3,6 +3,7 @@
 The world is torch's default process group and each subgroup is a ``torch.distributed.new_group``,
 so ``group.torch_group`` is a real ProcessGroup that DDP and FSDP accept.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,10 +35,14 @@ def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
 # torch's Python wrappers would. Their options objects are built once here and only read after.
 _MODES = (True, False)
 _ALLREDUCE_OPTIONS = {
-    (op, mode): _options(torch_dist.AllreduceOptions, mode, reduceOp=_TORCH_OPS[op]) for op in ReduceOp for mode in _MODES
+    (op, mode): _options(torch_dist.AllreduceOptions, mode, reduceOp=_TORCH_OPS[op])
+    for op in ReduceOp
+    for mode in _MODES
 }
 _REDUCE_SCATTER_OPTIONS = {
-    (op, mode): _options(torch_dist.ReduceScatterOptions, mode, reduceOp=_TORCH_OPS[op]) for op in ReduceOp for mode in _MODES
+    (op, mode): _options(torch_dist.ReduceScatterOptions, mode, reduceOp=_TORCH_OPS[op])
+    for op in ReduceOp
+    for mode in _MODES
 }
 _ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
@@ -114,7 +119,9 @@ class TorchBackend(Backend):
         run = lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (tensor,))
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True) -> Work:
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         return _wrap(self._pg._allgather_base(output, tensor, _ALLGATHER_OPTIONS[async_op]), (output,))
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
@@ -138,22 +145,30 @@ class TorchBackend(Backend):
         run = lambda o: torch_dist.reduce(tensor, dst, _TORCH_OPS[o], self._pg, async_op=True)
         return self._reduce_with(run, op, (tensor,), average=self.rank == root)
 
-    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
+    def all_gather(
+        self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         if "all_gather" in self.generic_ops:
             return super().all_gather(outputs, tensor)
         work = torch_dist.all_gather(list(outputs), tensor, self._pg, async_op=True)
         return TorchWork(work, list(outputs))
 
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+    def reduce_scatter_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         if "reduce_scatter_tensor" in self.generic_ops:
             return super().reduce_scatter_tensor(output, tensor, op)
         run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (output,))
 
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
+    def reduce_scatter(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         if "reduce_scatter" in self.generic_ops:
             return super().reduce_scatter(output, inputs, op)
-        run = lambda o: torch_dist.reduce_scatter(output, list(inputs), _TORCH_OPS[o], self._pg, async_op=True)
+        run = lambda o: torch_dist.reduce_scatter(
+            output, list(inputs), _TORCH_OPS[o], self._pg, async_op=True
+        )
         return self._reduce_with(run, op, (output,))
 
     def all_to_all_single(
@@ -171,20 +186,31 @@ class TorchBackend(Backend):
         work = torch_dist.all_to_all_single(output, tensor, *splits, group=self._pg, async_op=True)
         return TorchWork(work, [output])
 
-    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
+    def all_to_all(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
+    ) -> Work:
         if "all_to_all" in self.generic_ops:
             return super().all_to_all(outputs, inputs)
         work = torch_dist.all_to_all(list(outputs), list(inputs), self._pg, async_op=True)
         return TorchWork(work, list(outputs))
 
-    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        outputs: Sequence[torch.Tensor] | None,
+        root: int,
+        *,
+        async_op: bool = True,
+    ) -> Work:
         if "gather" in self.generic_ops:
             return super().gather(tensor, outputs, root)
         gather_list = list(outputs) if outputs is not None else None
         work = torch_dist.gather(tensor, gather_list, self._global(root), self._pg, async_op=True)
         return TorchWork(work, gather_list or [])
 
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
+    def scatter(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+    ) -> Work:
         if "scatter" in self.generic_ops:
             return super().scatter(output, inputs, root)
         scatter_list = list(inputs) if inputs is not None else None
@@ -193,7 +219,13 @@ class TorchBackend(Backend):
 
     def batch_p2p(self, requests: Sequence[P2PRequest], *, async_op: bool = True) -> list[Work]:
         ops = [
-            torch_dist.P2POp(torch_dist.isend if r.kind == "send" else torch_dist.irecv, r.tensor, self._global(r.peer), self._pg, r.tag)
+            torch_dist.P2POp(
+                torch_dist.isend if r.kind == "send" else torch_dist.irecv,
+                r.tensor,
+                self._global(r.peer),
+                self._pg,
+                r.tag,
+            )
             for r in requests
         ]
         works = [TorchWork(work) for work in torch_dist.batch_isend_irecv(ops)]
@@ -206,7 +238,11 @@ class TorchBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
     def _reduce_with(
-        self, run: Callable[[ReduceOp], Any], op: ReduceOp, results: tuple[torch.Tensor, ...], average: bool = True
+        self,
+        run: Callable[[ReduceOp], Any],
+        op: ReduceOp,
+        results: tuple[torch.Tensor, ...],
+        average: bool = True,
     ) -> Work:
         """Start a reducing torch call; emulate AVG as SUM, then divide, where torch lacks it.
 

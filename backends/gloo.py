@@ -1,4 +1,5 @@
 """Gloo through torch.distributed: the default CPU backend."""
+
 from __future__ import annotations
 
 from commlayer.types import Capabilities

@@ -1,4 +1,5 @@
 """NCCL through torch.distributed: the default CUDA backend."""
+
 from __future__ import annotations
 
 import torch

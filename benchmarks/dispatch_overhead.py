@@ -8,6 +8,7 @@ Two measurements, both in one process so nothing but dispatch differs:
 
     python benchmarks/dispatch_overhead.py [--iters 20000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,7 @@ def per_call_us(calls: dict[str, Callable[[], object]], iters: int, repeats: int
     landing on one side of the comparison only.
     """
     best = {name: float("inf") for name in calls}
-    for name, call in calls.items():
+    for call in calls.values():
         for _ in range(iters // 10):
             call()
     for _ in range(repeats):
@@ -84,14 +85,21 @@ def measure(backend: str, iters: int, repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iters", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     commlayer.register_backend("null", NullBackend)
-    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     print(f"{'backend':<8} {'reference':<26} {'facade_us':>10} {'direct_us':>10} {'added_us':>9}")
-    for backend, reference in (("null", "backend.all_reduce().wait()"), ("gloo", "torch.distributed.all_reduce")):
+    for backend, reference in (
+        ("null", "backend.all_reduce().wait()"),
+        ("gloo", "torch.distributed.all_reduce"),
+    ):
         facade, direct = measure(backend, args.iters, args.repeats)
         print(f"{backend:<8} {reference:<26} {facade:>10.2f} {direct:>10.2f} {facade - direct:>9.2f}")
 

@@ -8,6 +8,7 @@ nccl-tests' factors (commlayer.bench.formulas)::
     torchrun --nproc-per-node 2 benchmarks/torch_vs_commlayer.py --backend nccl --max-bytes 1G
     commlayer run -n 2 benchmarks/torch_vs_commlayer.py --backend gloo --max-bytes 4M
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,9 @@ from commlayer.bench.formulas import busbw_gbps, format_size, parse_size
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
-def op_pair(op: str, numel: int, world: int, device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
+def op_pair(
+    op: str, numel: int, world: int, device: torch.device
+) -> tuple[Callable[[], object], Callable[[], object]]:
     """(raw torch call, commlayer call) for one op on identical buffers."""
     small = torch.ones(numel, device=device)
     large = torch.ones(numel * world, device=device)
@@ -34,8 +37,12 @@ def op_pair(op: str, numel: int, world: int, device: torch.device) -> tuple[Call
     if op == "broadcast":
         return (lambda: torch_dist.broadcast(small, 0)), (lambda: dist.broadcast(small, 0))
     if op == "all_gather":
-        return (lambda: torch_dist.all_gather_into_tensor(large, small)), (lambda: dist.all_gather_into_tensor(large, small))
-    return (lambda: torch_dist.reduce_scatter_tensor(small, large)), (lambda: dist.reduce_scatter_tensor(small, large))
+        return (lambda: torch_dist.all_gather_into_tensor(large, small)), (
+            lambda: dist.all_gather_into_tensor(large, small)
+        )
+    return (lambda: torch_dist.reduce_scatter_tensor(small, large)), (
+        lambda: dist.reduce_scatter_tensor(small, large)
+    )
 
 
 def seconds_per_call(call: Callable[[], object], iters: int, device: torch.device) -> float:
@@ -69,7 +76,9 @@ def compare(op: str, nbytes: int, world: int, device: torch.device, rounds: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--min-bytes", default="8")
     parser.add_argument("--max-bytes", default="1G")
@@ -93,12 +102,17 @@ def main() -> None:
 
 def _print(rows: list[dict], backend: str, world: int) -> None:
     print(f"# commlayer vs torch.distributed, backend={backend}, world={world}, torch {torch.__version__}")
-    print(f"{'op':<15}{'bytes':>10}{'raw_us':>11}{'cl_us':>11}{'added_us':>10}{'raw_busbw':>11}{'cl_busbw':>10}{'ratio':>8}")
+    print(
+        f"{'op':<15}{'bytes':>10}{'raw_us':>11}{'cl_us':>11}{'added_us':>10}{'raw_busbw':>11}{'cl_busbw':>10}{'ratio':>8}"
+    )
     for row in rows:
         ratio = row["commlayer_busbw_gbps"] / row["raw_busbw_gbps"] if row["raw_busbw_gbps"] else float("nan")
         added = row["commlayer_us"] - row["raw_us"]
-        print(f"{row['op']:<15}{format_size(row['bytes']):>10}{row['raw_us']:>11.1f}{row['commlayer_us']:>11.1f}"
-              f"{added:>10.1f}{row['raw_busbw_gbps']:>11.2f}{row['commlayer_busbw_gbps']:>10.2f}{ratio:>8.3f}", flush=True)
+        print(
+            f"{row['op']:<15}{format_size(row['bytes']):>10}{row['raw_us']:>11.1f}{row['commlayer_us']:>11.1f}"
+            f"{added:>10.1f}{row['raw_busbw_gbps']:>11.2f}{row['commlayer_busbw_gbps']:>10.2f}{ratio:>8.3f}",
+            flush=True,
+        )
 
 
 def _sizes(low: int, high: int, factor: int) -> list[int]:

@@ -7,6 +7,7 @@ plugins registered under the ``commlayer.backends`` entry-point group or with
 Attributes load on first use (PEP 562), so ``commlayer run`` and the launcher-side tools start
 without importing torch; only the ranks pay for it.
 """
+
 from __future__ import annotations
 
 import importlib

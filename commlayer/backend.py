@@ -25,6 +25,7 @@ and register it under the ``commlayer.backends`` entry-point group::
     [project.entry-points."commlayer.backends"]
     mine = "my_package.backend:MyBackend"
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -1,4 +1,5 @@
 """Exceptions raised by commlayer, with messages that say op, argument, expectation and rank."""
+
 from __future__ import annotations
 
 from typing import Any

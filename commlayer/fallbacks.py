@@ -7,6 +7,7 @@ contiguous (the facade stages non-contiguous ones).
 Point-to-point exchanges order each pair of peers the same way on both sides (the lower rank sends
 first), so they cannot deadlock even on a library whose send blocks until the receive is posted.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Sequence
@@ -51,14 +52,18 @@ class GenericCollectives:
             for r in requests
         ]
 
-    def reduce(self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
+    def reduce(
+        self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         scratch = tensor.clone()
         work = self.all_reduce(scratch, op)
         if self.rank != root:
             return work
         return work.then(lambda: tensor.copy_(scratch))
 
-    def all_gather(self: Backend, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
+    def all_gather(
+        self: Backend, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         gathered = tensor.new_empty((self.size, tensor.numel()))
         work = self.all_gather_into_tensor(gathered, tensor)
 
@@ -69,7 +74,8 @@ class GenericCollectives:
         return work.then(scatter_rows)
 
     def reduce_scatter_tensor(
-        self: Backend, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+        self: Backend, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         scratch = tensor.clone()
         work = self.all_reduce(scratch, op)
         count = output.numel()
@@ -77,7 +83,13 @@ class GenericCollectives:
         return work.then(lambda: output.copy_(mine.view_as(output)))
 
     def reduce_scatter(
-        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
+        self: Backend,
+        output: torch.Tensor,
+        inputs: Sequence[torch.Tensor],
+        op: ReduceOp,
+        *,
+        async_op: bool = True,
+    ) -> Work:
         flat = torch.cat([chunk.reshape(-1) for chunk in inputs])
         return self.reduce_scatter_tensor(output, flat, op)
 
@@ -95,7 +107,12 @@ class GenericCollectives:
         return self.all_to_all(outputs, inputs)
 
     def all_to_all(
-        self: Backend, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
+        self: Backend,
+        outputs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        *,
+        async_op: bool = True,
+    ) -> Work:
         outputs[self.rank].copy_(inputs[self.rank])
         works: list[Work] = []
         for peer in range(self.size):
@@ -104,7 +121,13 @@ class GenericCollectives:
         return WorkList(works)
 
     def gather(
-        self: Backend, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
+        self: Backend,
+        tensor: torch.Tensor,
+        outputs: Sequence[torch.Tensor] | None,
+        root: int,
+        *,
+        async_op: bool = True,
+    ) -> Work:
         if self.rank != root:
             return self.send(tensor, root, FALLBACK_TAG)
         assert outputs is not None
@@ -113,7 +136,13 @@ class GenericCollectives:
         return WorkList([self.recv(outputs[peer], peer, FALLBACK_TAG) for peer in peers])
 
     def scatter(
-        self: Backend, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
+        self: Backend,
+        output: torch.Tensor,
+        inputs: Sequence[torch.Tensor] | None,
+        root: int,
+        *,
+        async_op: bool = True,
+    ) -> Work:
         if self.rank != root:
             return self.recv(output, root, FALLBACK_TAG)
         assert inputs is not None
@@ -122,18 +151,14 @@ class GenericCollectives:
         return WorkList([self.send(inputs[peer].contiguous(), peer, FALLBACK_TAG) for peer in peers])
 
 
-def _split_rows(
-    tensor: torch.Tensor, splits: Sequence[int] | None, parts: int
-) -> list[torch.Tensor]:
+def _split_rows(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[torch.Tensor]:
     """Split along dim 0 into ``parts`` chunks; contiguous input gives contiguous chunks."""
     if not splits:
         return list(tensor.chunk(parts)) if tensor.numel() else [tensor] * parts
     return list(torch.split(tensor, list(splits)))
 
 
-def _exchange(
-    backend: Backend, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor
-) -> list[Work]:
+def _exchange(backend: Backend, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> list[Work]:
     send = (lambda: backend.send(outgoing.contiguous(), peer, FALLBACK_TAG)) if outgoing.numel() else None
     recv = (lambda: backend.recv(incoming, peer, FALLBACK_TAG)) if incoming.numel() else None
     steps = [send, recv] if backend.rank < peer else [recv, send]

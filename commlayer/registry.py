@@ -3,6 +3,7 @@
 Entry points are read once, lazily, on the first lookup, and a backend's module is imported only
 when that backend is asked for, so ``import commlayer`` never pays for mpi4py or oneCCL.
 """
+
 from __future__ import annotations
 
 import threading
@@ -51,7 +52,13 @@ def register_backend(name: str, backend_class: type[Backend]) -> None:
     """Register ``backend_class`` under ``name`` at run time; a taken name raises ValueError."""
     if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
         raise TypeError(f"register_backend: expected a Backend subclass for '{name}', got {backend_class!r}")
-    _add(_Entry(name, f"register_backend({backend_class.__module__}.{backend_class.__qualname__})", lambda: backend_class))
+    _add(
+        _Entry(
+            name,
+            f"register_backend({backend_class.__module__}.{backend_class.__qualname__})",
+            lambda: backend_class,
+        )
+    )
 
 
 def unregister_backend(name: str) -> None:
@@ -125,7 +132,5 @@ def _ensure_entry_points() -> None:
 def _add_entry_point(point: metadata.EntryPoint) -> None:
     taken = _entries.get(point.name)
     if taken is not None and taken.origin != point.value:
-        raise ValueError(
-            f"backend '{point.name}' is provided twice: by {taken.origin} and by {point.value}"
-        )
+        raise ValueError(f"backend '{point.name}' is provided twice: by {taken.origin} and by {point.value}")
     _entries[point.name] = _Entry(point.name, point.value, point.load)

@@ -6,6 +6,7 @@ Pure functions of their arguments, so every rule is unit-tested without a device
     resolve_backend_spec(None, {"COMMLAYER_BACKEND": "mpi"}, "cpu") -> "mpi"
     parse_backend_spec("cpu:gloo,cuda:nccl", devices_of)        -> {"cpu": "gloo", "cuda": "nccl"}
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
@@ -45,9 +46,7 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
-def resolve_backend_spec(
-    backend: str | None, environ: Mapping[str, str], accelerator: str
-) -> str:
+def resolve_backend_spec(backend: str | None, environ: Mapping[str, str], accelerator: str) -> str:
     """The backend string to use: the explicit one, else $COMMLAYER_BACKEND, else by accelerator."""
     if backend is not None and str(backend).lower() not in ("", "undefined"):
         return str(backend).lower()

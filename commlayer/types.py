@@ -1,4 +1,5 @@
 """Value types shared by the facade and every backend: reduce ops, availability, capabilities."""
+
 from __future__ import annotations
 
 import enum

@@ -4,6 +4,7 @@ A backend wraps its library's request (a torch Work, an MPI request, a oneCCL ev
 small adapters here; the facade chains epilogues onto it (copy a staged output back, divide for
 AVG) with :meth:`Work.then`, so callers see one behaviour on every backend.
 """
+
 from __future__ import annotations
 
 import threading

@@ -7,6 +7,7 @@ Written exactly as for torch.distributed; only the import differs. Run it with a
     mpirun -n 4 python examples/allreduce.py                     # gloo, rendezvous over MPI
     COMMLAYER_BACKEND=mpi mpirun -n 4 python examples/allreduce.py
 """
+
 from __future__ import annotations
 
 import os

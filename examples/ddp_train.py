@@ -6,6 +6,7 @@ the end every rank holds identical weights and the loss has dropped::
 
     commlayer run -n 2 examples/ddp_train.py
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Shared fixtures. Multi-rank tests go through commlayer.testing.run_world; these are in-process."""
+
 from __future__ import annotations
 
 import sys
@@ -18,7 +19,9 @@ PLUGIN_DIR = REPO / "tests" / "plugin"
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
     """An initialised single-rank gloo world in this process, torn down afterwards."""
-    dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20)
+    )
     try:
         yield
     finally:

@@ -3,6 +3,7 @@
 Other backends run the same suite from their own test modules (test_mpi*.py, test_ccl*.py), so
 every backend is held to one definition of correct.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,13 @@ def test_compatibility_suite_on_gloo(world_size: int) -> None:
 
 def test_every_init_method(tmp_path: Path) -> None:
     ports = (str(free_port()), str(free_port()))
-    run_world("tests.ranks.init_methods:main", 2, backend=None, timeout=120, args=(*ports, str(tmp_path / "rendezvous")))
+    run_world(
+        "tests.ranks.init_methods:main",
+        2,
+        backend=None,
+        timeout=120,
+        args=(*ports, str(tmp_path / "rendezvous")),
+    )
 
 
 def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
@@ -35,7 +42,18 @@ def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
     site, source = tmp_path / "site", tmp_path / "plugin"
     shutil.copytree(REPO / "tests" / "plugin", source)  # the build writes next to its sources
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
         check=True,
         timeout=240,
     )
@@ -46,8 +64,16 @@ def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
 def test_torch_script_runs_unchanged_under_torchrun() -> None:
     """examples/allreduce.py is a torch.distributed script with one changed import."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "allreduce.py")]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180, env={**os.environ, "COMMLAYER_BACKEND": ""})
+    command = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO / "examples" / "allreduce.py"),
+    ]
+    finished = subprocess.run(
+        command, capture_output=True, text=True, timeout=180, env={**os.environ, "COMMLAYER_BACKEND": ""}
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert finished.stdout.count("(correct)") == 2, finished.stdout
 

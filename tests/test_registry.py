@@ -1,4 +1,5 @@
 """Wiring: the registry finds the built-in backends through entry points and explains failures."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,9 @@ def test_builtin_backends_come_from_entry_points() -> None:
 
 def test_duplicate_name_is_rejected() -> None:
     gloo = commlayer.get_backend_class("gloo")
-    with pytest.raises(ValueError, match="backend 'gloo' is already registered by commlayer.backends.gloo:GlooBackend"):
+    with pytest.raises(
+        ValueError, match="backend 'gloo' is already registered by commlayer.backends.gloo:GlooBackend"
+    ):
         commlayer.register_backend("gloo", gloo)
 
 

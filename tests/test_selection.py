@@ -1,4 +1,5 @@
 """Tier 1: choosing and parsing backends is a pure function of its inputs."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,12 @@ DEVICES = {"gloo": ["cpu"], "nccl": ["cuda"], "mpi": ["cpu", "cuda"], "ccl": ["c
 
 @pytest.mark.parametrize(
     ("accelerator", "expected"),
-    [("cpu", "gloo"), ("cuda", "cpu:gloo,cuda:nccl"), ("xpu", "cpu:gloo,xpu:ccl"), ("npu", "cpu:gloo,npu:hccl")],
+    [
+        ("cpu", "gloo"),
+        ("cuda", "cpu:gloo,cuda:nccl"),
+        ("xpu", "cpu:gloo,xpu:ccl"),
+        ("npu", "cpu:gloo,npu:hccl"),
+    ],
 )
 def test_default_follows_the_accelerator(accelerator: str, expected: str) -> None:
     assert resolve_backend_spec(None, {}, accelerator) == expected

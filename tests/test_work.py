@@ -1,4 +1,5 @@
 """Tier 1: the Work adapters behave like torch's Work on every backend."""
+
 from __future__ import annotations
 
 import threading

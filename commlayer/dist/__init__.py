@@ -3,6 +3,7 @@
 Same functions, arguments and semantics; each call is validated, resolved to its group and handed
 to the registered backend serving the tensor's device.
 """
+
 from __future__ import annotations
 
 from ..types import ReduceOp

@@ -3,6 +3,7 @@
 ``src``/``dst`` are global ranks, as in torch. Example, world of 4, ``g = new_group([1, 3])``:
 ``broadcast(t, src=3, group=g)`` sends global rank 3's tensor to global rank 1 (group rank 1 -> 0).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -34,7 +35,9 @@ __all__ = [
 CopyBack = list  # list[tuple[original, contiguous buffer]]
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+def all_reduce(
+    tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+) -> Work | None:
     call = begin("all_reduce", group, check.first_device("all_reduce", "tensor", tensor))
     if call is None:
         return None
@@ -42,10 +45,23 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, 
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
-    return launch(call, lambda b, **hint: b.all_reduce(buffer, reduce_op, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.all_reduce(buffer, reduce_op, **hint),
+        async_op=async_op,
+        payload=tensor,
+        copy_back=copy_back,
+    )
 
 
-def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
     call = begin("reduce", group, check.first_device("reduce", "tensor", tensor))
     if call is None:
         return None
@@ -54,10 +70,22 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
-    return launch(call, lambda b, **hint: b.reduce(buffer, root, reduce_op, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.reduce(buffer, root, reduce_op, **hint),
+        async_op=async_op,
+        payload=tensor,
+        copy_back=copy_back,
+    )
 
 
-def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
     call = begin("broadcast", group, check.first_device("broadcast", "tensor", tensor))
     if call is None:
         return None
@@ -65,10 +93,18 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
     root = _root(call, "src", src, group_src)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
-    return launch(call, lambda b, **hint: b.broadcast(buffer, root, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.broadcast(buffer, root, **hint),
+        async_op=async_op,
+        payload=tensor,
+        copy_back=copy_back,
+    )
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Work | None:
+def all_gather(
+    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Work | None:
     call = begin("all_gather", group, check.first_device("all_gather", "tensor", tensor))
     if call is None:
         return None
@@ -80,26 +116,52 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(call, lambda b, **hint: b.all_gather(buffers, source, **hint), async_op=async_op, payload=outputs, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.all_gather(buffers, source, **hint),
+        async_op=async_op,
+        payload=outputs,
+        copy_back=copy_back,
+    )
 
 
-def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Work | None:
-    call = begin("all_gather_into_tensor", group, check.first_device("all_gather_into_tensor", "input_tensor", input_tensor))
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Work | None:
+    call = begin(
+        "all_gather_into_tensor",
+        group,
+        check.first_device("all_gather_into_tensor", "input_tensor", input_tensor),
+    )
     if call is None:
         return None
     check.check_tensor(call, "input_tensor", input_tensor)
     check.check_tensor(call, "output_tensor", output_tensor)
     check.check_dtype_match(call, "output_tensor", output_tensor, input_tensor)
     size = call.group.size()
-    check.check_numel(call, "output_tensor", output_tensor, size * input_tensor.numel(), f"world size {size} x input")
+    check.check_numel(
+        call, "output_tensor", output_tensor, size * input_tensor.numel(), f"world size {size} x input"
+    )
     copy_back: CopyBack = []
     # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
     output = _flat(contiguous(output_tensor, copy_back))
     source = _flat(input_tensor.contiguous())
-    return launch(call, lambda b, **hint: b.all_gather_into_tensor(output, source, **hint), async_op=async_op, payload=output_tensor, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.all_gather_into_tensor(output, source, **hint),
+        async_op=async_op,
+        payload=output_tensor,
+        copy_back=copy_back,
+    )
 
 
-def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
     call = begin("reduce_scatter", group, check.first_device("reduce_scatter", "output", output))
     if call is None:
         return None
@@ -112,10 +174,22 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     sources = [chunk.contiguous() for chunk in inputs]
-    return launch(call, lambda b, **hint: b.reduce_scatter(buffer, sources, reduce_op, **hint), async_op=async_op, payload=inputs, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.reduce_scatter(buffer, sources, reduce_op, **hint),
+        async_op=async_op,
+        payload=inputs,
+        copy_back=copy_back,
+    )
 
 
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Work | None:  # noqa: A002 - torch's name
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:  # noqa: A002 - torch's name
     call = begin("reduce_scatter_tensor", group, check.first_device("reduce_scatter_tensor", "input", input))
     if call is None:
         return None
@@ -128,7 +202,13 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
     copy_back: CopyBack = []
     buffer = _flat(contiguous(output, copy_back))
     source = _flat(input.contiguous())
-    return launch(call, lambda b, **hint: b.reduce_scatter_tensor(buffer, source, reduce_op, **hint), async_op=async_op, payload=input, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.reduce_scatter_tensor(buffer, source, reduce_op, **hint),
+        async_op=async_op,
+        payload=input,
+        copy_back=copy_back,
+    )
 
 
 def all_to_all_single(
@@ -150,11 +230,24 @@ def all_to_all_single(
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     source = input.contiguous()
-    return launch(call, lambda b, **hint: b.all_to_all_single(buffer, source, out_splits, in_splits, **hint), async_op=async_op, payload=input, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.all_to_all_single(buffer, source, out_splits, in_splits, **hint),
+        async_op=async_op,
+        payload=input,
+        copy_back=copy_back,
+    )
 
 
-def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Any = None, async_op: bool = False) -> Work | None:
-    call = begin("all_to_all", group, check.first_device("all_to_all", "input_tensor_list", input_tensor_list))
+def all_to_all(
+    output_tensor_list: list[torch.Tensor],
+    input_tensor_list: list[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
+    call = begin(
+        "all_to_all", group, check.first_device("all_to_all", "input_tensor_list", input_tensor_list)
+    )
     if call is None:
         return None
     size = call.group.size()
@@ -165,10 +258,23 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     sources = [chunk.contiguous() for chunk in inputs]
-    return launch(call, lambda b, **hint: b.all_to_all(buffers, sources, **hint), async_op=async_op, payload=inputs, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.all_to_all(buffers, sources, **hint),
+        async_op=async_op,
+        payload=inputs,
+        copy_back=copy_back,
+    )
 
 
-def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int | None = None, group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
     call = begin("gather", group, check.first_device("gather", "tensor", tensor))
     if call is None:
         return None
@@ -178,10 +284,23 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     copy_back: CopyBack = []
     buffers = None if outputs is None else [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(call, lambda b, **hint: b.gather(source, buffers, root, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.gather(source, buffers, root, **hint),
+        async_op=async_op,
+        payload=tensor,
+        copy_back=copy_back,
+    )
 
 
-def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None, group: Any = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: list[torch.Tensor] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
     call = begin("scatter", group, check.first_device("scatter", "tensor", tensor))
     if call is None:
         return None
@@ -191,10 +310,21 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
-    return launch(call, lambda b, **hint: b.scatter(buffer, sources, root, **hint), async_op=async_op, payload=tensor, copy_back=copy_back)
+    return launch(
+        call,
+        lambda b, **hint: b.scatter(buffer, sources, root, **hint),
+        async_op=async_op,
+        payload=tensor,
+        copy_back=copy_back,
+    )
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Sequence[int] | None = None, timeout: timedelta | None = None) -> Work | None:
+def barrier(
+    group: Any = None,
+    async_op: bool = False,
+    device_ids: Sequence[int] | None = None,
+    timeout: timedelta | None = None,
+) -> Work | None:
     call = begin("barrier", group)
     if call is None:
         return None
@@ -217,18 +347,26 @@ def _root(call: Any, arg: str, global_rank: int | None, group_rank: int | None) 
     """The root as a group rank, from torch's ``dst=``/``src=`` (global) or ``group_dst=``."""
     if group_rank is not None:
         if global_rank is not None:
-            raise invalid_argument(call.op, arg, f"either {arg} or group_{arg}, not both", (global_rank, group_rank), call.rank)
+            raise invalid_argument(
+                call.op, arg, f"either {arg} or group_{arg}, not both", (global_rank, group_rank), call.rank
+            )
         if not isinstance(group_rank, int) or not 0 <= group_rank < call.group.size():
-            raise invalid_argument(call.op, f"group_{arg}", f"a group rank in [0, {call.group.size()})", group_rank, call.rank)
+            raise invalid_argument(
+                call.op, f"group_{arg}", f"a group rank in [0, {call.group.size()})", group_rank, call.rank
+            )
         return group_rank
     return check.check_peer(call, arg, 0 if global_rank is None else global_rank)
 
 
-def _root_list(call: Any, arg: str, values: Any, root: int, reference: torch.Tensor) -> list[torch.Tensor] | None:
+def _root_list(
+    call: Any, arg: str, values: Any, root: int, reference: torch.Tensor
+) -> list[torch.Tensor] | None:
     """gather_list / scatter_list: required on the root, forbidden elsewhere (torch's rule)."""
     if call.group.rank() != root:
         if values:
-            raise invalid_argument(call.op, arg, "None on a non-root rank", f"a list of {len(values)}", call.rank)
+            raise invalid_argument(
+                call.op, arg, "None on a non-root rank", f"a list of {len(values)}", call.rank
+            )
         return None
     tensors = check.check_tensor_list(call, arg, values, call.group.size())
     for index, value in enumerate(tensors):
@@ -237,14 +375,24 @@ def _root_list(call: Any, arg: str, values: Any, root: int, reference: torch.Ten
     return tensors
 
 
-def _check_splits(call: Any, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor) -> list[int] | None:
+def _check_splits(
+    call: Any, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor
+) -> list[int] | None:
     size = call.group.size()
     rows = tensor.shape[0] if tensor.dim() else 1
     if not splits:
         if rows % size:
-            raise invalid_argument(call.op, arg, f"given, since dim 0 ({rows}) is not divisible by the group size {size}", splits, call.rank)
+            raise invalid_argument(
+                call.op,
+                arg,
+                f"given, since dim 0 ({rows}) is not divisible by the group size {size}",
+                splits,
+                call.rank,
+            )
         return None
     splits = list(splits)
     if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
-        raise invalid_argument(call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank)
+        raise invalid_argument(
+            call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank
+        )
     return splits

@@ -5,6 +5,7 @@ behaviour). Non-contiguous tensors are copied to contiguous buffers and copied b
 completes, because some libraries (torch 2.13's gloo among them) silently mis-handle strided
 memory; backends therefore only ever see contiguous tensors.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,12 +64,18 @@ def begin(op: str, group_arg: Any, device: torch.device | None = None) -> OpCall
     backend = group.primary_backend if device is None else group.backend_for(device.type)
     if backend is None:
         raise invalid_argument(
-            op, "tensor", f"a tensor on {' or '.join(group.device_types)} (backend "
-            f"'{group.backend_spec}')", f"a tensor on {device}", group.global_rank, UnsupportedError
+            op,
+            "tensor",
+            f"a tensor on {' or '.join(group.device_types)} (backend '{group.backend_spec}')",
+            f"a tensor on {device}",
+            group.global_rank,
+            UnsupportedError,
         )
     ops = backend.capabilities.ops
     if op not in ops and not (op in _BUILT_FROM and all(needed in ops for needed in _BUILT_FROM[op])):
-        raise UnsupportedError(f"{op}: backend '{backend.name}' does not support this op (rank {group.global_rank})")
+        raise UnsupportedError(
+            f"{op}: backend '{backend.name}' does not support this op (rank {group.global_rank})"
+        )
     return OpCall(op, group, backend)
 
 

@@ -8,6 +8,7 @@ serving it, one per device type. Example, world of 4 on ``"cpu:gloo,cuda:nccl"``
     #                   g.backend_for("cpu") is a gloo communicator, g.backend_for("cuda") nccl
     # on global ranks 0 and 2: g is dist.GroupMember.NON_GROUP_MEMBER
 """
+
 from __future__ import annotations
 
 import threading

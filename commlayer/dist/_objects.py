@@ -3,6 +3,7 @@
 Objects are pickled into uint8 tensors on the backend's object device; sizes travel first so
 every rank can pad to the largest payload, as torch does.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -31,7 +32,13 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         object_list[index] = _unpickle(rows[: sizes[index]])
 
 
-def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: int | None = None, group: Any = None, group_dst: int | None = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: list[Any] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    group_dst: int | None = None,
+) -> None:
     resolved = _member_or_none("gather_object", group)
     if resolved is None:
         return
@@ -49,17 +56,27 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None, dst: in
             object_gather_list[index] = _unpickle(slot[: sizes[index]])  # type: ignore[index]
 
 
-def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: torch.device | None = None, group_src: int | None = None) -> None:
+def broadcast_object_list(
+    object_list: list[Any],
+    src: int | None = None,
+    group: Any = None,
+    device: torch.device | None = None,
+    group_src: int | None = None,
+) -> None:
     resolved = _member_or_none("broadcast_object_list", group)
     if resolved is None:
         return
     if not isinstance(object_list, list):
-        raise invalid_argument("broadcast_object_list", "object_list", "a list", type(object_list).__name__, resolved.global_rank)
+        raise invalid_argument(
+            "broadcast_object_list", "object_list", "a list", type(object_list).__name__, resolved.global_rank
+        )
     root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
     target = torch.device(device) if device is not None else _device(resolved)
     is_root = resolved.global_rank == root
     payloads = [_pickle(item, target) for item in object_list] if is_root else []
-    sizes = torch.tensor([p.numel() for p in payloads] or [0] * len(object_list), dtype=torch.int64, device=target)
+    sizes = torch.tensor(
+        [p.numel() for p in payloads] or [0] * len(object_list), dtype=torch.int64, device=target
+    )
     coll.broadcast(sizes, src=root, group=group)
     data = torch.cat(payloads) if is_root else torch.empty(int(sizes.sum()), dtype=torch.uint8, device=target)
     coll.broadcast(data, src=root, group=group)
@@ -69,17 +86,35 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
         offset += size
 
 
-def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: list[Any] | None = None, src: int | None = None, group: Any = None, group_src: int | None = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    group_src: int | None = None,
+) -> None:
     resolved = _member_or_none("scatter_object_list", group)
     if resolved is None:
         return
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-        raise invalid_argument("scatter_object_list", "scatter_object_output_list", "a non-empty list", scatter_object_output_list, resolved.global_rank)
+        raise invalid_argument(
+            "scatter_object_list",
+            "scatter_object_output_list",
+            "a non-empty list",
+            scatter_object_output_list,
+            resolved.global_rank,
+        )
     root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
     is_root = resolved.global_rank == root
     device = _device(resolved)
     if is_root:
-        _check_list("scatter_object_list", "scatter_object_input_list", scatter_object_input_list, resolved.size(), resolved)
+        _check_list(
+            "scatter_object_list",
+            "scatter_object_input_list",
+            scatter_object_input_list,
+            resolved.size(),
+            resolved,
+        )
     payloads = [_pickle(item, device) for item in scatter_object_input_list] if is_root else []  # type: ignore[union-attr]
     header = torch.tensor([max((p.numel() for p in payloads), default=0)], dtype=torch.int64, device=device)
     coll.broadcast(header, src=root, group=group)

@@ -1,4 +1,5 @@
 """Point-to-point ops, batched p2p and monitored_barrier; peers are global ranks, as in torch."""
+
 from __future__ import annotations
 
 import time
@@ -26,15 +27,32 @@ class _Prepared(NamedTuple):
     copy_back: list
 
 
-def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Work | None:
+def isend(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    group_dst: int | None = None,
+) -> Work | None:
     prepared = _prepare("send", tensor, dst, group, tag, group_dst)
     if prepared is None:
         return None
     request = prepared.request
-    return launch(prepared.call, lambda b, **hint: b.send(request.tensor, request.peer, tag, **hint), async_op=True, payload=tensor)
+    return launch(
+        prepared.call,
+        lambda b, **hint: b.send(request.tensor, request.peer, tag, **hint),
+        async_op=True,
+        payload=tensor,
+    )
 
 
-def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Work | None:
+def irecv(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    group_src: int | None = None,
+) -> Work | None:
     prepared = _prepare("recv", tensor, src, group, tag, group_src)
     if prepared is None:
         return None
@@ -46,13 +64,25 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: 
     return launch(prepared.call, start, async_op=True, payload=tensor, copy_back=prepared.copy_back)
 
 
-def send(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> None:
+def send(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    group_dst: int | None = None,
+) -> None:
     work = isend(tensor, dst, group, tag, group_dst)
     if work is not None:
         work.wait()
 
 
-def recv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> int:
+def recv(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    tag: int = 0,
+    group_src: int | None = None,
+) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 on a non-member)."""
     work = irecv(tensor, src, group, tag, group_src)
     if work is None:
@@ -79,7 +109,9 @@ class P2POp:
 
     def __post_init__(self) -> None:
         if self.op not in (isend, irecv):
-            raise InvalidArgumentError(f"P2POp: argument 'op' expected commlayer.dist.isend or irecv, received {self.op!r}")
+            raise InvalidArgumentError(
+                f"P2POp: argument 'op' expected commlayer.dist.isend or irecv, received {self.op!r}"
+            )
 
 
 def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
@@ -90,7 +122,9 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     otherwise deadlock once messages exceed NCCL's eager size.
     """
     if not p2p_op_list or not all(isinstance(p2p, P2POp) for p2p in p2p_op_list):
-        raise InvalidArgumentError(f"batch_isend_irecv: argument 'p2p_op_list' expected a non-empty list of P2POp, received {p2p_op_list!r}")
+        raise InvalidArgumentError(
+            f"batch_isend_irecv: argument 'p2p_op_list' expected a non-empty list of P2POp, received {p2p_op_list!r}"
+        )
     prepared = [_prepare_op(p2p) for p2p in p2p_op_list]
     members = [entry for entry in prepared if entry is not None]
     if not members:
@@ -106,11 +140,15 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
 def _prepare_op(p2p: P2POp) -> _Prepared | None:
     kind = "send" if p2p.op is isend else "recv"
     if kind == "recv" and p2p.peer is None and p2p.group_peer is None:
-        raise InvalidArgumentError("batch_isend_irecv: argument 'peer' expected a rank for every irecv, received None")
+        raise InvalidArgumentError(
+            "batch_isend_irecv: argument 'peer' expected a rank for every irecv, received None"
+        )
     return _prepare(kind, p2p.tensor, p2p.peer, p2p.group, p2p.tag, p2p.group_peer)
 
 
-def _prepare(kind: str, tensor: Any, peer: int | None, group: Any, tag: int, group_peer: int | None) -> _Prepared | None:
+def _prepare(
+    kind: str, tensor: Any, peer: int | None, group: Any, tag: int, group_peer: int | None
+) -> _Prepared | None:
     call = begin(kind, group, check.first_device(kind, "tensor", tensor))
     if call is None:
         return None
@@ -120,7 +158,13 @@ def _prepare(kind: str, tensor: Any, peer: int | None, group: Any, tag: int, gro
     arg = "dst" if kind == "send" else "src"
     if kind == "recv" and peer is None and group_peer is None:
         if not call.backend.capabilities.recv_any_source:
-            raise invalid_argument("recv", "src", f"a rank (backend '{call.backend.name}' cannot receive from any source)", None, call.rank)
+            raise invalid_argument(
+                "recv",
+                "src",
+                f"a rank (backend '{call.backend.name}' cannot receive from any source)",
+                None,
+                call.rank,
+            )
         return _Prepared(call, P2PRequest(kind, buffer, -1, tag), copy_back)
     return _Prepared(call, P2PRequest(kind, buffer, _peer(call, arg, peer, group_peer), tag), copy_back)
 
@@ -131,7 +175,9 @@ def _with_copy_back(work: Work, copy_back: list) -> Work:
     return work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
 
 
-def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+def monitored_barrier(
+    group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False
+) -> None:
     """A barrier that names the ranks that did not arrive within ``timeout``.
 
     Group rank 0 collects a token from every other rank, then releases them; it works on every
@@ -152,7 +198,9 @@ def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_
     missing = _ranks_missing(arrivals, deadline, wait_all_ranks)
     if missing:
         global_missing = [call.group.ranks[peer] for peer in missing]
-        raise CommTimeoutError(f"monitored_barrier: ranks {global_missing} did not reach the barrier within {timeout or call.group.timeout} (rank {call.rank})")
+        raise CommTimeoutError(
+            f"monitored_barrier: ranks {global_missing} did not reach the barrier within {timeout or call.group.timeout} (rank {call.rank})"
+        )
     for peer in peers:
         call.backend.send(token, peer, FALLBACK_TAG).wait(_remaining(deadline))
 
@@ -175,7 +223,17 @@ def _remaining(deadline: float) -> float:
 
 def _peer(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:
     if group_rank is not None:
-        if not isinstance(group_rank, int) or not 0 <= group_rank < call.group.size() or group_rank == call.group.rank():
-            raise invalid_argument(call.op, f"group_{arg}", f"another group rank in [0, {call.group.size()})", group_rank, call.rank)
+        if (
+            not isinstance(group_rank, int)
+            or not 0 <= group_rank < call.group.size()
+            or group_rank == call.group.rank()
+        ):
+            raise invalid_argument(
+                call.op,
+                f"group_{arg}",
+                f"another group rank in [0, {call.group.size()})",
+                group_rank,
+                call.rank,
+            )
         return group_rank
     return check.check_peer(call, arg, global_rank, allow_self=False)

@@ -5,6 +5,7 @@ which knows torchrun, Open MPI, MPICH / Intel MPI / PMI(x) and SLURM. Under an M
 MASTER_ADDR, rank 0's address and a free port are exchanged over MPI itself. ``tcp://`` and
 ``file://`` go through torch's own rendezvous handlers.
 """
+
 from __future__ import annotations
 
 import os
@@ -67,7 +68,11 @@ def _from_environment(rank: int, world_size: int, timeout: timedelta) -> Rendezv
 def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timedelta) -> Any:
     if info.master_addr is None or info.master_port is None:
         raise invalid_argument(
-            "init_process_group", "MASTER_ADDR/MASTER_PORT", "both set", (info.master_addr, info.master_port), rank
+            "init_process_group",
+            "MASTER_ADDR/MASTER_PORT",
+            "both set",
+            (info.master_addr, info.master_port),
+            rank,
         )
     # torchrun's agent already hosts the store at MASTER_PORT; its workers only connect.
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -88,6 +93,10 @@ def _master_over_mpi(info: RendezvousInfo) -> RendezvousInfo:
 
 def _require_explicit(rank: int, world_size: int, because: str) -> None:
     if world_size <= 0:
-        raise invalid_argument("init_process_group", "world_size", f"> 0 when {because} is given", world_size, rank)
+        raise invalid_argument(
+            "init_process_group", "world_size", f"> 0 when {because} is given", world_size, rank
+        )
     if not 0 <= rank < world_size:
-        raise invalid_argument("init_process_group", "rank", f"in [0, {world_size}) when {because} is given", rank, rank)
+        raise invalid_argument(
+            "init_process_group", "rank", f"in [0, {world_size}) when {because} is given", rank, rank
+        )

@@ -1,4 +1,5 @@
 """init_process_group, new_group, destroy_process_group and the rank/size getters."""
+
 from __future__ import annotations
 
 import logging
@@ -168,7 +169,11 @@ def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     resolved = _member_group("get_global_rank", group)
     if not isinstance(group_rank, int) or not 0 <= group_rank < resolved.size():
         raise invalid_argument(
-            "get_global_rank", "group_rank", f"an int in [0, {resolved.size()})", group_rank, resolved.global_rank
+            "get_global_rank",
+            "group_rank",
+            f"an int in [0, {resolved.size()})",
+            group_rank,
+            resolved.global_rank,
         )
     return resolved.ranks[group_rank]
 
@@ -177,7 +182,11 @@ def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
     resolved = _member_group("get_group_rank", group)
     if global_rank not in resolved.ranks:
         raise invalid_argument(
-            "get_group_rank", "global_rank", f"one of the group's ranks {list(resolved.ranks)}", global_rank, resolved.global_rank
+            "get_group_rank",
+            "global_rank",
+            f"one of the group's ranks {list(resolved.ranks)}",
+            global_rank,
+            resolved.global_rank,
         )
     return resolved.ranks.index(global_rank)
 

@@ -1,4 +1,5 @@
 """Argument checks run before any communication; each error names op, argument, expectation, rank."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -31,12 +32,20 @@ def first_device(op: str, arg: str, value: Any) -> torch.device | None:
 
 def check_tensor(call: OpCall, arg: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise invalid_argument(call.op, arg, "a torch.Tensor", type(value).__name__, call.rank, InvalidTypeError)
+        raise invalid_argument(
+            call.op, arg, "a torch.Tensor", type(value).__name__, call.rank, InvalidTypeError
+        )
     capabilities = call.backend.capabilities
-    if value.dtype in capabilities.dtypes and value.device.type in capabilities.devices and value.layout is torch.strided:
+    if (
+        value.dtype in capabilities.dtypes
+        and value.device.type in capabilities.devices
+        and value.layout is torch.strided
+    ):
         return value  # the common case, checked in one line because it runs on every call
     if value.layout is not torch.strided:
-        raise invalid_argument(call.op, arg, "a dense (strided) tensor", value.layout, call.rank, UnsupportedError)
+        raise invalid_argument(
+            call.op, arg, "a dense (strided) tensor", value.layout, call.rank, UnsupportedError
+        )
     if value.device.type not in capabilities.devices:
         expected = f"a tensor on {sorted(capabilities.devices)} for backend '{call.backend.name}'"
         raise invalid_argument(call.op, arg, expected, value.device, call.rank, UnsupportedError)
@@ -48,27 +57,41 @@ def check_tensor(call: OpCall, arg: str, value: Any) -> torch.Tensor:
 
 def check_tensor_list(call: OpCall, arg: str, values: Any, length: int | None) -> list[torch.Tensor]:
     if not isinstance(values, (list, tuple)):
-        raise invalid_argument(call.op, arg, "a list of tensors", type(values).__name__, call.rank, InvalidTypeError)
+        raise invalid_argument(
+            call.op, arg, "a list of tensors", type(values).__name__, call.rank, InvalidTypeError
+        )
     if length is not None and len(values) != length:
-        raise invalid_argument(call.op, arg, f"a list of {length} tensors (the group size)", f"{len(values)} tensors", call.rank)
+        raise invalid_argument(
+            call.op, arg, f"a list of {length} tensors (the group size)", f"{len(values)} tensors", call.rank
+        )
     return [check_tensor(call, f"{arg}[{index}]", value) for index, value in enumerate(values)]
 
 
 def check_dtype_match(call: OpCall, arg: str, value: torch.Tensor, reference: torch.Tensor) -> None:
     if value.dtype != reference.dtype:
-        raise invalid_argument(call.op, arg, f"dtype {reference.dtype} (same as the input)", value.dtype, call.rank)
+        raise invalid_argument(
+            call.op, arg, f"dtype {reference.dtype} (same as the input)", value.dtype, call.rank
+        )
 
 
 def check_numel(call: OpCall, arg: str, value: torch.Tensor, expected: int, why: str) -> None:
     if value.numel() != expected:
-        raise invalid_argument(call.op, arg, f"{expected} elements ({why})", f"{value.numel()} elements (shape {tuple(value.shape)})", call.rank)
+        raise invalid_argument(
+            call.op,
+            arg,
+            f"{expected} elements ({why})",
+            f"{value.numel()} elements (shape {tuple(value.shape)})",
+            call.rank,
+        )
 
 
 def check_peer(call: OpCall, arg: str, global_rank: Any, allow_self: bool = True) -> int:
     """Translate a global ``src``/``dst`` into the group rank the backend expects."""
     ranks = call.group.ranks
     if not isinstance(global_rank, int) or isinstance(global_rank, bool) or global_rank not in ranks:
-        raise invalid_argument(call.op, arg, f"a global rank in the group {list(ranks)}", global_rank, call.rank)
+        raise invalid_argument(
+            call.op, arg, f"a global rank in the group {list(ranks)}", global_rank, call.rank
+        )
     if not allow_self and global_rank == call.rank:
         raise invalid_argument(call.op, arg, "a rank other than this one", global_rank, call.rank)
     return ranks.index(global_rank)
@@ -80,17 +103,39 @@ def check_reduce_op(call: OpCall, op: Any, dtype: torch.dtype) -> ReduceOp:
     try:
         reduce_op = ReduceOp.coerce(op)
     except ValueError:
-        raise invalid_argument(call.op, "op", f"a ReduceOp ({', '.join(ReduceOp.__members__)})", op, call.rank) from None
+        raise invalid_argument(
+            call.op, "op", f"a ReduceOp ({', '.join(ReduceOp.__members__)})", op, call.rank
+        ) from None
     if reduce_op not in call.backend.capabilities.reduce_ops:
         supported = ", ".join(sorted(o.name for o in call.backend.capabilities.reduce_ops))
-        raise invalid_argument(call.op, "op", f"one of backend '{call.backend.name}''s ops ({supported})", reduce_op.name, call.rank, UnsupportedError)
+        raise invalid_argument(
+            call.op,
+            "op",
+            f"one of backend '{call.backend.name}''s ops ({supported})",
+            reduce_op.name,
+            call.rank,
+            UnsupportedError,
+        )
     if reduce_op.is_bitwise and (dtype.is_floating_point or dtype.is_complex):
-        raise invalid_argument(call.op, "op", f"an arithmetic op for {dtype} (bitwise ops need integer or bool)", reduce_op.name, call.rank, UnsupportedError)
+        raise invalid_argument(
+            call.op,
+            "op",
+            f"an arithmetic op for {dtype} (bitwise ops need integer or bool)",
+            reduce_op.name,
+            call.rank,
+            UnsupportedError,
+        )
     if reduce_op is ReduceOp.AVG and not dtype.is_floating_point:
-        raise invalid_argument(call.op, "op", f"an op other than AVG for {dtype} (AVG needs a floating dtype)", reduce_op.name, call.rank, UnsupportedError)
+        raise invalid_argument(
+            call.op,
+            "op",
+            f"an op other than AVG for {dtype} (AVG needs a floating dtype)",
+            reduce_op.name,
+            call.rank,
+            UnsupportedError,
+        )
     return reduce_op
 
 
 def _names(dtypes: Sequence[torch.dtype] | frozenset[torch.dtype]) -> str:
     return ", ".join(sorted(str(dtype).replace("torch.", "") for dtype in dtypes))
-

@@ -5,6 +5,7 @@ of a collective without communicating. Values are chosen so results are exact in
 small integers where the dtype is narrow (uint8, float16, bfloat16 hold integers up to 240
 exactly), and for PRODUCT factors in {1, 1.5, 2} or {1, 2, 3} whose products stay exact.
 """
+
 from __future__ import annotations
 
 from functools import reduce as fold
@@ -27,7 +28,9 @@ NARROW = (torch.bfloat16, torch.float16, torch.uint8)
 NUMEL = 12
 
 
-def values(rank: int, dtype: torch.dtype, op: ReduceOp = ReduceOp.SUM, numel: int = NUMEL, salt: int = 0) -> torch.Tensor:
+def values(
+    rank: int, dtype: torch.dtype, op: ReduceOp = ReduceOp.SUM, numel: int = NUMEL, salt: int = 0
+) -> torch.Tensor:
     """Rank ``rank``'s input: distinct per (rank, element) wherever the dtype has room."""
     index = torch.arange(numel)
     if dtype is torch.bool:
@@ -40,7 +43,9 @@ def values(rank: int, dtype: torch.dtype, op: ReduceOp = ReduceOp.SUM, numel: in
     return (rank * 1000 + index + 1 + salt * 100_000).to(dtype)
 
 
-def reduced(ranks: list[int], dtype: torch.dtype, op: ReduceOp, numel: int = NUMEL, salt: int = 0) -> torch.Tensor:
+def reduced(
+    ranks: list[int], dtype: torch.dtype, op: ReduceOp, numel: int = NUMEL, salt: int = 0
+) -> torch.Tensor:
     """The result of reducing the inputs of ``ranks`` with ``op``, in ``dtype``'s arithmetic."""
     inputs = [values(rank, dtype, op, numel, salt) for rank in ranks]
     if op is ReduceOp.AVG:

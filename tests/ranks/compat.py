@@ -9,6 +9,7 @@ Layout used throughout (world of 4): the subgroup is global ranks [1, 2, 3], so 
 the non-member that must get None back and keep its tensors; world of 2 uses [0, 1] in a new
 group, so group translation is still exercised.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,7 +57,9 @@ class Case:
             return
         assert work.wait() is True and work.is_completed(), f"{self.label}: work not completed"
 
-    def tensor(self, rank: int, dtype: torch.dtype, op: ReduceOp = ReduceOp.SUM, numel: int = NUMEL, salt: int = 0) -> torch.Tensor:
+    def tensor(
+        self, rank: int, dtype: torch.dtype, op: ReduceOp = ReduceOp.SUM, numel: int = NUMEL, salt: int = 0
+    ) -> torch.Tensor:
         return values(rank, dtype, op, numel, salt).to(self.device)
 
 
@@ -68,7 +71,15 @@ def main() -> None:
     subgroup = dist.new_group(sub_ranks)
     for group, members in ((None, list(range(world))), (subgroup, sub_ranks)):
         for async_op in (False, True):
-            case = Case(group, members, me, async_op, device, backend.capabilities.dtypes, backend.capabilities.reduce_ops)
+            case = Case(
+                group,
+                members,
+                me,
+                async_op,
+                device,
+                backend.capabilities.dtypes,
+                backend.capabilities.reduce_ops,
+            )
             for check in CHECKS:
                 check(case)
     check_unsupported_combinations(backend, device)
@@ -90,15 +101,27 @@ def check_all_reduce_large_and_strided(case: Case) -> None:
     """A 1 MiB buffer (libraries chunk those) and a non-contiguous view (torch 2.13 gloo bug)."""
     big = case.tensor(case.me, torch.float32, numel=1 << 18)
     case.run(lambda a: dist.all_reduce(big, group=case.group, async_op=a))
-    expected = reduced(case.members, torch.float32, ReduceOp.SUM, numel=1 << 18) if case.is_member else values(case.me, torch.float32, numel=1 << 18)
+    expected = (
+        reduced(case.members, torch.float32, ReduceOp.SUM, numel=1 << 18)
+        if case.is_member
+        else values(case.me, torch.float32, numel=1 << 18)
+    )
     assert_equal(big.cpu(), expected, f"all_reduce 1MiB {case.label}")
     base = case.tensor(case.me, torch.float32, numel=4 * NUMEL).view(NUMEL, 4)
     strided = base[:, 1::2]  # every other column: non-contiguous
     before = base.clone()
     case.run(lambda a: dist.all_reduce(strided, group=case.group, async_op=a))
-    full = reduced(case.members, torch.float32, ReduceOp.SUM, numel=4 * NUMEL).view(NUMEL, 4) if case.is_member else before.cpu()
+    full = (
+        reduced(case.members, torch.float32, ReduceOp.SUM, numel=4 * NUMEL).view(NUMEL, 4)
+        if case.is_member
+        else before.cpu()
+    )
     assert_equal(strided.cpu(), full[:, 1::2], f"all_reduce non-contiguous {case.label}")
-    assert_equal(base[:, 0::2].cpu(), before[:, 0::2].cpu(), f"all_reduce non-contiguous untouched columns {case.label}")
+    assert_equal(
+        base[:, 0::2].cpu(),
+        before[:, 0::2].cpu(),
+        f"all_reduce non-contiguous untouched columns {case.label}",
+    )
 
 
 def check_reduce(case: Case) -> None:
@@ -107,7 +130,9 @@ def check_reduce(case: Case) -> None:
         tensor = case.tensor(case.me, dtype, op)
         case.run(lambda a: dist.reduce(tensor, dst=root, op=op, group=case.group, async_op=a))
         if case.me == root:
-            assert_equal(tensor.cpu(), reduced(case.members, dtype, op), f"reduce {dtype} {op.name} {case.label}", op)
+            assert_equal(
+                tensor.cpu(), reduced(case.members, dtype, op), f"reduce {dtype} {op.name} {case.label}", op
+            )
 
 
 def check_reduce_scatter(case: Case) -> None:
@@ -123,7 +148,9 @@ def check_reduce_scatter(case: Case) -> None:
         flat_out = torch.zeros(NUMEL, dtype=dtype, device=case.device)
         case.run(lambda a: dist.reduce_scatter_tensor(flat_out, flat, op=op, group=case.group, async_op=a))
         if case.is_member:
-            assert_equal(flat_out.cpu(), expected, f"reduce_scatter_tensor {dtype} {op.name} {case.label}", op)
+            assert_equal(
+                flat_out.cpu(), expected, f"reduce_scatter_tensor {dtype} {op.name} {case.label}", op
+            )
 
 
 # --- data movement -----------------------------------------------------------------------------
@@ -149,14 +176,26 @@ def check_all_gather(case: Case) -> None:
         outputs = [torch.zeros(NUMEL, dtype=dtype, device=case.device) for _ in range(n)]
         case.run(lambda a: dist.all_gather(outputs, mine, group=case.group, async_op=a))
         stacked = torch.zeros(n, 3, NUMEL // 3, dtype=dtype, device=case.device)
-        case.run(lambda a: dist.all_gather_into_tensor(stacked, mine.view(3, -1), group=case.group, async_op=a))
+        case.run(
+            lambda a: dist.all_gather_into_tensor(stacked, mine.view(3, -1), group=case.group, async_op=a)
+        )
         if not case.is_member:
             continue
         for slot, rank in enumerate(case.members):
-            assert_equal(outputs[slot].cpu(), values(rank, dtype), f"all_gather {dtype} slot {slot} {case.label}")
-            assert_equal(stacked[slot].cpu(), values(rank, dtype), f"all_gather_into_tensor {dtype} slot {slot} {case.label}")
+            assert_equal(
+                outputs[slot].cpu(), values(rank, dtype), f"all_gather {dtype} slot {slot} {case.label}"
+            )
+            assert_equal(
+                stacked[slot].cpu(),
+                values(rank, dtype),
+                f"all_gather_into_tensor {dtype} slot {slot} {case.label}",
+            )
     flat = torch.zeros(2 * n * NUMEL, device=case.device)[::2]  # non-contiguous output
-    case.run(lambda a: dist.all_gather_into_tensor(flat, case.tensor(case.me, torch.float32), group=case.group, async_op=a))
+    case.run(
+        lambda a: dist.all_gather_into_tensor(
+            flat, case.tensor(case.me, torch.float32), group=case.group, async_op=a
+        )
+    )
     if case.is_member:
         expected = torch.cat([values(rank, torch.float32) for rank in case.members])
         assert_equal(flat.cpu(), expected, f"all_gather_into_tensor non-contiguous {case.label}")
@@ -169,13 +208,19 @@ def check_all_to_all(case: Case) -> None:
         outputs = [torch.zeros(NUMEL, dtype=dtype, device=case.device) for _ in range(n)]
         case.run(lambda a: dist.all_to_all(outputs, inputs, group=case.group, async_op=a))
         single_out = torch.zeros(n * NUMEL, dtype=dtype, device=case.device)
-        case.run(lambda a: dist.all_to_all_single(single_out, torch.cat(inputs), group=case.group, async_op=a))
+        case.run(
+            lambda a: dist.all_to_all_single(single_out, torch.cat(inputs), group=case.group, async_op=a)
+        )
         if not case.is_member:
             continue
         for slot, rank in enumerate(case.members):
             expected = values(rank, dtype, salt=case.group_rank)
             assert_equal(outputs[slot].cpu(), expected, f"all_to_all {dtype} from {rank} {case.label}")
-            assert_equal(single_out.view(n, -1)[slot].cpu(), expected, f"all_to_all_single {dtype} from {rank} {case.label}")
+            assert_equal(
+                single_out.view(n, -1)[slot].cpu(),
+                expected,
+                f"all_to_all_single {dtype} from {rank} {case.label}",
+            )
     check_all_to_all_uneven(case)
 
 
@@ -187,7 +232,9 @@ def check_all_to_all_uneven(case: Case) -> None:
     out_splits = [peer + me + 1 for peer in range(n)]
     source = case.tensor(case.me, torch.int64, numel=2 * sum(in_splits)).view(-1, 2)
     output = torch.full((sum(out_splits), 2), -1, dtype=torch.int64, device=case.device)
-    case.run(lambda a: dist.all_to_all_single(output, source, out_splits, in_splits, group=case.group, async_op=a))
+    case.run(
+        lambda a: dist.all_to_all_single(output, source, out_splits, in_splits, group=case.group, async_op=a)
+    )
     if not case.is_member:
         return
     pieces = []
@@ -202,7 +249,11 @@ def check_gather_scatter(case: Case) -> None:
     n, root = len(case.members), case.members[-1]
     for dtype in _dtypes(case):
         mine = case.tensor(case.me, dtype)
-        slots = [torch.zeros(NUMEL, dtype=dtype, device=case.device) for _ in range(n)] if case.me == root else None
+        slots = (
+            [torch.zeros(NUMEL, dtype=dtype, device=case.device) for _ in range(n)]
+            if case.me == root
+            else None
+        )
         case.run(lambda a: dist.gather(mine, slots, dst=root, group=case.group, async_op=a))
         pieces = [case.tensor(root, dtype, salt=peer) for peer in range(n)] if case.me == root else None
         output = torch.zeros(NUMEL, dtype=dtype, device=case.device)
@@ -211,7 +262,9 @@ def check_gather_scatter(case: Case) -> None:
             continue
         if case.me == root:
             for slot, rank in enumerate(case.members):
-                assert_equal(slots[slot].cpu(), values(rank, dtype), f"gather {dtype} slot {slot} {case.label}")
+                assert_equal(
+                    slots[slot].cpu(), values(rank, dtype), f"gather {dtype} slot {slot} {case.label}"
+                )
         assert_equal(output.cpu(), values(root, dtype, salt=case.group_rank), f"scatter {dtype} {case.label}")
 
 
@@ -225,7 +278,10 @@ def check_point_to_point(case: Case) -> None:
     right, left = case.members[(me + 1) % n], case.members[(me - 1) % n]
     for dtype in _dtypes(case):
         incoming = torch.zeros(NUMEL, dtype=dtype, device=case.device)
-        ops = [dist.P2POp(dist.isend, case.tensor(case.me, dtype), right, case.group), dist.P2POp(dist.irecv, incoming, left, case.group)]
+        ops = [
+            dist.P2POp(dist.isend, case.tensor(case.me, dtype), right, case.group),
+            dist.P2POp(dist.irecv, incoming, left, case.group),
+        ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         assert_equal(incoming.cpu(), values(left, dtype), f"batch_isend_irecv {dtype} {case.label}")
@@ -262,7 +318,9 @@ def check_barriers_and_objects(case: Case) -> None:
     if case.me == root:
         assert collected == [("obj", r) for r in case.members], collected
     received: list[Any] = [None]
-    dist.scatter_object_list(received, [("to", r) for r in case.members] if case.me == root else None, src=root, group=case.group)
+    dist.scatter_object_list(
+        received, [("to", r) for r in case.members] if case.me == root else None, src=root, group=case.group
+    )
     if case.is_member:
         assert received == [("to", case.me)], received
 
@@ -292,7 +350,9 @@ def check_unsupported_combinations(backend: Any, device: torch.device) -> None:
                 dist.all_reduce(tensor, op=op)
             except UnsupportedError:
                 continue
-            raise AssertionError(f"all_reduce {dtype} {op.name} on '{backend.name}' should raise UnsupportedError")
+            raise AssertionError(
+                f"all_reduce {dtype} {op.name} on '{backend.name}' should raise UnsupportedError"
+            )
 
 
 CHECKS = (

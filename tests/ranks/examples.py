@@ -1,4 +1,5 @@
 """Rank bodies that run the examples inside the harness (tracebacks and timeouts included)."""
+
 from __future__ import annotations
 
 import runpy

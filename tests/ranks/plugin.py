@@ -1,4 +1,5 @@
 """Rank body for the third-party plugin test: the store-based backend does real work."""
+
 from __future__ import annotations
 
 import torch

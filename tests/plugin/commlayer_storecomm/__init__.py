@@ -5,6 +5,7 @@ every other facade op (reduce_scatter, all_to_all, gather, ...) comes from comml
 fallbacks. Each rank publishes its bytes under a key unique to (group, op sequence, rank) and
 reads its peers' keys; ``store.get`` blocks until a key exists, bounded by the store's timeout.
 """
+
 from __future__ import annotations
 
 import itertools
