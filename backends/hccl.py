@@ -71,7 +71,8 @@ class HcclBackend(TorchBackend):
             return Availability.no(f"torch_npu is not installed ({_torch_npu_error})", INSTALL_HINT)
         npu = getattr(torch, "npu", None)
         if npu is None or not npu.is_available():
-            return Availability.no("torch_npu is installed but reports no NPU (torch.npu.is_available() is False)", INSTALL_HINT)
+            reason = "torch_npu is installed but reports no NPU (torch.npu.is_available() is False)"
+            return Availability.no(reason, INSTALL_HINT)
         return super().is_available()
 
     def object_device(self) -> torch.device:

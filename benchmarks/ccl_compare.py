@@ -105,9 +105,10 @@ def build_program(install: OneCclInstall) -> None:
 
 def run_raw(world_size: int, settings: Settings, install: OneCclInstall, variant: str) -> list[Sample]:
     with tempfile.TemporaryDirectory(prefix="ccl-raw-") as directory:
-        arguments = [str(PROGRAM), "--kvs-file", str(Path(directory) / "kvs.address"), "--wait", RAW_VARIANTS[variant],
-                     "--min-bytes", str(settings.min_bytes), "--max-bytes", str(settings.max_bytes),
-                     "--factor", str(int(settings.factor)), "--iters", str(settings.iters), "--warmup", str(settings.warmup)]
+        arguments = [str(PROGRAM), "--kvs-file", str(Path(directory) / "kvs.address"),
+                     "--wait", RAW_VARIANTS[variant], "--min-bytes", str(settings.min_bytes),
+                     "--max-bytes", str(settings.max_bytes), "--factor", str(int(settings.factor)),
+                     "--iters", str(settings.iters), "--warmup", str(settings.warmup)]
         ranks = [subprocess.Popen(arguments, env=_raw_env(install, rank, world_size), stdout=subprocess.PIPE, text=True)
                  for rank in range(world_size)]
         outputs = [rank.communicate(timeout=JOB_TIMEOUT_S)[0] for rank in ranks]

@@ -98,7 +98,8 @@ def test_worker_threads_are_dropped_only_on_an_oversubscribed_host() -> None:
     one_second = timedelta(seconds=1)
     assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults({}, None, one_second, HostLayout(0, 4, cpus=8))
     assert oneccl_defaults({}, None, one_second, HostLayout(0, 2, cpus=2))["CCL_WORKER_OFFLOAD"] == "0"
-    assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults({"CCL_WORKER_OFFLOAD": "1"}, None, one_second, HostLayout(0, 2, cpus=2))
+    user_choice = {"CCL_WORKER_OFFLOAD": "1"}
+    assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults(user_choice, None, one_second, HostLayout(0, 2, cpus=2))
 
 
 # --- store keys, addresses, splits -----------------------------------------------------------
@@ -132,7 +133,8 @@ def test_unflatten_fills_each_output_in_order() -> None:
 
 def test_declared_capabilities_are_the_issue_contract() -> None:
     caps = CclBackend.capabilities
-    assert {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8} <= caps.dtypes
+    required = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8}
+    assert required <= caps.dtypes
     assert torch.bool not in caps.dtypes  # oneCCL has no boolean type
     assert caps.reduce_ops == {ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
     assert caps.devices == {"cpu"} and not caps.recv_any_source
@@ -171,5 +173,5 @@ def test_extension_rejects_bad_arguments_before_calling_oneccl() -> None:
         native.create_kvs(b"127.0.0.1_1")
     assert native.ADDRESS_SIZE == 256
     types = _native.NativeTypes.of(native)
-    assert {dtype: types.datatypes[dtype].name for dtype in (torch.bfloat16, torch.uint8)} == {torch.bfloat16: "bfloat16", torch.uint8: "uint8"}
+    assert (types.datatypes[torch.bfloat16].name, types.datatypes[torch.uint8].name) == ("bfloat16", "uint8")
     assert types.reductions[ReduceOp.AVG].name == "sum" and types.reductions[ReduceOp.PRODUCT].name == "prod"

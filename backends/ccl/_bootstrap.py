@@ -94,16 +94,15 @@ class Connection:
 
 class _Deadline:
     def __init__(self, timeout: timedelta) -> None:
-        self.timeout = timeout
         self._end = time.monotonic() + timeout.total_seconds()
 
     def remaining(self) -> timedelta:
         return timedelta(seconds=max(0.0, self._end - time.monotonic()))
 
 
-def connect(spec: GroupSpec, native: ModuleType, keys: GroupKeys | None = None) -> Connection:
+def connect(spec: GroupSpec, native: ModuleType) -> Connection:
     """Build this member's communicator for ``spec``; called by every member of the group."""
-    keys = keys or GroupKeys.next_for(spec.name)
+    keys = GroupKeys.next_for(spec.name)
     deadline = _Deadline(spec.timeout)
     _wait_for_members(spec, keys, deadline)
     if spec.group_rank == 0:

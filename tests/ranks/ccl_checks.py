@@ -15,7 +15,9 @@ from ._values import assert_equal, reduced, values
 
 # The contract, spelled out instead of read from the backend's declared capabilities,
 # so a narrowed declaration cannot silently shrink what is tested.
-REQUIRED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8)
+REQUIRED_DTYPES = (
+    torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8,
+)
 REQUIRED_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
@@ -59,7 +61,8 @@ def check_many_async_ops_in_flight() -> None:
     for work in reversed(works):
         assert work.wait() is True and work.is_completed()
     for k, tensor in enumerate(summed):
-        assert_equal(tensor, reduced(list(range(world)), torch.float32, ReduceOp.SUM, numel=1000 + k, salt=k), f"in-flight all_reduce {k}")
+        expected = reduced(list(range(world)), torch.float32, ReduceOp.SUM, numel=1000 + k, salt=k)
+        assert_equal(tensor, expected, f"in-flight all_reduce {k}")
     assert_equal(gathered, torch.cat([values(r, torch.int64, numel=5) for r in range(world)]), "in-flight all_gather")
     assert_equal(shout, values(0, torch.float64, numel=7), "in-flight broadcast")
 
@@ -101,7 +104,8 @@ def check_subgroup_recreated() -> None:
         if me in ranks:
             tensor = values(me, torch.int64, numel=3, salt=attempt)
             dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
-            assert_equal(tensor, reduced(ranks, torch.int64, ReduceOp.MIN, numel=3, salt=attempt), f"recreated group {ranks} attempt {attempt}")
+            expected = reduced(ranks, torch.int64, ReduceOp.MIN, numel=3, salt=attempt)
+            assert_equal(tensor, expected, f"recreated group {ranks} attempt {attempt}")
             dist.destroy_process_group(group)
 
 
@@ -115,5 +119,10 @@ def fold(ranks: list[int], dtype: torch.dtype, op: ReduceOp) -> torch.Tensor:
     if dtype is not torch.int8:
         return reduced(ranks, dtype, op, numel=10)
     inputs = torch.stack([_input(rank, dtype, op).to(torch.int64) for rank in ranks])
-    combine = {ReduceOp.SUM: inputs.sum(0), ReduceOp.PRODUCT: inputs.prod(0), ReduceOp.MIN: inputs.min(0).values, ReduceOp.MAX: inputs.max(0).values}
+    combine = {
+        ReduceOp.SUM: inputs.sum(0),
+        ReduceOp.PRODUCT: inputs.prod(0),
+        ReduceOp.MIN: inputs.min(0).values,
+        ReduceOp.MAX: inputs.max(0).values,
+    }
     return combine[op].to(torch.int8)
