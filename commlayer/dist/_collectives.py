@@ -38,7 +38,7 @@ CopyBack = list  # list[tuple[original, contiguous buffer]]
 def all_reduce(
     tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    call = begin("all_reduce", group, check.first_device("all_reduce", "tensor", tensor))
+    call = begin("all_reduce", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
@@ -62,7 +62,7 @@ def reduce(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
-    call = begin("reduce", group, check.first_device("reduce", "tensor", tensor))
+    call = begin("reduce", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
@@ -86,7 +86,7 @@ def broadcast(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
-    call = begin("broadcast", group, check.first_device("broadcast", "tensor", tensor))
+    call = begin("broadcast", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
@@ -105,7 +105,7 @@ def broadcast(
 def all_gather(
     tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    call = begin("all_gather", group, check.first_device("all_gather", "tensor", tensor))
+    call = begin("all_gather", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
@@ -131,7 +131,7 @@ def all_gather_into_tensor(
     call = begin(
         "all_gather_into_tensor",
         group,
-        check.first_device("all_gather_into_tensor", "input_tensor", input_tensor),
+        check.first_device(input_tensor),
     )
     if call is None:
         return None
@@ -162,7 +162,7 @@ def reduce_scatter(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
-    call = begin("reduce_scatter", group, check.first_device("reduce_scatter", "output", output))
+    call = begin("reduce_scatter", group, check.first_device(output))
     if call is None:
         return None
     check.check_tensor(call, "output", output)
@@ -190,7 +190,7 @@ def reduce_scatter_tensor(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:  # noqa: A002 - torch's name
-    call = begin("reduce_scatter_tensor", group, check.first_device("reduce_scatter_tensor", "input", input))
+    call = begin("reduce_scatter_tensor", group, check.first_device(input))
     if call is None:
         return None
     check.check_tensor(call, "input", input)
@@ -219,7 +219,7 @@ def all_to_all_single(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
-    call = begin("all_to_all_single", group, check.first_device("all_to_all_single", "input", input))
+    call = begin("all_to_all_single", group, check.first_device(input))
     if call is None:
         return None
     check.check_tensor(call, "input", input)
@@ -245,9 +245,7 @@ def all_to_all(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
-    call = begin(
-        "all_to_all", group, check.first_device("all_to_all", "input_tensor_list", input_tensor_list)
-    )
+    call = begin("all_to_all", group, check.first_device(input_tensor_list))
     if call is None:
         return None
     size = call.group.size()
@@ -275,7 +273,7 @@ def gather(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
-    call = begin("gather", group, check.first_device("gather", "tensor", tensor))
+    call = begin("gather", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
@@ -301,7 +299,7 @@ def scatter(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
-    call = begin("scatter", group, check.first_device("scatter", "tensor", tensor))
+    call = begin("scatter", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)

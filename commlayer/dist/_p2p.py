@@ -149,7 +149,7 @@ def _prepare_op(p2p: P2POp) -> _Prepared | None:
 def _prepare(
     kind: str, tensor: Any, peer: int | None, group: Any, tag: int, group_peer: int | None
 ) -> _Prepared | None:
-    call = begin(kind, group, check.first_device(kind, "tensor", tensor))
+    call = begin(kind, group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)

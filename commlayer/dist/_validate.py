@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-def first_device(op: str, arg: str, value: Any) -> torch.device | None:
+def first_device(value: Any) -> torch.device | None:
     """The device that picks the backend; a type error here is reported by check_tensor later."""
     if isinstance(value, torch.Tensor):
         return value.device
