@@ -75,9 +75,13 @@ class Work(ABC):
     def result(self) -> list[torch.Tensor]:
         return list(self._result)
 
-    def then(self, epilogue: Callable[[], None]) -> Work:
-        """A Work that runs ``epilogue`` once, after this one completes and before it reports done."""
-        return _ChainedWork(self, epilogue)
+    def then(self, epilogue: Callable[[], None], result: Sequence[torch.Tensor] | None = None) -> Work:
+        """A Work that runs ``epilogue`` once, after this one completes and before it reports done.
+
+        Its ``result()`` is this Work's, unless ``result`` names other tensors (a staged op hands
+        back the caller's tensors, not its staging copies).
+        """
+        return _ChainedWork(self, epilogue, result)
 
     def get_future(self) -> torch.futures.Future:
         """A future holding :meth:`result` once the op completes (waited for on a helper thread)."""
@@ -201,8 +205,8 @@ class WorkList(Work):
 
 
 class _ChainedWork(Work):
-    def __init__(self, base: Work, epilogue: Callable[[], None]) -> None:
-        super().__init__(base.result())
+    def __init__(self, base: Work, epilogue: Callable[[], None], result: Sequence[torch.Tensor] | None) -> None:
+        super().__init__(base.result() if result is None else result)
         self._base = base
         self._epilogue = epilogue
 
