@@ -2,7 +2,8 @@
 
 One command launches every job (world sizes x MPI launcher/library pairs) and prints the tables::
 
-    python benchmarks/mpi_bench.py --world-sizes 2,4 --pairs default,openmpi --out benchmarks/results
+    python benchmarks/mpi_bench.py --world-sizes 2,4 --pairs default,openmpi --out benchmarks/mpi_bench_results.json
+    python benchmarks/mpi_bench.py --render benchmarks/mpi_bench_results.json     # the tables again
 
 Each job runs this file under mpirun (the pair's launcher, from commlayer.testing.mpirun_plan) and
 measures, for all_reduce (SUM, float32, in place), all_gather (into one tensor) and broadcast, at
@@ -27,6 +28,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -37,6 +39,15 @@ REPO = Path(__file__).resolve().parent.parent
 SIZES = [8 << (2 * step) for step in range(12)] + [1 << 20, 64 << 20]  # 8 B, 32 B, ... 32 MiB, 1 MiB, 64 MiB
 OPS = ("all_reduce", "all_gather", "broadcast")
 PAIRS = {"default": {}, "openmpi": {"COMMLAYER_MPI": "openmpi"}}
+_JOB_DEFAULTS = {
+    # Unpinned ranks, as Open MPI's plan already runs them (--bind-to none): Intel MPI pins each
+    # rank to one core, where gloo's helper threads then starve behind the rank.
+    "I_MPI_PIN": "0",
+    # numpy asks for transparent huge pages on large arrays, torch's CPU allocator only with this
+    # set; without it, MPI on a 64 MiB tensor ran ~2.5x slower than on a numpy array here (TLB
+    # misses in the shared-memory copies), whatever the dispatch path.
+    "THP_MEM_ALLOC_ENABLE": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -121,8 +132,12 @@ def _measure(cases: dict[str, Any], comm: Any, mpi: Any, rounds: int, budget_s: 
     for name, (run, _check) in cases.items():
         iterations[name] = _iterations(run, comm, mpi, share)
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, (run, _check) in cases.items():
+    names = list(cases)
+    for round_index in range(rounds):
+        # Rotate the order, so no variant always runs right after the same other one.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = cases[name][0]
             comm.Barrier()
             start = time.perf_counter()
             for _ in range(iterations[name]):
@@ -186,17 +201,15 @@ def _gloo_store(comm: Any) -> Any:
 # --- the driver ------------------------------------------------------------------------------
 
 
-def launch_jobs(arguments: argparse.Namespace) -> list[Record]:
+def launch_jobs(arguments: argparse.Namespace, scratch: Path) -> list[Record]:
     from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
     from commlayer.testing import mpirun_plan
 
     records: list[Record] = []
     for pair in arguments.pairs.split(","):
         for world_size in (int(size) for size in arguments.world_sizes.split(",")):
-            output = arguments.out / f"mpi_{pair}_{world_size}.json"
-            # Unpinned ranks, as Open MPI's plan already runs them (--bind-to none): Intel MPI pins
-            # each rank to one core, where gloo's helper threads then starve behind the rank.
-            env = {"I_MPI_PIN": "0", **os.environ, **PAIRS[pair], "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+            output = scratch / f"mpi_{pair}_{world_size}.json"
+            env = {**_JOB_DEFAULTS, **os.environ, **PAIRS[pair], "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
             plan = mpirun_plan(world_size, env)
             job = (*plan.argv, sys.executable, __file__, "--job", str(output), "--rounds", str(arguments.rounds),
                    "--budget", str(arguments.budget), "--max-bytes", str(arguments.max_bytes))
@@ -206,6 +219,22 @@ def launch_jobs(arguments: argparse.Namespace) -> list[Record]:
                 raise SystemExit(f"mpi_bench: the {pair} job at {world_size} ranks failed ({result.summary('mpi_bench')})")
             records += [Record(**row) for row in json.loads(output.read_text())["records"]]
     return records
+
+
+def write_results(path: Path, records: list[Record], command: str) -> None:
+    """One JSON file, a record per line, times to 4 significant digits."""
+    rows = []
+    for record in records:
+        row = asdict(record)
+        row.update(seconds=float(f"{record.seconds:.4g}"), median_seconds=float(f"{record.median_seconds:.4g}"))
+        row["library"] = record.library.split(",")[0].replace(" for Linux* OS", "")
+        rows.append(json.dumps(row, separators=(",", ":")))
+    header = f'{{\n "machine": {json.dumps(_machine())},\n "command": {json.dumps(command)},\n "records": [\n'
+    path.write_text(header + ",\n".join(f"  {row}" for row in rows) + "\n ]\n}\n")
+
+
+def read_results(path: Path) -> list[Record]:
+    return [Record(**row) for row in json.loads(path.read_text())["records"]]
 
 
 def render(records: list[Record]) -> str:
@@ -248,7 +277,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--pairs", default="default,openmpi", help=f"launcher/library pairs: {', '.join(PAIRS)}")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "mpi_bench_results.json")
+    parser.add_argument("--render", type=Path, help="print the tables of a results file and exit")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per (op, size) across variants and rounds")
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
@@ -261,8 +291,12 @@ def main() -> None:
             payload = {"machine": _machine(), "records": [asdict(record) for record in records]}
             arguments.job.write_text(json.dumps(payload, indent=1))
         return
-    arguments.out.mkdir(parents=True, exist_ok=True)
-    records = launch_jobs(arguments)
+    if arguments.render is not None:
+        print(render(read_results(arguments.render)))
+        return
+    with tempfile.TemporaryDirectory(prefix="mpi-bench-") as scratch:
+        records = launch_jobs(arguments, Path(scratch))
+    write_results(arguments.out, records, " ".join(["python", *sys.argv]))
     print(f"machine: {_machine()}")
     print(render(records))
 
