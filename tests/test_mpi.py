@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from commlayer import dist, list_backends
-from commlayer.backends.mpi import MpiBackend, _runtime, discovery
+from commlayer.backends.mpi import MpiBackend, MpiOptions, _runtime, discovery
 from commlayer.backends.mpi._runtime import choose_library, launcher_family, library_candidates, mpi4py_version_problem
 from commlayer.backends.mpi.backend import _counts_and_displacements, _layout
 from commlayer.backends.mpi.discovery import local_layout, master_address
-from commlayer.errors import BackendUnavailableError
+from commlayer.errors import BackendUnavailableError, InvalidArgumentError
 from commlayer.testing import run_world
 
 OPEN_MPI_ENV = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}
@@ -68,6 +68,14 @@ def test_library_choice_is_left_alone(tmp_path: Path) -> None:
 def test_mpi4py_3_is_refused_with_the_version_needed() -> None:
     assert mpi4py_version_problem("3.1.6") == "mpi4py 3.1.6 is too old (commlayer needs mpi4py >= 4.0)"
     assert mpi4py_version_problem("4.0.0") is None and mpi4py_version_problem("5.0.dev0") is None
+
+
+def test_options_default_to_non_blocking_and_read_the_environment_only_without_options() -> None:
+    assert MpiOptions.resolve(None, {}, 0) == MpiOptions(blocking_sync_ops=False)
+    assert MpiOptions.resolve(None, {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(blocking_sync_ops=True)
+    assert MpiOptions.resolve(MpiOptions(), {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(blocking_sync_ops=False)
+    with pytest.raises(InvalidArgumentError, match=r"mpi backend: argument 'pg_options' expected None or commlayer.backends.mpi.MpiOptions, received dict \(rank 3\)"):
+        MpiOptions.resolve({"blocking_sync_ops": True}, {}, 3)
 
 
 def test_local_layout_counts_ranks_per_host() -> None:

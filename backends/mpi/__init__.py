@@ -5,6 +5,6 @@ it in ``create_world`` and :func:`discovery.exchange_master_address` when the re
 """
 from __future__ import annotations
 
-from .backend import MpiBackend
+from .backend import MpiBackend, MpiOptions
 
-__all__ = ["MpiBackend"]
+__all__ = ["MpiBackend", "MpiOptions"]

@@ -1,13 +1,16 @@
 """The ``mpi`` backend: MPI through mpi4py, for jobs started by ``mpirun``.
 
 Tensors reach MPI as zero-copy views of their memory (``MPI.buffer.fromaddress`` over
-``data_ptr()``), typed by :mod:`._datatypes`. Every collective has two forms: the blocking MPI
-call, used when the facade says the caller waits at once (``async_op=False``, see
-``Capabilities.sync_hint``), and the non-blocking one (Iallreduce, Ibcast, ...) wrapped in an
-:class:`~._work.MpiWork`. MPI's blocking collectives may use faster algorithms than the
-non-blocking ones (Open MPI's Allgather is ~2.5x its Iallgather at 1 MiB on one node). Sends and
-receives are always non-blocking (Isend/Irecv): a batch of them must all be posted before any
-waits, or a ring of blocking sends could deadlock.
+``data_ptr()``), typed by :mod:`._datatypes`. Every op is MPI's non-blocking call (Iallreduce,
+Ibcast, Isend, ...) wrapped in an :class:`~._work.MpiWork`, whose waits end at the group's timeout.
+Synchronous ops too, by default: MPI never matches a blocking collective with a non-blocking one,
+so if one rank called ``all_reduce(t)`` and another ``all_reduce(t, async_op=True)`` -- which
+torch allows -- blocking calls on the first would hang both. ``MpiOptions(blocking_sync_ops=True)``
+(or ``COMMLAYER_MPI_BLOCKING_SYNC=1``) makes synchronous collectives MPI's blocking calls, taken
+when the facade says the caller waits at once (``Capabilities.sync_hint``): Open MPI's blocking
+Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB, but then every rank must pass the same
+``async_op`` to each collective, and a synchronous op can no longer time out. Sends and receives
+are non-blocking either way, so a batch of them is posted before anything waits.
 
 Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are.
 World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communicator with
@@ -19,6 +22,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
@@ -34,11 +39,12 @@ from ._datatypes import MpiTypes
 from ._runtime import INSTALL_HINT, MpiLoadError, library_version, load_mpi, mpi4py_missing_reason
 from ._work import MpiWork, StagedWork, WaitLimit
 
-__all__ = ["MpiBackend"]
+__all__ = ["BLOCKING_SYNC_ENV", "MpiBackend", "MpiOptions"]
 
 log = logging.getLogger("commlayer.backends.mpi")
 
 _AVG = ReduceOp.AVG
+BLOCKING_SYNC_ENV = "COMMLAYER_MPI_BLOCKING_SYNC"
 
 # Which positional arguments of each op are written, for staging CUDA tensors through the host.
 _OUTPUT_ARGUMENTS = {
@@ -48,6 +54,26 @@ _OUTPUT_ARGUMENTS = {
 }
 
 
+@dataclass(frozen=True)
+class MpiOptions:
+    """``pg_options`` of the mpi backend, e.g. ``init_process_group("mpi", pg_options=MpiOptions(True))``.
+
+    ``blocking_sync_ops``: synchronous collectives as MPI's blocking calls (see the module doc for
+    the price). A subgroup created without options keeps its parent's.
+    """
+
+    blocking_sync_ops: bool = False
+
+    @classmethod
+    def resolve(cls, options: Any, environ: Mapping[str, str], rank: int) -> MpiOptions:
+        """``options`` if it is an MpiOptions, else the defaults with $COMMLAYER_MPI_BLOCKING_SYNC."""
+        if isinstance(options, MpiOptions):
+            return options
+        if options is not None:
+            raise invalid_argument("mpi backend", "pg_options", "None or commlayer.backends.mpi.MpiOptions", type(options).__name__, rank)
+        return cls(blocking_sync_ops=environ.get(BLOCKING_SYNC_ENV, "").strip().lower() in ("1", "true", "yes", "on"))
+
+
 class MpiBackend(Backend):
     """One MPI communicator over ``spec.ranks`` (a duplicate of COMM_WORLD for the world)."""
 
@@ -55,8 +81,10 @@ class MpiBackend(Backend):
     capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True, sync_hint=True)
     install_hint = INSTALL_HINT
 
-    def __init__(self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool) -> None:
+    def __init__(self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool, options: MpiOptions) -> None:
         super().__init__(spec)
+        self.options = options
+        self._blocking_sync_ops = options.blocking_sync_ops
         self._comm = comm
         self._mpi = mpi
         types = _types_of(mpi)
@@ -80,10 +108,12 @@ class MpiBackend(Backend):
             mpi = load_mpi()
         except MpiLoadError as error:
             raise BackendUnavailableError(f"init_process_group: backend 'mpi' cannot start (rank {spec.global_rank}): {error}") from error
+        options = MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
         _check_launched_by_mpi(mpi, spec)
-        return cls(spec, mpi.COMM_WORLD.Dup(), mpi, _cuda.cuda_aware(os.environ))
+        return cls(spec, mpi.COMM_WORLD.Dup(), mpi, _cuda.cuda_aware(os.environ), options)
 
     def new_group(self, spec: GroupSpec) -> MpiBackend | None:
+        options = self.options if spec.options is None else MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
         if not spec.is_member:
             return None  # MPI_Comm_create_group is collective over the members only
         members = self._comm.Get_group().Incl([self.spec.ranks.index(rank) for rank in spec.ranks])
@@ -91,7 +121,7 @@ class MpiBackend(Backend):
             comm = self._comm.Create_group(members)
         finally:
             members.Free()
-        return type(self)(spec, comm, self._mpi, self._cuda_aware)
+        return type(self)(spec, comm, self._mpi, self._cuda_aware, options)
 
     def shutdown(self) -> None:
         if self._comm is not None and not self._mpi.Is_finalized():
@@ -110,7 +140,7 @@ class MpiBackend(Backend):
             return self._via_host("all_reduce", tensor, op, async_op=async_op)
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         average = self._averaging(tensor, op)
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Allreduce(self._in_place, message, mpi_op)
             return _completed([tensor], average)
         return MpiWork(self._comm.Iallreduce(self._in_place, message, mpi_op), "all_reduce", self._limit, [tensor], (tensor,), average)
@@ -119,7 +149,7 @@ class MpiBackend(Backend):
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("all_gather_into_tensor", output, tensor, async_op=async_op)
         mine, gathered = self._message(tensor), self._message(output)
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Allgather(mine, gathered)
             return CompletedWork([output])
         return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather_into_tensor", self._limit, [output], (tensor, output))
@@ -128,13 +158,13 @@ class MpiBackend(Backend):
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("broadcast", tensor, root, async_op=async_op)
         message = self._message(tensor)
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Bcast(message, root)
             return CompletedWork([tensor])
         return MpiWork(self._comm.Ibcast(message, root), "broadcast", self._limit, [tensor], (tensor,))
 
     def barrier(self, *, async_op: bool = True) -> Work:
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Barrier()
             return CompletedWork()
         return MpiWork(self._comm.Ibarrier(), "barrier", self._limit, ())
@@ -168,7 +198,7 @@ class MpiBackend(Backend):
         # The root reduces in place; the others only send (MPI ignores their receive buffer).
         send, receive = (self._in_place, message) if self.rank == root else (message, None)
         average = self._averaging(tensor, op) if self.rank == root else None
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Reduce(send, receive, mpi_op, root)
             return _completed([tensor], average)
         return MpiWork(self._comm.Ireduce(send, receive, mpi_op, root), "reduce", self._limit, [tensor], (tensor,), average)
@@ -179,7 +209,7 @@ class MpiBackend(Backend):
         landing = tensor.new_empty(self.size * tensor.numel())
         mine, gathered = self._message(tensor), self._message(landing)
         unpack = functools.partial(_unpack, landing, outputs)
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Allgather(mine, gathered)
             return _completed(outputs, unpack)
         return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather", self._limit, outputs, (tensor, landing), unpack)
@@ -193,7 +223,7 @@ class MpiBackend(Backend):
             return self._via_host("reduce_scatter_tensor", output, tensor, op, async_op=async_op)
         send, receive = self._message(tensor), self._message(output)
         mpi_op, average = self._reductions[op][tensor.dtype], self._averaging(output, op)
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Reduce_scatter_block(send, receive, mpi_op)
             return _completed([output], average)
         request = self._comm.Ireduce_scatter_block(send, receive, mpi_op)
@@ -217,7 +247,7 @@ class MpiBackend(Backend):
             send = self._message(tensor, _counts_and_displacements(tensor, input_splits, self.size))
             receive = self._message(output, _counts_and_displacements(output, output_splits, self.size))
             blocking, nonblocking = self._comm.Alltoallv, self._comm.Ialltoallv
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             blocking(send, receive)
             return CompletedWork([output])
         return MpiWork(nonblocking(send, receive), "all_to_all_single", self._limit, [output], (tensor, output))
@@ -231,7 +261,7 @@ class MpiBackend(Backend):
         send = self._message(packed, _layout([chunk.numel() for chunk in inputs]))
         receive = self._message(landing, _layout([output.numel() for output in outputs]))
         unpack = functools.partial(_unpack, landing, outputs)
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Alltoallv(send, receive)
             return _completed(outputs, unpack)
         return MpiWork(self._comm.Ialltoallv(send, receive), "all_to_all", self._limit, outputs, (packed, landing), unpack)
@@ -242,7 +272,7 @@ class MpiBackend(Backend):
         landing = tensor.new_empty(self.size * tensor.numel()) if outputs is not None else None
         receive = self._message(landing) if landing is not None else None
         unpack = functools.partial(_unpack, landing, outputs) if outputs is not None else None
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Gather(self._message(tensor), receive, root)
             return _completed(outputs or (), unpack)
         request = self._comm.Igather(self._message(tensor), receive, root)
@@ -253,7 +283,7 @@ class MpiBackend(Backend):
             return self._via_host("scatter", output, inputs, root, async_op=async_op)
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs]) if inputs is not None else None
         send = self._message(packed) if packed is not None else None
-        if not async_op:
+        if not async_op and self._blocking_sync_ops:
             self._comm.Scatter(send, self._message(output), root)
             return CompletedWork([output])
         return MpiWork(self._comm.Iscatter(send, self._message(output), root), "scatter", self._limit, [output], (packed, output))

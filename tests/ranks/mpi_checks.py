@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch
 
 from commlayer import dist
 from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
+from commlayer.backends.mpi import MpiOptions
 from commlayer.rendezvous import discover
 
 from . import compat
@@ -27,12 +29,13 @@ _ANY_SOURCE_TAG = 12
 
 
 def main(*options: str) -> None:
-    """Checks on the mpi backend; with "compat", the compatibility suite too (for a second MPI)."""
+    """Checks on the mpi backend; with "compat", the compatibility suite too (run it with
+    COMMLAYER_MPI_BLOCKING_SYNC=1 to hold the blocking-call path to the suite as well)."""
     backend = dist.group.WORLD.primary_backend
     assert dist.get_backend() == "mpi" and backend.name == "mpi", dist.get_backend()
     assert backend.library, "the backend reports its MPI library"
     check_tag_range_is_validated()
-    check_sync_calls_block_and_async_calls_do_not()
+    check_sync_calls_block_only_when_asked()
     check_wait_with_timeout_then_completion()
     check_untimed_wait_ends_at_the_group_timeout()
     check_futures_and_many_ops_in_flight()
@@ -58,17 +61,40 @@ def check_tag_range_is_validated() -> None:
             raise AssertionError(f"send with tag {tag} was accepted")
 
 
-def check_sync_calls_block_and_async_calls_do_not() -> None:
-    """The facade's sync hint (async_op=False) takes MPI's blocking call; async gets a request."""
-    backend = dist.group.WORLD.primary_backend
-    assert backend.capabilities.sync_hint
+def check_sync_calls_block_only_when_asked() -> None:
+    """Without options every op is a request; MpiOptions(blocking_sync_ops=True) makes sync ops blocking."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    plain = dist.new_group(list(range(world)), pg_options=MpiOptions())
+    blocking = dist.new_group(list(range(world)), pg_options=MpiOptions(blocking_sync_ops=True))
     expected = sum(_distinct(peer, 4, torch.int32) for peer in range(world))
-    for async_op, kind in ((False, "CompletedWork"), (True, "MpiWork")):
+    cases = ((plain, False, "MpiWork"), (plain, True, "MpiWork"), (blocking, False, "CompletedWork"), (blocking, True, "MpiWork"))
+    for group, async_op, kind in cases:
         tensor = _distinct(rank, 4, torch.int32)
-        work = backend.all_reduce(tensor, dist.ReduceOp.SUM, async_op=async_op)
-        assert type(work).__name__ == kind, (async_op, work)
+        work = group.primary_backend.all_reduce(tensor, dist.ReduceOp.SUM, async_op=async_op)
+        assert type(work).__name__ == kind, (group, async_op, work)
         assert work.wait() and torch.equal(tensor, expected), tensor
+    dist.destroy_process_group(blocking)
+    check_ranks_may_disagree_on_async_op(plain)
+    dist.destroy_process_group(plain)
+
+
+def check_ranks_may_disagree_on_async_op(group: Any) -> None:
+    """torch allows one rank to run a collective async while the others run it sync; MPI matches
+    no blocking collective with a non-blocking one, so the default options must not hang here."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = rank == world - 1
+    summed, root_value = _distinct(rank, 5, torch.float32), _distinct(rank, 3, torch.int64)
+    gathered = torch.zeros(3 * world, dtype=torch.int64)
+    works = [
+        dist.all_reduce(summed, group=group, async_op=mine),
+        dist.broadcast(root_value, src=0, group=group, async_op=mine),
+        dist.all_gather_into_tensor(gathered, _distinct(rank, 3, torch.int64), group=group, async_op=not mine),
+    ]
+    for work in works:
+        assert work is None or work.wait()
+    assert torch.equal(summed, sum(_distinct(peer, 5, torch.float32) for peer in range(world))), summed
+    assert torch.equal(root_value, _distinct(0, 3, torch.int64)), root_value
+    assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), gathered
 
 
 def check_wait_with_timeout_then_completion() -> None:
