@@ -9,12 +9,11 @@ Each job runs this file under mpirun (the pair's launcher, from commlayer.testin
 measures, for all_reduce (SUM, float32, in place), all_gather (into one tensor) and broadcast, at
 8 B .. 64 MiB per rank, interleaved round by round so drift hits every variant alike:
 
-    raw        mpi4py Allreduce / Allgather / Bcast on numpy buffers (the reference)
-    mpi        commlayer.dist on the mpi backend, CPU tensors, synchronous (what a user calls;
-               the facade's sync hint makes it MPI's blocking call)
-    mpi-async  the same with async_op=True and an immediate wait(): MPI's non-blocking
-               collective (Iallreduce, ...) and the wait loop
-    gloo       torch.distributed on gloo, rendezvoused in the same job
+    raw           mpi4py Allreduce / Allgather / Bcast on numpy buffers (the reference)
+    mpi           commlayer.dist on the mpi backend, CPU tensors, synchronous, default options:
+                  MPI's non-blocking collective (Iallreduce, ...) and the backend's wait
+    mpi-blocking  the same on a group with MpiOptions(blocking_sync_ops=True): MPI's blocking call
+    gloo          torch.distributed on gloo, rendezvoused in the same job
 
 Times are the slowest rank's, per op, in the best of the rounds (load from other processes on a
 shared host only ever adds time); the JSON also keeps the median. Before timing, each variant's
@@ -23,6 +22,7 @@ result is checked exactly once per op and size.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -72,13 +72,16 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
 
     from commlayer import dist
 
-    dist.init_process_group("mpi", timeout=timedelta(minutes=10))
+    from commlayer.backends.mpi import MpiOptions
+
+    dist.init_process_group("mpi", timeout=timedelta(minutes=10), pg_options=MpiOptions())
     comm, backend = MPI.COMM_WORLD.Dup(), dist.group.WORLD.primary_backend
+    blocking = dist.new_group(list(range(comm.size)), pg_options=MpiOptions(blocking_sync_ops=True))
     torch_dist.init_process_group("gloo", store=_gloo_store(comm), rank=comm.rank, world_size=comm.size)
     records = []
     for nbytes in sorted(size for size in set(SIZES) if size <= max_bytes):
         for op in OPS:
-            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI)
+            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, blocking)
             for name, (run, check) in cases.items():
                 check()
             samples = _measure(cases, comm, MPI, rounds, budget_s)
@@ -93,21 +96,17 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     return records
 
 
-def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, blocking: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
     """variant -> (one timed op, one exact check); every variant has its own buffers."""
     count, size, rank = nbytes // 4, comm.size, comm.rank
     array, gathered = np.zeros(count, np.float32), np.zeros(count * size, np.float32)
-    tensors = {name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi-async", "gloo")}
+    tensors = {name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi-blocking", "gloo")}
     facade = {
-        "all_reduce": lambda t, out: dist.all_reduce(t),
-        "all_gather": lambda t, out: dist.all_gather_into_tensor(out, t),
-        "broadcast": lambda t, out: dist.broadcast(t, src=0),
+        "all_reduce": lambda t, out, group=None: dist.all_reduce(t, group=group),
+        "all_gather": lambda t, out, group=None: dist.all_gather_into_tensor(out, t, group=group),
+        "broadcast": lambda t, out, group=None: dist.broadcast(t, src=0, group=group),
     }[op]
-    facade_async = {
-        "all_reduce": lambda t, out: dist.all_reduce(t, async_op=True).wait(),
-        "all_gather": lambda t, out: dist.all_gather_into_tensor(out, t, async_op=True).wait(),
-        "broadcast": lambda t, out: dist.broadcast(t, src=0, async_op=True).wait(),
-    }[op]
+    facade_blocking = functools.partial(facade, group=blocking)
     gloo = {
         "all_reduce": lambda t, out: torch_dist.all_reduce(t),
         "all_gather": lambda t, out: getattr(torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor)(out, t),
@@ -119,7 +118,7 @@ def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any
         "broadcast": lambda: comm.Bcast(array, 0),
     }[op]
     variants = {"raw": (raw, lambda: _check_numpy(op, array, gathered, raw, rank, size, np))}
-    for name, call in (("mpi", facade), ("mpi-async", facade_async), ("gloo", gloo)):
+    for name, call in (("mpi", facade), ("mpi-blocking", facade_blocking), ("gloo", gloo)):
         tensor, out = tensors[name]
         variants[name] = (lambda call=call, tensor=tensor, out=out: call(tensor, out), _torch_check(op, tensor, out, call, rank, size, torch))
     return variants
@@ -245,7 +244,7 @@ def render(records: list[Record]) -> str:
         chosen = [r for r in records if (r.library, r.world_size) == (library, world_size)]
         table = {(r.op, r.nbytes, r.variant): r.seconds for r in chosen}
         lines += [f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"]
-        header = "| op | bytes | raw | mpi | mpi-async | gloo | raw/mpi | mpi - raw (us) | raw/mpi-async | gloo/mpi |"
+        header = "| op | bytes | raw | mpi | mpi-blocking | gloo | raw/mpi | mpi - raw (us) | raw/mpi-blocking | mpi-blocking - raw (us) | gloo/mpi |"
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for op in OPS:
             for nbytes in sorted({r.nbytes for r in chosen if r.op == op}):
@@ -255,9 +254,10 @@ def render(records: list[Record]) -> str:
 
 def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float]) -> str:
     """raw/mpi is mpi's share of raw bandwidth; gloo/mpi > 1 means mpi is that many times faster."""
-    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-async", "gloo")}
-    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-async", "gloo")]
-    cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}", f"{us['raw'] / us['mpi-async']:.2f}", f"{us['gloo'] / us['mpi']:.2f}"]
+    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-blocking", "gloo")}
+    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-blocking", "gloo")]
+    cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
+    cells += [f"{us['raw'] / us['mpi-blocking']:.2f}", f"{us['mpi-blocking'] - us['raw']:+.1f}", f"{us['gloo'] / us['mpi']:.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 

@@ -12,7 +12,7 @@ import torch
 from commlayer.errors import CommTimeoutError
 from commlayer.work import Work
 
-__all__ = ["MpiWork", "StagedWork", "WaitLimit"]
+__all__ = ["MpiWork", "StagedWork", "WaitLimit", "wait_for"]
 
 # How many MPI_Test calls run between two deadline checks, and after how many the poll starts
 # yielding the core between calls. MPI_Test also drives the progress of non-blocking collectives,
@@ -22,6 +22,10 @@ __all__ = ["MpiWork", "StagedWork", "WaitLimit"]
 # peer needed; with a core per rank, sched_yield returns at once and costs well under a microsecond.
 _POLLS_PER_CLOCK_CHECK = 32
 _POLLS_BEFORE_YIELDING = 16
+
+
+# Requests whose wait passed the group's timeout, with their buffers (see _group_timeout).
+_ABANDONED: list[tuple[Any, Sequence[Any]]] = []
 
 
 @dataclass(frozen=True)
@@ -68,27 +72,12 @@ class MpiWork(Work):
             return bool(self._request.Test(self._status))
 
     def _block(self, timeout_s: float | None) -> bool:
-        if self._test():
-            return True
         limit = self._limit.group_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + limit
-        polls = 0
-        while not self._test():
-            polls += 1
-            if polls >= _POLLS_BEFORE_YIELDING:
-                os.sched_yield()
-            if polls % _POLLS_PER_CLOCK_CHECK == 0 and time.monotonic() >= deadline:
-                return self._expired(limit, caller_chose=timeout_s is not None)
-        return True
-
-    def _expired(self, limit: float, caller_chose: bool) -> bool:
-        if caller_chose and limit < self._limit.group_timeout_s:
-            return False  # the caller's shorter wait: the op stays pending and can be waited for again
-        raise CommTimeoutError(
-            f"{self._op}: the MPI operation did not complete within the group's timeout of {limit:g} s "
-            f"(rank {self._limit.rank}); a peer failed or did not call the same op in the same order. "
-            "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
-        )
+        if _poll(self._test, limit):
+            return True
+        if timeout_s is not None:
+            return False  # the caller's own deadline: the op stays pending and can be waited for again
+        raise _group_timeout(self._op, self._limit, self._request, self._keep_alive)
 
     def _on_complete(self) -> None:
         self._keep_alive = ()
@@ -101,6 +90,37 @@ class MpiWork(Work):
             raise RuntimeError("source_rank: this work is not a receive")
         self.wait()
         return int(self._status.Get_source())
+
+
+def wait_for(request: Any, op: str, limit: WaitLimit, keep_alive: Sequence[Any]) -> None:
+    """Wait for a request only this thread knows, until the group's timeout."""
+    if not _poll(request.Test, limit.group_timeout_s):
+        raise _group_timeout(op, limit, request, keep_alive)
+
+
+def _poll(test: Callable[[], bool], limit_s: float) -> bool:
+    """Call ``test`` until it returns True (then True) or ``limit_s`` seconds pass (then False)."""
+    if test():
+        return True
+    deadline = time.monotonic() + limit_s
+    polls = 0
+    while not test():
+        polls += 1
+        if polls >= _POLLS_BEFORE_YIELDING:
+            os.sched_yield()
+        if polls % _POLLS_PER_CLOCK_CHECK == 0 and time.monotonic() >= deadline:
+            return False
+    return True
+
+
+def _group_timeout(op: str, limit: WaitLimit, request: Any, keep_alive: Sequence[Any]) -> CommTimeoutError:
+    # The request may still complete later and write into its buffers: keep them alive for good.
+    _ABANDONED.append((request, keep_alive))
+    return CommTimeoutError(
+        f"{op}: the MPI operation did not complete within the group's timeout of {limit.group_timeout_s:g} s "
+        f"(rank {limit.rank}); a peer failed or did not call the same op in the same order. "
+        "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
+    )
 
 
 class StagedWork(Work):

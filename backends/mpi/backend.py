@@ -2,15 +2,18 @@
 
 Tensors reach MPI as zero-copy views of their memory (``MPI.buffer.fromaddress`` over
 ``data_ptr()``), typed by :mod:`._datatypes`. Every op is MPI's non-blocking call (Iallreduce,
-Ibcast, Isend, ...) wrapped in an :class:`~._work.MpiWork`, whose waits end at the group's timeout.
-Synchronous ops too, by default: MPI never matches a blocking collective with a non-blocking one,
-so if one rank called ``all_reduce(t)`` and another ``all_reduce(t, async_op=True)`` -- which
-torch allows -- blocking calls on the first would hang both. ``MpiOptions(blocking_sync_ops=True)``
-(or ``COMMLAYER_MPI_BLOCKING_SYNC=1``) makes synchronous collectives MPI's blocking calls, taken
-when the facade says the caller waits at once (``Capabilities.sync_hint``): Open MPI's blocking
-Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB, but then every rank must pass the same
-``async_op`` to each collective, and a synchronous op can no longer time out. Sends and receives
-are non-blocking either way, so a batch of them is posted before anything waits.
+Ibcast, Isend, ...): an async op returns it as an :class:`~._work.MpiWork`; a synchronous one (the
+facade's ``async_op=False`` hint, ``Capabilities.sync_hint``) waits for it in place. Either wait
+ends at the group's timeout.
+
+Synchronous collectives are non-blocking calls by default because MPI never matches a blocking
+collective with a non-blocking one: if one rank called ``all_reduce(t)`` and another
+``all_reduce(t, async_op=True)`` -- which torch allows -- blocking calls on the first would hang
+both. ``MpiOptions(blocking_sync_ops=True)`` (or ``COMMLAYER_MPI_BLOCKING_SYNC=1``) makes them
+MPI's blocking calls: Open MPI's Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB, but
+then every rank must pass the same ``async_op`` to each collective, and a synchronous op cannot
+time out. Sends and receives are non-blocking either way, so a batch of them is posted before
+anything waits.
 
 Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are.
 World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communicator with
@@ -37,7 +40,7 @@ from commlayer.work import CompletedWork, Work
 from . import _cuda
 from ._datatypes import MpiTypes
 from ._runtime import INSTALL_HINT, MpiLoadError, library_version, load_mpi, mpi4py_missing_reason
-from ._work import MpiWork, StagedWork, WaitLimit
+from ._work import MpiWork, StagedWork, WaitLimit, wait_for
 
 __all__ = ["BLOCKING_SYNC_ENV", "MpiBackend", "MpiOptions"]
 
@@ -143,7 +146,8 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Allreduce(self._in_place, message, mpi_op)
             return _completed([tensor], average)
-        return MpiWork(self._comm.Iallreduce(self._in_place, message, mpi_op), "all_reduce", self._limit, [tensor], (tensor,), average)
+        request = self._comm.Iallreduce(self._in_place, message, mpi_op)
+        return self._started(request, "all_reduce", async_op, [tensor], (tensor,), average)
 
     def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -152,7 +156,8 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Allgather(mine, gathered)
             return CompletedWork([output])
-        return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather_into_tensor", self._limit, [output], (tensor, output))
+        request = self._comm.Iallgather(mine, gathered)
+        return self._started(request, "all_gather_into_tensor", async_op, [output], (tensor, output))
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -161,13 +166,13 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Bcast(message, root)
             return CompletedWork([tensor])
-        return MpiWork(self._comm.Ibcast(message, root), "broadcast", self._limit, [tensor], (tensor,))
+        return self._started(self._comm.Ibcast(message, root), "broadcast", async_op, [tensor], (tensor,))
 
     def barrier(self, *, async_op: bool = True) -> Work:
         if not async_op and self._blocking_sync_ops:
             self._comm.Barrier()
             return CompletedWork()
-        return MpiWork(self._comm.Ibarrier(), "barrier", self._limit, ())
+        return self._started(self._comm.Ibarrier(), "barrier", async_op, (), ())
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("send", tag)
@@ -201,7 +206,8 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Reduce(send, receive, mpi_op, root)
             return _completed([tensor], average)
-        return MpiWork(self._comm.Ireduce(send, receive, mpi_op, root), "reduce", self._limit, [tensor], (tensor,), average)
+        request = self._comm.Ireduce(send, receive, mpi_op, root)
+        return self._started(request, "reduce", async_op, [tensor], (tensor,), average)
 
     def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -212,7 +218,8 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Allgather(mine, gathered)
             return _completed(outputs, unpack)
-        return MpiWork(self._comm.Iallgather(mine, gathered), "all_gather", self._limit, outputs, (tensor, landing), unpack)
+        request = self._comm.Iallgather(mine, gathered)
+        return self._started(request, "all_gather", async_op, outputs, (tensor, landing), unpack)
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs])  # MPI reduces one contiguous buffer
@@ -227,7 +234,7 @@ class MpiBackend(Backend):
             self._comm.Reduce_scatter_block(send, receive, mpi_op)
             return _completed([output], average)
         request = self._comm.Ireduce_scatter_block(send, receive, mpi_op)
-        return MpiWork(request, "reduce_scatter_tensor", self._limit, [output], (tensor, output), average)
+        return self._started(request, "reduce_scatter_tensor", async_op, [output], (tensor, output), average)
 
     def all_to_all_single(
         self,
@@ -250,7 +257,7 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             blocking(send, receive)
             return CompletedWork([output])
-        return MpiWork(nonblocking(send, receive), "all_to_all_single", self._limit, [output], (tensor, output))
+        return self._started(nonblocking(send, receive), "all_to_all_single", async_op, [output], (tensor, output))
 
     def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
         if inputs[0].is_cuda and not self._cuda_aware:
@@ -264,7 +271,8 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Alltoallv(send, receive)
             return _completed(outputs, unpack)
-        return MpiWork(self._comm.Ialltoallv(send, receive), "all_to_all", self._limit, outputs, (packed, landing), unpack)
+        request = self._comm.Ialltoallv(send, receive)
+        return self._started(request, "all_to_all", async_op, outputs, (packed, landing), unpack)
 
     def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
@@ -276,7 +284,7 @@ class MpiBackend(Backend):
             self._comm.Gather(self._message(tensor), receive, root)
             return _completed(outputs or (), unpack)
         request = self._comm.Igather(self._message(tensor), receive, root)
-        return MpiWork(request, "gather", self._limit, outputs or (), (tensor, landing), unpack)
+        return self._started(request, "gather", async_op, outputs or (), (tensor, landing), unpack)
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
         if output.is_cuda and not self._cuda_aware:
@@ -286,9 +294,28 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             self._comm.Scatter(send, self._message(output), root)
             return CompletedWork([output])
-        return MpiWork(self._comm.Iscatter(send, self._message(output), root), "scatter", self._limit, [output], (packed, output))
+        request = self._comm.Iscatter(send, self._message(output), root)
+        return self._started(request, "scatter", async_op, [output], (packed, output))
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _started(
+        self,
+        request: Any,
+        op: str,
+        async_op: bool,
+        result: Sequence[torch.Tensor],
+        keep_alive: Sequence[Any],
+        epilogue: Callable[[], Any] | None = None,
+    ) -> Work:
+        """The Work of a started non-blocking op; for a caller that waits at once, the wait itself.
+
+        Waiting here, on a request no other thread has seen, skips building a Work and its locks.
+        """
+        if async_op:
+            return MpiWork(request, op, self._limit, result, keep_alive, epilogue)
+        wait_for(request, op, self._limit, keep_alive)
+        return _completed(result, epilogue)
 
     def _message(self, tensor: torch.Tensor, layout: tuple[list[int], list[int]] | None = None) -> list[Any]:
         """``[buffer, datatype]`` (or ``[buffer, (counts, displacements), datatype]``) over the tensor's memory."""

@@ -62,18 +62,28 @@ def check_tag_range_is_validated() -> None:
 
 
 def check_sync_calls_block_only_when_asked() -> None:
-    """Without options every op is a request; MpiOptions(blocking_sync_ops=True) makes sync ops blocking."""
+    """Options reach the group's communicator; both kinds of group give exact results, sync and async.
+
+    Sync ops complete inside the call either way (blocking call, or request waited for in place);
+    that the default really issues requests is what check_ranks_may_disagree_on_async_op shows:
+    blocking calls would hang there.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     plain = dist.new_group(list(range(world)), pg_options=MpiOptions())
     blocking = dist.new_group(list(range(world)), pg_options=MpiOptions(blocking_sync_ops=True))
+    inherited = dist.new_group(list(range(world)))  # no options: the world's
+    world_options = dist.group.WORLD.primary_backend.options
+    assert (plain.primary_backend.options, blocking.primary_backend.options) == (MpiOptions(False), MpiOptions(True))
+    assert inherited.primary_backend.options == world_options
     expected = sum(_distinct(peer, 4, torch.int32) for peer in range(world))
-    cases = ((plain, False, "MpiWork"), (plain, True, "MpiWork"), (blocking, False, "CompletedWork"), (blocking, True, "MpiWork"))
-    for group, async_op, kind in cases:
-        tensor = _distinct(rank, 4, torch.int32)
-        work = group.primary_backend.all_reduce(tensor, dist.ReduceOp.SUM, async_op=async_op)
-        assert type(work).__name__ == kind, (group, async_op, work)
-        assert work.wait() and torch.equal(tensor, expected), tensor
-    dist.destroy_process_group(blocking)
+    for group in (plain, blocking):
+        for async_op, kind in ((False, "CompletedWork"), (True, "MpiWork")):
+            tensor = _distinct(rank, 4, torch.int32)
+            work = group.primary_backend.all_reduce(tensor, dist.ReduceOp.SUM, async_op=async_op)
+            assert type(work).__name__ == kind, (group, async_op, work)
+            assert work.wait() and torch.equal(tensor, expected), tensor
+    for group in (blocking, inherited):
+        dist.destroy_process_group(group)
     check_ranks_may_disagree_on_async_op(plain)
     dist.destroy_process_group(plain)
 
