@@ -12,7 +12,7 @@ import torch
 from commlayer.errors import CommTimeoutError
 from commlayer.work import Work
 
-__all__ = ["MpiWork", "StagedWork", "WaitLimit", "wait_for"]
+__all__ = ["MpiWork", "WaitLimit", "wait_for"]
 
 # How many MPI_Test calls run between two deadline checks, and after how many the poll starts
 # yielding the core between calls. MPI_Test also drives the progress of non-blocking collectives,
@@ -121,31 +121,3 @@ def _group_timeout(op: str, limit: WaitLimit, request: Any, keep_alive: Sequence
         f"(rank {limit.rank}); a peer failed or did not call the same op in the same order. "
         "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
     )
-
-
-class StagedWork(Work):
-    """A host-staged op: completes when ``base`` does, after copying results back to the device.
-
-    Unlike ``Work.then``, its ``result()`` is the caller's device tensors, not the host copies.
-    """
-
-    def __init__(self, base: Work, copy_back: Callable[[], None], result: Sequence[torch.Tensor]) -> None:
-        super().__init__(result)
-        self._base = base
-        self._copy_back = copy_back
-
-    def _test(self) -> bool:
-        return self._base.is_completed()
-
-    def _block(self, timeout_s: float | None) -> bool:
-        try:
-            return self._base.wait(timeout_s)
-        except CommTimeoutError:
-            return False
-
-    def _on_complete(self) -> None:
-        self._base.wait()
-        self._copy_back()
-
-    def source_rank(self) -> int:
-        return self._base.source_rank()  # type: ignore[attr-defined]

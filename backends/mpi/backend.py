@@ -40,7 +40,7 @@ from commlayer.work import CompletedWork, Work
 from . import _cuda
 from ._datatypes import MpiTypes
 from ._runtime import INSTALL_HINT, MpiLoadError, library_version, load_mpi, mpi4py_missing_reason
-from ._work import MpiWork, StagedWork, WaitLimit, wait_for
+from ._work import MpiWork, WaitLimit, wait_for
 
 __all__ = ["BLOCKING_SYNC_ENV", "MpiBackend", "MpiOptions"]
 
@@ -344,7 +344,8 @@ class MpiBackend(Backend):
         written = _OUTPUT_ARGUMENTS[op]
         devices, hosts = [arguments[index] for index in written], [staged[index] for index in written]
         results = [t for value in devices for t in ([value] if isinstance(value, torch.Tensor) else value or ())]
-        return StagedWork(work, functools.partial(_cuda.copy_back, devices, hosts), results)
+        # The caller gets its device tensors back as the result, not the host copies.
+        return work.then(functools.partial(_cuda.copy_back, devices, hosts), result=results)
 
 
 def _completed(result: Sequence[torch.Tensor], epilogue: Callable[[], Any] | None) -> Work:

@@ -58,7 +58,7 @@ def _from_environment(rank: int, world_size: int, timeout: timedelta) -> Rendezv
             "none of them set",
             rank,
         )
-    if info.master_addr is None and info.source in _MPI_SOURCES:
+    if (info.master_addr is None or info.master_port is None) and info.source in _MPI_SOURCES:
         info = _master_over_mpi(info)
     rank = info.rank if rank < 0 else rank
     world_size = info.world_size if world_size < 0 else world_size
