@@ -19,7 +19,7 @@ __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatt
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
-    resolved = _member_or_none("all_gather_object", group)
+    resolved = resolve_group("all_gather_object", group)
     if resolved is None:
         return
     _check_list("all_gather_object", "object_list", object_list, resolved.size(), resolved)
@@ -39,7 +39,7 @@ def gather_object(
     group: Any = None,
     group_dst: int | None = None,
 ) -> None:
-    resolved = _member_or_none("gather_object", group)
+    resolved = resolve_group("gather_object", group)
     if resolved is None:
         return
     root = resolved.ranks[group_dst] if group_dst is not None else (0 if dst is None else dst)
@@ -63,7 +63,7 @@ def broadcast_object_list(
     device: torch.device | None = None,
     group_src: int | None = None,
 ) -> None:
-    resolved = _member_or_none("broadcast_object_list", group)
+    resolved = resolve_group("broadcast_object_list", group)
     if resolved is None:
         return
     if not isinstance(object_list, list):
@@ -93,7 +93,7 @@ def scatter_object_list(
     group: Any = None,
     group_src: int | None = None,
 ) -> None:
-    resolved = _member_or_none("scatter_object_list", group)
+    resolved = resolve_group("scatter_object_list", group)
     if resolved is None:
         return
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
@@ -127,10 +127,6 @@ def scatter_object_list(
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _member_or_none(op: str, group: Any) -> ProcessGroup | None:
-    return resolve_group(op, group)
 
 
 def _device(group: ProcessGroup) -> torch.device:
