@@ -6,6 +6,7 @@ so ``group.torch_group`` is a real ProcessGroup that DDP and FSDP accept.
 
 from __future__ import annotations
 
+import atexit
 import functools
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -47,6 +48,16 @@ _REDUCE_SCATTER_OPTIONS = {
 _ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
+# Shut-down torch ProcessGroups stay referenced here until the next init or interpreter exit.
+# Why: a gloo ProcessGroup's destructor joins its worker threads, and a worker may still be
+# releasing the Python tensors of the op that just finished, which needs the GIL. When the last
+# reference dies inside a destructor that holds the GIL (DDP's Reducer, if the model outlives
+# destroy_process_group) the two threads wait for each other forever. Released from plain Python
+# code, long after their last op, the groups are destroyed with the GIL free and idle workers.
+_retired_process_groups: list[Any] = []
+atexit.register(_retired_process_groups.clear)
+
+
 @functools.lru_cache(maxsize=None)
 def _broadcast_options(root: int, async_op: bool) -> Any:
     # rootRank is a group rank: the ProcessGroup counts its own members.
@@ -79,6 +90,7 @@ class TorchBackend(Backend):
 
     @classmethod
     def create_world(cls, spec: GroupSpec) -> TorchBackend:
+        _retired_process_groups.clear()
         if torch_dist.is_initialized():
             # Another torch backend owns the default group (e.g. "cpu:gloo,cuda:nccl").
             return cls(spec, cls._torch_new_group(spec))
@@ -100,6 +112,7 @@ class TorchBackend(Backend):
         return torch_dist.new_group(ranks=list(spec.ranks), timeout=spec.timeout, backend=cls.torch_backend)
 
     def shutdown(self) -> None:
+        _retired_process_groups.append(self._pg)
         if self._pg is torch_dist.group.WORLD and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
 
