@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import atexit
 import functools
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as torch_dist
@@ -58,7 +59,7 @@ _retired_process_groups: list[Any] = []
 atexit.register(_retired_process_groups.clear)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _broadcast_options(root: int, async_op: bool) -> Any:
     # rootRank is a group rank: the ProcessGroup counts its own members.
     return _options(torch_dist.BroadcastOptions, async_op, rootRank=root)

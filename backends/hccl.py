@@ -24,7 +24,7 @@ from commlayer.types import Availability, Capabilities, ReduceOp
 
 from ._torch import TorchBackend
 
-__all__ = ["HcclBackend", "INSTALL_HINT"]
+__all__ = ["INSTALL_HINT", "HcclBackend"]
 
 TORCH_NPU = "torch_npu"
 INSTALL_HINT = (

@@ -23,6 +23,7 @@ Reported: the best round (load from other processes only adds time); the JSON ke
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -77,9 +78,9 @@ def main() -> None:
     samples: list[Sample] = []
     for round_index in range(settings.rounds):
         for world_size in settings.worlds:
-            jobs = [lambda: run_raw(world_size, settings, install, "raw-wait"),
-                    lambda: run_commlayer(world_size, settings),
-                    lambda: run_raw(world_size, settings, install, "raw-poll")]
+            jobs = [functools.partial(run_raw, world_size, settings, install, "raw-wait"),
+                    functools.partial(run_commlayer, world_size, settings),
+                    functools.partial(run_raw, world_size, settings, install, "raw-poll")]
             for job in jobs if round_index % 2 == 0 else jobs[::-1]:
                 samples += job()
             print(f"round {round_index + 1}/{settings.rounds}, {world_size} ranks: done", file=sys.stderr, flush=True)
@@ -205,8 +206,8 @@ def markdown(report: dict) -> str:
         large = [row["ccl_vs_raw"] for row in rows if row["bytes"] >= GOAL_FROM_BYTES and row["ccl_vs_raw"]]
         if large:
             verdict = "met" if min(large) >= GOAL_RATIO else "NOT met"
-            lines += ["", f"ccl vs raw at >= 1 MiB: min {min(large):.2f}, median {statistics.median(large):.2f} "
-                          f"(goal {GOAL_RATIO}: {verdict})"]
+            lines += ["", (f"ccl vs raw at >= 1 MiB: min {min(large):.2f}, median {statistics.median(large):.2f} "
+                           f"(goal {GOAL_RATIO}: {verdict})")]
     return "\n".join(lines)
 
 

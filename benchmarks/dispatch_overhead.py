@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as torch_dist

@@ -21,8 +21,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as torch_dist
@@ -52,7 +52,7 @@ def measure_launch(calls: int, rounds: int) -> dict[str, float]:
     call = _dispatch.begin("all_reduce", None, torch.device("cpu"))
     assert call is not None
     done, tensor = CompletedWork(), torch.ones(1)
-    start = lambda backend: done  # noqa: E731 - the op itself is not what is measured
+    start = lambda backend: done
     launch = _dispatch.launch
     variants = {
         "backend call + wait": lambda: start(call.backend).wait(),
@@ -70,7 +70,7 @@ def measure_launch(calls: int, rounds: int) -> dict[str, float]:
 
 def measure_all_reduce(calls: int, rounds: int) -> dict[str, float]:
     tensor = torch.ones(1)
-    all_reduce = lambda: dist.all_reduce(tensor)  # noqa: E731
+    all_reduce = lambda: dist.all_reduce(tensor)
     results = ns_per_call({"all_reduce, logger disabled": all_reduce}, calls, rounds)
     comms_logger.enable()
     try:

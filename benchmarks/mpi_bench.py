@@ -30,10 +30,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = [8 << (2 * step) for step in range(12)] + [1 << 20, 64 << 20]  # 8 B, 32 B, ... 32 MiB, 1 MiB, 64 MiB
@@ -71,7 +72,6 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     from mpi4py import MPI
 
     from commlayer import dist
-
     from commlayer.backends.mpi import MpiOptions
 
     dist.init_process_group("mpi", timeout=timedelta(minutes=10), pg_options=MpiOptions())
@@ -82,7 +82,7 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     for nbytes in sorted(size for size in set(SIZES) if size <= max_bytes):
         for op in OPS:
             cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, blocking)
-            for name, (run, check) in cases.items():
+            for _run, check in cases.values():
                 check()
             samples = _measure(cases, comm, MPI, rounds, budget_s)
             records += [

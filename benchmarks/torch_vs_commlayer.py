@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as torch_dist

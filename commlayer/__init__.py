@@ -31,7 +31,7 @@ _LAZY = {
     "Work": ("commlayer.work", "Work"),
 }
 
-__all__ = ["__version__", *sorted(_LAZY)]
+__all__ = ["__version__", *sorted(_LAZY)]  # noqa: PLE0604 - the lazy names are strings
 
 if TYPE_CHECKING:
     from . import dist, mesh, zero

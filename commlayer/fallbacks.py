@@ -10,7 +10,8 @@ first), so they cannot deadlock even on a library whose send blocks until the re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 

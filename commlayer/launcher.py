@@ -349,7 +349,7 @@ class _Running:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                preexec_fn=_CHILD_SETUP,
+                preexec_fn=_CHILD_SETUP,  # noqa: PLW1509 - PR_SET_PDEATHSIG has no Popen equivalent
             )
         except BaseException:
             if self.log is not None:

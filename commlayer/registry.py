@@ -7,9 +7,9 @@ when that backend is asked for, so ``import commlayer`` never pays for mpi4py or
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable
 
 from .backend import Backend
 from .errors import BackendUnavailableError

@@ -9,7 +9,7 @@ Pure functions of their arguments, so every rule is unit-tested without a device
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 

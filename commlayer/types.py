@@ -13,9 +13,9 @@ __all__ = [
     "ALL_DTYPES",
     "ALL_OPS",
     "ALL_REDUCE_OPS",
+    "DEFAULT_TIMEOUT",
     "Availability",
     "Capabilities",
-    "DEFAULT_TIMEOUT",
     "GroupSpec",
     "ReduceOp",
 ]

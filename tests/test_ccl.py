@@ -66,6 +66,6 @@ def test_torch_script_runs_on_ccl_under_torchrun() -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "allreduce.py")]
     env = {**os.environ, "COMMLAYER_BACKEND": "ccl"}
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert finished.stdout.count("on ccl: all_reduce") == 2, finished.stdout

@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
@@ -104,7 +104,7 @@ def test_environment_switch_enables_at_import_and_reports_at_exit(tmp_path: Path
     env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env |= {"COMMLAYER_COMMS_LOGGER": "1", "COMMLAYER_COMMS_LOGGER_OPS": "all_reduce",
             "COMMLAYER_COMMS_LOGGER_TRACE": str(tmp_path / "trace-{rank}.json")}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[('all_reduce', 16, 2)]"
     assert "# comms logger: 1 rank" in done.stderr and "all_reduce" in done.stderr

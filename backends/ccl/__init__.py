@@ -7,4 +7,4 @@ from __future__ import annotations
 
 from .backend import INSTALL_HINT, CclBackend
 
-__all__ = ["CclBackend", "INSTALL_HINT"]
+__all__ = ["INSTALL_HINT", "CclBackend"]

@@ -21,10 +21,11 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from commlayer.errors import CommError, CommTimeoutError
 from commlayer.types import GroupSpec

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping, MutableMapping
 
 from ._locate import OneCclInstall
 

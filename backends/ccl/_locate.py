@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Mapping
 
-__all__ = ["OneCclInstall", "find_oneccl", "candidate_prefixes"]
+__all__ = ["OneCclInstall", "candidate_prefixes", "find_oneccl"]
 
 _HEADER = Path("include", "oneapi", "ccl.hpp")
 _LIBRARY_NAMES = ("libccl.so.1", "libccl.so")

@@ -10,9 +10,10 @@ import atexit
 import ctypes
 import os
 import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
 
-__all__ = ["CclBackend", "INSTALL_HINT"]
+__all__ = ["INSTALL_HINT", "CclBackend"]
 
 INSTALL_HINT = (
     "pip install pybind11 'commlayer[ccl]' (oneccl-cpu and oneccl-cpu-devel 2021.14), then build "

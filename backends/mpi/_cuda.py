@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from collections.abc import Mapping
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 

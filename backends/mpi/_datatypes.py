@@ -14,15 +14,16 @@ for ``reduction(torch.bool, ReduceOp.SUM)``: datatype UINT8_T, op = MPI.BOR.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from commlayer.types import ReduceOp
 
-__all__ = ["MpiTypes", "SIXTEEN_BIT_FLOATS"]
+__all__ = ["SIXTEEN_BIT_FLOATS", "MpiTypes"]
 
 SIXTEEN_BIT_FLOATS = (torch.float16, torch.bfloat16)
 

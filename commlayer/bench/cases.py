@@ -13,8 +13,9 @@ pingpong pairs ranks (0, 1), (2, 3), ...; an odd last rank sits out. Its time is
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -18,8 +18,8 @@ import shlex
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from commlayer.launcher import LaunchConfig, launch
 from commlayer.rendezvous import discover

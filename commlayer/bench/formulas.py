@@ -32,9 +32,9 @@ __all__ = [
     "size_sweep",
 ]
 
-_RING = lambda n: (n - 1) / n  # noqa: E731 - one-line formula table
-_TWICE_RING = lambda n: 2 * (n - 1) / n  # noqa: E731
-_ONE = lambda n: 1.0  # noqa: E731
+_RING = lambda n: (n - 1) / n
+_TWICE_RING = lambda n: 2 * (n - 1) / n
+_ONE = lambda n: 1.0
 
 #: Bus-bandwidth factor per op family, as in nccl-tests' doc/PERFORMANCE.md.
 BUSBW_FACTORS = {

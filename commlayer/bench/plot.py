@@ -9,8 +9,9 @@ rest of ``commlayer bench`` works without matplotlib installed (``pip install 'c
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .formulas import format_size
 from .records import BenchRecord
@@ -84,6 +85,6 @@ def _pyplot() -> Any:
     except ModuleNotFoundError as missing:
         raise RuntimeError("--plot needs matplotlib: pip install 'commlayer[bench]'") from missing
     matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
+    from matplotlib import pyplot
 
     return pyplot

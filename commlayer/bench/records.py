@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 __all__ = ["RECORD_KEYS", "BenchRecord", "SweepResult", "read_json", "write_csv", "write_json"]
 

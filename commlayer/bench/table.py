@@ -13,7 +13,7 @@ Example (2 ranks, gloo and mpi)::
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .options import BenchOptions
 from .records import BenchRecord, SweepResult

@@ -25,7 +25,7 @@ straggler, and the spread between ``avg_us_min`` and ``avg_us_max`` is the time 
 """
 from __future__ import annotations
 
-from ._logger import *  # noqa: F403 - the public API is _logger's __all__
-from ._logger import __all__, enable_from_environment
+from ._logger import *
+from ._logger import __all__, enable_from_environment  # noqa: F401 - re-exports _logger's names
 
 enable_from_environment()

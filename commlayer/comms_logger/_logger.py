@@ -9,9 +9,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import torch
 
@@ -228,7 +229,7 @@ def _op_names(ops: Iterable[str]) -> list[str]:
 
 
 def _local_row(key: tuple[str, int], value: _Accumulator) -> dict[str, Any]:
-    op, nbytes = key
+    _, nbytes = key
     mean_s = value.total_s / value.count
     return {
         "count": value.count,

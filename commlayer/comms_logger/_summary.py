@@ -10,7 +10,8 @@ Example, 2 ranks that each ran 3 all_reduces of 4 KiB, rank 1 arriving late each
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["chrome_trace", "combine_ranks", "format_summary"]
 
@@ -50,10 +51,14 @@ def _combine_key(per_rank: Sequence[dict[str, Any]], key: str, nbytes: int) -> d
 def format_summary(combined: dict[str, Any]) -> str:
     ranks = combined["world_size"]
     lines = [
-        f"# comms logger: {ranks} rank{'s' if ranks != 1 else ''}; avg_us min/max = lowest/highest per-rank "
-        "mean latency (the lowest is the likely straggler: it arrived last)",
-        f"{'op':<24}{'bytes':>12}{'count':>9}{'avg_us min (rank)':>20}{'avg_us max (rank)':>20}"
-        f"{'min_us':>11}{'max_us':>11}{'algbw_GB/s':>12}{'busbw_GB/s':>12}",
+        (
+            f"# comms logger: {ranks} rank{'s' if ranks != 1 else ''}; avg_us min/max = lowest/highest per-rank "
+            "mean latency (the lowest is the likely straggler: it arrived last)"
+        ),
+        (
+            f"{'op':<24}{'bytes':>12}{'count':>9}{'avg_us min (rank)':>20}{'avg_us max (rank)':>20}"
+            f"{'min_us':>11}{'max_us':>11}{'algbw_GB/s':>12}{'busbw_GB/s':>12}"
+        ),
     ]
     for op, sizes in combined["ops"].items():
         for nbytes, row in sizes.items():

@@ -27,8 +27,8 @@ gradients are reduced (every rank holding the same parameters).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import InvalidArgumentError
 

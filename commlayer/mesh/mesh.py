@@ -17,7 +17,7 @@ same combinations in the same order, as with torch's ``DeviceMesh._flatten``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import dist
 from ..dist import ProcessGroup

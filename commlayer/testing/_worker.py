@@ -51,7 +51,7 @@ def resolve_target(target: str) -> Callable[..., object]:
         raise ValueError(f"run_world: argument 'target' expected 'package.module:function', received {target!r}")
     function = getattr(importlib.import_module(module_name), function_name, None)
     if not callable(function):
-        raise ValueError(f"run_world: argument 'target' names {function_name!r}, which module {module_name!r} does not define as a function")
+        raise TypeError(f"run_world: argument 'target' names {function_name!r}, which module {module_name!r} does not define as a function")
     return function
 
 

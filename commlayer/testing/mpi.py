@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MPI_CHOICE_ENV", "MPIRUN_ENV", "MpirunError", "MpirunPlan", "mpirun_plan", "mpirun_unavailable_reason"]
+__all__ = ["MPIRUN_ENV", "MPI_CHOICE_ENV", "MpirunError", "MpirunPlan", "mpirun_plan", "mpirun_unavailable_reason"]
 
 MPI_CHOICE_ENV = "COMMLAYER_MPI"
 MPIRUN_ENV = "COMMLAYER_MPIRUN"
@@ -114,7 +114,7 @@ def _probe_library(library_env: tuple[tuple[str, str], ...]) -> str:
     env = {key: value for key, value in os.environ.items() if key not in _LIBRARY_KEYS}
     env.update(library_env)
     try:
-        probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=_PROBE_SECONDS)
+        probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=_PROBE_SECONDS, check=False)
     except subprocess.TimeoutExpired as expired:
         raise MpirunError(f"mpirun: asking mpi4py for its MPI library took over {_PROBE_SECONDS}s") from expired
     if probe.returncode != 0:
@@ -144,7 +144,7 @@ def _search_path(env: Mapping[str, str]) -> str:
 def _version_text(executable: str) -> str:
     env = {**os.environ, **_relocation_env(executable), "PATH": _search_path(os.environ)}
     try:
-        shown = subprocess.run([executable, "--version"], env=env, capture_output=True, text=True, timeout=_PROBE_SECONDS)
+        shown = subprocess.run([executable, "--version"], env=env, capture_output=True, text=True, timeout=_PROBE_SECONDS, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return shown.stdout + shown.stderr

@@ -1,7 +1,7 @@
 """Checks of the model and optimizer handed to ``initialize``, all before any communication."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import InvalidArgumentError
 
 __all__ = [
-    "BatchSizes",
     "BF16Config",
+    "BatchSizes",
     "Deprecated",
     "FP16Config",
     "ZeroConfig",
@@ -76,7 +77,10 @@ def _migrate(section: str, data: dict[str, Any], entry: Deprecated) -> None:
     for parent in parents:
         target = target.setdefault(parent, {})
         if not isinstance(target, dict):
-            raise ValueError(f"cannot migrate deprecated key {entry.old!r} into {entry.new!r}: {parent!r} is not a section")
+            # pydantic reports a validator's ValueError as a config error, but lets a TypeError escape.
+            raise ValueError(  # noqa: TRY004
+                f"cannot migrate deprecated key {entry.old!r} into {entry.new!r}: {parent!r} is not a section"
+            )
     if leaf in target:
         raise ValueError(f"give either the deprecated key {entry.old!r} or its replacement {entry.new!r}, not both")
     warnings.warn(f"config key {entry.old!r} is deprecated; use {entry.new!r} instead", FutureWarning, stacklevel=2)

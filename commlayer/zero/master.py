@@ -15,7 +15,7 @@ stepping fragments is exactly stepping the whole parameters, restricted to this 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

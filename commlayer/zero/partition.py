@@ -16,10 +16,10 @@ run of its flattened elements), which is what the optimizer steps.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-__all__ = ["Fragment", "FlatLayout", "Segment", "Slot", "bucket_indices", "build_layout", "round_up"]
+__all__ = ["FlatLayout", "Fragment", "Segment", "Slot", "bucket_indices", "build_layout", "round_up"]
 
 
 def round_up(value: int, multiple: int) -> int:

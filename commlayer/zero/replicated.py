@@ -18,7 +18,7 @@ roughly the order backward produces them); otherwise everything is reduced after
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

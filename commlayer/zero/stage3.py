@@ -20,7 +20,8 @@ its own and a prefetch never queues behind a reduction.
 from __future__ import annotations
 
 import enum
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

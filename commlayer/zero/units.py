@@ -15,8 +15,8 @@ whose 2k parameters are below ``min_numel``), ``tok``, ``pos`` (1M), each of the
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import nn

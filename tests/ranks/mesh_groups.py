@@ -70,7 +70,7 @@ def check_coordinates_of_dp_sp(mesh: Mesh, rank: int) -> None:
 
 def check_duplicate_group(mesh: Mesh, rank: int) -> None:
     original, copy = mesh["dp"].group, mesh["dp"].duplicate_group()
-    assert copy is not original and copy.ranks == original.ranks == tuple([rank % 2, rank % 2 + 2])
+    assert copy is not original and copy.ranks == original.ranks == (rank % 2, rank % 2 + 2)
     assert mask_of(copy) == mask_of(original) == 2 ** (rank % 2) + 2 ** (rank % 2 + 2)
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
 from commlayer.backends.mpi import MpiOptions
+from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
 from commlayer.rendezvous import discover
 
 from . import compat
