@@ -1,4 +1,5 @@
 """Build script: metadata lives in pyproject.toml; this file adds what it cannot express."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,7 +19,10 @@ BUILD_CCL_ENV = "COMMLAYER_BUILD_CCL"
 def _packages() -> list[str]:
     # backends/ installs as commlayer.backends (see package-dir in pyproject.toml).
     core = find_packages(include=["commlayer", "commlayer.*"])
-    plugins = ["commlayer.backends" + name[len("backends"):] for name in find_packages(include=["backends", "backends.*"])]
+    plugins = [
+        "commlayer.backends" + name[len("backends") :]
+        for name in find_packages(include=["backends", "backends.*"])
+    ]
     return core + plugins
 
 
@@ -34,9 +38,12 @@ def _load_by_path(relative: str) -> ModuleType:
 def _skip(reason: str, required: bool) -> list[Extension]:
     if required:
         sys.exit(f"commlayer: {BUILD_CCL_ENV}=1 but the oneCCL extension cannot be built: {reason}")
-    print(f"commlayer: NOTE: skipping the optional oneCCL extension ({reason}); the 'ccl' backend "
-          "will be unavailable. Install it with: pip install pybind11 'oneccl-cpu-devel==2021.14.*' "
-          "and rebuild with pip install --no-build-isolation -e .", file=sys.stderr)
+    print(
+        f"commlayer: NOTE: skipping the optional oneCCL extension ({reason}); the 'ccl' backend "
+        "will be unavailable. Install it with: pip install pybind11 'oneccl-cpu-devel==2021.14.*' "
+        "and rebuild with pip install --no-build-isolation -e .",
+        file=sys.stderr,
+    )
     return []
 
 

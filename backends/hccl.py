@@ -12,6 +12,7 @@ double of torch_npu (tests/doubles/fake_torch_npu_double), never against real HC
 Importing this module imports torch_npu when it is installed, because torch_npu's import is
 what registers the "hccl" torch backend and ``torch.npu``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,16 @@ INSTALL_HINT = (
 # HCCL's datatypes as torch_npu maps them; bool is left out because torch_npu reduces it as
 # uint8, which SUM would push past 1.
 HCCL_DTYPES = frozenset(
-    {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int32, torch.int64}
+    {
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.float16,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+    }
 )
 # HCCL reduces with SUM, PROD, MIN and MAX; AVG runs as SUM and a division (TorchBackend).
 HCCL_REDUCE_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX})

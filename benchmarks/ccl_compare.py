@@ -20,6 +20,7 @@ a rank's figure is its mean per op, the job's is the slowest rank's; every resul
 Reported: the best round (load from other processes only adds time); the JSON keeps the median.
 "ccl vs raw" is the best raw variant's time over ccl's (>= 1: ccl is as fast).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,14 +79,25 @@ def main() -> None:
     samples: list[Sample] = []
     for round_index in range(settings.rounds):
         for world_size in settings.worlds:
-            jobs = [functools.partial(run_raw, world_size, settings, install, "raw-wait"),
-                    functools.partial(run_commlayer, world_size, settings),
-                    functools.partial(run_raw, world_size, settings, install, "raw-poll")]
+            jobs = [
+                functools.partial(run_raw, world_size, settings, install, "raw-wait"),
+                functools.partial(run_commlayer, world_size, settings),
+                functools.partial(run_raw, world_size, settings, install, "raw-poll"),
+            ]
             for job in jobs if round_index % 2 == 0 else jobs[::-1]:
                 samples += job()
-            print(f"round {round_index + 1}/{settings.rounds}, {world_size} ranks: done", file=sys.stderr, flush=True)
-    report = {"machine": started, "finished_load": os.getloadavg(), "settings": asdict(settings),
-              "environment": _ccl_environment(install, 2), "rows": summarize(samples)}
+            print(
+                f"round {round_index + 1}/{settings.rounds}, {world_size} ranks: done",
+                file=sys.stderr,
+                flush=True,
+            )
+    report = {
+        "machine": started,
+        "finished_load": os.getloadavg(),
+        "settings": asdict(settings),
+        "environment": _ccl_environment(install, 2),
+        "rows": summarize(samples),
+    }
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=1) + "\n")
     print(markdown(report))
@@ -99,19 +111,46 @@ def build_program(install: OneCclInstall) -> None:
     if PROGRAM.exists() and PROGRAM.stat().st_mtime > SOURCE.stat().st_mtime:
         return
     PROGRAM.parent.mkdir(parents=True, exist_ok=True)
-    command = ["g++", "-O2", "-std=c++17", f"-I{install.include_dir}", str(SOURCE), f"-L{install.lib_dir}",
-               "-lccl", f"-Wl,-rpath,{install.lib_dir}", "-o", str(PROGRAM)]
+    command = [
+        "g++",
+        "-O2",
+        "-std=c++17",
+        f"-I{install.include_dir}",
+        str(SOURCE),
+        f"-L{install.lib_dir}",
+        "-lccl",
+        f"-Wl,-rpath,{install.lib_dir}",
+        "-o",
+        str(PROGRAM),
+    ]
     subprocess.run(command, check=True)
 
 
 def run_raw(world_size: int, settings: Settings, install: OneCclInstall, variant: str) -> list[Sample]:
     with tempfile.TemporaryDirectory(prefix="ccl-raw-") as directory:
-        arguments = [str(PROGRAM), "--kvs-file", str(Path(directory) / "kvs.address"),
-                     "--wait", RAW_VARIANTS[variant], "--min-bytes", str(settings.min_bytes),
-                     "--max-bytes", str(settings.max_bytes), "--factor", str(int(settings.factor)),
-                     "--iters", str(settings.iters), "--warmup", str(settings.warmup)]
-        ranks = [subprocess.Popen(arguments, env=_raw_env(install, rank, world_size), stdout=subprocess.PIPE, text=True)
-                 for rank in range(world_size)]
+        arguments = [
+            str(PROGRAM),
+            "--kvs-file",
+            str(Path(directory) / "kvs.address"),
+            "--wait",
+            RAW_VARIANTS[variant],
+            "--min-bytes",
+            str(settings.min_bytes),
+            "--max-bytes",
+            str(settings.max_bytes),
+            "--factor",
+            str(int(settings.factor)),
+            "--iters",
+            str(settings.iters),
+            "--warmup",
+            str(settings.warmup),
+        ]
+        ranks = [
+            subprocess.Popen(
+                arguments, env=_raw_env(install, rank, world_size), stdout=subprocess.PIPE, text=True
+            )
+            for rank in range(world_size)
+        ]
         outputs = [rank.communicate(timeout=JOB_TIMEOUT_S)[0] for rank in ranks]
     if any(rank.returncode for rank in ranks):
         raise RuntimeError(f"{variant} failed with exit codes {[rank.returncode for rank in ranks]}")
@@ -139,9 +178,27 @@ def run_commlayer(world_size: int, settings: Settings) -> list[Sample]:
     backends = "ccl,gloo" if mpirun_unavailable_reason() else "ccl,gloo,mpi"
     with tempfile.TemporaryDirectory(prefix="ccl-compare-") as directory:
         output = Path(directory) / "bench.json"
-        bench = [sys.executable, "-m", "commlayer.bench", "--backends", backends, "--ops", "all_reduce",
-                 "-b", str(settings.min_bytes), "-e", str(settings.max_bytes), "-f", str(settings.factor),
-                 "--iters", str(settings.iters), "--warmup", str(settings.warmup), "--json", str(output)]
+        bench = [
+            sys.executable,
+            "-m",
+            "commlayer.bench",
+            "--backends",
+            backends,
+            "--ops",
+            "all_reduce",
+            "-b",
+            str(settings.min_bytes),
+            "-e",
+            str(settings.max_bytes),
+            "-f",
+            str(settings.factor),
+            "--iters",
+            str(settings.iters),
+            "--warmup",
+            str(settings.warmup),
+            "--json",
+            str(output),
+        ]
         command, env = _launch(bench, world_size)
         subprocess.run(command, env=env, check=True, timeout=JOB_TIMEOUT_S, stdout=subprocess.DEVNULL)
         data = json.loads(output.read_text())
@@ -179,15 +236,19 @@ def summarize(samples: list[Sample]) -> list[dict]:
                 times.setdefault(sample.variant, []).append(sample.time_us)
         best = {variant: min(values) for variant, values in times.items()}
         raw_best = min((best[v] for v in RAW_VARIANTS if v in best), default=None)
-        rows.append({
-            "world_size": world_size,
-            "bytes": nbytes,
-            "best_us": best,
-            "median_us": {variant: statistics.median(values) for variant, values in times.items()},
-            "ccl_vs_raw": raw_best / best["ccl"] if raw_best is not None and "ccl" in best else None,
-            "fastest": min(best, key=best.get),
-            "fastest_backend": min((v for v in best if v not in RAW_VARIANTS), key=best.get, default=None),
-        })
+        rows.append(
+            {
+                "world_size": world_size,
+                "bytes": nbytes,
+                "best_us": best,
+                "median_us": {variant: statistics.median(values) for variant, values in times.items()},
+                "ccl_vs_raw": raw_best / best["ccl"] if raw_best is not None and "ccl" in best else None,
+                "fastest": min(best, key=best.get),
+                "fastest_backend": min(
+                    (v for v in best if v not in RAW_VARIANTS), key=best.get, default=None
+                ),
+            }
+        )
     return rows
 
 
@@ -195,19 +256,28 @@ def markdown(report: dict) -> str:
     lines: list[str] = []
     for world_size in sorted({row["world_size"] for row in report["rows"]}):
         rows = [row for row in report["rows"] if row["world_size"] == world_size]
-        variants = [v for v in (*RAW_VARIANTS, "ccl", "gloo", "mpi") if any(v in row["best_us"] for row in rows)]
+        variants = [
+            v for v in (*RAW_VARIANTS, "ccl", "gloo", "mpi") if any(v in row["best_us"] for row in rows)
+        ]
         lines += ["", f"all_reduce, float32 SUM, {world_size} ranks: time per op in us (best of rounds)", ""]
         lines.append("| bytes | " + " | ".join(variants) + " | ccl vs raw | fastest backend |")
         lines.append("|---:|" + "---:|" * len(variants) + "---:|---|")
         for row in rows:
             cells = [f"{row['best_us'][v]:.1f}" if v in row["best_us"] else "-" for v in variants]
             ratio = f"{row['ccl_vs_raw']:.2f}" if row["ccl_vs_raw"] is not None else "-"
-            lines.append(f"| {_size(row['bytes'])} | " + " | ".join(cells) + f" | {ratio} | {row['fastest_backend']} |")
+            lines.append(
+                f"| {_size(row['bytes'])} | " + " | ".join(cells) + f" | {ratio} | {row['fastest_backend']} |"
+            )
         large = [row["ccl_vs_raw"] for row in rows if row["bytes"] >= GOAL_FROM_BYTES and row["ccl_vs_raw"]]
         if large:
             verdict = "met" if min(large) >= GOAL_RATIO else "NOT met"
-            lines += ["", (f"ccl vs raw at >= 1 MiB: min {min(large):.2f}, median {statistics.median(large):.2f} "
-                           f"(goal {GOAL_RATIO}: {verdict})")]
+            lines += [
+                "",
+                (
+                    f"ccl vs raw at >= 1 MiB: min {min(large):.2f}, median {statistics.median(large):.2f} "
+                    f"(goal {GOAL_RATIO}: {verdict})"
+                ),
+            ]
     return "\n".join(lines)
 
 
@@ -219,10 +289,21 @@ def _size(nbytes: int) -> str:
 
 
 def _machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    return {"cpu": model, "usable_cpus": usable_cpus(), "python": platform.python_version(),
-            "load_average": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": model,
+        "usable_cpus": usable_cpus(),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def _parse() -> tuple[Settings, Path | None]:
@@ -236,8 +317,15 @@ def _parse() -> tuple[Settings, Path | None]:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="write samples and summary here")
     options = parser.parse_args()
-    settings = Settings(tuple(int(n) for n in options.worlds.split(",")), options.rounds, parse_size(options.min_bytes),
-                        parse_size(options.max_bytes), float(options.factor), options.iters, options.warmup)
+    settings = Settings(
+        tuple(int(n) for n in options.worlds.split(",")),
+        options.rounds,
+        parse_size(options.min_bytes),
+        parse_size(options.max_bytes),
+        float(options.factor),
+        options.iters,
+        options.warmup,
+    )
     size_sweep(settings.min_bytes, settings.max_bytes, settings.factor)  # validates the range
     return settings, options.json
 

@@ -14,6 +14,7 @@ Then a real gloo all_reduce of 1 float32, through the whole facade, disabled vs 
 
     python benchmarks/logger_overhead.py [--calls 200000] [--rounds 15]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,9 @@ def measure_launch(calls: int, rounds: int) -> dict[str, float]:
     results = ns_per_call(variants, calls, rounds)
     comms_logger.enable()
     try:
-        results |= ns_per_call({"launch, logger enabled": variants["launch, logger disabled"]}, calls // 10, rounds)
+        results |= ns_per_call(
+            {"launch, logger enabled": variants["launch, logger disabled"]}, calls // 10, rounds
+        )
     finally:
         comms_logger.disable()
         comms_logger.reset()
@@ -82,27 +85,38 @@ def measure_all_reduce(calls: int, rounds: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=200_000, help="calls per round of the launch variants")
     parser.add_argument("--rounds", type=int, default=15)
     options = parser.parse_args()
-    dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60)
+    )
     try:
         launch = measure_launch(options.calls, options.rounds)
         facade = measure_all_reduce(options.calls // 20, options.rounds)
     finally:
         dist.destroy_process_group()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; "
-          f"python {platform.python_version()}, torch {torch.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; "
+        f"python {platform.python_version()}, torch {torch.__version__}"
+    )
     print("| measurement | ns per call |\n|---|---:|")
     for name, value in (launch | facade).items():
         print(f"| {name} | {value:.0f} |")
     reference = launch["backend call + wait"]
-    print(f"\ndisabled logger overhead <= {launch['launch, logger disabled'] - reference:+.0f} ns per call "
-          "(all of launch's own work; goal < 500 ns)")
+    print(
+        f"\ndisabled logger overhead <= {launch['launch, logger disabled'] - reference:+.0f} ns per call "
+        "(all of launch's own work; goal < 500 ns)"
+    )
     print(f"enabled logger, launch only: {launch['launch, logger enabled'] - reference:+.0f} ns per call")
-    print(f"enabled logger, gloo all_reduce of 1 float: "
-          f"{facade['all_reduce, logger enabled'] - facade['all_reduce, logger disabled']:+.0f} ns per call")
+    print(
+        f"enabled logger, gloo all_reduce of 1 float: "
+        f"{facade['all_reduce, logger enabled'] - facade['all_reduce, logger disabled']:+.0f} ns per call"
+    )
+
 
 if __name__ == "__main__":
     main()

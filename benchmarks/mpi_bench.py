@@ -19,6 +19,7 @@ Times are the slowest rank's, per op, in the best of the rounds (load from other
 shared host only ever adds time); the JSON also keeps the median. Before timing, each variant's
 result is checked exactly once per op and size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,11 +97,15 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     return records
 
 
-def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, blocking: Any) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
+def _cases(
+    op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, blocking: Any
+) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
     """variant -> (one timed op, one exact check); every variant has its own buffers."""
     count, size, rank = nbytes // 4, comm.size, comm.rank
     array, gathered = np.zeros(count, np.float32), np.zeros(count * size, np.float32)
-    tensors = {name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi-blocking", "gloo")}
+    tensors = {
+        name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi-blocking", "gloo")
+    }
     facade = {
         "all_reduce": lambda t, out, group=None: dist.all_reduce(t, group=group),
         "all_gather": lambda t, out, group=None: dist.all_gather_into_tensor(out, t, group=group),
@@ -109,7 +114,9 @@ def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any
     facade_blocking = functools.partial(facade, group=blocking)
     gloo = {
         "all_reduce": lambda t, out: torch_dist.all_reduce(t),
-        "all_gather": lambda t, out: getattr(torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor)(out, t),
+        "all_gather": lambda t, out: getattr(
+            torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor
+        )(out, t),
         "broadcast": lambda t, out: torch_dist.broadcast(t, src=0),
     }[op]
     raw = {
@@ -120,11 +127,16 @@ def _cases(op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any
     variants = {"raw": (raw, lambda: _check_numpy(op, array, gathered, raw, rank, size, np))}
     for name, call in (("mpi", facade), ("mpi-blocking", facade_blocking), ("gloo", gloo)):
         tensor, out = tensors[name]
-        variants[name] = (lambda call=call, tensor=tensor, out=out: call(tensor, out), _torch_check(op, tensor, out, call, rank, size, torch))
+        variants[name] = (
+            lambda call=call, tensor=tensor, out=out: call(tensor, out),
+            _torch_check(op, tensor, out, call, rank, size, torch),
+        )
     return variants
 
 
-def _measure(cases: dict[str, Any], comm: Any, mpi: Any, rounds: int, budget_s: float) -> dict[str, list[float]]:
+def _measure(
+    cases: dict[str, Any], comm: Any, mpi: Any, rounds: int, budget_s: float
+) -> dict[str, list[float]]:
     """Per variant, one time per round: seconds per op of the slowest rank."""
     share = budget_s / (rounds * len(cases))
     iterations = {}
@@ -156,14 +168,18 @@ def _iterations(run: Callable[[], Any], comm: Any, mpi: Any, budget_s: float) ->
     return max(3, min(20_000, int(budget_s / max(once, 1e-7))))
 
 
-def _check_numpy(op: str, array: Any, gathered: Any, run: Callable[[], Any], rank: int, size: int, np: Any) -> None:
+def _check_numpy(
+    op: str, array: Any, gathered: Any, run: Callable[[], Any], rank: int, size: int, np: Any
+) -> None:
     array[:] = np.arange(array.size, dtype=np.float32) % 97 + 1000 * rank
     run()
     _compare(op, array, gathered, rank, size, lambda expected: np.asarray(expected, dtype=np.float32), "raw")
     array[:] = 0
 
 
-def _torch_check(op: str, tensor: Any, out: Any, call: Callable[..., Any], rank: int, size: int, torch: Any) -> Callable[[], None]:
+def _torch_check(
+    op: str, tensor: Any, out: Any, call: Callable[..., Any], rank: int, size: int, torch: Any
+) -> Callable[[], None]:
     def check() -> None:
         tensor.copy_(torch.arange(tensor.numel(), dtype=torch.float32) % 97 + 1000 * rank)
         call(tensor, out)
@@ -173,7 +189,9 @@ def _torch_check(op: str, tensor: Any, out: Any, call: Callable[..., Any], rank:
     return check
 
 
-def _compare(op: str, mine: Any, gathered: Any, rank: int, size: int, convert: Callable[[Any], Any], who: str) -> None:
+def _compare(
+    op: str, mine: Any, gathered: Any, rank: int, size: int, convert: Callable[[Any], Any], who: str
+) -> None:
     import numpy as np
 
     base = np.arange(mine.size, dtype=np.float32) % 97
@@ -194,7 +212,9 @@ def _gloo_store(comm: Any) -> Any:
     from commlayer.launcher import free_port
 
     port = comm.bcast(free_port() if comm.rank == 0 else None, root=0)
-    return torch_dist.TCPStore("127.0.0.1", port, comm.size, is_master=comm.rank == 0, timeout=timedelta(minutes=5))
+    return torch_dist.TCPStore(
+        "127.0.0.1", port, comm.size, is_master=comm.rank == 0, timeout=timedelta(minutes=5)
+    )
 
 
 # --- the driver ------------------------------------------------------------------------------
@@ -208,14 +228,34 @@ def launch_jobs(arguments: argparse.Namespace, scratch: Path) -> list[Record]:
     for pair in arguments.pairs.split(","):
         for world_size in (int(size) for size in arguments.world_sizes.split(",")):
             output = scratch / f"mpi_{pair}_{world_size}.json"
-            env = {**_JOB_DEFAULTS, **os.environ, **PAIRS[pair], "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+            env = {
+                **_JOB_DEFAULTS,
+                **os.environ,
+                **PAIRS[pair],
+                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            }
             plan = mpirun_plan(world_size, env)
-            job = (*plan.argv, sys.executable, __file__, "--job", str(output), "--rounds", str(arguments.rounds),
-                   "--budget", str(arguments.budget), "--max-bytes", str(arguments.max_bytes))
-            options = SuperviseOptions(timeout=arguments.timeout, echo=True, forward_signals=True, kill_grace=2.0)
+            job = (
+                *plan.argv,
+                sys.executable,
+                __file__,
+                "--job",
+                str(output),
+                "--rounds",
+                str(arguments.rounds),
+                "--budget",
+                str(arguments.budget),
+                "--max-bytes",
+                str(arguments.max_bytes),
+            )
+            options = SuperviseOptions(
+                timeout=arguments.timeout, echo=True, forward_signals=True, kill_grace=2.0
+            )
             result = supervise([ProcessSpec(f"mpirun {pair} x{world_size}", job, plan.env)], options)
             if result.exit_code != 0:
-                raise SystemExit(f"mpi_bench: the {pair} job at {world_size} ranks failed ({result.summary('mpi_bench')})")
+                raise SystemExit(
+                    f"mpi_bench: the {pair} job at {world_size} ranks failed ({result.summary('mpi_bench')})"
+                )
             records += [Record(**row) for row in json.loads(output.read_text())["records"]]
     return records
 
@@ -225,7 +265,9 @@ def write_results(path: Path, records: list[Record], command: str) -> None:
     rows = []
     for record in records:
         row = asdict(record)
-        row.update(seconds=float(f"{record.seconds:.4g}"), median_seconds=float(f"{record.median_seconds:.4g}"))
+        row.update(
+            seconds=float(f"{record.seconds:.4g}"), median_seconds=float(f"{record.median_seconds:.4g}")
+        )
         row["library"] = record.library.split(",")[0].replace(" for Linux* OS", "")
         rows.append(json.dumps(row, separators=(",", ":")))
     header = f'{{\n "machine": {json.dumps(_machine())},\n "command": {json.dumps(command)},\n "records": [\n'
@@ -243,7 +285,9 @@ def render(records: list[Record]) -> str:
     for library, world_size in groups:
         chosen = [r for r in records if (r.library, r.world_size) == (library, world_size)]
         table = {(r.op, r.nbytes, r.variant): r.seconds for r in chosen}
-        lines += [f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"]
+        lines += [
+            f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"
+        ]
         header = "| op | bytes | raw | mpi | mpi-blocking | gloo | raw/mpi | mpi - raw (us) | raw/mpi-blocking | mpi-blocking - raw (us) | gloo/mpi |"
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for op in OPS:
@@ -257,7 +301,11 @@ def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float]) -> str:
     us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-blocking", "gloo")}
     cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-blocking", "gloo")]
     cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
-    cells += [f"{us['raw'] / us['mpi-blocking']:.2f}", f"{us['mpi-blocking'] - us['raw']:+.1f}", f"{us['gloo'] / us['mpi']:.2f}"]
+    cells += [
+        f"{us['raw'] / us['mpi-blocking']:.2f}",
+        f"{us['mpi-blocking'] - us['raw']:+.1f}",
+        f"{us['gloo'] / us['mpi']:.2f}",
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -269,18 +317,29 @@ def _size(nbytes: int) -> str:
 
 
 def _machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world-sizes", default="2,4")
-    parser.add_argument("--pairs", default="default,openmpi", help=f"launcher/library pairs: {', '.join(PAIRS)}")
+    parser.add_argument(
+        "--pairs", default="default,openmpi", help=f"launcher/library pairs: {', '.join(PAIRS)}"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "mpi_bench_results.json")
     parser.add_argument("--render", type=Path, help="print the tables of a results file and exit")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=3.0, help="seconds per (op, size) across variants and rounds")
+    parser.add_argument(
+        "--budget", type=float, default=3.0, help="seconds per (op, size) across variants and rounds"
+    )
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per mpirun job")
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)  # set when running inside mpirun

@@ -9,6 +9,7 @@ bf16, AdamW(lr=1e-4), data, warm-up and timing; prints one JSON line with the an
 ``benchmarks/zero_gpu.sh`` runs it for every stage together with the anchor's ddp, fsdp2 and
 DeepSpeed modes, then ``benchmarks/zero_report.py`` prints the comparison table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,9 @@ def load_anchor(path: Path) -> ModuleType:
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
     parser.add_argument("--anchor", type=Path, default=Path("shared/anchors/zero_anchor.py"))
     parser.add_argument("--backend", default="cpu:gloo,cuda:nccl")
@@ -50,7 +53,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--unit", type=float, default=5e7, help="stage3_max_unit_numel (elements)")
     parser.add_argument("--prefetch", type=float, default=5e7, help="stage3_prefetch_bucket_size (elements)")
     parser.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
-    parser.add_argument("--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)")
+    parser.add_argument(
+        "--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)"
+    )
     return parser.parse_args()
 
 
@@ -112,10 +117,22 @@ def main() -> None:
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     if rank == 0:
         mode = f"cl{args.stage}" + ("_fused" if args.fused else "")
-        print(json.dumps({"mode": mode, "world": world, "params_M": round(parameters / 1e6, 1),
-                          "tokens_per_s": round(args.mb * args.seq * world / seconds), "step_ms": round(seconds * 1e3, 1),
-                          "peak_GiB": round(peak.item(), 2), "loss": round(loss.item(), 3),
-                          "bucket": int(args.bucket), "torch": torch.__version__}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "mode": mode,
+                    "world": world,
+                    "params_M": round(parameters / 1e6, 1),
+                    "tokens_per_s": round(args.mb * args.seq * world / seconds),
+                    "step_ms": round(seconds * 1e3, 1),
+                    "peak_GiB": round(peak.item(), 2),
+                    "loss": round(loss.item(), 3),
+                    "bucket": int(args.bucket),
+                    "torch": torch.__version__,
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

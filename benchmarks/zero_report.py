@@ -4,13 +4,27 @@
 zero_gpu.py print (one per mode) and prints a Markdown table plus the issue's goals: each
 commlayer stage >= 1.3x DeepSpeed's same stage, stage 3 >= FSDP2, peak memory <= DeepSpeed's.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-ORDER = ["ddp", "fsdp2", "ds1", "ds2", "ds3", "cl0", "cl1", "cl2", "cl3", "cl1_fused", "cl2_fused", "cl3_fused"]
+ORDER = [
+    "ddp",
+    "fsdp2",
+    "ds1",
+    "ds2",
+    "ds3",
+    "cl0",
+    "cl1",
+    "cl2",
+    "cl3",
+    "cl1_fused",
+    "cl2_fused",
+    "cl3_fused",
+]
 
 
 def read(path: Path) -> dict[str, dict]:
@@ -26,7 +40,9 @@ def table(rows: dict[str, dict]) -> list[str]:
     lines = ["| mode | tokens/s | step ms | peak GiB | loss |", "|---|---|---|---|---|"]
     for mode in sorted(rows, key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER)):
         row = rows[mode]
-        lines.append(f"| {mode} | {row['tokens_per_s']:,} | {row['step_ms']} | {row['peak_GiB']} | {row['loss']} |")
+        lines.append(
+            f"| {mode} | {row['tokens_per_s']:,} | {row['step_ms']} | {row['peak_GiB']} | {row['loss']} |"
+        )
     return lines
 
 
@@ -37,8 +53,10 @@ def goals(rows: dict[str, dict]) -> list[str]:
         if ours and theirs:
             speed = ours["tokens_per_s"] / theirs["tokens_per_s"]
             memory = ours["peak_GiB"] <= theirs["peak_GiB"]
-            lines.append(f"- stage {stage}: {speed:.2f}x DeepSpeed ({'met' if speed >= 1.3 else 'MISSED'} >= 1.3x); "
-                         f"peak {ours['peak_GiB']} vs {theirs['peak_GiB']} GiB ({'met' if memory else 'MISSED'} <=)")
+            lines.append(
+                f"- stage {stage}: {speed:.2f}x DeepSpeed ({'met' if speed >= 1.3 else 'MISSED'} >= 1.3x); "
+                f"peak {ours['peak_GiB']} vs {theirs['peak_GiB']} GiB ({'met' if memory else 'MISSED'} <=)"
+            )
     if "cl3" in rows and "fsdp2" in rows:
         speed = rows["cl3"]["tokens_per_s"] / rows["fsdp2"]["tokens_per_s"]
         lines.append(f"- stage 3 vs FSDP2: {speed:.2f}x ({'met' if speed >= 1.0 else 'MISSED'} >= 1x)")

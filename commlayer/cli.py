@@ -4,6 +4,7 @@
 ``main(args) -> int``); it is imported only when that subcommand is asked for, so ``run`` works
 without the benchmark's dependencies.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commlayer", description="commlayer: pluggable communication backends for PyTorch.")
+    parser = argparse.ArgumentParser(
+        prog="commlayer", description="commlayer: pluggable communication backends for PyTorch."
+    )
     commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends}")
     _add_run_arguments(commands.add_parser("run", help="launch N local ranks of a Python script or module"))
     bench = commands.add_parser("bench", help="run the collective benchmarks (commlayer.bench)")
@@ -56,20 +59,55 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=_positive_int,
-                     default=1, metavar="N", help="number of ranks to start on this host (default 1)")
-    run.add_argument("-m", "--module", action="store_true",
-                     help="treat SCRIPT as a module name and run it like `python -m SCRIPT`")
-    run.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
-                     help="address rank 0's store listens on (default 127.0.0.1)")
-    run.add_argument("--master-port", "--master_port", dest="master_port", type=_port, default=None,
-                     help="port of rank 0's store (default: a free port)")
-    run.add_argument("--log-dir", dest="log_dir", type=Path, default=None,
-                     help="also write each rank's output to DIR/rankN.log")
-    run.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
-                     help="stop every rank after this many seconds (exit code 124)")
+    run.add_argument(
+        "-n",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="number of ranks to start on this host (default 1)",
+    )
+    run.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="treat SCRIPT as a module name and run it like `python -m SCRIPT`",
+    )
+    run.add_argument(
+        "--master-addr",
+        "--master_addr",
+        dest="master_addr",
+        default="127.0.0.1",
+        help="address rank 0's store listens on (default 127.0.0.1)",
+    )
+    run.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=_port,
+        default=None,
+        help="port of rank 0's store (default: a free port)",
+    )
+    run.add_argument(
+        "--log-dir",
+        dest="log_dir",
+        type=Path,
+        default=None,
+        help="also write each rank's output to DIR/rankN.log",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="stop every rank after this many seconds (exit code 124)",
+    )
     run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
-    run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT")
+    run.add_argument(
+        "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

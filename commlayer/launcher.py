@@ -13,6 +13,7 @@ Layout for ``launch(LaunchConfig(command=("python", "train.py"), nproc_per_node=
     rank 1: RANK=1 WORLD_SIZE=3 LOCAL_RANK=1 LOCAL_WORLD_SIZE=3   output lines "[rank1] ..."
     rank 2: RANK=2 WORLD_SIZE=3 LOCAL_RANK=2 LOCAL_WORLD_SIZE=3   output lines "[rank2] ..."
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,9 +65,13 @@ class SuperviseOptions:
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"SuperviseOptions: argument 'timeout' expected a positive number of seconds or None, received {self.timeout}")
+            raise ValueError(
+                f"SuperviseOptions: argument 'timeout' expected a positive number of seconds or None, received {self.timeout}"
+            )
         if not self.kill_grace >= 0:
-            raise ValueError(f"SuperviseOptions: argument 'kill_grace' expected a non-negative number of seconds, received {self.kill_grace}")
+            raise ValueError(
+                f"SuperviseOptions: argument 'kill_grace' expected a non-negative number of seconds, received {self.kill_grace}"
+            )
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,17 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         if not self.command:
-            raise ValueError("LaunchConfig: argument 'command' expected a non-empty program and arguments, received ()")
+            raise ValueError(
+                "LaunchConfig: argument 'command' expected a non-empty program and arguments, received ()"
+            )
         if self.nproc_per_node < 1:
-            raise ValueError(f"LaunchConfig: argument 'nproc_per_node' expected an integer >= 1, received {self.nproc_per_node}")
+            raise ValueError(
+                f"LaunchConfig: argument 'nproc_per_node' expected an integer >= 1, received {self.nproc_per_node}"
+            )
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
-            raise ValueError(f"LaunchConfig: argument 'master_port' expected a port in 1..65535, received {self.master_port}")
+            raise ValueError(
+                f"LaunchConfig: argument 'master_port' expected a port in 1..65535, received {self.master_port}"
+            )
 
 
 @dataclass(frozen=True)
@@ -404,7 +415,9 @@ class _Running:
 
     def outcome(self, stopped: bool) -> ProcessOutcome:
         code = self.popen.returncode
-        return ProcessOutcome(self.spec.label, -signal.SIGKILL if code is None else code, stopped, tuple(self.tail))
+        return ProcessOutcome(
+            self.spec.label, -signal.SIGKILL if code is None else code, stopped, tuple(self.tail)
+        )
 
 
 def _open_log(log_dir: Path | None, label: str) -> TextIO | None:

@@ -13,6 +13,7 @@ host of the node list); under MPI launchers ``master_addr`` stays None so that t
 exchange it over MPI. When a launcher exports no node-local variables, the whole world is taken to
 run on one node (local rank = rank).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -116,7 +117,12 @@ def _torchrun_counts(environ: Mapping[str, str]) -> _Counts:
 
 
 def _openmpi_counts(environ: Mapping[str, str]) -> _Counts:
-    names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+    names = (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    )
     return _counts_from_names(environ, names, because="OMPI_COMM_WORLD_RANK is set")
 
 
@@ -128,19 +134,27 @@ def _hydra_counts(environ: Mapping[str, str]) -> _Counts:
 def _pmi_counts(environ: Mapping[str, str]) -> _Counts:
     rank = _required_int(environ, "PMI_RANK", minimum=0, because="PMI_RANK is set")
     world_size = _required_int(environ, "PMI_SIZE", minimum=1, because="PMI_RANK is set")
-    return _with_local_counts(environ, rank, world_size, ("PMI_RANK", "PMI_SIZE"), ("PMI_LOCAL_RANK", "PMI_LOCAL_SIZE"))
+    return _with_local_counts(
+        environ, rank, world_size, ("PMI_RANK", "PMI_SIZE"), ("PMI_LOCAL_RANK", "PMI_LOCAL_SIZE")
+    )
 
 
 def _pmix_counts(environ: Mapping[str, str]) -> _Counts:
     rank = _required_int(environ, "PMIX_RANK", minimum=0, because="PMIX_RANK is set")
     # PMIx publishes the job size only through its API; srun also exports it as SLURM_NTASKS.
-    size_name = next((name for name in ("PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS") if name in environ), "SLURM_NTASKS")
-    world_size = _required_int(environ, size_name, minimum=1, because="PMIX_RANK is set and PMIx exports no size")
+    size_name = next(
+        (name for name in ("PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS") if name in environ), "SLURM_NTASKS"
+    )
+    world_size = _required_int(
+        environ, size_name, minimum=1, because="PMIX_RANK is set and PMIx exports no size"
+    )
     return _with_local_counts(environ, rank, world_size, ("PMIX_RANK", size_name), ())
 
 
 def _slurm_counts(environ: Mapping[str, str]) -> _Counts:
-    size_name = "SLURM_NTASKS" if "SLURM_NTASKS" in environ or "SLURM_NPROCS" not in environ else "SLURM_NPROCS"
+    size_name = (
+        "SLURM_NTASKS" if "SLURM_NTASKS" in environ or "SLURM_NPROCS" not in environ else "SLURM_NPROCS"
+    )
     rank = _required_int(environ, "SLURM_PROCID", minimum=0, because="SLURM_PROCID is set")
     world_size = _required_int(environ, size_name, minimum=1, because="SLURM_PROCID is set")
     return _with_local_counts(environ, rank, world_size, ("SLURM_PROCID", size_name), ())
@@ -188,17 +202,23 @@ def _slurm_local_world_size(environ: Mapping[str, str]) -> tuple[int, str]:
     name = next((candidate for candidate in _TASKS_PER_NODE_VARIABLES if candidate in environ), None)
     if name is None:
         raise RendezvousEnvError(
-            "SLURM_TASKS_PER_NODE", "a tasks-per-node list such as '4' or '2(x3),1' (SLURM_LOCALID is set)", None
+            "SLURM_TASKS_PER_NODE",
+            "a tasks-per-node list such as '4' or '2(x3),1' (SLURM_LOCALID is set)",
+            None,
         )
     counts = _expand_tasks_per_node(environ[name], name)
     if "SLURM_NODEID" not in environ:
         if len(set(counts)) == 1:
             return counts[0], name
-        raise RendezvousEnvError("SLURM_NODEID", f"this node's index, to pick an entry of {name}={environ[name]!r}", None)
+        raise RendezvousEnvError(
+            "SLURM_NODEID", f"this node's index, to pick an entry of {name}={environ[name]!r}", None
+        )
     node = _required_int(environ, "SLURM_NODEID", minimum=0, because="SLURM_LOCALID is set")
     if node >= len(counts):
         raise RendezvousEnvError(
-            "SLURM_NODEID", f"a node index below {len(counts)}, the number of nodes in {name}={environ[name]!r}", str(node)
+            "SLURM_NODEID",
+            f"a node index below {len(counts)}, the number of nodes in {name}={environ[name]!r}",
+            str(node),
         )
     return counts[node], name
 
@@ -208,7 +228,11 @@ def _expand_tasks_per_node(value: str, variable: str) -> list[int]:
     counts: list[int] = []
     for item in value.split(","):
         match = _TASKS_ITEM.fullmatch(item)
-        if match is None or int(match.group(1)) < 1 or (match.group(2) is not None and int(match.group(2)) < 1):
+        if (
+            match is None
+            or int(match.group(1)) < 1
+            or (match.group(2) is not None and int(match.group(2)) < 1)
+        ):
             raise RendezvousEnvError(variable, "a comma list of task counts like '4' or '2(x3),1'", value)
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
@@ -224,7 +248,9 @@ def _check_consistent(counts: _Counts) -> None:
         )
     if counts.local_rank >= counts.local_world_size:
         raise RendezvousEnvError(
-            local_rank_name, f"a local rank below {local_size_name}={counts.local_world_size}", str(counts.local_rank)
+            local_rank_name,
+            f"a local rank below {local_size_name}={counts.local_world_size}",
+            str(counts.local_rank),
         )
 
 
@@ -275,7 +301,11 @@ def expand_slurm_nodelist(nodelist: str, *, variable: str = "SLURM_NODELIST") ->
     >>> expand_slurm_nodelist("rack[1-2]-n[8-9]")
     ['rack1-n8', 'rack1-n9', 'rack2-n8', 'rack2-n9']
     """
-    return [host for pattern in _split_top_level(nodelist, variable) for host in _expand_pattern(pattern, nodelist, variable)]
+    return [
+        host
+        for pattern in _split_top_level(nodelist, variable)
+        for host in _expand_pattern(pattern, nodelist, variable)
+    ]
 
 
 def _split_top_level(nodelist: str, variable: str) -> list[str]:
@@ -307,7 +337,10 @@ def _expand_pattern(pattern: str, nodelist: str, variable: str) -> list[str]:
     """``'a[1-2]b[5,7]'`` -> ``['a1b5', 'a1b7', 'a2b5', 'a2b7']`` (the last bracket varies fastest)."""
     pieces = re.split(r"\[([^\]]*)\]", pattern)
     # re.split with one group alternates literal text and bracket contents.
-    choices = [[piece] if index % 2 == 0 else _expand_bracket(piece, nodelist, variable) for index, piece in enumerate(pieces)]
+    choices = [
+        [piece] if index % 2 == 0 else _expand_bracket(piece, nodelist, variable)
+        for index, piece in enumerate(pieces)
+    ]
     return ["".join(parts) for parts in itertools.product(*choices)]
 
 

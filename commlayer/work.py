@@ -206,7 +206,9 @@ class WorkList(Work):
 
 
 class _ChainedWork(Work):
-    def __init__(self, base: Work, epilogue: Callable[[], None], result: Sequence[torch.Tensor] | None) -> None:
+    def __init__(
+        self, base: Work, epilogue: Callable[[], None], result: Sequence[torch.Tensor] | None
+    ) -> None:
         super().__init__(base.result() if result is None else result)
         self._base = base
         self._epilogue = epilogue

@@ -8,6 +8,7 @@ reloads itself, as a resumed job would. Runs on any backend commlayer has::
     mpirun -n 2 python examples/zero_train.py --stage 2 --backend mpi
     torchrun --nproc-per-node 2 examples/zero_train.py --stage 1 --bf16   (on GPUs: nccl)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,10 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.layers = nn.ModuleList(
-            nn.Sequential(nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH)) for _ in range(3)
+            nn.Sequential(
+                nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH)
+            )
+            for _ in range(3)
         )
         self.head = nn.Linear(WIDTH, VOCAB)
 
@@ -58,13 +62,27 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group(args.backend)
     rank = dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
     torch.manual_seed(0)
     model = TinyLM().to(device)
-    config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-              "bf16": {"enabled": args.bf16}, "zero_optimization": {"stage": args.stage, "reduce_bucket_size": 20_000,
-                                                                    "stage3_max_unit_numel": 40_000}}
-    engine = zero.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3), config=config)
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": args.bf16},
+        "zero_optimization": {
+            "stage": args.stage,
+            "reduce_bucket_size": 20_000,
+            "stage3_max_unit_numel": 40_000,
+        },
+    }
+    engine = zero.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3), config=config
+    )
     checkpoint = tempfile.mkdtemp(prefix="zero_train_") if rank == 0 else ""
     holder = [checkpoint]
     dist.broadcast_object_list(holder, src=0)
@@ -79,8 +97,10 @@ def main() -> None:
             engine.save_checkpoint(holder[0])
             engine.load_checkpoint(holder[0])  # what a restarted job does, at any world size
     weights = engine.full_state_dict()  # collective; every rank gets the whole model
-    print(f"rank {rank}: stage {args.stage}, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-          f"{sum(v.numel() for v in weights.values())} parameters")
+    print(
+        f"rank {rank}: stage {args.stage}, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+        f"{sum(v.numel() for v in weights.values())} parameters"
+    )
     dist.barrier()
     if rank == 0:
         shutil.rmtree(holder[0])

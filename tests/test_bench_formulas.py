@@ -1,4 +1,5 @@
 """Tier 1 (pure logic) of ``commlayer bench``: busbw factors, sizes, check values, options, outputs."""
+
 from __future__ import annotations
 
 import csv
@@ -31,16 +32,21 @@ EXPECTED_FACTORS = {
 @pytest.mark.parametrize("op", sorted(EXPECTED_FACTORS))
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8, 16])
 def test_busbw_factor_matches_nccl_tests(op: str, world_size: int) -> None:
-    assert busbw_factor(op, world_size) == pytest.approx(float(EXPECTED_FACTORS[op](world_size)), abs=0, rel=1e-15)
+    assert busbw_factor(op, world_size) == pytest.approx(
+        float(EXPECTED_FACTORS[op](world_size)), abs=0, rel=1e-15
+    )
 
 
-@pytest.mark.parametrize(("facade_op", "family"), [
-    ("all_gather_into_tensor", "all_gather"),
-    ("reduce_scatter_tensor", "reduce_scatter"),
-    ("all_to_all_single", "all_to_all"),
-    ("send", "pingpong"),
-    ("recv", "pingpong"),
-])
+@pytest.mark.parametrize(
+    ("facade_op", "family"),
+    [
+        ("all_gather_into_tensor", "all_gather"),
+        ("reduce_scatter_tensor", "reduce_scatter"),
+        ("all_to_all_single", "all_to_all"),
+        ("send", "pingpong"),
+        ("recv", "pingpong"),
+    ],
+)
 def test_facade_op_names_use_their_family_factor(facade_op: str, family: str) -> None:
     assert busbw_factor(facade_op, 4) == busbw_factor(family, 4)
 
@@ -58,10 +64,20 @@ def test_busbw_factor_rejects_an_empty_world() -> None:
         busbw_factor("all_reduce", 0)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("8", 8), ("1K", 1024), ("64k", 65536), ("16M", 16 << 20), ("1G", 1 << 30), ("1GB", 1 << 30),
-    ("0.5K", 512), ("2MiB", 2 << 20), (4096, 4096),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8", 8),
+        ("1K", 1024),
+        ("64k", 65536),
+        ("16M", 16 << 20),
+        ("1G", 1 << 30),
+        ("1GB", 1 << 30),
+        ("0.5K", 512),
+        ("2MiB", 2 << 20),
+        (4096, 4096),
+    ],
+)
 def test_parse_size(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
 
@@ -106,7 +122,10 @@ def test_check_values_are_exact_and_distinct(dtype: torch.dtype, world_size: int
     pattern = ValuePattern(world_size, dtype)
     count, cpu = pattern.period + 2, torch.device("cpu")  # every pattern value, largest included
     wide = [pattern.rank_values(rank, 0, count, 5, cpu).to(torch.float64) for rank in range(world_size)]
-    exact = [1 + rank + world_size * pattern.pattern(0, count, 5, cpu).to(torch.float64) for rank in range(world_size)]
+    exact = [
+        1 + rank + world_size * pattern.pattern(0, count, 5, cpu).to(torch.float64)
+        for rank in range(world_size)
+    ]
     assert all(torch.equal(value, reference) for value, reference in zip(wide, exact))
     assert torch.equal(pattern.summed(0, count, 5, cpu).to(torch.float64), sum(exact))
     if world_size > 1:
@@ -129,18 +148,23 @@ def test_check_refuses_a_dtype_too_narrow_for_the_world() -> None:
 
 
 def test_options_validate_and_round_trip_through_json() -> None:
-    options = BenchOptions(backends=("gloo", "ccl"), ops=("all_reduce", "barrier"), min_bytes=8, max_bytes=1024, check=True)
+    options = BenchOptions(
+        backends=("gloo", "ccl"), ops=("all_reduce", "barrier"), min_bytes=8, max_bytes=1024, check=True
+    )
     assert BenchOptions.from_json(options.to_json()) == options
     assert options.sizes == [8, 16, 32, 64, 128, 256, 512, 1024]
 
 
-@pytest.mark.parametrize(("change", "complaint"), [
-    ({"ops": ("all_reduce", "allreduce")}, "--ops: expected a comma-separated subset"),
-    ({"backends": ()}, "--backends: expected"),
-    ({"dtype": "complex64"}, "--dtype: expected one of"),
-    ({"iters": 0}, "--iters/--warmup"),
-    ({"min_bytes": 64, "max_bytes": 8}, "size sweep"),
-])
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"ops": ("all_reduce", "allreduce")}, "--ops: expected a comma-separated subset"),
+        ({"backends": ()}, "--backends: expected"),
+        ({"dtype": "complex64"}, "--dtype: expected one of"),
+        ({"iters": 0}, "--iters/--warmup"),
+        ({"min_bytes": 64, "max_bytes": 8}, "size sweep"),
+    ],
+)
 def test_options_reject_bad_values(change: dict, complaint: str) -> None:
     with pytest.raises(ValueError, match=complaint):
         BenchOptions(**change)
@@ -155,7 +179,18 @@ def test_json_and_csv_have_exactly_the_record_keys(tmp_path) -> None:
     write_json(tmp_path / "out.json", records)
     rows = json.loads((tmp_path / "out.json").read_text())
     assert [tuple(row) for row in rows] == [RECORD_KEYS] * 2
-    assert RECORD_KEYS == ("backend", "op", "bytes", "count", "dtype", "world_size", "time_us", "algbw_gbps", "busbw_gbps", "wrong")
+    assert RECORD_KEYS == (
+        "backend",
+        "op",
+        "bytes",
+        "count",
+        "dtype",
+        "world_size",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+    )
     assert read_json(tmp_path / "out.json") == records
     write_csv(tmp_path / "out.csv", records)
     with open(tmp_path / "out.csv", newline="") as stream:
@@ -165,8 +200,10 @@ def test_json_and_csv_have_exactly_the_record_keys(tmp_path) -> None:
 
 def test_side_by_side_ratio_reads_faster_than_the_first_backend() -> None:
     records = [
-        _record("gloo", "all_reduce", 1024, 10.0, 2.0), _record("mpi", "all_reduce", 1024, 5.0, 4.0),
-        _record("gloo", "barrier", 0, 30.0, 0.0), _record("mpi", "barrier", 0, 10.0, 0.0),
+        _record("gloo", "all_reduce", 1024, 10.0, 2.0),
+        _record("mpi", "all_reduce", 1024, 5.0, 4.0),
+        _record("gloo", "barrier", 0, 30.0, 0.0),
+        _record("mpi", "barrier", 0, 10.0, 0.0),
     ]
     table = format_side_by_side(records).splitlines()
     assert table[1].split() == ["op", "bytes", "gloo", "mpi", "mpi/gloo"]
@@ -176,11 +213,26 @@ def test_side_by_side_ratio_reads_faster_than_the_first_backend() -> None:
 
 
 def test_report_has_a_table_per_op_and_backend_and_the_notes() -> None:
-    records = [_record("gloo", "all_reduce", 8, 12.5, 1.5e-5), _record("gloo", "all_reduce", 16, 12.0, 3e-5, wrong=2)]
-    result = SweepResult(tuple(records), ("ccl: skipped (failed to start on ranks [0, 1]): not built",), 2, (("gloo", "cpu"),))
+    records = [
+        _record("gloo", "all_reduce", 8, 12.5, 1.5e-5),
+        _record("gloo", "all_reduce", 16, 12.0, 3e-5, wrong=2),
+    ]
+    result = SweepResult(
+        tuple(records), ("ccl: skipped (failed to start on ranks [0, 1]): not built",), 2, (("gloo", "cpu"),)
+    )
     text = format_report(result, BenchOptions())
-    assert "# all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking, checked once" in text
-    assert text.splitlines()[1].split() == ["bytes", "count", "dtype", "time_us", "algbw_GB/s", "busbw_GB/s", "wrong"]
+    assert (
+        "# all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking, checked once" in text
+    )
+    assert text.splitlines()[1].split() == [
+        "bytes",
+        "count",
+        "dtype",
+        "time_us",
+        "algbw_GB/s",
+        "busbw_GB/s",
+        "wrong",
+    ]
     assert text.splitlines()[2].split() == ["8", "2", "float32", "12.50", "1.50e-05", "1.50e-05", "0"]
     assert text.splitlines()[3].split()[-1] == "2"
     assert "note: ccl: skipped" in text

@@ -4,6 +4,7 @@ The compatibility suite every backend must pass, ccl-specific checks, and the fa
 (bad KVS address, a peer that never joins, a peer that skips an op) that must end in a clear
 error within the group timeout instead of a hang.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,7 +65,13 @@ def test_peer_that_skips_an_op_times_out_and_teardown_survives() -> None:
 def test_torch_script_runs_on_ccl_under_torchrun() -> None:
     """examples/allreduce.py (a torch.distributed script, one changed import) with COMMLAYER_BACKEND=ccl."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun), "--standalone", "--nproc-per-node", "2", str(REPO / "examples" / "allreduce.py")]
+    command = [
+        str(torchrun),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO / "examples" / "allreduce.py"),
+    ]
     env = {**os.environ, "COMMLAYER_BACKEND": "ccl"}
     finished = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
     assert finished.returncode == 0, finished.stdout + finished.stderr

@@ -4,6 +4,7 @@ Pure logic: where oneCCL is looked for, which environment is set, store keys, sp
 Wiring: the entry point, declared capabilities, availability and its reason when the extension
 is missing, backend selection, and the extension's own argument checks.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -99,7 +100,9 @@ def test_worker_threads_are_dropped_only_on_an_oversubscribed_host() -> None:
     assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults({}, None, one_second, HostLayout(0, 4, cpus=8))
     assert oneccl_defaults({}, None, one_second, HostLayout(0, 2, cpus=2))["CCL_WORKER_OFFLOAD"] == "0"
     user_choice = {"CCL_WORKER_OFFLOAD": "1"}
-    assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults(user_choice, None, one_second, HostLayout(0, 2, cpus=2))
+    assert "CCL_WORKER_OFFLOAD" not in oneccl_defaults(
+        user_choice, None, one_second, HostLayout(0, 2, cpus=2)
+    )
 
 
 # --- store keys, addresses, splits -----------------------------------------------------------
@@ -133,7 +136,15 @@ def test_unflatten_fills_each_output_in_order() -> None:
 
 def test_declared_capabilities_are_the_issue_contract() -> None:
     caps = CclBackend.capabilities
-    required = {torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8}
+    required = {
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+        torch.float16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+    }
     assert required <= caps.dtypes
     assert torch.bool not in caps.dtypes  # oneCCL has no boolean type
     assert caps.reduce_ops == {ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
@@ -146,7 +157,9 @@ def test_ccl_is_selected_by_the_environment_variable_and_by_xpu() -> None:
     assert resolve_backend_spec(None, {}, "cpu") == "gloo"
 
 
-def test_missing_extension_is_reported_with_reason_and_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_extension_is_reported_with_reason_and_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(_native, "EXTENSION", "commlayer.backends.ccl._not_built")
     availability = CclBackend.is_available()
     assert not availability

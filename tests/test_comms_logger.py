@@ -1,5 +1,6 @@
 """The comms logger. Tier 1: merging ranks, the table, the trace. Tier 2: enable/disable wiring
 and the environment switch. Tier 3: exact counts and bytes over a known sequence on 3 ranks."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,13 @@ def _totals(count: int, total_s: float, min_s: float, max_s: float, bus_bytes: f
 def test_combine_ranks_reports_min_and_max_across_ranks() -> None:
     per_rank = [
         {"rank": 0, "totals": {"all_reduce\t1000": _totals(4, 0.004, 0.0005, 0.002, 4000.0)}},
-        {"rank": 1, "totals": {"all_reduce\t1000": _totals(4, 0.001, 0.0002, 0.0003, 4000.0), "barrier\t0": _totals(1, 0.1, 0.1, 0.1, 0.0)}},
+        {
+            "rank": 1,
+            "totals": {
+                "all_reduce\t1000": _totals(4, 0.001, 0.0002, 0.0003, 4000.0),
+                "barrier\t0": _totals(1, 0.1, 0.1, 0.1, 0.0),
+            },
+        },
     ]
     combined = combine_ranks(per_rank)
     row = combined["ops"]["all_reduce"][1000]
@@ -48,15 +55,25 @@ def test_chrome_trace_has_a_process_per_rank_and_complete_events() -> None:
     trace = chrome_trace([(0, [event], 0), (1, [event, event], 3)])
     complete = [item for item in trace["traceEvents"] if item["ph"] == "X"]
     assert [item["pid"] for item in complete] == [0, 1, 1]
-    assert complete[0] | {"args": None} == {"name": "all_reduce", "cat": "gloo", "ph": "X", "ts": 1000.0, "dur": 12.5,
-                                            "pid": 0, "tid": 0, "args": None}
+    assert complete[0] | {"args": None} == {
+        "name": "all_reduce",
+        "cat": "gloo",
+        "ph": "X",
+        "ts": 1000.0,
+        "dur": 12.5,
+        "pid": 0,
+        "tid": 0,
+        "args": None,
+    }
     assert trace["otherData"]["dropped_events_by_rank"] == {"1": 3}
     json.dumps(trace)  # serialisable as is
 
 
 def test_op_filter_accepts_facade_names_and_bench_families() -> None:
     options = LoggerOptions(ops=frozenset({"all_gather", "broadcast"}))
-    assert options.wants("all_gather_into_tensor") and options.wants("all_gather") and options.wants("broadcast")
+    assert (
+        options.wants("all_gather_into_tensor") and options.wants("all_gather") and options.wants("broadcast")
+    )
     assert not options.wants("all_reduce")
     assert LoggerOptions().wants("anything")
 
@@ -81,7 +98,10 @@ def test_enable_sets_the_facade_observer_and_disable_removes_it(world_of_one: No
     dist.broadcast(tensor, src=0)
     dist.all_gather_into_tensor(torch.empty(6), tensor)  # filtered out
     assert torch.equal(tensor, torch.arange(6, dtype=torch.float32))
-    assert {op: list(sizes) for op, sizes in comms_logger.stats().items()} == {"all_reduce": [24], "broadcast": [24]}
+    assert {op: list(sizes) for op, sizes in comms_logger.stats().items()} == {
+        "all_reduce": [24],
+        "broadcast": [24],
+    }
     comms_logger.disable()
     assert _dispatch._observer is None
     dist.all_reduce(tensor)
@@ -101,10 +121,19 @@ def test_environment_switch_enables_at_import_and_reports_at_exit(tmp_path: Path
         print(sorted((op, n, row["count"]) for op, sizes in comms_logger.stats().items() for n, row in sizes.items()))
         dist.destroy_process_group()
     """)
-    env = {key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env |= {"COMMLAYER_COMMS_LOGGER": "1", "COMMLAYER_COMMS_LOGGER_OPS": "all_reduce",
-            "COMMLAYER_COMMS_LOGGER_TRACE": str(tmp_path / "trace-{rank}.json")}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env |= {
+        "COMMLAYER_COMMS_LOGGER": "1",
+        "COMMLAYER_COMMS_LOGGER_OPS": "all_reduce",
+        "COMMLAYER_COMMS_LOGGER_TRACE": str(tmp_path / "trace-{rank}.json"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[('all_reduce', 16, 2)]"
     assert "# comms logger: 1 rank" in done.stderr and "all_reduce" in done.stderr
@@ -114,4 +143,6 @@ def test_environment_switch_enables_at_import_and_reports_at_exit(tmp_path: Path
 
 @pytest.mark.multirank
 def test_counts_and_bytes_are_exact_for_a_known_sequence(tmp_path: Path) -> None:
-    run_world("tests.ranks.logger_sequence:known_sequence", 3, args=[str(tmp_path / "trace.json")], timeout=120)
+    run_world(
+        "tests.ranks.logger_sequence:known_sequence", 3, args=[str(tmp_path / "trace.json")], timeout=120
+    )

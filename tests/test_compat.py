@@ -72,7 +72,12 @@ def test_torch_script_runs_unchanged_under_torchrun() -> None:
         str(REPO / "examples" / "allreduce.py"),
     ]
     finished = subprocess.run(
-        command, capture_output=True, text=True, timeout=180, env={**os.environ, "COMMLAYER_BACKEND": ""}, check=False
+        command,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COMMLAYER_BACKEND": ""},
+        check=False,
     )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert finished.stdout.count("(correct)") == 2, finished.stdout

@@ -3,6 +3,7 @@
 
 Rank bodies live in tests/scripts/harness_targets.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,13 +35,22 @@ def still_running(message: str) -> set[int]:
 
 # ---- tier 1 ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("arguments", "complaint"),
-    [((f"{TARGETS}.check_environment", 2), "argument 'target' expected 'package.module:function'"),
-     ((f"{TARGETS}:check_environment", 0), "argument 'world_size' expected an integer >= 1, received 0"),
-     ((f"{TARGETS}:check_environment", 2, {"launcher": "ssh"}), "argument 'launcher' expected one of"),
-     ((f"{TARGETS}:check_environment", 2, {"timeout": 0}), "argument 'timeout' expected a positive number"),
-     ((f"{TARGETS}:check_environment", 2, {"args": "3"}), "argument 'args' expected a sequence of strings")],
+    [
+        ((f"{TARGETS}.check_environment", 2), "argument 'target' expected 'package.module:function'"),
+        ((f"{TARGETS}:check_environment", 0), "argument 'world_size' expected an integer >= 1, received 0"),
+        ((f"{TARGETS}:check_environment", 2, {"launcher": "ssh"}), "argument 'launcher' expected one of"),
+        (
+            (f"{TARGETS}:check_environment", 2, {"timeout": 0}),
+            "argument 'timeout' expected a positive number",
+        ),
+        (
+            (f"{TARGETS}:check_environment", 2, {"args": "3"}),
+            "argument 'args' expected a sequence of strings",
+        ),
+    ],
 )
 def test_bad_arguments_fail_before_spawning(arguments: tuple, complaint: str) -> None:
     positional, options = (arguments[:2], arguments[2] if len(arguments) > 2 else {})
@@ -49,7 +59,9 @@ def test_bad_arguments_fail_before_spawning(arguments: tuple, complaint: str) ->
 
 
 def test_vanished_ranks_are_the_started_unfinished_and_gone(tmp_path: Path) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     results = ResultsDir(tmp_path)
     results.mark_started(0, os.getpid())  # alive, unfinished
     results.mark_started(1, int(gone.stdout))  # gone, unfinished: vanished
@@ -72,11 +84,15 @@ def test_openmpi_plan_pairs_its_launcher_with_its_library() -> None:
 
 @pytest.mark.parametrize(
     ("env", "complaint"),
-    [({"COMMLAYER_MPI": "lam"}, "COMMLAYER_MPI: expected one of"),
-     ({"COMMLAYER_MPIRUN": "/nonexistent/mpirun"}, "COMMLAYER_MPIRUN: expected an executable mpirun"),
-     ({**OPENMPI, "COMMLAYER_MPIRUN": "mpiexec.hydra"}, "the ranks load openmpi but"),
-     ({"COMMLAYER_MPI": "intel-mpi", "MPI4PY_LIBMPI": str(Path(sys.prefix) / "lib" / "libmpi.so.40")},
-      "but mpi4py loads openmpi")],
+    [
+        ({"COMMLAYER_MPI": "lam"}, "COMMLAYER_MPI: expected one of"),
+        ({"COMMLAYER_MPIRUN": "/nonexistent/mpirun"}, "COMMLAYER_MPIRUN: expected an executable mpirun"),
+        ({**OPENMPI, "COMMLAYER_MPIRUN": "mpiexec.hydra"}, "the ranks load openmpi but"),
+        (
+            {"COMMLAYER_MPI": "intel-mpi", "MPI4PY_LIBMPI": str(Path(sys.prefix) / "lib" / "libmpi.so.40")},
+            "but mpi4py loads openmpi",
+        ),
+    ],
 )
 def test_mismatched_or_missing_mpi_is_refused(env: dict[str, str], complaint: str) -> None:
     require_mpirun()
@@ -86,10 +102,15 @@ def test_mismatched_or_missing_mpi_is_refused(env: dict[str, str], complaint: st
 
 # ---- tier 3: local worlds ----------------------------------------------------------------------
 
+
 @pytest.mark.multirank
 def test_default_backend_world_gets_args_env_and_an_initialised_facade() -> None:
-    run_world(f"{TARGETS}:check_environment", 3, args=["3", "--flag", "two words"],
-              env={"COMMLAYER_TEST_MARKER": "from-env-argument"})
+    run_world(
+        f"{TARGETS}:check_environment",
+        3,
+        args=["3", "--flag", "two words"],
+        env={"COMMLAYER_TEST_MARKER": "from-env-argument"},
+    )
 
 
 @pytest.mark.multirank
@@ -119,8 +140,10 @@ def test_timeout_names_the_ranks_still_running() -> None:
 @pytest.mark.multirank
 def test_hard_exit_is_reported_without_a_traceback() -> None:
     message = failure_of("hard_exit_on", 2, backend=None, args=["0", "7"])
-    assert ("failed: rank 0 exited with code 7 before its target returned, without a Python traceback "
-            "(os._exit, a crash or a signal); the harness stopped rank 1") in message
+    assert (
+        "failed: rank 0 exited with code 7 before its target returned, without a Python traceback "
+        "(os._exit, a crash or a signal); the harness stopped rank 1"
+    ) in message
     assert "---- rank 0 output (exit code 7)" in message
     assert "traceback ----" not in message
 
@@ -128,11 +151,14 @@ def test_hard_exit_is_reported_without_a_traceback() -> None:
 @pytest.mark.multirank
 def test_exit_zero_before_the_target_returns_is_a_failure() -> None:
     message = failure_of("hard_exit_on", 2, backend=None, args=["1", "0"])
-    assert "failed: rank 1 exited with code 0 before its target returned, without a Python traceback" in message
+    assert (
+        "failed: rank 1 exited with code 0 before its target returned, without a Python traceback" in message
+    )
     assert "the harness stopped rank 0" in message
 
 
 # ---- tier 3: mpirun worlds ---------------------------------------------------------------------
+
 
 @pytest.mark.multirank
 @pytest.mark.mpi

@@ -2,6 +2,7 @@
 (facade -> registry -> HcclBackend -> torch's "hccl" process group) through a TEST DOUBLE of
 torch_npu, tests/doubles/fake_torch_npu_double, whose "hccl" is gloo underneath.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,7 +37,9 @@ def test_without_torch_npu_hccl_is_unavailable_with_reason_and_hint() -> None:
 @pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_compatibility_suite_through_the_torch_npu_double(world_size: int) -> None:
-    run_world("tests.ranks.hccl_double:compat_suite", world_size, backend="hccl", timeout=240, env=_double_env())
+    run_world(
+        "tests.ranks.hccl_double:compat_suite", world_size, backend="hccl", timeout=240, env=_double_env()
+    )
 
 
 @pytest.mark.multirank

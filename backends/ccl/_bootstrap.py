@@ -15,6 +15,7 @@ itself in the store and waits for all the others there (a peer that never starts
 missing ranks named), and the oneCCL calls then run on a helper thread bounded by what is left
 of the timeout.
 """
+
 from __future__ import annotations
 
 import re

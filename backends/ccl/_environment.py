@@ -20,6 +20,7 @@ What is chosen, and why (oneccl-cpu 2021.14 wheels, checked on this project's CI
   op progresses while its Work is waited for or tested, instead of in the background.
 - ``CCL_LOG_LEVEL=error``: every rank otherwise prints a warning for each variable set here.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,7 +70,10 @@ def oneccl_defaults(
 
 
 def apply_defaults(
-    install: OneCclInstall | None, timeout: timedelta, host: HostLayout, environ: MutableMapping[str, str] | None = None
+    install: OneCclInstall | None,
+    timeout: timedelta,
+    host: HostLayout,
+    environ: MutableMapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Add :func:`oneccl_defaults` to the process environment; returns what was added."""
     environ = os.environ if environ is None else environ

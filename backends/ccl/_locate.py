@@ -10,6 +10,7 @@ Search order (first match wins)::
     sys.prefix, sys.base_prefix      the oneccl-cpu(-devel) PyPI wheels install here
     the oneccl-cpu(-devel) files     wherever pip put them (--user, --prefix)
 """
+
 from __future__ import annotations
 
 import os

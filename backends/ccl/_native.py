@@ -4,6 +4,7 @@ The extension (``commlayer.backends.ccl._C``, built from csrc/ccl/binding.cpp) t
 pointers, element counts and oneCCL datatypes; this module turns tensors into those and wraps the
 returned oneCCL events as :class:`commlayer.work.Work`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,7 +20,15 @@ from commlayer.errors import CommTimeoutError
 from commlayer.types import ReduceOp
 from commlayer.work import Work
 
-__all__ = ["CCL_DTYPES", "CCL_REDUCE_OPS", "CclWork", "ExtensionMissing", "NativeTypes", "buffer", "load_extension"]
+__all__ = [
+    "CCL_DTYPES",
+    "CCL_REDUCE_OPS",
+    "CclWork",
+    "ExtensionMissing",
+    "NativeTypes",
+    "buffer",
+    "load_extension",
+]
 
 EXTENSION = "commlayer.backends.ccl._C"
 

@@ -4,6 +4,7 @@ No torch C++ API and no ``oneccl_bindings_for_pytorch``: tensors are handed to o
 pointers, and every op returns a :class:`CclWork` wrapping oneCCL's event. Ranks given to the
 methods are group ranks, as everywhere in the backend contract.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -41,9 +42,7 @@ class CclBackend(Backend):
     """One oneCCL communicator over ``spec.ranks``."""
 
     name = "ccl"
-    capabilities = Capabilities(
-        devices=frozenset({"cpu"}), dtypes=CCL_DTYPES, reduce_ops=CCL_REDUCE_OPS
-    )
+    capabilities = Capabilities(devices=frozenset({"cpu"}), dtypes=CCL_DTYPES, reduce_ops=CCL_REDUCE_OPS)
     install_hint = INSTALL_HINT
 
     def __init__(self, spec: GroupSpec, native: ModuleType, connection: Connection) -> None:
@@ -195,7 +194,9 @@ class CclBackend(Backend):
         result: Sequence[torch.Tensor] = (),
         keep_alive: Sequence[torch.Tensor] = (),
     ) -> CclWork:
-        return CclWork(event, (op, self._where), self.spec.timeout, self._expire, result, (*result, *keep_alive))
+        return CclWork(
+            event, (op, self._where), self.spec.timeout, self._expire, result, (*result, *keep_alive)
+        )
 
     def _reduction(
         self,

@@ -3,8 +3,10 @@
 Importing this package never imports mpi4py's MPI module (that initialises MPI); the backend loads
 it in ``create_world`` and :func:`discovery.exchange_master_address` when the rendezvous needs it.
 """
+
 from __future__ import annotations
 
-from .backend import MpiBackend, MpiOptions
+from .backend import MpiBackend
+from .options import MpiOptions
 
 __all__ = ["MpiBackend", "MpiOptions"]

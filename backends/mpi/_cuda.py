@@ -6,6 +6,7 @@ query (Open MPI's ``MPIX_Query_cuda_support``, MPICH / Intel MPI's ``MPIX_GPU_qu
 exporting either query). MPI is not stream-aware: before a device pointer is handed over, the
 tensor's current stream is synchronised, so queued kernels have finished writing it.
 """
+
 from __future__ import annotations
 
 import ctypes

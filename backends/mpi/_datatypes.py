@@ -12,6 +12,7 @@ division in the backend.
 Table, for ``reduction(torch.bfloat16, ReduceOp.MAX)``: datatype UINT16_T, op = user op "bf16 max";
 for ``reduction(torch.bool, ReduceOp.SUM)``: datatype UINT8_T, op = MPI.BOR.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -14,6 +14,7 @@ and only a candidate that exists on disk is used. ``MPI4PY_LIBMPI`` or ``MPI4PY_
 user always wins. Importing the MPI module initialises MPI (``MPI_Init_thread``, THREAD_MULTIPLE,
 mpi4py's default), so nothing here runs at ``import commlayer``.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,11 +28,17 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from commlayer.errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from commlayer.types import GroupSpec
 
 __all__ = [
     "INSTALL_HINT",
     "MpiLoadError",
+    "check_launched_by_mpi",
     "choose_library",
     "launcher_family",
     "library_candidates",
@@ -151,7 +158,9 @@ def _import_mpi() -> ModuleType:
         # mpi4py's documented switch, set in os.environ on purpose: child processes that import
         # mpi4py load the same library.
         os.environ["MPI4PY_LIBMPI"] = library
-        log.debug("mpi: launched by %s's process manager; mpi4py loads %s", launcher_family(os.environ), library)
+        log.debug(
+            "mpi: launched by %s's process manager; mpi4py loads %s", launcher_family(os.environ), library
+        )
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError, OSError) as error:
@@ -196,3 +205,26 @@ def _install_abort_on_uncaught_exception(mpi: ModuleType) -> None:
     sys.excepthook = remember_and_report
     # Registered after mpi4py's own finalizer, so it runs before it (atexit is last-in, first-out).
     atexit.register(abort_if_an_exception_escaped)
+
+
+def check_launched_by_mpi(mpi: ModuleType, spec: GroupSpec) -> None:
+    """The facade's rank and world size must be MPI's own, else MPI would talk to other processes."""
+    world = mpi.COMM_WORLD
+    if (world.Get_rank(), world.Get_size()) == (spec.global_rank, spec.size):
+        return
+    if world.Get_size() == 1:
+        raise BackendUnavailableError(
+            f"init_process_group: backend 'mpi' needs its {spec.size} ranks started by an MPI launcher, "
+            f"but MPI sees this process as a world of one (rank {spec.global_rank}). Launch with:\n"
+            f"    mpirun -n {spec.size} python your_script.py\n"
+            "(Open MPI run as root also needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, and "
+            "--oversubscribe for more ranks than cores). If mpirun did start it, that mpirun belongs to "
+            f"another MPI than the library mpi4py loaded ({library_version(mpi)}): use that library's "
+            "mpirun, or set MPI4PY_LIBMPI to the launcher's libmpi (Open MPI: libmpi.so.40, MPICH and "
+            "Intel MPI: libmpi.so.12)."
+        )
+    raise BackendUnavailableError(
+        f"init_process_group: backend 'mpi' got rank {spec.global_rank} of {spec.size} from the rendezvous, "
+        f"but MPI's COMM_WORLD says rank {world.Get_rank()} of {world.Get_size()}; under mpirun, let the "
+        "launcher set rank and world size (do not pass rank=/world_size=)"
+    )

@@ -1,4 +1,5 @@
 """Work handles over MPI requests."""
+
 from __future__ import annotations
 
 import os

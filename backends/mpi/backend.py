@@ -20,13 +20,13 @@ World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communi
 ``MPI_Comm_create_group``; on global rank 3, ``broadcast(t, root=0)`` is ``Bcast(t, root=0)`` on
 that communicator, i.e. global rank 1 sends. Global ranks 0 and 2 get None without any MPI call.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -39,42 +39,40 @@ from commlayer.work import CompletedWork, Work
 
 from . import _cuda
 from ._datatypes import MpiTypes
-from ._runtime import INSTALL_HINT, MpiLoadError, library_version, load_mpi, mpi4py_missing_reason
+from ._runtime import (
+    INSTALL_HINT,
+    MpiLoadError,
+    check_launched_by_mpi,
+    library_version,
+    load_mpi,
+    mpi4py_missing_reason,
+)
 from ._work import MpiWork, WaitLimit, wait_for
+from .options import BLOCKING_SYNC_ENV, MpiOptions
 
 __all__ = ["BLOCKING_SYNC_ENV", "MpiBackend", "MpiOptions"]
 
 log = logging.getLogger("commlayer.backends.mpi")
 
 _AVG = ReduceOp.AVG
-BLOCKING_SYNC_ENV = "COMMLAYER_MPI_BLOCKING_SYNC"
 
 # Which positional arguments of each op are written, for staging CUDA tensors through the host.
 _OUTPUT_ARGUMENTS = {
-    "all_reduce": (0,), "broadcast": (0,), "reduce": (0,), "all_gather_into_tensor": (0,),
-    "all_gather": (0,), "reduce_scatter_tensor": (0,), "reduce_scatter": (0,), "all_to_all_single": (0,),
-    "all_to_all": (0,), "gather": (1,), "scatter": (0,), "send": (), "recv": (0,), "recv_any": (0,),
+    "all_reduce": (0,),
+    "broadcast": (0,),
+    "reduce": (0,),
+    "all_gather_into_tensor": (0,),
+    "all_gather": (0,),
+    "reduce_scatter_tensor": (0,),
+    "reduce_scatter": (0,),
+    "all_to_all_single": (0,),
+    "all_to_all": (0,),
+    "gather": (1,),
+    "scatter": (0,),
+    "send": (),
+    "recv": (0,),
+    "recv_any": (0,),
 }
-
-
-@dataclass(frozen=True)
-class MpiOptions:
-    """``pg_options`` of the mpi backend, e.g. ``init_process_group("mpi", pg_options=MpiOptions(True))``.
-
-    ``blocking_sync_ops``: synchronous collectives as MPI's blocking calls (see the module doc for
-    the price). A subgroup created without options keeps its parent's.
-    """
-
-    blocking_sync_ops: bool = False
-
-    @classmethod
-    def resolve(cls, options: Any, environ: Mapping[str, str], rank: int) -> MpiOptions:
-        """``options`` if it is an MpiOptions, else the defaults with $COMMLAYER_MPI_BLOCKING_SYNC."""
-        if isinstance(options, MpiOptions):
-            return options
-        if options is not None:
-            raise invalid_argument("mpi backend", "pg_options", "None or commlayer.backends.mpi.MpiOptions", type(options).__name__, rank)
-        return cls(blocking_sync_ops=environ.get(BLOCKING_SYNC_ENV, "").strip().lower() in ("1", "true", "yes", "on"))
 
 
 class MpiBackend(Backend):
@@ -84,7 +82,9 @@ class MpiBackend(Backend):
     capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True, sync_hint=True)
     install_hint = INSTALL_HINT
 
-    def __init__(self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool, options: MpiOptions) -> None:
+    def __init__(
+        self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool, options: MpiOptions
+    ) -> None:
         super().__init__(spec)
         self.options = options
         self._blocking_sync_ops = options.blocking_sync_ops
@@ -110,13 +110,19 @@ class MpiBackend(Backend):
         try:
             mpi = load_mpi()
         except MpiLoadError as error:
-            raise BackendUnavailableError(f"init_process_group: backend 'mpi' cannot start (rank {spec.global_rank}): {error}") from error
+            raise BackendUnavailableError(
+                f"init_process_group: backend 'mpi' cannot start (rank {spec.global_rank}): {error}"
+            ) from error
         options = MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
-        _check_launched_by_mpi(mpi, spec)
+        check_launched_by_mpi(mpi, spec)
         return cls(spec, mpi.COMM_WORLD.Dup(), mpi, _cuda.cuda_aware(os.environ), options)
 
     def new_group(self, spec: GroupSpec) -> MpiBackend | None:
-        options = self.options if spec.options is None else MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
+        options = (
+            self.options
+            if spec.options is None
+            else MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
+        )
         if not spec.is_member:
             return None  # MPI_Comm_create_group is collective over the members only
         members = self._comm.Get_group().Incl([self.spec.ranks.index(rank) for rank in spec.ranks])
@@ -149,7 +155,9 @@ class MpiBackend(Backend):
         request = self._comm.Iallreduce(self._in_place, message, mpi_op)
         return self._started(request, "all_reduce", async_op, [tensor], (tensor,), average)
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True) -> Work:
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("all_gather_into_tensor", output, tensor, async_op=async_op)
         mine, gathered = self._message(tensor), self._message(output)
@@ -184,7 +192,9 @@ class MpiBackend(Backend):
         self._check_tag("recv", tag)
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("recv", tensor, src, tag, async_op=async_op)
-        return MpiWork(self._comm.Irecv(self._message(tensor), src, tag), "recv", self._limit, [tensor], (tensor,))
+        return MpiWork(
+            self._comm.Irecv(self._message(tensor), src, tag), "recv", self._limit, [tensor], (tensor,)
+        )
 
     def recv_any(self, tensor: torch.Tensor, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("recv", tag)
@@ -209,7 +219,9 @@ class MpiBackend(Backend):
         request = self._comm.Ireduce(send, receive, mpi_op, root)
         return self._started(request, "reduce", async_op, [tensor], (tensor,), average)
 
-    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True) -> Work:
+    def all_gather(
+        self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("all_gather", outputs, tensor, async_op=async_op)
         landing = tensor.new_empty(self.size * tensor.numel())
@@ -221,11 +233,15 @@ class MpiBackend(Backend):
         request = self._comm.Iallgather(mine, gathered)
         return self._started(request, "all_gather", async_op, outputs, (tensor, landing), unpack)
 
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True) -> Work:
+    def reduce_scatter(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs])  # MPI reduces one contiguous buffer
         return self.reduce_scatter_tensor(output, packed, op, async_op=async_op)
 
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+    def reduce_scatter_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("reduce_scatter_tensor", output, tensor, op, async_op=async_op)
         send, receive = self._message(tensor), self._message(output)
@@ -246,7 +262,9 @@ class MpiBackend(Backend):
         async_op: bool = True,
     ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
-            return self._via_host("all_to_all_single", output, tensor, output_splits, input_splits, async_op=async_op)
+            return self._via_host(
+                "all_to_all_single", output, tensor, output_splits, input_splits, async_op=async_op
+            )
         if not output_splits and not input_splits:
             send, receive = self._message(tensor), self._message(output)
             blocking, nonblocking = self._comm.Alltoall, self._comm.Ialltoall
@@ -257,9 +275,13 @@ class MpiBackend(Backend):
         if not async_op and self._blocking_sync_ops:
             blocking(send, receive)
             return CompletedWork([output])
-        return self._started(nonblocking(send, receive), "all_to_all_single", async_op, [output], (tensor, output))
+        return self._started(
+            nonblocking(send, receive), "all_to_all_single", async_op, [output], (tensor, output)
+        )
 
-    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True) -> Work:
+    def all_to_all(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
+    ) -> Work:
         if inputs[0].is_cuda and not self._cuda_aware:
             return self._via_host("all_to_all", outputs, inputs, async_op=async_op)
         # One packed buffer per side: MPI's vector all-to-all needs a single base address.
@@ -274,7 +296,14 @@ class MpiBackend(Backend):
         request = self._comm.Ialltoallv(send, receive)
         return self._started(request, "all_to_all", async_op, outputs, (packed, landing), unpack)
 
-    def gather(self, tensor: torch.Tensor, outputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        outputs: Sequence[torch.Tensor] | None,
+        root: int,
+        *,
+        async_op: bool = True,
+    ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("gather", tensor, outputs, root, async_op=async_op)
         landing = tensor.new_empty(self.size * tensor.numel()) if outputs is not None else None
@@ -286,7 +315,9 @@ class MpiBackend(Backend):
         request = self._comm.Igather(self._message(tensor), receive, root)
         return self._started(request, "gather", async_op, outputs or (), (tensor, landing), unpack)
 
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True) -> Work:
+    def scatter(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+    ) -> Work:
         if output.is_cuda and not self._cuda_aware:
             return self._via_host("scatter", output, inputs, root, async_op=async_op)
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs]) if inputs is not None else None
@@ -334,7 +365,13 @@ class MpiBackend(Backend):
 
     def _check_tag(self, op: str, tag: int) -> None:
         if not isinstance(tag, int) or not 0 <= tag <= self._tag_upper_bound:
-            raise invalid_argument(op, "tag", f"an int in [0, {self._tag_upper_bound}] (MPI's tag range)", tag, self.spec.global_rank)
+            raise invalid_argument(
+                op,
+                "tag",
+                f"an int in [0, {self._tag_upper_bound}] (MPI's tag range)",
+                tag,
+                self.spec.global_rank,
+            )
 
     def _via_host(self, op: str, *arguments: Any, async_op: bool) -> Work:
         """Run ``op`` on host copies of the CUDA arguments, then copy its outputs back."""
@@ -343,7 +380,9 @@ class MpiBackend(Backend):
         work = getattr(self, op)(*staged, async_op=async_op)
         written = _OUTPUT_ARGUMENTS[op]
         devices, hosts = [arguments[index] for index in written], [staged[index] for index in written]
-        results = [t for value in devices for t in ([value] if isinstance(value, torch.Tensor) else value or ())]
+        results = [
+            t for value in devices for t in ([value] if isinstance(value, torch.Tensor) else value or ())
+        ]
         # The caller gets its device tensors back as the result, not the host copies.
         return work.then(functools.partial(_cuda.copy_back, devices, hosts), result=results)
 
@@ -371,7 +410,9 @@ def _layout(counts: list[int]) -> tuple[list[int], list[int]]:
     return counts, displacements
 
 
-def _counts_and_displacements(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> tuple[list[int], list[int]]:
+def _counts_and_displacements(
+    tensor: torch.Tensor, splits: Sequence[int] | None, parts: int
+) -> tuple[list[int], list[int]]:
     """Row splits along dim 0 (None: equal parts) as element counts and displacements."""
     rows = tensor.shape[0] if tensor.dim() else 1
     row_elements = tensor.numel() // rows if rows else 0
@@ -389,28 +430,7 @@ def _types_of(mpi: ModuleType) -> MpiTypes:
 def _log_staging_once(library: str) -> None:
     log.warning(
         "mpi: %s is not CUDA-aware (or does not say so); CUDA tensors are staged through host "
-        "memory. Set %s=1 if the library supports CUDA.", library, _cuda.CUDA_AWARE_ENV
-    )
-
-
-def _check_launched_by_mpi(mpi: ModuleType, spec: GroupSpec) -> None:
-    """The facade's rank and world size must be MPI's own, else MPI would talk to other processes."""
-    world = mpi.COMM_WORLD
-    if (world.Get_rank(), world.Get_size()) == (spec.global_rank, spec.size):
-        return
-    if world.Get_size() == 1:
-        raise BackendUnavailableError(
-            f"init_process_group: backend 'mpi' needs its {spec.size} ranks started by an MPI launcher, "
-            f"but MPI sees this process as a world of one (rank {spec.global_rank}). Launch with:\n"
-            f"    mpirun -n {spec.size} python your_script.py\n"
-            "(Open MPI run as root also needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, and "
-            "--oversubscribe for more ranks than cores). If mpirun did start it, that mpirun belongs to "
-            f"another MPI than the library mpi4py loaded ({library_version(mpi)}): use that library's "
-            "mpirun, or set MPI4PY_LIBMPI to the launcher's libmpi (Open MPI: libmpi.so.40, MPICH and "
-            "Intel MPI: libmpi.so.12)."
-        )
-    raise BackendUnavailableError(
-        f"init_process_group: backend 'mpi' got rank {spec.global_rank} of {spec.size} from the rendezvous, "
-        f"but MPI's COMM_WORLD says rank {world.Get_rank()} of {world.Get_size()}; under mpirun, let the "
-        "launcher set rank and world size (do not pass rank=/world_size=)"
+        "memory. Set %s=1 if the library supports CUDA.",
+        library,
+        _cuda.CUDA_AWARE_ENV,
     )

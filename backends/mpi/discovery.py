@@ -12,6 +12,7 @@ and ``b`` (ranks 2, 3)::
                    when set, are kept
     rank 0 -> all  broadcasts (address, port), or the error it hit, so that no rank waits forever
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,9 @@ def exchange_master_address(info: RendezvousInfo) -> RendezvousInfo:
     finally:
         comm.Free()
     if isinstance(outcome, str):
-        raise CommError(f"init_process_group: rank 0 could not pick the rendezvous address over MPI (rank {info.rank}): {outcome}")
+        raise CommError(
+            f"init_process_group: rank 0 could not pick the rendezvous address over MPI (rank {info.rank}): {outcome}"
+        )
     local_rank, local_world_size = local_layout(hosts, info.rank)
     address, port = outcome
     return dataclasses.replace(

@@ -5,4 +5,5 @@ Modules: :mod:`.formulas` (algbw/busbw factors, sizes), :mod:`.options` (the run
 :mod:`.records` / :mod:`.table` / :mod:`.plot` / :mod:`.progress` (outputs), :mod:`.cli` (the
 command) and :mod:`.worker` (what each rank started by ``-n`` runs).
 """
+
 from __future__ import annotations

@@ -11,6 +11,7 @@ Buffer layout, world of 2, all_gather of S = 16 bytes of float32 (count 4, chunk
 
 pingpong pairs ranks (0, 1), (2, 3), ...; an odd last rank sits out. Its time is half a round trip.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -121,7 +122,9 @@ class ValuePattern:
         index = torch.arange(start, start + count, dtype=torch.int64, device=device)
         return (index + iteration % self.period) % self.period
 
-    def rank_values(self, rank: int, start: int, count: int, iteration: int, device: torch.device) -> torch.Tensor:
+    def rank_values(
+        self, rank: int, start: int, count: int, iteration: int, device: torch.device
+    ) -> torch.Tensor:
         """Rank ``rank``'s elements [start, start + count) at ``iteration``."""
         values = 1 + rank + self.world_size * self.pattern(start, count, iteration, device)
         return values.to(self.dtype)

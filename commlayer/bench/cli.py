@@ -8,6 +8,7 @@ Two ways to run it:
   ``mpirun -n 4 python -m commlayer bench --backends mpi``): every rank runs the sweep in place,
   rank 0 prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,29 +56,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``commlayer bench``'s options to ``parser`` (the subcommand parser of commlayer.cli)."""
     parser.description = _DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("-n", "--nproc-per-node", dest="nproc", type=_positive_int, default=None, metavar="N",
-                        help="start N local ranks (leave out under torchrun, mpirun or srun)")
-    parser.add_argument("--backends", default="gloo", help="comma-separated backends to compare (default gloo)")
-    parser.add_argument("--ops", default=",".join(BENCH_OPS),
-                        help=f"comma-separated ops (default all: {','.join(BENCH_OPS)}); pingpong is "
-                             "send/recv between rank pairs, timed as half a round trip")
-    parser.add_argument("-b", "--min-bytes", default="8", type=_size, help="smallest message S (default 8; K/M/G suffixes)")
+    parser.add_argument(
+        "-n",
+        "--nproc-per-node",
+        dest="nproc",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="start N local ranks (leave out under torchrun, mpirun or srun)",
+    )
+    parser.add_argument(
+        "--backends", default="gloo", help="comma-separated backends to compare (default gloo)"
+    )
+    parser.add_argument(
+        "--ops",
+        default=",".join(BENCH_OPS),
+        help=f"comma-separated ops (default all: {','.join(BENCH_OPS)}); pingpong is "
+        "send/recv between rank pairs, timed as half a round trip",
+    )
+    parser.add_argument(
+        "-b", "--min-bytes", default="8", type=_size, help="smallest message S (default 8; K/M/G suffixes)"
+    )
     parser.add_argument("-e", "--max-bytes", default="1G", type=_size, help="largest message S (default 1G)")
-    parser.add_argument("-f", "--step-factor", default=2.0, type=float, help="size multiplier between steps (default 2)")
-    parser.add_argument("--dtype", default="float32", choices=list(BENCH_DTYPES), help="element type (default float32)")
-    parser.add_argument("--iters", default=20, type=_positive_int, help="timed iterations per size (default 20)")
+    parser.add_argument(
+        "-f", "--step-factor", default=2.0, type=float, help="size multiplier between steps (default 2)"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=list(BENCH_DTYPES), help="element type (default float32)"
+    )
+    parser.add_argument(
+        "--iters", default=20, type=_positive_int, help="timed iterations per size (default 20)"
+    )
     parser.add_argument("--warmup", default=5, type=int, help="untimed iterations per size first (default 5)")
-    parser.add_argument("--async", dest="async_op", action="store_true",
-                        help="launch every iteration with async_op=True, then wait for all of them "
-                             "(they share buffers, as in nccl-tests)")
-    parser.add_argument("--check", action="store_true",
-                        help="verify every timed iteration against exact expected values (default: one "
-                             "untimed verification run per size); 'wrong' counts wrong elements over all ranks")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, ... (default: the backend's accelerator if present)")
-    parser.add_argument("--timeout", dest="timeout_s", default=300.0, type=float, help="seconds before a stuck rank fails")
-    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the records as a JSON list")
+    parser.add_argument(
+        "--async",
+        dest="async_op",
+        action="store_true",
+        help="launch every iteration with async_op=True, then wait for all of them "
+        "(they share buffers, as in nccl-tests)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="verify every timed iteration against exact expected values (default: one "
+        "untimed verification run per size); 'wrong' counts wrong elements over all ranks",
+    )
+    parser.add_argument(
+        "--device", default="auto", help="cpu, cuda, ... (default: the backend's accelerator if present)"
+    )
+    parser.add_argument(
+        "--timeout", dest="timeout_s", default=300.0, type=float, help="seconds before a stuck rank fails"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="FILE", help="write the records as a JSON list"
+    )
     parser.add_argument("--csv", type=Path, default=None, metavar="FILE", help="write the records as CSV")
-    parser.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="plot busbw and small-size latency")
+    parser.add_argument(
+        "--plot", type=Path, default=None, metavar="FILE.png", help="plot busbw and small-size latency"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -99,7 +135,10 @@ def main(args: argparse.Namespace) -> int:
 
 def _launch_local(options: BenchOptions, args: argparse.Namespace) -> int:
     if discover(os.environ) is not None:
-        print("commlayer bench: -n starts ranks itself; under torchrun, mpirun or srun leave it out", file=sys.stderr)
+        print(
+            "commlayer bench: -n starts ranks itself; under torchrun, mpirun or srun leave it out",
+            file=sys.stderr,
+        )
         return 2
     runnable = _drop_launcher_bound(options, args.nproc)
     if runnable is None:
@@ -114,7 +153,12 @@ def _launch_local(options: BenchOptions, args: argparse.Namespace) -> int:
 def _run_ranks(options: BenchOptions, nproc: int, scratch: Path) -> SweepResult | int:
     """Start the ranks, draw rank 0's progress here, return its result (or an exit code)."""
     result_path, progress_path = scratch / "result.json", scratch / "progress"
-    env = {**os.environ, OPTIONS_ENV: options.to_json(), RESULT_ENV: str(result_path), PROGRESS_ENV: str(progress_path)}
+    env = {
+        **os.environ,
+        OPTIONS_ENV: options.to_json(),
+        RESULT_ENV: str(result_path),
+        PROGRESS_ENV: str(progress_path),
+    }
     # No overall time limit: a 1 GiB CPU sweep takes long; a stuck op fails after --timeout.
     config = LaunchConfig((sys.executable, "-m", "commlayer.bench.worker"), nproc, env=env)
     bar, stop = ProgressBar(count_steps(options)), threading.Event()
@@ -126,14 +170,18 @@ def _run_ranks(options: BenchOptions, nproc: int, scratch: Path) -> SweepResult 
         stop.set()
         follower.join()
     if outcome.exit_code != 0 or not result_path.exists():
-        print(outcome.summary("commlayer bench") or "commlayer bench: rank 0 wrote no results", file=sys.stderr)
+        print(
+            outcome.summary("commlayer bench") or "commlayer bench: rank 0 wrote no results", file=sys.stderr
+        )
         return outcome.exit_code or 1
     return SweepResult.from_json(json.loads(result_path.read_text(encoding="utf-8")))
 
 
 def _run_in_place(options: BenchOptions, args: argparse.Namespace) -> int:
     if discover(os.environ) is None:
-        print("commlayer bench: no launcher environment and no -n: running a world of 1 rank", file=sys.stderr)
+        print(
+            "commlayer bench: no launcher environment and no -n: running a world of 1 rank", file=sys.stderr
+        )
     bar = ProgressBar(count_steps(options))
     try:
         result = run_sweep(options, bar.update)
@@ -198,8 +246,11 @@ def _drop_launcher_bound(options: BenchOptions, nproc: int) -> BenchOptions | No
             keep.append(backend)
             continue
         how = f"{launcher} -n {nproc} {Path(sys.executable).name} -m commlayer bench {_arguments_without_nproc()}"
-        print(f"commlayer bench: backend '{backend}' needs ranks started by {launcher}, which -n does not use; "
-              f"skipping it. To include it, run:\n    {how.rstrip()}", file=sys.stderr)
+        print(
+            f"commlayer bench: backend '{backend}' needs ranks started by {launcher}, which -n does not use; "
+            f"skipping it. To include it, run:\n    {how.rstrip()}",
+            file=sys.stderr,
+        )
     if not keep:
         return None
     return BenchOptions(**{**options.__dict__, "backends": tuple(keep)})
@@ -209,7 +260,7 @@ def _arguments_without_nproc() -> str:
     """This invocation's bench arguments minus ``-n N``, for a copy-paste mpirun command."""
     arguments = sys.argv[1:]
     if "bench" in arguments:
-        arguments = arguments[arguments.index("bench") + 1:]
+        arguments = arguments[arguments.index("bench") + 1 :]
     kept, skip_value = [], False
     for argument in arguments:
         if skip_value:
@@ -223,7 +274,9 @@ def _arguments_without_nproc() -> str:
 
 def _is_attached_nproc(argument: str) -> bool:
     """``-n4`` or ``--nproc-per-node=4``."""
-    return (argument.startswith("-n") and not argument.startswith("--")) or argument.startswith("--nproc-per-node=")
+    return (argument.startswith("-n") and not argument.startswith("--")) or argument.startswith(
+        "--nproc-per-node="
+    )
 
 
 def _plot_title(result: SweepResult, options: BenchOptions) -> str:

@@ -17,6 +17,7 @@ busbw is the per-link traffic of an optimal algorithm, so it can be compared to 
 bandwidth whatever ``n`` is. DeepSpeed's comms benchmark reports all_reduce as ``2 S / t`` (no
 ``(n - 1) / n``); we follow nccl-tests, so our all_reduce busbw is ``(n - 1) / n`` of DeepSpeed's.
 """
+
 from __future__ import annotations
 
 import re
@@ -110,7 +111,9 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:
     [8, 16, 32, 64]
     """
     if min_bytes < 1 or max_bytes < min_bytes:
-        raise ValueError(f"size sweep: expected 1 <= min-bytes <= max-bytes, received {min_bytes} and {max_bytes}")
+        raise ValueError(
+            f"size sweep: expected 1 <= min-bytes <= max-bytes, received {min_bytes} and {max_bytes}"
+        )
     if step_factor <= 1 and min_bytes != max_bytes:
         raise ValueError(f"size sweep: expected step-factor > 1, received {step_factor}")
     sizes = [min_bytes]

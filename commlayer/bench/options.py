@@ -1,4 +1,5 @@
 """The settings of one ``commlayer bench`` run, as an immutable value every rank receives."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,15 @@ BENCH_DTYPES: dict[str, torch.dtype] = {
 @dataclass(frozen=True)
 class BenchOptions:
     backends: tuple[str, ...] = ("gloo",)
-    ops: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "pingpong")
+    ops: tuple[str, ...] = (
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "all_to_all",
+        "barrier",
+        "pingpong",
+    )
     min_bytes: int = 8
     max_bytes: int = 1 << 30
     step_factor: float = 2.0
@@ -42,13 +51,19 @@ class BenchOptions:
     def __post_init__(self) -> None:
         unknown = [op for op in self.ops if op not in BENCH_OPS]
         if unknown or not self.ops:
-            raise ValueError(f"--ops: expected a comma-separated subset of {','.join(BENCH_OPS)}, received {','.join(self.ops)!r}")
+            raise ValueError(
+                f"--ops: expected a comma-separated subset of {','.join(BENCH_OPS)}, received {','.join(self.ops)!r}"
+            )
         if not self.backends or any(not name for name in self.backends):
-            raise ValueError(f"--backends: expected a comma-separated list of backend names, received {','.join(self.backends)!r}")
+            raise ValueError(
+                f"--backends: expected a comma-separated list of backend names, received {','.join(self.backends)!r}"
+            )
         if self.dtype not in BENCH_DTYPES:
             raise ValueError(f"--dtype: expected one of {', '.join(BENCH_DTYPES)}, received {self.dtype!r}")
         if self.iters < 1 or self.warmup < 0:
-            raise ValueError(f"--iters/--warmup: expected iters >= 1 and warmup >= 0, received {self.iters} and {self.warmup}")
+            raise ValueError(
+                f"--iters/--warmup: expected iters >= 1 and warmup >= 0, received {self.iters} and {self.warmup}"
+            )
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout: expected a positive number of seconds, received {self.timeout_s}")
         size_sweep(self.min_bytes, self.max_bytes, self.step_factor)  # raises on a bad range

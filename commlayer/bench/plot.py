@@ -7,6 +7,7 @@ inside a panel; barrier, which has no size, gets a bar per backend in the last r
 matplotlib is imported here only, with the Agg backend, so the benchmark runs headless and the
 rest of ``commlayer bench`` works without matplotlib installed (``pip install 'commlayer[bench]'``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,8 +31,13 @@ def write_plot(path: str | Path, records: Sequence[BenchRecord], title: str) -> 
     sized_ops = list(dict.fromkeys(record.op for record in records if record.op != "barrier"))
     barrier = [record for record in records if record.op == "barrier"]
     rows = len(sized_ops) + (1 if barrier else 0)
-    figure, axes = pyplot.subplots(max(rows, 1), 2, figsize=(11, 1 + _ROW_HEIGHT_IN * max(rows, 1)),
-                                   squeeze=False, constrained_layout=True)
+    figure, axes = pyplot.subplots(
+        max(rows, 1),
+        2,
+        figsize=(11, 1 + _ROW_HEIGHT_IN * max(rows, 1)),
+        squeeze=False,
+        constrained_layout=True,
+    )
     for row, op in enumerate(sized_ops):
         _plot_op(axes[row], [record for record in records if record.op == op], op, colours)
     if barrier:
@@ -44,14 +50,28 @@ def write_plot(path: str | Path, records: Sequence[BenchRecord], title: str) -> 
 def _plot_op(row: Any, records: list[BenchRecord], op: str, colours: dict[str, str]) -> None:
     bandwidth_axes, latency_axes = row
     for backend, colour in colours.items():
-        mine = sorted((record for record in records if record.backend == backend), key=lambda record: record.bytes)
+        mine = sorted(
+            (record for record in records if record.backend == backend), key=lambda record: record.bytes
+        )
         if not mine:
             continue
-        bandwidth_axes.plot([r.bytes for r in mine], [r.busbw_gbps for r in mine], marker="o", markersize=3,
-                            color=colour, label=backend)
+        bandwidth_axes.plot(
+            [r.bytes for r in mine],
+            [r.busbw_gbps for r in mine],
+            marker="o",
+            markersize=3,
+            color=colour,
+            label=backend,
+        )
         small = [record for record in mine if record.bytes <= SMALL_MESSAGE_BYTES]
-        latency_axes.plot([r.bytes for r in small], [r.time_us for r in small], marker="o", markersize=3,
-                          color=colour, label=backend)
+        latency_axes.plot(
+            [r.bytes for r in small],
+            [r.time_us for r in small],
+            marker="o",
+            markersize=3,
+            color=colour,
+            label=backend,
+        )
     _style_sizes(bandwidth_axes, f"{op}: busbw (GB/s)")
     _style_sizes(latency_axes, f"{op}: time per op (us), up to {format_size(SMALL_MESSAGE_BYTES)}B")
     latency_axes.set_yscale("log")
@@ -59,7 +79,11 @@ def _plot_op(row: Any, records: list[BenchRecord], op: str, colours: dict[str, s
 
 def _plot_barrier(row: Any, records: list[BenchRecord], colours: dict[str, str]) -> None:
     bars, unused = row
-    drawn = bars.bar([r.backend for r in records], [r.time_us for r in records], color=[colours[r.backend] for r in records])
+    drawn = bars.bar(
+        [r.backend for r in records],
+        [r.time_us for r in records],
+        color=[colours[r.backend] for r in records],
+    )
     bars.bar_label(drawn, fmt="%.1f", fontsize="small")
     bars.set_title("barrier: time per op (us)", fontsize="medium")
     bars.set_axisbelow(True)
@@ -73,7 +97,9 @@ def _style_sizes(axes: Any, title: str) -> None:
     axes.set_xscale("log", base=2)
     axes.set_title(title, fontsize="medium")
     axes.grid(True, which="both", alpha=0.3)
-    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: format_size(int(value)) if value >= 1 else ""))
+    axes.xaxis.set_major_formatter(
+        FuncFormatter(lambda value, _position: format_size(int(value)) if value >= 1 else "")
+    )
     axes.set_xlabel("message size S (bytes)", fontsize="small")
     if axes.get_legend_handles_labels()[0]:
         axes.legend(fontsize="small")

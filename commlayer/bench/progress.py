@@ -3,6 +3,7 @@
 Under ``-n`` the ranks' output goes through the launcher's pipes, so rank 0 appends its steps to
 a file and the parent process, which owns the terminal, draws the bar (:func:`follow_file`).
 """
+
 from __future__ import annotations
 
 import sys

@@ -4,6 +4,7 @@ A JSON file is a list of objects with exactly :data:`RECORD_KEYS`; the CSV file 
 columns in the same order. ``wrong`` counts wrong result elements, summed over ranks: of one
 verification run after the timed iterations, or of every timed iteration with ``--check``.
 """
+
 from __future__ import annotations
 
 import csv

@@ -14,6 +14,7 @@ Example, 2 ranks, ``--backends gloo,ccl``: the default group is gloo (control); 
 and ``group_ccl`` both span ranks [0, 1]; all_reduce on ``group_ccl`` is timed, then its time
 and wrong count travel to rank 0 over the default group.
 """
+
 from __future__ import annotations
 
 import os
@@ -219,18 +220,20 @@ class _Sweep:
         per_rank = gathered.view(self.world_size, 2)
         slowest_us = float(per_rank[:, 0].max())
         algbw = algbw_gbps(nbytes, slowest_us / 1e6)
-        self.records.append(BenchRecord(
-            backend=backend,
-            op=op,
-            bytes=nbytes,
-            count=count,
-            dtype=self.options.dtype,
-            world_size=self.world_size,
-            time_us=slowest_us,
-            algbw_gbps=algbw,
-            busbw_gbps=algbw * busbw_factor(op, self.world_size),
-            wrong=int(per_rank[:, 1].sum()),
-        ))
+        self.records.append(
+            BenchRecord(
+                backend=backend,
+                op=op,
+                bytes=nbytes,
+                count=count,
+                dtype=self.options.dtype,
+                world_size=self.world_size,
+                time_us=slowest_us,
+                algbw_gbps=algbw,
+                busbw_gbps=algbw * busbw_factor(op, self.world_size),
+                wrong=int(per_rank[:, 1].sum()),
+            )
+        )
 
     def _skip_steps(self, backend: str, ops: Any) -> None:
         for op in ops:

@@ -10,6 +10,7 @@ Example (2 ranks, gloo and mpi)::
     op             bytes      gloo       mpi  mpi/gloo
     all_reduce         8     0.000     0.001     2.10x
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -42,7 +43,15 @@ def format_report(result: SweepResult, options: BenchOptions) -> str:
 def format_table(rows: Sequence[BenchRecord], header: str) -> str:
     lines = [header, _line(_COLUMNS)]
     for row in rows:
-        cells = (row.bytes, row.count, row.dtype, f"{row.time_us:.2f}", _bandwidth(row.algbw_gbps), _bandwidth(row.busbw_gbps), row.wrong)
+        cells = (
+            row.bytes,
+            row.count,
+            row.dtype,
+            f"{row.time_us:.2f}",
+            _bandwidth(row.algbw_gbps),
+            _bandwidth(row.busbw_gbps),
+            row.wrong,
+        )
         lines.append(_line(cells))
     return "\n".join(lines)
 

@@ -3,6 +3,7 @@
 The parent passes the options as JSON in ``$COMMLAYER_BENCH_OPTIONS`` and names the files for
 rank 0's result and progress in ``$COMMLAYER_BENCH_RESULT`` / ``$COMMLAYER_BENCH_PROGRESS``.
 """
+
 from __future__ import annotations
 
 import json

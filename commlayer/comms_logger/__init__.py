@@ -23,6 +23,7 @@ Stragglers: in a collective every rank finishes together, so a rank that *arrive
 the least time inside it. In :func:`summary` the rank with the lowest mean latency is the likely
 straggler, and the spread between ``avg_us_min`` and ``avg_us_max`` is the time others waited.
 """
+
 from __future__ import annotations
 
 from ._logger import *

@@ -1,4 +1,5 @@
 """The logger itself: the facade observer, its records and the public functions (see the package doc)."""
+
 from __future__ import annotations
 
 import atexit
@@ -124,7 +125,9 @@ class CommsLogger:
 
     def _record(self, call: _dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
         size = call.group.size()
-        event = TraceEvent(call.op, nbytes, wall_ns / 1e3, seconds * 1e6, call.backend.name, call.group.name, size)
+        event = TraceEvent(
+            call.op, nbytes, wall_ns / 1e3, seconds * 1e6, call.backend.name, call.group.name, size
+        )
         records = self.records
         with records.lock:
             records.rank = call.group.global_rank
@@ -285,7 +288,9 @@ def _accelerators_of(backend: Any) -> tuple[Any, ...]:
     """The torch device modules to synchronise for ops on ``backend`` (initialised ones only)."""
     candidates = _candidates_by_class.get(type(backend))
     if candidates is None:  # once per backend class: CPU-only backends end up with nothing to test
-        modules = [getattr(torch, kind, None) for kind in _ACCELERATORS if kind in backend.capabilities.devices]
+        modules = [
+            getattr(torch, kind, None) for kind in _ACCELERATORS if kind in backend.capabilities.devices
+        ]
         candidates = tuple(module for module in modules if hasattr(module, "is_initialized"))
         _candidates_by_class[type(backend)] = candidates
     return tuple(module for module in candidates if module.is_initialized()) if candidates else ()
@@ -325,9 +330,14 @@ def _report_at_exit(trace_path: str | None) -> None:
         rank = _records.rank
         events = (rank, list(_records.events), _records.dropped_events)
     if trace_path:
-        target = Path(trace_path.replace("{rank}", str(rank)) if "{rank}" in trace_path else f"{trace_path}.rank{rank}")
+        target = Path(
+            trace_path.replace("{rank}", str(rank)) if "{rank}" in trace_path else f"{trace_path}.rank{rank}"
+        )
         target.write_text(json.dumps(chrome_trace([events])), encoding="utf-8")
     if rank == 0 and _records.totals:
         table = format_summary(combine_ranks([_rank_snapshot()]))
-        print(f"{table}\n(rank 0 only: call dist.comms_logger.summary() for every rank)", file=sys.stderr, flush=True)
-
+        print(
+            f"{table}\n(rank 0 only: call dist.comms_logger.summary() for every rank)",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -8,6 +8,7 @@ Example, 2 ranks that each ran 3 all_reduces of 4 KiB, rank 1 arriving late each
     op                 bytes  count  avg_us min (rank)  avg_us max (rank)   min_us   max_us  algbw_GB/s  busbw_GB/s
     all_reduce          4096      3        41.0 (r1)       390.2 (r0)        39.8    401.7       0.010       0.010
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,7 +28,9 @@ def combine_ranks(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _combine_key(per_rank: Sequence[dict[str, Any]], key: str, nbytes: int) -> dict[str, Any]:
     counts = [snapshot["totals"].get(key, {}).get("count", 0) for snapshot in per_rank]
-    present = [(snapshot["rank"], snapshot["totals"][key]) for snapshot in per_rank if key in snapshot["totals"]]
+    present = [
+        (snapshot["rank"], snapshot["totals"][key]) for snapshot in per_rank if key in snapshot["totals"]
+    ]
     means = [(totals["total_s"] / totals["count"], rank) for rank, totals in present]
     fastest_s, fastest_rank = min(means)
     slowest_s, slowest_rank = max(means)
@@ -62,7 +65,11 @@ def format_summary(combined: dict[str, Any]) -> str:
     ]
     for op, sizes in combined["ops"].items():
         for nbytes, row in sizes.items():
-            count = str(row["count"]) if row["count_min"] == row["count_max"] else f"{row['count_min']}-{row['count_max']}"
+            count = (
+                str(row["count"])
+                if row["count_min"] == row["count_max"]
+                else f"{row['count_min']}-{row['count_max']}"
+            )
             fastest = f"{row['avg_us_min']:.1f} (r{row['fastest_rank']})"
             slowest = f"{row['avg_us_max']:.1f} (r{row['slowest_rank']})"
             lines.append(
@@ -79,8 +86,12 @@ def chrome_trace(per_rank: Sequence[tuple[int, Sequence[Any], int]]) -> dict[str
     events: list[dict[str, Any]] = []
     dropped: dict[str, int] = {}
     for rank, rank_events, rank_dropped in per_rank:
-        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}
+        )
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}}
+        )
         events.extend(_trace_event(rank, event) for event in rank_events)
         if rank_dropped:
             dropped[str(rank)] = rank_dropped
@@ -96,7 +107,12 @@ def _trace_event(rank: int, event: Any) -> dict[str, Any]:
         "dur": event.duration_us,
         "pid": rank,
         "tid": 0,
-        "args": {"bytes": event.nbytes, "group": event.group, "group_size": event.group_size, "backend": event.backend},
+        "args": {
+            "bytes": event.nbytes,
+            "group": event.group,
+            "group_size": event.group_size,
+            "backend": event.backend,
+        },
     }
 
 

@@ -4,6 +4,7 @@
 ``mesh["dp"]``, ``mesh["dp", "sp"]``, ``mesh["ep"]`` give sub-meshes with ``.group``. The pure
 rank layout lives in :class:`MeshLayout` (documented there with a worked example).
 """
+
 from __future__ import annotations
 
 from .layout import EXPERT_DIMS, MeshLayout, factorisations, flat_name

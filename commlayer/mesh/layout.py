@@ -24,6 +24,7 @@ group -- average their gradients over an "edp" (expert-data-parallel) group, so 
 With both a "dp" and an "sp" dim, "dp_sp" is the sequence-data-parallel group over which dense
 gradients are reduced (every rank holding the same parameters).
 """
+
 from __future__ import annotations
 
 import math
@@ -164,7 +165,9 @@ class MeshLayout:
         if not dims or unknown or len(set(dims)) != len(dims):
             raise _error("Mesh.__getitem__", "dims", f"distinct names among {valid}", dims, rank)
         if any(dim in EXPERT_DIMS for dim in dims) and len(dims) > 1:
-            raise _error("Mesh.__getitem__", "dims", "'ep' or 'edp' on its own (they are not mesh dims)", dims, rank)
+            raise _error(
+                "Mesh.__getitem__", "dims", "'ep' or 'edp' on its own (they are not mesh dims)", dims, rank
+            )
         in_mesh_order = tuple(dim for dim in self.dim_names if dim in dims)
         if len(dims) > 1 and dims != in_mesh_order:
             raise _error("Mesh.__getitem__", "dims", f"dims in mesh order, i.e. {in_mesh_order}", dims, rank)
@@ -212,8 +215,20 @@ def _check_expert_size(layout: MeshLayout, ep: int, rank: int | None) -> None:
     if ep == 1:
         return
     if "dp" not in layout.dim_names:
-        raise _error("init_mesh", "expert_parallel_size", f"1, since mesh_dim_names {layout.dim_names} has no 'dp' dim to carve experts from", ep, rank)
+        raise _error(
+            "init_mesh",
+            "expert_parallel_size",
+            f"1, since mesh_dim_names {layout.dim_names} has no 'dp' dim to carve experts from",
+            ep,
+            rank,
+        )
     dp = layout.dim_size("dp")
     if dp % ep:
         divisors = [d for d in range(1, dp + 1) if dp % d == 0]
-        raise _error("init_mesh", "expert_parallel_size", f"a divisor of the 'dp' size {dp}: one of {divisors}", ep, rank)
+        raise _error(
+            "init_mesh",
+            "expert_parallel_size",
+            f"a divisor of the 'dp' size {dp}: one of {divisors}",
+            ep,
+            rank,
+        )

@@ -15,6 +15,7 @@ one fixed order (:meth:`MeshLayout.eager_groups`). Flattened combinations other 
 created on first use of ``mesh[dims]``, which is then collective too: every rank must index the
 same combinations in the same order, as with torch's ``DeviceMesh._flatten``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -4,9 +4,17 @@
 runs ``target(*args)`` on each rank of a fresh world (local processes or mpirun) and raises an
 AssertionError carrying every failing rank's traceback. See :mod:`commlayer.testing.harness`.
 """
+
 from __future__ import annotations
 
 from .harness import require_mpirun, run_world
 from .mpi import MpirunError, MpirunPlan, mpirun_plan, mpirun_unavailable_reason
 
-__all__ = ["MpirunError", "MpirunPlan", "mpirun_plan", "mpirun_unavailable_reason", "require_mpirun", "run_world"]
+__all__ = [
+    "MpirunError",
+    "MpirunPlan",
+    "mpirun_plan",
+    "mpirun_unavailable_reason",
+    "require_mpirun",
+    "run_world",
+]

@@ -9,6 +9,7 @@ Per rank, written atomically by the worker (``_worker.py``) and read by the pare
 Exit codes alone cannot tell a Python exception from a crash, and under mpirun the parent sees no
 per-rank exit codes at all; these files can.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,11 +37,17 @@ class ResultsDir:
         self._write(rank, "traceback", text)
 
     def tracebacks(self) -> dict[int, str]:
-        return {rank: self._file(rank, "traceback").read_text(encoding="utf-8") for rank in self._ranks("traceback")}
+        return {
+            rank: self._file(rank, "traceback").read_text(encoding="utf-8")
+            for rank in self._ranks("traceback")
+        }
 
     def started(self) -> dict[int, int]:
         """rank -> pid of every rank that got as far as starting the worker."""
-        return {rank: int(self._file(rank, "started").read_text(encoding="ascii")) for rank in self._ranks("started")}
+        return {
+            rank: int(self._file(rank, "started").read_text(encoding="ascii"))
+            for rank in self._ranks("started")
+        }
 
     def done(self) -> set[int]:
         return self._ranks("done")
@@ -48,7 +55,9 @@ class ResultsDir:
     def vanished(self) -> list[int]:
         """Ranks that started, did not finish and whose process is gone: os._exit, a crash, a kill."""
         finished = self.done() | self._ranks("traceback")
-        return sorted(rank for rank, pid in self.started().items() if rank not in finished and not pid_running(pid))
+        return sorted(
+            rank for rank, pid in self.started().items() if rank not in finished and not pid_running(pid)
+        )
 
     def _write(self, rank: int, kind: str, text: str) -> None:
         # Write-then-rename: the parent polls this directory and must never read half a traceback.

@@ -5,6 +5,7 @@ started the rank) before ``TARGET(*ARGS)`` runs and destroyed after it returns. 
 including one from init or from importing TARGET, is written to the results directory and the rank
 exits 1, so the parent can show the traceback of every failing rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = ResultsDir(Path(os.environ[RESULTS_DIR_ENV]))
     info = discover(os.environ)
     if info is None:
-        raise RuntimeError("commlayer.testing._worker: no launcher variables (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK...) found")
+        raise RuntimeError(
+            "commlayer.testing._worker: no launcher variables (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK...) found"
+        )
     results.mark_started(info.rank, os.getpid())
     # When the harness stops a hung or bystander rank (SIGTERM), its Python stacks go to stderr
     # first, so the report shows where each rank was stuck.
@@ -48,10 +51,14 @@ def resolve_target(target: str) -> Callable[..., object]:
     """``"tests.ranks.compat:main"`` -> the function ``main`` of module ``tests.ranks.compat``."""
     module_name, _, function_name = target.partition(":")
     if not module_name or not function_name:
-        raise ValueError(f"run_world: argument 'target' expected 'package.module:function', received {target!r}")
+        raise ValueError(
+            f"run_world: argument 'target' expected 'package.module:function', received {target!r}"
+        )
     function = getattr(importlib.import_module(module_name), function_name, None)
     if not callable(function):
-        raise TypeError(f"run_world: argument 'target' names {function_name!r}, which module {module_name!r} does not define as a function")
+        raise TypeError(
+            f"run_world: argument 'target' names {function_name!r}, which module {module_name!r} does not define as a function"
+        )
     return function
 
 

@@ -9,6 +9,7 @@ Each rank runs ``python -m commlayer.testing._worker`` (see ``_worker.py``). The
 stops the world, a timeout stops it too, and the AssertionError then carries the traceback of every
 rank that raised plus the tail of every rank's output (under mpirun: of mpirun's tagged output).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,7 +30,14 @@ _LAUNCHERS = ("local", "mpirun")
 _KILL_GRACE_SECONDS = 1.0
 _TAIL_LINES = 30
 # Variables of an outer launcher (pytest itself under torchrun) must not leak into the test world.
-_OUTER_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_OUTER_LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def run_world(
@@ -58,8 +66,14 @@ def run_world(
         command = _worker_command(target, backend, args)
         # Locally a raising rank's exit code stops the world; under mpirun only its traceback can.
         watch = _RanksWatch(results, watch_tracebacks=launcher == "mpirun")
-        options = SuperviseOptions(timeout=timeout, echo=False, forward_signals=False, kill_grace=_KILL_GRACE_SECONDS,
-                                   tail_lines=_TAIL_LINES * (1 if launcher == "local" else world_size), stop_check=watch)
+        options = SuperviseOptions(
+            timeout=timeout,
+            echo=False,
+            forward_signals=False,
+            kill_grace=_KILL_GRACE_SECONDS,
+            tail_lines=_TAIL_LINES * (1 if launcher == "local" else world_size),
+            stop_check=watch,
+        )
         if launcher == "local":
             result = launch(LaunchConfig(command, world_size, env=rank_env, options=options))
         else:
@@ -81,16 +95,26 @@ def require_mpirun() -> None:
         pytest.skip(f"mpirun mode unavailable: {reason}")
 
 
-def _check_arguments(target: str, world_size: int, timeout: float, launcher: str, args: Sequence[str]) -> None:
+def _check_arguments(
+    target: str, world_size: int, timeout: float, launcher: str, args: Sequence[str]
+) -> None:
     module, _, function = target.partition(":") if isinstance(target, str) else ("", "", "")
     if not module or not function:
-        raise ValueError(f"run_world: argument 'target' expected 'package.module:function', received {target!r}")
+        raise ValueError(
+            f"run_world: argument 'target' expected 'package.module:function', received {target!r}"
+        )
     if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"run_world: argument 'world_size' expected an integer >= 1, received {world_size!r}")
+        raise ValueError(
+            f"run_world: argument 'world_size' expected an integer >= 1, received {world_size!r}"
+        )
     if not timeout > 0:
-        raise ValueError(f"run_world: argument 'timeout' expected a positive number of seconds, received {timeout!r}")
+        raise ValueError(
+            f"run_world: argument 'timeout' expected a positive number of seconds, received {timeout!r}"
+        )
     if launcher not in _LAUNCHERS:
-        raise ValueError(f"run_world: argument 'launcher' expected one of {_LAUNCHERS}, received {launcher!r}")
+        raise ValueError(
+            f"run_world: argument 'launcher' expected one of {_LAUNCHERS}, received {launcher!r}"
+        )
     if isinstance(args, str) or not all(isinstance(arg, str) for arg in args):
         raise ValueError(f"run_world: argument 'args' expected a sequence of strings, received {args!r}")
 
@@ -150,7 +174,12 @@ class _WorldState:
 
     @classmethod
     def read(cls, results: ResultsDir, watch: _RanksWatch) -> _WorldState:
-        return cls(results.tracebacks(), frozenset(results.started()), frozenset(results.done()), tuple(watch.vanished))
+        return cls(
+            results.tracebacks(),
+            frozenset(results.started()),
+            frozenset(results.done()),
+            tuple(watch.vanished),
+        )
 
     def unfinished(self, world_size: int) -> list[int]:
         return sorted(set(range(world_size)) - self.done - set(self.tracebacks))
@@ -160,21 +189,31 @@ def _problems(world_size: int, result: LaunchResult, state: _WorldState, local: 
     problems = []
     if result.timed_out:
         never = sorted(set(range(world_size)) - state.started)
-        problems.append(f"timed out after {result.timeout:g}s with {_ranks(state.unfinished(world_size))} still running"
-                        + (f" ({_ranks(never)} never started)" if never else ""))
+        problems.append(
+            f"timed out after {result.timeout:g}s with {_ranks(state.unfinished(world_size))} still running"
+            + (f" ({_ranks(never)} never started)" if never else "")
+        )
     if state.tracebacks:
         problems.append(f"{_ranks(state.tracebacks)} raised")
     silent = _silent_deaths(result, state) if local else {rank: None for rank in state.vanished}
     for rank, code in silent.items():
         how = "exited" if code is None else f"exited with code {code}"
-        problems.append(f"rank {rank} {how} before its target returned, without a Python traceback "
-                        "(os._exit, a crash or a signal)")
+        problems.append(
+            f"rank {rank} {how} before its target returned, without a Python traceback "
+            "(os._exit, a crash or a signal)"
+        )
     unfinished = [rank for rank in state.unfinished(world_size) if rank not in silent]
     if not problems and unfinished:
-        how = "" if result.exit_code == 0 else f" ({result.outcomes[0].label} exited with code {result.exit_code})"
+        how = (
+            ""
+            if result.exit_code == 0
+            else f" ({result.outcomes[0].label} exited with code {result.exit_code})"
+        )
         problems.append(f"{_ranks(unfinished)} never returned from the target{how}")
     if not problems and result.exit_code != 0:
-        problems.append(f"{result.outcomes[0].label} exited with code {result.exit_code} after every rank finished")
+        problems.append(
+            f"{result.outcomes[0].label} exited with code {result.exit_code} after every rank finished"
+        )
     if problems and result.stopped_labels:
         problems.append(f"the harness stopped {', '.join(result.stopped_labels)}")
     return problems
@@ -182,20 +221,34 @@ def _problems(world_size: int, result: LaunchResult, state: _WorldState, local: 
 
 def _silent_deaths(result: LaunchResult, state: _WorldState) -> dict[int, int | None]:
     """Local ranks that ended by themselves (not stopped) with neither a traceback nor a done marker."""
-    return {rank: outcome.exit_code for rank, outcome in enumerate(result.outcomes)
-            if not outcome.stopped and rank not in state.tracebacks and rank not in state.done}
+    return {
+        rank: outcome.exit_code
+        for rank, outcome in enumerate(result.outcomes)
+        if not outcome.stopped and rank not in state.tracebacks and rank not in state.done
+    }
 
 
-def _report(target: str, world_size: int, launcher: str, backend: str | None, problems: list[str],
-            result: LaunchResult, state: _WorldState) -> str:
-    sections = [f"run_world({target!r}, {world_size}, launcher={launcher!r}, backend={backend!r}) failed: "
-                + "; ".join(problems)]
+def _report(
+    target: str,
+    world_size: int,
+    launcher: str,
+    backend: str | None,
+    problems: list[str],
+    result: LaunchResult,
+    state: _WorldState,
+) -> str:
+    sections = [
+        f"run_world({target!r}, {world_size}, launcher={launcher!r}, backend={backend!r}) failed: "
+        + "; ".join(problems)
+    ]
     for rank in sorted(state.tracebacks):
         sections.append(f"---- rank {rank} traceback ----\n{state.tracebacks[rank].rstrip()}")
     for outcome in result.outcomes:
         how = f"exit code {outcome.exit_code}" + (", stopped by the harness" if outcome.stopped else "")
         tail = "\n".join(outcome.output_tail) or "(no output)"
-        sections.append(f"---- {outcome.label} output ({how}), last {len(outcome.output_tail)} lines ----\n{tail}")
+        sections.append(
+            f"---- {outcome.label} output ({how}), last {len(outcome.output_tail)} lines ----\n{tail}"
+        )
     return "\n\n".join(sections)
 
 

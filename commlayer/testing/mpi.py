@@ -13,6 +13,7 @@ MPI with the library of the other gives N singleton worlds, so the two are alway
 * ``COMMLAYER_MPI=intel-mpi`` (or ``mpich``): the Hydra family explicitly;
 * ``COMMLAYER_MPIRUN=/path/to/mpirun``: use this launcher (it is still checked against the library).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,16 +25,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MPIRUN_ENV", "MPI_CHOICE_ENV", "MpirunError", "MpirunPlan", "mpirun_plan", "mpirun_unavailable_reason"]
+__all__ = [
+    "MPIRUN_ENV",
+    "MPI_CHOICE_ENV",
+    "MpirunError",
+    "MpirunPlan",
+    "mpirun_plan",
+    "mpirun_unavailable_reason",
+]
 
 MPI_CHOICE_ENV = "COMMLAYER_MPI"
 MPIRUN_ENV = "COMMLAYER_MPIRUN"
-_CHOICES = {"openmpi": "openmpi", "open-mpi": "openmpi", "ompi": "openmpi",
-            "intel-mpi": "intel-mpi", "intel": "intel-mpi", "impi": "intel-mpi", "mpich": "mpich"}
+_CHOICES = {
+    "openmpi": "openmpi",
+    "open-mpi": "openmpi",
+    "ompi": "openmpi",
+    "intel-mpi": "intel-mpi",
+    "intel": "intel-mpi",
+    "impi": "intel-mpi",
+    "mpich": "mpich",
+}
 # Intel MPI and MPICH share the MPICH ABI and the Hydra process manager: either launcher works.
 _FAMILY = {"openmpi": "openmpi", "intel-mpi": "hydra", "mpich": "hydra"}
-_LAUNCHER_NAMES = {"openmpi": ("ompirun_wrapper", "mpirun", "mpiexec"), "hydra": ("mpiexec.hydra", "mpiexec", "mpirun")}
-_PROBE = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version())"
+_LAUNCHER_NAMES = {
+    "openmpi": ("ompirun_wrapper", "mpirun", "mpiexec"),
+    "hydra": ("mpiexec.hydra", "mpiexec", "mpirun"),
+}
+_PROBE = (
+    "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version())"
+)
 _PROBE_SECONDS = 60
 
 
@@ -93,7 +113,9 @@ def _choice(env: Mapping[str, str]) -> str | None:
     if raw is None:
         return None
     if raw.lower() not in _CHOICES:
-        raise MpirunError(f"{MPI_CHOICE_ENV}: expected one of {sorted(set(_CHOICES.values()))}, received {raw!r}")
+        raise MpirunError(
+            f"{MPI_CHOICE_ENV}: expected one of {sorted(set(_CHOICES.values()))}, received {raw!r}"
+        )
     return _CHOICES[raw.lower()]
 
 
@@ -102,7 +124,9 @@ def _library_flavor(env: Mapping[str, str]) -> str:
     text = _probe_library(tuple(sorted((key, env[key]) for key in _LIBRARY_KEYS if key in env)))
     flavor = _flavor_of(text)
     if flavor is None:
-        raise MpirunError(f"mpirun: cannot tell which MPI mpi4py loads ({text.strip()!r}); set {MPI_CHOICE_ENV}")
+        raise MpirunError(
+            f"mpirun: cannot tell which MPI mpi4py loads ({text.strip()!r}); set {MPI_CHOICE_ENV}"
+        )
     return flavor
 
 
@@ -114,9 +138,18 @@ def _probe_library(library_env: tuple[tuple[str, str], ...]) -> str:
     env = {key: value for key, value in os.environ.items() if key not in _LIBRARY_KEYS}
     env.update(library_env)
     try:
-        probe = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=_PROBE_SECONDS, check=False)
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_SECONDS,
+            check=False,
+        )
     except subprocess.TimeoutExpired as expired:
-        raise MpirunError(f"mpirun: asking mpi4py for its MPI library took over {_PROBE_SECONDS}s") from expired
+        raise MpirunError(
+            f"mpirun: asking mpi4py for its MPI library took over {_PROBE_SECONDS}s"
+        ) from expired
     if probe.returncode != 0:
         raise MpirunError(f"mpirun: mpi4py cannot load an MPI library: {probe.stderr.strip()[-500:]}")
     return probe.stdout
@@ -132,7 +165,9 @@ def _launcher(flavor: str, env: Mapping[str, str]) -> str:
         found = shutil.which(name, path=_search_path(env))
         if found is not None:
             return found
-    raise MpirunError(f"mpirun: no {flavor} launcher ({', '.join(_LAUNCHER_NAMES[_FAMILY[flavor]])}) found; set {MPIRUN_ENV}")
+    raise MpirunError(
+        f"mpirun: no {flavor} launcher ({', '.join(_LAUNCHER_NAMES[_FAMILY[flavor]])}) found; set {MPIRUN_ENV}"
+    )
 
 
 def _search_path(env: Mapping[str, str]) -> str:
@@ -144,7 +179,14 @@ def _search_path(env: Mapping[str, str]) -> str:
 def _version_text(executable: str) -> str:
     env = {**os.environ, **_relocation_env(executable), "PATH": _search_path(os.environ)}
     try:
-        shown = subprocess.run([executable, "--version"], env=env, capture_output=True, text=True, timeout=_PROBE_SECONDS, check=False)
+        shown = subprocess.run(
+            [executable, "--version"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_SECONDS,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return shown.stdout + shown.stderr

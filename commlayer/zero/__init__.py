@@ -11,6 +11,7 @@
 The config takes DeepSpeed's keys (see :mod:`.config`); checkpoints are sharded per rank and
 load at any world size, or into a plain model with :func:`consolidated_state_dict`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +27,14 @@ from .checks import check_model_and_optimizer
 from .config import ZeroConfig, ZeroConfigError, load_config, resolve_batch_sizes
 from .engine import ZeroEngine
 
-__all__ = ["ZeroConfig", "ZeroConfigError", "ZeroEngine", "consolidated_state_dict", "initialize", "load_config"]
+__all__ = [
+    "ZeroConfig",
+    "ZeroConfigError",
+    "ZeroEngine",
+    "consolidated_state_dict",
+    "initialize",
+    "load_config",
+]
 
 
 def initialize(
@@ -44,11 +52,15 @@ def initialize(
         raise NotInitializedError("zero.initialize: call commlayer.dist.init_process_group() first")
     rank = dist.get_rank()
     if config is None:
-        raise ZeroConfigError(f"zero.initialize: argument 'config' expected a dict or a JSON file path, received None (rank {rank})")
+        raise ZeroConfigError(
+            f"zero.initialize: argument 'config' expected a dict or a JSON file path, received None (rank {rank})"
+        )
     checked = load_config(config)
     names, params = check_model_and_optimizer(model, optimizer, checked, rank)
     if mesh is not None and "dp" not in mesh.mesh_dim_names:
-        raise ZeroConfigError(f"zero.initialize: argument 'mesh' expected a mesh with a 'dp' dim, received {mesh!r} (rank {rank})")
+        raise ZeroConfigError(
+            f"zero.initialize: argument 'mesh' expected a mesh with a 'dp' dim, received {mesh!r} (rank {rank})"
+        )
     dp_size = mesh.size("dp") if mesh is not None else dist.get_world_size()
     batch = resolve_batch_sizes(checked, dp_size)
     if mesh is None:

@@ -14,6 +14,7 @@ so a checkpoint loads at any world size and stage: each rank copies the overlap 
 fragments with the saved ones. :func:`consolidated_state_dict` assembles the plain fp32 model
 without any process group.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ FORMAT = 1
 # --- saving ----------------------------------------------------------------------------------
 
 
-def save_checkpoint(engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | None, client_state: dict | None) -> str:
+def save_checkpoint(
+    engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | None, client_state: dict | None
+) -> str:
     """Write the engine's state under ``save_dir/tag`` (collective); returns the tag."""
     _require_whole_world(engine, "save_checkpoint")
     tag = tag or f"global_step{engine.global_steps}"
@@ -50,7 +53,10 @@ def save_checkpoint(engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | 
     dist.barrier(group=engine.group)
     _atomic_save(_rank_payload(engine), partial / f"rank_{rank}.pt")
     if engine.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
-        weights = {k: v.to(engine.train_dtype) if v.is_floating_point() else v for k, v in engine.full_state_dict().items()}
+        weights = {
+            k: v.to(engine.train_dtype) if v.is_floating_point() else v
+            for k, v in engine.full_state_dict().items()
+        }
         if rank == 0:
             _atomic_save(weights, partial / "model_16bit.pt")
     dist.barrier(group=engine.group)
@@ -64,7 +70,9 @@ def save_checkpoint(engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | 
 
 
 def _rank_payload(engine: ZeroEngine) -> dict[str, Any]:
-    optimizer_state = {id(t): engine.optimizer.state.get(t, {}) for _, t in engine.master.trainable_fragments(engine.params)}
+    optimizer_state = {
+        id(t): engine.optimizer.state.get(t, {}) for _, t in engine.master.trainable_fragments(engine.params)
+    }
     fragments = []
     # Unsharded (stage 0): every rank holds everything, so rank 0 alone writes it.
     replica = engine.layout.shards == 1 and engine.group_rank != 0
@@ -72,22 +80,41 @@ def _rank_payload(engine: ZeroEngine) -> dict[str, Any]:
         if replica:
             break
         state = optimizer_state.get(id(values), {})
-        fragments.append({
-            "param": engine.param_names[fragment.param],
-            "start": fragment.start,
-            "numel": fragment.numel,
-            "values": values.detach().reshape(-1).cpu().clone(),
-            "state": {key: _to_cpu(value) for key, value in state.items()},
-        })
+        fragments.append(
+            {
+                "param": engine.param_names[fragment.param],
+                "start": fragment.start,
+                "numel": fragment.numel,
+                "values": values.detach().reshape(-1).cpu().clone(),
+                "state": {key: _to_cpu(value) for key, value in state.items()},
+            }
+        )
     return {"format": FORMAT, "rank": engine.group_rank, "fragments": fragments}
 
 
 def _common_payload(engine: ZeroEngine, client_state: dict | None) -> dict[str, Any]:
     index_of = {id(p): name for p, name in zip(engine.params, engine.param_names)}
-    aliases = {key: index_of[id(value)] for key, value in engine.module.state_dict(keep_vars=True).items() if id(value) in index_of}
-    buffers = {key: value.detach().cpu().clone() for key, value in engine.module.state_dict(keep_vars=True).items() if key not in aliases}
-    groups = [{key: _to_cpu(value) for key, value in group.items() if key != "params"} for group in engine.optimizer.param_groups]
-    return {"format": FORMAT, "param_groups": groups, "aliases": aliases, "buffers": buffers, "client_state": client_state or {}}
+    aliases = {
+        key: index_of[id(value)]
+        for key, value in engine.module.state_dict(keep_vars=True).items()
+        if id(value) in index_of
+    }
+    buffers = {
+        key: value.detach().cpu().clone()
+        for key, value in engine.module.state_dict(keep_vars=True).items()
+        if key not in aliases
+    }
+    groups = [
+        {key: _to_cpu(value) for key, value in group.items() if key != "params"}
+        for group in engine.optimizer.param_groups
+    ]
+    return {
+        "format": FORMAT,
+        "param_groups": groups,
+        "aliases": aliases,
+        "buffers": buffers,
+        "client_state": client_state or {},
+    }
 
 
 def _meta(engine: ZeroEngine) -> dict[str, Any]:
@@ -99,8 +126,10 @@ def _meta(engine: ZeroEngine) -> dict[str, Any]:
         "micro_steps": engine.micro_steps,
         "skipped_steps": engine.skipped_steps,
         "loss_scaler": engine.scaler.state_dict(),
-        "params": [{"name": n, "shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
-                   for n, shape, dtype in zip(engine.param_names, engine.master.shapes, engine.param_dtypes)],
+        "params": [
+            {"name": n, "shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+            for n, shape, dtype in zip(engine.param_names, engine.master.shapes, engine.param_dtypes)
+        ],
     }
 
 
@@ -150,16 +179,22 @@ class _Saved:
         if tag is None:
             latest = root / "latest"
             if not latest.is_file():
-                raise InvalidArgumentError(f"load_checkpoint: argument 'load_dir' expected a checkpoint directory with a 'latest' file, received {str(root)!r}")
+                raise InvalidArgumentError(
+                    f"load_checkpoint: argument 'load_dir' expected a checkpoint directory with a 'latest' file, received {str(root)!r}"
+                )
             tag = latest.read_text().strip()
         self.path = root / tag
         if not (self.path / "meta.json").is_file():
-            raise InvalidArgumentError(f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(self.path)!r} (no meta.json)")
+            raise InvalidArgumentError(
+                f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(self.path)!r} (no meta.json)"
+            )
         self.meta = json.loads((self.path / "meta.json").read_text())
         self.common = torch.load(self.path / "common.pt", map_location="cpu", weights_only=False)
         self.pieces: dict[str, list[dict[str, Any]]] = {}
         for rank in range(self.meta["world_size"]):
-            payload = torch.load(self.path / f"rank_{rank}.pt", map_location="cpu", mmap=True, weights_only=True)
+            payload = torch.load(
+                self.path / f"rank_{rank}.pt", map_location="cpu", mmap=True, weights_only=True
+            )
             for fragment in payload["fragments"]:
                 self.pieces.setdefault(fragment["param"], []).append(fragment)
 
@@ -179,11 +214,17 @@ class _Saved:
     def scalar_state(self, name: str) -> dict[str, Any]:
         """State entries that are not per-element (e.g. Adam's ``step``), from any fragment."""
         for piece in self.pieces.get(name, ()):
-            return {k: v for k, v in piece["state"].items() if not (isinstance(v, torch.Tensor) and v.numel() == piece["numel"] and v.dim() > 0)}
+            return {
+                k: v
+                for k, v in piece["state"].items()
+                if not (isinstance(v, torch.Tensor) and v.numel() == piece["numel"] and v.dim() > 0)
+            }
         return {}
 
 
-def load_checkpoint(engine: ZeroEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool) -> tuple[str, dict]:
+def load_checkpoint(
+    engine: ZeroEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool
+) -> tuple[str, dict]:
     """Load (and reshard, if the world size differs) a checkpoint into ``engine``."""
     saved = _Saved(load_dir, tag)
     _check_params(engine, saved)
@@ -206,8 +247,12 @@ def _check_params(engine: ZeroEngine, saved: _Saved) -> None:
     have = [(n, list(s)) for n, s in zip(engine.param_names, engine.master.shapes)]
     stored = [(p["name"], p["shape"]) for p in saved.meta["params"]]
     if have != stored:
-        differ = [f"{a} vs {b}" for a, b in zip(have, stored) if a != b][:3] or [f"{len(have)} vs {len(stored)} parameters"]
-        raise InvalidArgumentError(f"load_checkpoint: the checkpoint at {str(saved.path)!r} holds a different model: {'; '.join(differ)}")
+        differ = [f"{a} vs {b}" for a, b in zip(have, stored) if a != b][:3] or [
+            f"{len(have)} vs {len(stored)} parameters"
+        ]
+        raise InvalidArgumentError(
+            f"load_checkpoint: the checkpoint at {str(saved.path)!r} holds a different model: {'; '.join(differ)}"
+        )
 
 
 def _load_optimizer(engine: ZeroEngine, saved: _Saved) -> None:
@@ -216,7 +261,9 @@ def _load_optimizer(engine: ZeroEngine, saved: _Saved) -> None:
     device = engine.master.values.device
     for fragment, tensor in engine.master.trainable_fragments(engine.params):
         name = engine.param_names[fragment.param]
-        state = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved.scalar_state(name).items()}
+        state = {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in saved.scalar_state(name).items()
+        }
         keys = {key for piece in saved.pieces.get(name, ()) for key in piece["state"]} - set(state)
         for key in sorted(keys):
             part = saved.assemble(name, fragment.start, fragment.numel, key)

@@ -7,6 +7,7 @@ own code: each model declares its :class:`Deprecated` keys and a before-validato
 so the new field is validated as if the user had written it). The batch keys are reconciled with
 the data-parallel size by :func:`resolve_batch_sizes`, with DeepSpeed's arithmetic.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,12 @@ def _migrate(section: str, data: dict[str, Any], entry: Deprecated) -> None:
                 f"cannot migrate deprecated key {entry.old!r} into {entry.new!r}: {parent!r} is not a section"
             )
     if leaf in target:
-        raise ValueError(f"give either the deprecated key {entry.old!r} or its replacement {entry.new!r}, not both")
-    warnings.warn(f"config key {entry.old!r} is deprecated; use {entry.new!r} instead", FutureWarning, stacklevel=2)
+        raise ValueError(
+            f"give either the deprecated key {entry.old!r} or its replacement {entry.new!r}, not both"
+        )
+    warnings.warn(
+        f"config key {entry.old!r} is deprecated; use {entry.new!r} instead", FutureWarning, stacklevel=2
+    )
     target[leaf] = entry.convert(data.pop(entry.old))
 
 
@@ -163,7 +168,11 @@ class ZeroConfig(_Section):
     def _legacy_boolean_zero(cls, value: Any) -> Any:
         """Early DeepSpeed configs wrote ``"zero_optimization": true`` for stage 1."""
         if isinstance(value, bool):
-            warnings.warn("'zero_optimization': true/false is deprecated; use {'stage': 1} or {'stage': 0}", FutureWarning, stacklevel=2)
+            warnings.warn(
+                "'zero_optimization': true/false is deprecated; use {'stage': 1} or {'stage': 0}",
+                FutureWarning,
+                stacklevel=2,
+            )
             return {"stage": int(value)}
         return value
 
@@ -186,7 +195,9 @@ class ZeroConfig(_Section):
     @property
     def reduce_dtype(self) -> torch.dtype:
         names = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        return self.train_dtype if self.communication_data_type is None else names[self.communication_data_type]
+        return (
+            self.train_dtype if self.communication_data_type is None else names[self.communication_data_type]
+        )
 
 
 def load_config(config: ZeroConfig | dict[str, Any] | str | Path) -> ZeroConfig:
@@ -196,7 +207,9 @@ def load_config(config: ZeroConfig | dict[str, Any] | str | Path) -> ZeroConfig:
     if isinstance(config, (str, Path)):
         config = _read_json(Path(config))
     if not isinstance(config, dict):
-        raise ZeroConfigError(f"initialize: argument 'config' expected a dict or a JSON file path, received {type(config).__name__}")
+        raise ZeroConfigError(
+            f"initialize: argument 'config' expected a dict or a JSON file path, received {type(config).__name__}"
+        )
     try:
         return ZeroConfig.model_validate(config)
     except ValidationError as error:
@@ -207,7 +220,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except OSError as error:
-        raise ZeroConfigError(f"initialize: argument 'config' expected a readable JSON file, received {str(path)!r} ({error.strerror})") from None
+        raise ZeroConfigError(
+            f"initialize: argument 'config' expected a readable JSON file, received {str(path)!r} ({error.strerror})"
+        ) from None
     except json.JSONDecodeError as error:
         raise ZeroConfigError(f"initialize: config file {str(path)!r} is not valid JSON: {error}") from None
 
@@ -218,7 +233,9 @@ def _describe(error: ValidationError) -> str:
         where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
         message = problem["msg"].removeprefix("Value error, ")
         quote_input = problem["loc"] and "unknown key" not in message
-        lines.append(f"  {where}: {message}" + (f" (received {problem.get('input')!r})" if quote_input else ""))
+        lines.append(
+            f"  {where}: {message}" + (f" (received {problem.get('input')!r})" if quote_input else "")
+        )
     return "invalid ZeRO config:\n" + "\n".join(lines)
 
 
@@ -247,7 +264,9 @@ def resolve_batch_sizes(config: ZeroConfig, dp_size: int) -> BatchSizes:
         config.gradient_accumulation_steps,
     )
     if train is None and micro is None:
-        raise ZeroConfigError("config: either train_batch_size or train_micro_batch_size_per_gpu must be given")
+        raise ZeroConfigError(
+            "config: either train_batch_size or train_micro_batch_size_per_gpu must be given"
+        )
     if train is not None and micro is not None and accumulation is None:
         accumulation = train // micro // dp_size
     elif train is not None and micro is None:

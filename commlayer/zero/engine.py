@@ -13,6 +13,7 @@ fp32 master weights and optimizer state; stage 2 also shards gradients (reduce-s
 during backward); stage 3 also shards parameters (see :mod:`.stage3`). The partition group is
 the mesh's "dp" group, or "dp_sp" when the mesh has sequence parallelism.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,7 +56,13 @@ class ZeroEngine:
         names: list[str],
         params: list[torch.nn.Parameter],
     ) -> None:
-        self.module, self.optimizer, self.config, self.batch, self.mesh = model, optimizer, config, batch, mesh
+        self.module, self.optimizer, self.config, self.batch, self.mesh = (
+            model,
+            optimizer,
+            config,
+            batch,
+            mesh,
+        )
         self.param_names, self.params = names, params
         self.param_dtypes = [p.dtype for p in params]
         self.train_dtype = config.train_dtype
@@ -67,7 +74,9 @@ class ZeroEngine:
         self._last_grad_norm: torch.Tensor | None = None
         self._backward_done = False
         self.layout = self._plan_layout()
-        self.master = MasterShard(self.layout, self.group_rank if self.layout.shards > 1 else 0, params, self.device)
+        self.master = MasterShard(
+            self.layout, self.group_rank if self.layout.shards > 1 else 0, params, self.device
+        )
         self.runtime = self._build_runtime()
         self._take_rank0_values()
         self.master.attach(optimizer, params)
@@ -79,7 +88,9 @@ class ZeroEngine:
         stage = self.config.stage
         if stage == 3:
             zero = self.config.zero_optimization
-            self.unit_plans = plan_units(self.module, self.params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel)
+            self.unit_plans = plan_units(
+                self.module, self.params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel
+            )
             groups = [plan.params for plan in self.unit_plans]
         else:
             # Reverse registration order: roughly the order in which backward produces gradients.
@@ -96,11 +107,29 @@ class ZeroEngine:
         gather_group = self._gather_group() if stage >= 1 else None
         if stage == 3:
             assert gather_group is not None
-            return PartitionedParams(self.params, self.param_names, self.unit_plans, self.layout, self.master, reducer, gather_group,
-                                     train_dtype=self.train_dtype, prefetch_numel=zero.stage3_prefetch_bucket_size)
-        return ReplicatedParams(self.params, self.param_names, self.layout, self.master, reducer, gather_group,
-                                full_grads=full_grads, train_dtype=self.train_dtype, overlap=zero.overlap,
-                                allgather_numel=zero.allgather_bucket_size)
+            return PartitionedParams(
+                self.params,
+                self.param_names,
+                self.unit_plans,
+                self.layout,
+                self.master,
+                reducer,
+                gather_group,
+                train_dtype=self.train_dtype,
+                prefetch_numel=zero.stage3_prefetch_bucket_size,
+            )
+        return ReplicatedParams(
+            self.params,
+            self.param_names,
+            self.layout,
+            self.master,
+            reducer,
+            gather_group,
+            full_grads=full_grads,
+            train_dtype=self.train_dtype,
+            overlap=zero.overlap,
+            allgather_numel=zero.allgather_bucket_size,
+        )
 
     def _gather_group(self) -> ProcessGroup:
         return self.mesh[partition_dims(self.mesh)].duplicate_group()
@@ -111,7 +140,9 @@ class ZeroEngine:
         for segment in self.layout.segments:
             full = torch.zeros(segment.padded_numel, dtype=torch.float32, device=self.device)
             for slot in segment.slots:
-                full[slot.offset : slot.offset + slot.numel].copy_(self.params[slot.param].detach().reshape(-1))
+                full[slot.offset : slot.offset + slot.numel].copy_(
+                    self.params[slot.param].detach().reshape(-1)
+                )
             dist.broadcast(full, src=source, group=self.group)
             self.runtime.adopt(segment, full)
         self.runtime.install()
@@ -151,8 +182,10 @@ class ZeroEngine:
     def step(self) -> None:
         """Count a micro-step; on the accumulation boundary, step the optimizer."""
         if not self._backward_done:
-            raise RuntimeError("zero: engine.step() without engine.backward(loss) since the last step; "
-                               "each micro-step is engine(...), engine.backward(loss), engine.step()")
+            raise RuntimeError(
+                "zero: engine.step() without engine.backward(loss) since the last step; "
+                "each micro-step is engine(...), engine.backward(loss), engine.step()"
+            )
         self._backward_done = False
         boundary = self.is_gradient_accumulation_boundary()
         self.micro_steps += 1
@@ -167,7 +200,11 @@ class ZeroEngine:
         overflow = self.config.fp16.enabled and self._any_rank_overflowed()
         if overflow:
             self.skipped_steps += 1
-            log.info("step %d skipped: fp16 gradient overflow at loss scale %g", self.global_steps, self.scaler.scale)
+            log.info(
+                "step %d skipped: fp16 gradient overflow at loss scale %g",
+                self.global_steps,
+                self.scaler.scale,
+            )
         else:
             factor = self._gradient_factor()
             grads = self.master.fold_pending()
@@ -205,8 +242,14 @@ class ZeroEngine:
         if every and self.global_steps % every == 0 and dist.get_rank() == 0:
             norm = None if self._last_grad_norm is None else round(float(self._last_grad_norm.item()), 6)
             lr = [group.get("lr") for group in self.optimizer.param_groups]
-            log.warning("step=%d skipped=%d lr=%s loss_scale=%g grad_norm=%s", self.global_steps,
-                        self.skipped_steps, lr, self.scaler.scale, norm)
+            log.warning(
+                "step=%d skipped=%d lr=%s loss_scale=%g grad_norm=%s",
+                self.global_steps,
+                self.skipped_steps,
+                lr,
+                self.scaler.scale,
+                norm,
+            )
 
     # --- state -------------------------------------------------------------------------------
 
@@ -242,6 +285,7 @@ class ZeroEngine:
         with accumulation); ``master``: the fp32 shard; ``master_grads``: its fp32 gradient plus
         reduced pieces not yet folded (zero between steps); ``optimizer``: the optimizer state.
         """
+
         def size(tensor: torch.Tensor | None) -> int:
             return 0 if tensor is None else tensor.untyped_storage().nbytes()
 
@@ -252,8 +296,13 @@ class ZeroEngine:
             params, full_grads = sum(size(unit.full) for unit in runtime.units), 0
         state = [value for values in self.optimizer.state.values() for value in values.values()]
         optimizer = sum(size(value) for value in state if isinstance(value, torch.Tensor) and value.dim() > 0)
-        return {"params": params, "full_grads": full_grads, "master": size(self.master.values),
-                "master_grads": self.master.grad_bytes(), "optimizer": optimizer}
+        return {
+            "params": params,
+            "full_grads": full_grads,
+            "master": size(self.master.values),
+            "master_grads": self.master.grad_bytes(),
+            "optimizer": optimizer,
+        }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights (fp32 masters in the original dtypes) and buffers, on CPU.
@@ -272,7 +321,9 @@ class ZeroEngine:
 
         return save_checkpoint(self, save_dir, tag, client_state)
 
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True) -> tuple[str, dict]:
+    def load_checkpoint(
+        self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True
+    ) -> tuple[str, dict]:
         from .checkpoint import load_checkpoint
 
         return load_checkpoint(self, load_dir, tag, load_optimizer_states)

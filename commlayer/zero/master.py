@@ -13,6 +13,7 @@ only each group's ``params`` list is replaced by the *fragments* of those parame
 owns -- views into one flat fp32 tensor. For element-wise optimizers (Adam, AdamW, SGD, ...)
 stepping fragments is exactly stepping the whole parameters, restricted to this rank's elements.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,7 +30,9 @@ __all__ = ["MasterShard"]
 class MasterShard:
     """``values`` and ``grads``: this rank's flat fp32 shard of every segment, end to end."""
 
-    def __init__(self, layout: FlatLayout, rank: int, params: Sequence[torch.Tensor], device: torch.device) -> None:
+    def __init__(
+        self, layout: FlatLayout, rank: int, params: Sequence[torch.Tensor], device: torch.device
+    ) -> None:
         self.layout = layout
         self.rank = rank
         self.values = torch.zeros(layout.shard_numel, dtype=torch.float32, device=device)
@@ -109,14 +112,18 @@ class MasterShard:
         for segment in self.layout.segments:
             whole = self.gather_segment(segment, group)
             for slot in segment.slots:
-                gathered[slot.param] = whole[slot.offset : slot.offset + slot.numel].view(self.shapes[slot.param])
+                gathered[slot.param] = whole[slot.offset : slot.offset + slot.numel].view(
+                    self.shapes[slot.param]
+                )
         return gathered
 
     # --- optimizer ---------------------------------------------------------------------------
 
     def attach(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> None:
         """Replace each group's parameters by this rank's trainable fragments of them."""
-        group_of = {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        group_of = {
+            id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]
+        }
         per_group: list[list[torch.Tensor]] = [[] for _ in optimizer.param_groups]
         for fragment, tensor in zip(self.fragments, self.fragment_values):
             param = params[fragment.param]
@@ -132,7 +139,9 @@ class MasterShard:
             if tensor.grad is not grad:
                 tensor.grad = grad
 
-    def trainable_fragments(self, params: Sequence[torch.nn.Parameter]) -> list[tuple[Fragment, torch.Tensor]]:
+    def trainable_fragments(
+        self, params: Sequence[torch.nn.Parameter]
+    ) -> list[tuple[Fragment, torch.Tensor]]:
         """(fragment, master view) pairs of the parameters the optimizer steps, in shard order."""
         return [(f, t) for f, t in zip(self.fragments, self.fragment_values) if params[f.param].requires_grad]
 

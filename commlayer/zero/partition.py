@@ -14,6 +14,7 @@ Example: parameters of 5, 3 and 6 elements in one segment, 2 shards, alignment 4
 A parameter may straddle two shards; each rank then holds one *fragment* of it (a contiguous
 run of its flattened elements), which is what the optimizer steps.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -97,7 +98,9 @@ class FlatLayout:
                 start, end = max(low, slot.offset), min(high, slot.offset + slot.numel)
                 if start < end:
                     master = segment.shard_offset + start - low
-                    found.append(Fragment(slot.param, start - slot.offset, end - start, master, segment.index))
+                    found.append(
+                        Fragment(slot.param, start - slot.offset, end - start, master, segment.index)
+                    )
         return tuple(found)
 
 
@@ -118,7 +121,9 @@ def bucket_indices(numels: Sequence[int], order: Sequence[int], bucket_numel: in
     return [bucket for bucket in buckets if bucket]
 
 
-def build_layout(groups: Sequence[Sequence[int]], numels: Sequence[int], shards: int, alignment: int) -> FlatLayout:
+def build_layout(
+    groups: Sequence[Sequence[int]], numels: Sequence[int], shards: int, alignment: int
+) -> FlatLayout:
     """One segment per group of parameter indices, in the given order."""
     segments = []
     shard_offset = offset = 0

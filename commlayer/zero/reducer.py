@@ -9,6 +9,7 @@ piece is handed to the master shard, which keeps it in the reduction dtype and f
 the fp32 gradient only when the step (or the next micro-step's accumulation) needs it. Launch order is the caller's business: every rank must launch the same
 segments in the same order, since each is one collective on a shared communicator.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -35,7 +36,9 @@ class _InFlight:
 class GradientReducer:
     """Launches segment reductions and folds finished ones into the master gradient."""
 
-    def __init__(self, group: ProcessGroup, master: MasterShard, reduce_dtype: torch.dtype, max_in_flight: int | None) -> None:
+    def __init__(
+        self, group: ProcessGroup, master: MasterShard, reduce_dtype: torch.dtype, max_in_flight: int | None
+    ) -> None:
         self.group = group
         self.master = master
         self.reduce_dtype = reduce_dtype

@@ -16,6 +16,7 @@ With ``overlap_comm`` a segment is reduced from the backward hooks as soon as al
 arrived, in segment order (segments hold parameters in reverse registration order, which is
 roughly the order backward produces them); otherwise everything is reduced after backward.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -49,8 +50,19 @@ class ReplicatedParams:
         overlap: bool,
         allgather_numel: int,
     ) -> None:
-        self.params, self.names, self.layout, self.master, self.reducer = list(params), list(names), layout, master, reducer
-        self.gather_group, self.full_grads, self.overlap, self.allgather_numel = gather_group, full_grads, overlap, allgather_numel
+        self.params, self.names, self.layout, self.master, self.reducer = (
+            list(params),
+            list(names),
+            layout,
+            master,
+            reducer,
+        )
+        self.gather_group, self.full_grads, self.overlap, self.allgather_numel = (
+            gather_group,
+            full_grads,
+            overlap,
+            allgather_numel,
+        )
         device = self.params[0].device
         self.flat = torch.zeros(layout.padded_numel, dtype=train_dtype, device=device)
         self.param_views = self._views(self.flat)
@@ -58,13 +70,19 @@ class ReplicatedParams:
         self.grad_views = self._views(self.grad_flat) if self.grad_flat is not None else None
         self.segment_of = {slot.param: segment for segment in layout.segments for slot in segment.slots}
         self.slot_of = {slot.param: slot for segment in layout.segments for slot in segment.slots}
-        self.expected = [sum(self.params[s.param].requires_grad for s in segment.slots) for segment in layout.segments]
+        self.expected = [
+            sum(self.params[s.param].requires_grad for s in segment.slots) for segment in layout.segments
+        ]
         self._staging: dict[int, torch.Tensor] = {}
         self._arrived: list[set[int]] = [set() for _ in layout.segments]
         self._next_launch = 0
         self._counting = False
         self._inside_backward = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._hook_for(i)) for i, p in enumerate(self.params) if p.requires_grad]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._hook_for(i))
+            for i, p in enumerate(self.params)
+            if p.requires_grad
+        ]
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         views: list[torch.Tensor] = [flat] * len(self.params)
@@ -79,7 +97,9 @@ class ReplicatedParams:
     def adopt(self, segment: Segment, full: torch.Tensor) -> None:
         """Take the (broadcast) fp32 values of a whole segment: working copy and master shard."""
         self.flat[segment.offset : segment.offset + segment.padded_numel].copy_(full)
-        low, high = segment.shard_range(self.master.rank) if self.layout.shards > 1 else (0, segment.padded_numel)
+        low, high = (
+            segment.shard_range(self.master.rank) if self.layout.shards > 1 else (0, segment.padded_numel)
+        )
         self.master.segment_values(segment).copy_(full[low:high])
 
     def install(self) -> None:
@@ -138,14 +158,19 @@ class ReplicatedParams:
 
     def _staging_for(self, segment: Segment) -> torch.Tensor:
         if segment.index not in self._staging:
-            buffer = torch.empty(segment.padded_numel, dtype=self.reducer.reduce_dtype, device=self.flat.device)
+            buffer = torch.empty(
+                segment.padded_numel, dtype=self.reducer.reduce_dtype, device=self.flat.device
+            )
             buffer[segment.numel :].zero_()
             self._staging[segment.index] = buffer
         return self._staging[segment.index]
 
     def _launch_ready(self) -> None:
         segments = self.layout.segments
-        while self._next_launch < len(segments) and len(self._arrived[self._next_launch]) == self.expected[self._next_launch]:
+        while (
+            self._next_launch < len(segments)
+            and len(self._arrived[self._next_launch]) == self.expected[self._next_launch]
+        ):
             self._launch(segments[self._next_launch])
 
     def _launch(self, segment: Segment) -> None:
@@ -158,7 +183,9 @@ class ReplicatedParams:
             self.reducer.launch(segment, self._staging.pop(segment.index))
         else:
             assert self.grad_flat is not None
-            self.reducer.launch(segment, self.grad_flat[segment.offset : segment.offset + segment.padded_numel])
+            self.reducer.launch(
+                segment, self.grad_flat[segment.offset : segment.offset + segment.padded_numel]
+            )
 
     def finish_backward(self) -> None:
         """Reduce whatever is left (unused parameters, or everything without overlap), in order."""

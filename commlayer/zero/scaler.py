@@ -7,6 +7,7 @@ is skipped on every rank (the engine all-reduces the overflow flag first) and, o
 doubles. Example, defaults (2**16, window 1000, hysteresis 2): overflow at step 10 keeps 65536
 (hysteresis 2 -> 1), a second at step 11 halves to 32768; steps 12..1011 clean -> 65536 again.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -67,5 +68,9 @@ class LossScaler:
         return {"scale": self.scale, "tolerance_left": self.tolerance_left, "clean_steps": self.clean_steps}
 
     def with_state(self, state: dict[str, Any]) -> LossScaler:
-        return replace(self, scale=float(state["scale"]), tolerance_left=int(state["tolerance_left"]),
-                       clean_steps=int(state["clean_steps"]))
+        return replace(
+            self,
+            scale=float(state["scale"]),
+            tolerance_left=int(state["tolerance_left"]),
+            clean_steps=int(state["clean_steps"]),
+        )

@@ -17,6 +17,7 @@ the tensors that forward saved for backward.
 Gathers and reductions run on two communicators, so each is ordered the same on every rank on
 its own and a prefetch never queues behind a reduction.
 """
+
 from __future__ import annotations
 
 import enum
@@ -44,14 +45,21 @@ class _State(enum.Enum):
 
 class _Unit:
     def __init__(
-        self, plan: UnitPlan, segment: Segment, params: Sequence[torch.nn.Parameter], dtype: torch.dtype, device: torch.device
+        self,
+        plan: UnitPlan,
+        segment: Segment,
+        params: Sequence[torch.nn.Parameter],
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         self.plan, self.segment = plan, segment
         self.index = segment.index
         self.params = [params[slot.param] for slot in segment.slots]
         self.full = torch.empty(segment.padded_numel, dtype=dtype, device=device)
         self.nbytes = self.full.untyped_storage().nbytes()
-        self.views = [self.full[s.offset : s.offset + s.numel].view(p.shape) for s, p in zip(segment.slots, self.params)]
+        self.views = [
+            self.full[s.offset : s.offset + s.numel].view(p.shape) for s, p in zip(segment.slots, self.params)
+        ]
         self.full.untyped_storage().resize_(0)
         self.expected = {s.param for s, p in zip(segment.slots, self.params) if p.requires_grad}
         self.state = _State.FREE
@@ -77,10 +85,19 @@ class PartitionedParams:
         train_dtype: torch.dtype,
         prefetch_numel: int,
     ) -> None:
-        self.params, self.names, self.layout, self.master, self.reducer = list(params), list(names), layout, master, reducer
+        self.params, self.names, self.layout, self.master, self.reducer = (
+            list(params),
+            list(names),
+            layout,
+            master,
+            reducer,
+        )
         self.gather_group, self.train_dtype, self.prefetch_numel = gather_group, train_dtype, prefetch_numel
         device = master.values.device
-        self.units = [_Unit(plan, segment, self.params, train_dtype, device) for plan, segment in zip(plans, layout.segments)]
+        self.units = [
+            _Unit(plan, segment, self.params, train_dtype, device)
+            for plan, segment in zip(plans, layout.segments)
+        ]
         self.unit_of = {slot.param: unit for unit in self.units for slot in unit.segment.slots}
         self.slot_of = {slot.param: slot for unit in self.units for slot in unit.segment.slots}
         self._placeholder = torch.empty(0, dtype=train_dtype, device=device)
@@ -207,7 +224,9 @@ class PartitionedParams:
             unit = self.unit_of[index]
             slot = self.slot_of[index]
             if unit.staging is None:
-                unit.staging = torch.zeros(unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=param.device)
+                unit.staging = torch.zeros(
+                    unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=param.device
+                )
             unit.staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
             param.grad = None
             unit.arrived.add(index)
@@ -219,7 +238,9 @@ class PartitionedParams:
     def _reduce(self, unit: _Unit) -> None:
         staging = unit.staging
         if staging is None:  # no gradient reached this unit: it still takes part, with zeros
-            staging = torch.zeros(unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=unit.full.device)
+            staging = torch.zeros(
+                unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=unit.full.device
+            )
         unit.staging, unit.reduced = None, True
         self.reducer.launch(unit.segment, staging)
         self._free(unit)

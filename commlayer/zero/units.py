@@ -12,6 +12,7 @@ Example, a GPT with 24 blocks of 12.6M parameters, 32.8M-parameter token embeddi
 whose 2k parameters are below ``min_numel``), ``tok``, ``pos`` (1M), each of the 24 blocks, and
 ``head``: 28 units, in that (pre-)order.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -33,7 +34,9 @@ class UnitPlan:
     params: tuple[int, ...]  # indices into the engine's parameter list
 
 
-def plan_units(model: nn.Module, params: Sequence[torch.Tensor], max_numel: int, min_numel: int) -> list[UnitPlan]:
+def plan_units(
+    model: nn.Module, params: Sequence[torch.Tensor], max_numel: int, min_numel: int
+) -> list[UnitPlan]:
     """The root unit first, then the other units in pre-order."""
     index_of = {id(p): i for i, p in enumerate(params)}
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))

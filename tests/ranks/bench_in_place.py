@@ -1,4 +1,5 @@
 """Rank body for tests/test_bench_cli.py: `commlayer bench` run in place on every rank, as torchrun would."""
+
 from __future__ import annotations
 
 import argparse

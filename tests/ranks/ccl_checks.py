@@ -4,6 +4,7 @@ Run by tests/test_ccl.py as ``run_world("tests.ranks.ccl_checks:main", n, backen
 Layout for a world of 4: ``low = new_group([0, 1])`` and ``high = new_group([1, 2, 3])`` overlap
 on global rank 1, which holds two oneCCL communicators (two KVS servers) besides WORLD's.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,14 @@ from ._values import assert_equal, reduced, values
 # The issue's contract, spelled out instead of read from the backend's declared capabilities,
 # so a narrowed declaration cannot silently shrink what is tested.
 REQUIRED_DTYPES = (
-    torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8, torch.int8,
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.int8,
 )
 REQUIRED_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
@@ -63,7 +71,9 @@ def check_many_async_ops_in_flight() -> None:
     for k, tensor in enumerate(summed):
         expected = reduced(list(range(world)), torch.float32, ReduceOp.SUM, numel=1000 + k, salt=k)
         assert_equal(tensor, expected, f"in-flight all_reduce {k}")
-    assert_equal(gathered, torch.cat([values(r, torch.int64, numel=5) for r in range(world)]), "in-flight all_gather")
+    assert_equal(
+        gathered, torch.cat([values(r, torch.int64, numel=5) for r in range(world)]), "in-flight all_gather"
+    )
     assert_equal(shout, values(0, torch.float64, numel=7), "in-flight broadcast")
 
 
@@ -87,7 +97,9 @@ def check_overlapping_subgroups() -> None:
             assert_equal(tensor, values(me, torch.int32, numel=6), f"non-member tensor untouched {ranks}")
             continue
         work.wait()
-        assert_equal(tensor, reduced(ranks, torch.int32, ReduceOp.SUM, numel=6), f"subgroup {ranks} all_reduce")
+        assert_equal(
+            tensor, reduced(ranks, torch.int32, ReduceOp.SUM, numel=6), f"subgroup {ranks} all_reduce"
+        )
     if me in high_ranks:
         root = high_ranks[-1]
         tensor = values(me, torch.bfloat16, numel=4)

@@ -4,6 +4,7 @@ Run by tests/test_ccl.py through run_world (each in a fresh process, since oneCC
 settings once per process). The single-rank bodies play one member of a two-rank group whose
 other member is only simulated through the store, so the failure is exactly the one wanted.
 """
+
 from __future__ import annotations
 
 import time

@@ -4,6 +4,7 @@ tests/test_hccl.py runs them with ``tests/doubles/fake_torch_npu_double`` on PYT
 ``import torch_npu`` below loads the double: "hccl" becomes a torch backend that is gloo
 underneath, registered for CPU tensors, and ``torch.npu`` reports one NPU.
 """
+
 from __future__ import annotations
 
 import os

@@ -14,6 +14,7 @@ World of 3, every rank runs the same sequence (S as nccl-tests counts it)::
 Values are distinct per rank and element, and every result is checked exactly, so the logger is
 shown not to disturb the data.
 """
+
 from __future__ import annotations
 
 import json
@@ -95,11 +96,11 @@ def _run_scatters(rank: int, size: int) -> None:
     inputs = [torch.arange(6, dtype=torch.float32) * (r + 1) for r in range(size)]
     output = torch.zeros(2, dtype=torch.float32)
     dist.reduce_scatter_tensor(output, inputs[rank])
-    _same(output, sum(inputs)[2 * rank: 2 * rank + 2], "reduce_scatter_tensor")
+    _same(output, sum(inputs)[2 * rank : 2 * rank + 2], "reduce_scatter_tensor")
     sent = [torch.arange(6, dtype=torch.int32) + 100 * r for r in range(size)]
     received = torch.zeros(6, dtype=torch.int32)
     dist.all_to_all_single(received, sent[rank])
-    _same(received, torch.cat([sent[r][2 * rank: 2 * rank + 2] for r in range(size)]), "all_to_all_single")
+    _same(received, torch.cat([sent[r][2 * rank : 2 * rank + 2] for r in range(size)]), "all_to_all_single")
 
 
 def _check_trace(path: Path, size: int) -> None:
@@ -108,7 +109,11 @@ def _check_trace(path: Path, size: int) -> None:
     per_rank = {pid: sum(1 for event in complete if event["pid"] == pid) for pid in range(size)}
     assert per_rank == {pid: sum(EXPECTED_COUNTS.values()) for pid in range(size)}, per_rank
     assert all(event["dur"] > 0 and "bytes" in event["args"] for event in complete)
-    names = {event["args"]["name"] for event in trace["traceEvents"] if event["ph"] == "M" and event["name"] == "process_name"}
+    names = {
+        event["args"]["name"]
+        for event in trace["traceEvents"]
+        if event["ph"] == "M" and event["name"] == "process_name"
+    }
     assert names == {f"rank {pid}" for pid in range(size)}
 
 
@@ -122,9 +127,13 @@ def _check_filter_and_disable(rank: int, size: int) -> None:
     comms_logger.disable()
     assert _dispatch._observer is None and not comms_logger.is_enabled()
     dist.all_gather_into_tensor(torch.empty(2 * size), torch.ones(2))
-    assert comms_logger.stats()["all_gather_into_tensor"][8 * size]["count"] == 1, "disabled logger still counts"
+    assert comms_logger.stats()["all_gather_into_tensor"][8 * size]["count"] == 1, (
+        "disabled logger still counts"
+    )
 
 
 def _same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     if not torch.equal(actual, expected.to(actual.dtype)):
-        raise AssertionError(f"{what} on rank {dist.get_rank()}: expected {expected.tolist()}, got {actual.tolist()}")
+        raise AssertionError(
+            f"{what} on rank {dist.get_rank()}: expected {expected.tolist()}, got {actual.tolist()}"
+        )

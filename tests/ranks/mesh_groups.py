@@ -5,6 +5,7 @@ contributes ``2**rank`` (plus a second, rank-distinct element), so the sum is th
 ranks that took part: a group reducing over one rank too many or too few gives a different mask.
 The expected members are written out by hand, not taken from the layout code under test.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,12 @@ DP_SP = {
 # (4,) mesh ("dp",), ep=2.
 DP_ONLY = {"dp": [[0, 1, 2, 3]], "ep": [[0, 1], [2, 3]], "edp": [[0, 2], [1, 3]]}
 # (1, 2, 2) mesh ("pp", "dp", "tp"): rank = 2 * dp + tp; flattened combos are created lazily.
-PP_DP_TP = {"pp": [[0], [1], [2], [3]], "tp": [[0, 1], [2, 3]], ("dp", "tp"): [[0, 1, 2, 3]], ("pp", "tp"): [[0, 1], [2, 3]]}
+PP_DP_TP = {
+    "pp": [[0], [1], [2], [3]],
+    "tp": [[0, 1], [2, 3]],
+    ("dp", "tp"): [[0, 1, 2, 3]],
+    ("pp", "tp"): [[0, 1], [2, 3]],
+}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ Every rank and element gets a distinct value (rank * 1000 + index) and every res
 exactly. The subgroup used below, in a world of 3, is global ranks [2, 0] (sorted to (0, 2)), so
 group rank 1 is global rank 2 and global rank 1 is the non-member.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,7 +74,10 @@ def check_sync_calls_block_only_when_asked() -> None:
     blocking = dist.new_group(list(range(world)), pg_options=MpiOptions(blocking_sync_ops=True))
     inherited = dist.new_group(list(range(world)))  # no options: the world's
     world_options = dist.group.WORLD.primary_backend.options
-    assert (plain.primary_backend.options, blocking.primary_backend.options) == (MpiOptions(False), MpiOptions(True))
+    assert (plain.primary_backend.options, blocking.primary_backend.options) == (
+        MpiOptions(False),
+        MpiOptions(True),
+    )
     assert inherited.primary_backend.options == world_options
     expected = sum(_distinct(peer, 4, torch.int32) for peer in range(world))
     for group in (plain, blocking):
@@ -98,13 +102,17 @@ def check_ranks_may_disagree_on_async_op(group: Any) -> None:
     works = [
         dist.all_reduce(summed, group=group, async_op=mine),
         dist.broadcast(root_value, src=0, group=group, async_op=mine),
-        dist.all_gather_into_tensor(gathered, _distinct(rank, 3, torch.int64), group=group, async_op=not mine),
+        dist.all_gather_into_tensor(
+            gathered, _distinct(rank, 3, torch.int64), group=group, async_op=not mine
+        ),
     ]
     for work in works:
         assert work is None or work.wait()
     assert torch.equal(summed, sum(_distinct(peer, 5, torch.float32) for peer in range(world))), summed
     assert torch.equal(root_value, _distinct(0, 3, torch.int64)), root_value
-    assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), gathered
+    assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), (
+        gathered
+    )
 
 
 def check_wait_with_timeout_then_completion() -> None:
@@ -138,7 +146,10 @@ def check_untimed_wait_ends_at_the_group_timeout() -> None:
         try:
             work.wait()
         except CommTimeoutError as error:
-            assert "recv: the MPI operation did not complete within the group's timeout of 1 s (rank 0)" in str(error), str(error)
+            assert (
+                "recv: the MPI operation did not complete within the group's timeout of 1 s (rank 0)"
+                in str(error)
+            ), str(error)
         else:
             raise AssertionError("an unmatched receive completed")
     dist.barrier()
@@ -171,13 +182,19 @@ def check_sixteen_bit_floats_over_a_large_buffer() -> None:
     numel = 1 << 20
     for dtype in (torch.bfloat16, torch.float16):
         inputs = [((torch.arange(numel) + 3 * peer) % 50 + 1).to(dtype) for peer in range(world)]
-        for op, combine in ((dist.ReduceOp.SUM, torch.add), (dist.ReduceOp.MAX, torch.maximum), (dist.ReduceOp.MIN, torch.minimum)):
+        for op, combine in (
+            (dist.ReduceOp.SUM, torch.add),
+            (dist.ReduceOp.MAX, torch.maximum),
+            (dist.ReduceOp.MIN, torch.minimum),
+        ):
             tensor = inputs[rank].clone()
             dist.all_reduce(tensor, op=op)
             expected = inputs[0]
             for other in inputs[1:]:
                 expected = combine(expected, other)
-            assert torch.equal(tensor, expected), f"{dtype} {op.name}: first mismatch at {(tensor != expected).nonzero()[:3].tolist()}"
+            assert torch.equal(tensor, expected), (
+                f"{dtype} {op.name}: first mismatch at {(tensor != expected).nonzero()[:3].tolist()}"
+            )
 
 
 def check_receive_from_any_source_in_a_subgroup() -> None:
@@ -215,7 +232,9 @@ def check_host_staging_plumbing() -> None:
     work = backend._via_host("gather", _distinct(rank, 2, torch.int64), slots, root, async_op=False)
     assert work.wait() and work.result() == (slots or [])
     if rank == root:
-        assert all(torch.equal(slot, _distinct(peer, 2, torch.int64)) for peer, slot in enumerate(slots)), slots
+        assert all(torch.equal(slot, _distinct(peer, 2, torch.int64)) for peer, slot in enumerate(slots)), (
+            slots
+        )
 
 
 def check_discovery_layout() -> None:
@@ -225,7 +244,9 @@ def check_discovery_layout() -> None:
     info = discover(os.environ)
     assert info is not None and info.source in ("openmpi", "intel-mpi", "mpich"), info
     found = exchange_master_address(info)
-    assert found.master_addr == "127.0.0.1" and isinstance(found.master_port, int) and found.master_port > 0, found
+    assert (
+        found.master_addr == "127.0.0.1" and isinstance(found.master_port, int) and found.master_port > 0
+    ), found
     assert (found.local_rank, found.local_world_size) == (info.rank, info.world_size), found
 
 
@@ -253,7 +274,9 @@ def gloo_through_mpi_discovery() -> None:
     assert torch.equal(tensor, sum(_distinct(peer, 6, torch.float32) for peer in range(world))), tensor
     gathered = torch.zeros(world * 3, dtype=torch.int64)
     dist.all_gather_into_tensor(gathered, _distinct(rank, 3, torch.int64))
-    assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), gathered
+    assert torch.equal(gathered, torch.cat([_distinct(peer, 3, torch.int64) for peer in range(world)])), (
+        gathered
+    )
     dist.destroy_process_group()
 
 

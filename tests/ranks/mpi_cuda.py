@@ -9,6 +9,7 @@ staged through host memory (logged once). Force each path with COMMLAYER_MPI_CUD
 Group layout as in :mod:`tests.ranks.compat`: world of 2 uses [0, 1] in a new group, larger worlds
 use [1, ..., n-1], leaving global rank 0 outside.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,9 @@ def main() -> None:
     for group, members in ((None, list(range(world))), (subgroup, sub_ranks)):
         for async_op in (False, True):
             capabilities = backend.capabilities
-            case = compat.Case(group, members, me, async_op, device, capabilities.dtypes, capabilities.reduce_ops)
+            case = compat.Case(
+                group, members, me, async_op, device, capabilities.dtypes, capabilities.reduce_ops
+            )
             for check in compat.CHECKS:
                 check(case)
     mode = "CUDA-aware" if backend._cuda_aware else "staged through host memory"

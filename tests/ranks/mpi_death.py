@@ -8,6 +8,7 @@ Started by mpirun directly, not through the harness worker (which catches except
 
 Rank 0 loops on all_reduce forever: only the launcher ending the job stops it.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 The reference is plain single-process training of the same model on the *global* batch, with
 torch's own gradient clipping: what every ZeRO stage must reproduce.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +26,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=2))
+        q, k, v = (
+            z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+            for z in self.qkv(self.ln1(x)).split(d, dim=2)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
@@ -91,13 +95,17 @@ def global_batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     return sequences[:, :-1], sequences[:, 1:]
 
 
-def rank_batch(recipe: Recipe, step: int, micro: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rank_batch(
+    recipe: Recipe, step: int, micro: int, rank: int, world: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = global_batch(step, micro)
     size = recipe.micro_batch(world)
     return x[rank * size : (rank + 1) * size], y[rank * size : (rank + 1) * size]
 
 
-def reference_run(recipe: Recipe, first_step: int = 0, model: nn.Module | None = None) -> tuple[dict[str, torch.Tensor], list[float]]:
+def reference_run(
+    recipe: Recipe, first_step: int = 0, model: nn.Module | None = None
+) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Single-process training on the global batch; returns the final weights and step losses."""
     model = model or make_model(recipe)
     optimizer = make_optimizer(model, recipe)

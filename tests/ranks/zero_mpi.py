@@ -2,6 +2,7 @@
 
 ``run_world("tests.ranks.zero_mpi:main", 2, backend="mpi", launcher="mpirun")``.
 """
+
 from __future__ import annotations
 
 import torch

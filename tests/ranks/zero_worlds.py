@@ -12,6 +12,7 @@
   rank holds (working copy, full gradient or not, master, fp32 gradient or pieces, AdamW state)
   against their closed form.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,15 +40,25 @@ def config(recipe: Recipe, world: int, stage: int, **extra: object) -> dict:
         "train_micro_batch_size_per_gpu": recipe.micro_batch(world),
         "gradient_clipping": recipe.clip,
         # Small buckets and units, so the tiny model spans many segments and units.
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000, "allgather_bucket_size": 7000,
-                              "stage3_max_unit_numel": 5000, "stage3_min_unit_numel": 100, "stage3_prefetch_bucket_size": 6000},
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 3000,
+            "allgather_bucket_size": 7000,
+            "stage3_max_unit_numel": 5000,
+            "stage3_min_unit_numel": 100,
+            "stage3_prefetch_bucket_size": 6000,
+        },
         **extra,
     }
 
 
 def engine_for(recipe: Recipe, world: int, stage: int, **extra: object) -> zero.ZeroEngine:
     model = common.make_model(recipe)
-    return zero.initialize(model=model, optimizer=common.make_optimizer(model, recipe), config=config(recipe, world, stage, **extra))
+    return zero.initialize(
+        model=model,
+        optimizer=common.make_optimizer(model, recipe),
+        config=config(recipe, world, stage, **extra),
+    )
 
 
 def log(message: str) -> None:
@@ -101,7 +112,12 @@ def check_state_bytes(stage: int, world: int) -> None:
     assert owned <= shard
     # One step creates AdamW's state; 'step' is a scalar, exp_avg and exp_avg_sq are per element.
     common.train(engine, RECIPE, dist.get_rank(), world, range(1))
-    state_bytes = sum(v.numel() * v.element_size() for s in engine.optimizer.state.values() for k, v in s.items() if k != "step")
+    state_bytes = sum(
+        v.numel() * v.element_size()
+        for s in engine.optimizer.state.values()
+        for k, v in s.items()
+        if k != "step"
+    )
     assert state_bytes == 2 * 4 * owned, (state_bytes, owned)
 
 
@@ -142,17 +158,26 @@ def check_rank0_weights_win() -> None:
     for stage in (1, 3):
         model = common.make_model(RECIPE, seed=100 + rank)
         rank0 = common.make_model(RECIPE, seed=100).state_dict()
-        engine = zero.initialize(model=model, optimizer=common.make_optimizer(model, RECIPE), config=config(RECIPE, world, stage))
+        engine = zero.initialize(
+            model=model, optimizer=common.make_optimizer(model, RECIPE), config=config(RECIPE, world, stage)
+        )
         assert common.max_difference(engine.full_state_dict(), rank0)[0] == 0.0
 
 
-def expected_bytes(engine: zero.ZeroEngine, item: int, *, full_grads: bool, master_grads: int) -> dict[str, int]:
+def expected_bytes(
+    engine: zero.ZeroEngine, item: int, *, full_grads: bool, master_grads: int
+) -> dict[str, int]:
     """The closed form per rank: working copy ``item`` bytes per padded element, fp32 master and
     AdamW's two fp32 moments on this rank's shard, and a full gradient only when asked."""
     layout = engine.layout
     owned = sum(f.numel for f in engine.master.fragments)
-    return {"params": item * layout.padded_numel, "full_grads": item * layout.padded_numel if full_grads else 0,
-            "master": 4 * layout.shard_numel, "master_grads": master_grads, "optimizer": 2 * 4 * owned}
+    return {
+        "params": item * layout.padded_numel,
+        "full_grads": item * layout.padded_numel if full_grads else 0,
+        "master": 4 * layout.shard_numel,
+        "master_grads": master_grads,
+        "optimizer": 2 * 4 * owned,
+    }
 
 
 def check_memory_without_accumulation() -> None:
@@ -164,7 +189,9 @@ def check_memory_without_accumulation() -> None:
     for stage in (1, 2):
         engine = engine_for(recipe, world, stage)
         common.train(engine, recipe, rank, world, range(recipe.steps))
-        check_equal(engine.full_state_dict(), expected, f"world {world} stage {stage} fp32 without accumulation")
+        check_equal(
+            engine.full_state_dict(), expected, f"world {world} stage {stage} fp32 without accumulation"
+        )
         assert engine.memory_bytes() == expected_bytes(engine, 4, full_grads=False, master_grads=0)
         engine = engine_for(recipe, world, stage, bf16={"enabled": True})
         common.train(engine, recipe, rank, world, range(1))
@@ -199,7 +226,11 @@ def check_resume(directory: str, saved_stage: int, load_stage: int) -> None:
     assert engine.global_steps == SAVE_AT and engine.micro_steps == SAVE_AT * RECIPE.accumulation
     common.train(engine, RECIPE, rank, world, range(SAVE_AT, RECIPE.steps))
     uninterrupted = torch.load(Path(directory) / f"uninterrupted_stage{saved_stage}.pt")
-    check_equal(engine.full_state_dict(), uninterrupted, f"stage {saved_stage} at world 4 -> stage {load_stage} at world 2")
+    check_equal(
+        engine.full_state_dict(),
+        uninterrupted,
+        f"stage {saved_stage} at world 4 -> stage {load_stage} at world 2",
+    )
 
 
 def check_bf16_loss_curve(reference_losses: list[float]) -> None:
@@ -228,7 +259,10 @@ def check_fp16_overflow_skips_together() -> None:
     everyone = [torch.zeros_like(agreed) for _ in range(world)]
     dist.all_gather(everyone, agreed)
     assert all(torch.equal(agreed, other) for other in everyone), everyone
-    assert engine.skipped_steps < steps and all(math.isfinite(loss) for loss in losses), (engine.skipped_steps, losses)
+    assert engine.skipped_steps < steps and all(math.isfinite(loss) for loss in losses), (
+        engine.skipped_steps,
+        losses,
+    )
     log(f"fp16: {engine.skipped_steps} steps skipped on every rank, loss scale now {engine.loss_scale:g}")
 
 
@@ -236,16 +270,37 @@ def check_errors_before_communication(world: int) -> None:
     """Each error is raised on every rank alike before any collective, so the world survives."""
     model = common.make_model(RECIPE)
     optimizer = common.make_optimizer(model, RECIPE)
-    with pytest.raises(zero.ZeroConfigError, match="unknown key.*'stagee'.*valid keys are: allgather_bucket_size"):
-        zero.initialize(model=model, optimizer=optimizer, config={"train_batch_size": 16, "zero_optimization": {"stagee": 1}})
+    with pytest.raises(
+        zero.ZeroConfigError, match="unknown key.*'stagee'.*valid keys are: allgather_bucket_size"
+    ):
+        zero.initialize(
+            model=model,
+            optimizer=optimizer,
+            config={"train_batch_size": 16, "zero_optimization": {"stagee": 1}},
+        )
     with pytest.raises(zero.ZeroConfigError, match=r"received 30 but 2 \* 2 \* 2 = 8"):
-        zero.initialize(model=model, optimizer=optimizer, config={"train_batch_size": 30, "train_micro_batch_size_per_gpu": 2,
-                                                                 "gradient_accumulation_steps": 2})
+        zero.initialize(
+            model=model,
+            optimizer=optimizer,
+            config={
+                "train_batch_size": 30,
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": 2,
+            },
+        )
     other = common.make_model(RECIPE)
-    with pytest.raises(InvalidArgumentError, match=r"argument 'optimizer' expected only parameters of the model"):
-        zero.initialize(model=model, optimizer=common.make_optimizer(other, RECIPE), config=config(RECIPE, world, 1))
-    with pytest.raises(InvalidArgumentError, match=r"element-wise optimizer for ZeRO stage 2.*received LBFGS"):
-        zero.initialize(model=model, optimizer=torch.optim.LBFGS(model.parameters()), config=config(RECIPE, world, 2))
+    with pytest.raises(
+        InvalidArgumentError, match=r"argument 'optimizer' expected only parameters of the model"
+    ):
+        zero.initialize(
+            model=model, optimizer=common.make_optimizer(other, RECIPE), config=config(RECIPE, world, 1)
+        )
+    with pytest.raises(
+        InvalidArgumentError, match=r"element-wise optimizer for ZeRO stage 2.*received LBFGS"
+    ):
+        zero.initialize(
+            model=model, optimizer=torch.optim.LBFGS(model.parameters()), config=config(RECIPE, world, 2)
+        )
     partial = torch.optim.AdamW([model.tok.weight])
     with pytest.raises(InvalidArgumentError, match=r"every trainable model parameter.*'pos.weight'"):
         zero.initialize(model=model, optimizer=partial, config=config(RECIPE, world, 0))

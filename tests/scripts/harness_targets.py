@@ -3,6 +3,7 @@
 Arguments arrive as strings (``run_world(..., args=["1"])`` -> ``fn("1")``). Bodies that only test
 process handling avoid importing torch, so that their worlds start in a fraction of a second.
 """
+
 from __future__ import annotations
 
 import os
@@ -84,7 +85,11 @@ def mpi_world() -> None:
 
     info = discover(os.environ)
     world = MPI.COMM_WORLD
-    assert (world.Get_rank(), world.Get_size()) == (info.rank, info.world_size), (world.Get_rank(), world.Get_size(), info)
+    assert (world.Get_rank(), world.Get_size()) == (info.rank, info.world_size), (
+        world.Get_rank(),
+        world.Get_size(),
+        info,
+    )
     total = world.allreduce(1000 + world.Get_rank(), op=MPI.SUM)
     assert total == 1000 * world.Get_size() + sum(range(world.Get_size())), total
     gathered = world.allgather(f"rank{world.Get_rank()}")

@@ -7,6 +7,7 @@ exits with code C (or SIGKILLs itself), ``--block`` makes the others wait foreve
 ``--trap-signals`` makes every rank print ``ready``, then report the SIGINT/SIGTERM it receives and
 exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,15 @@ import signal
 import sys
 import time
 
-VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED")
+VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYTHONUNBUFFERED",
+)
 
 
 def main() -> int:

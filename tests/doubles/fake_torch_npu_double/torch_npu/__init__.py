@@ -15,6 +15,7 @@ commlayer's hccl backend, which takes its devices from that registration, accept
 
 ``FAKE_TORCH_NPU_DOUBLE_DEVICES=0`` makes ``torch.npu.is_available()`` report no NPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,9 @@ class _FakeNpuModule(types.ModuleType):
 
 def _create_process_group(options: Any, pg_options: Any) -> Any:
     """The "hccl" process group: gloo over the same store, rank, size and timeout."""
-    return torch_dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, timeout=options.timeout)
+    return torch_dist.ProcessGroupGloo(
+        options.store, options.group_rank, options.group_size, timeout=options.timeout
+    )
 
 
 def _install() -> None:
