@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 import torch.distributed as torch_dist
 
 from commlayer import dist
+from commlayer.testing._shm import release_stale_regions
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN_DIR = REPO / "tests" / "plugin"
@@ -39,3 +41,11 @@ def storecomm_module() -> Iterator[object]:
         yield commlayer_storecomm
     finally:
         sys.path.remove(str(PLUGIN_DIR))
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_shared_memory() -> Iterator[None]:
+    """Remove what ranks killed during the test left in /dev/shm (see commlayer.testing._shm)."""
+    started = time.time()
+    yield
+    release_stale_regions(started)

@@ -16,6 +16,7 @@ import pytest
 
 from commlayer.testing import MpirunError, mpirun_plan, require_mpirun, run_world
 from commlayer.testing._results import ResultsDir
+from commlayer.testing._shm import release_stale_regions
 
 TARGETS = "tests.scripts.harness_targets"
 OPENMPI = {"COMMLAYER_MPI": "openmpi"}
@@ -185,3 +186,13 @@ def test_mpirun_hard_exit_is_noticed() -> None:
     require_mpirun()
     message = failure_of("hard_exit_on", 2, backend=None, launcher="mpirun", args=["1", "9"])
     assert "failed: rank 1 exited before its target returned, without a Python traceback" in message
+
+
+def test_release_stale_regions_removes_only_new_regions_of_exited_processes(tmp_path: Path) -> None:
+    exited, old, mine, other = "4194999:0:0", "4194998:0:0", f"{os.getpid()}:0:0", "sm_segment.vm.0"
+    for name in (exited, old, mine, other):
+        (tmp_path / name).write_bytes(b"")
+    os.utime(tmp_path / old, (1.0, 1.0))
+    removed = release_stale_regions(created_after=10.0, directory=tmp_path)
+    assert removed == [tmp_path / exited]
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted([old, mine, other])

@@ -16,12 +16,14 @@ import importlib.util
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..launcher import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
 from ._results import RESULTS_DIR_ENV, ResultsDir
+from ._shm import release_stale_regions
 from .mpi import mpirun_plan, mpirun_unavailable_reason
 
 __all__ = ["require_mpirun", "run_world"]
@@ -60,6 +62,7 @@ def run_world(
     :mod:`commlayer.testing.mpi`); it sets no MASTER_ADDR/MASTER_PORT unless ``env`` does.
     """
     _check_arguments(target, world_size, timeout, launcher, args)
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="commlayer-world-") as directory:
         results = ResultsDir(Path(directory))
         rank_env = _rank_environment(target, env, results)
@@ -80,6 +83,7 @@ def run_world(
             plan = mpirun_plan(world_size, rank_env)
             result = supervise([ProcessSpec("mpirun", (*plan.argv, *command), plan.env)], options)
         state = _WorldState.read(results, watch)
+        release_stale_regions(started)
         problems = _problems(world_size, result, state, local=launcher == "local")
         report = _report(target, world_size, launcher, backend, problems, result, state) if problems else None
     if report is not None:
