@@ -46,6 +46,9 @@ _REDUCE_SCATTER_OPTIONS = {
     for op in ReduceOp
     for mode in _MODES
 }
+_SUM = ReduceOp.SUM
+# Enum members hash in Python; all_reduce's SUM path looks its options up by mode alone.
+_SUM_ALLREDUCE_OPTIONS = {mode: _ALLREDUCE_OPTIONS[_SUM, mode] for mode in _MODES}
 _ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
@@ -130,6 +133,8 @@ class TorchBackend(Backend):
     # Work at all: the op is then already ordered before anything the caller enqueues next.
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+        if op is _SUM:  # the hot path: no closure, no Enum hashing
+            return _wrap(self._pg.allreduce([tensor], _SUM_ALLREDUCE_OPTIONS[async_op]), (tensor,))
         run = lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (tensor,))
 

@@ -36,10 +36,13 @@ def to_seconds(timeout: timedelta | float | None) -> float | None:
 class Work(ABC):
     """Handle of an operation in flight, shaped like ``torch.distributed.Work``."""
 
+    # Class-level defaults, shadowed per instance on completion: one Work is built per op, so
+    # its constructor stays a single assignment.
+    _done: bool = False
+    _error: BaseException | None = None
+
     def __init__(self, result: Sequence[torch.Tensor] = ()) -> None:
         self._result = result
-        self._done = False
-        self._error: BaseException | None = None
 
     @abstractmethod
     def _test(self) -> bool:
@@ -115,9 +118,7 @@ class Work(ABC):
 class CompletedWork(Work):
     """An op that finished synchronously (or had nothing to send)."""
 
-    def __init__(self, result: Sequence[torch.Tensor] = ()) -> None:
-        super().__init__(result)
-        self._done = True
+    _done = True
 
     def _test(self) -> bool:
         return True

@@ -47,7 +47,7 @@ def all_reduce(
     buffer = contiguous(tensor, copy_back)
     return launch(
         call,
-        lambda b, **hint: b.all_reduce(buffer, reduce_op, **hint),
+        lambda b, hint: b.all_reduce(buffer, reduce_op, **hint),
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
@@ -72,7 +72,7 @@ def reduce(
     buffer = contiguous(tensor, copy_back)
     return launch(
         call,
-        lambda b, **hint: b.reduce(buffer, root, reduce_op, **hint),
+        lambda b, hint: b.reduce(buffer, root, reduce_op, **hint),
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
@@ -95,7 +95,7 @@ def broadcast(
     buffer = contiguous(tensor, copy_back)
     return launch(
         call,
-        lambda b, **hint: b.broadcast(buffer, root, **hint),
+        lambda b, hint: b.broadcast(buffer, root, **hint),
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
@@ -118,7 +118,7 @@ def all_gather(
     source = tensor.contiguous()
     return launch(
         call,
-        lambda b, **hint: b.all_gather(buffers, source, **hint),
+        lambda b, hint: b.all_gather(buffers, source, **hint),
         async_op=async_op,
         payload=outputs,
         copy_back=copy_back,
@@ -148,7 +148,7 @@ def all_gather_into_tensor(
     source = _flat(input_tensor.contiguous())
     return launch(
         call,
-        lambda b, **hint: b.all_gather_into_tensor(output, source, **hint),
+        lambda b, hint: b.all_gather_into_tensor(output, source, **hint),
         async_op=async_op,
         payload=output_tensor,
         copy_back=copy_back,
@@ -176,7 +176,7 @@ def reduce_scatter(
     sources = [chunk.contiguous() for chunk in inputs]
     return launch(
         call,
-        lambda b, **hint: b.reduce_scatter(buffer, sources, reduce_op, **hint),
+        lambda b, hint: b.reduce_scatter(buffer, sources, reduce_op, **hint),
         async_op=async_op,
         payload=inputs,
         copy_back=copy_back,
@@ -204,7 +204,7 @@ def reduce_scatter_tensor(
     source = _flat(input.contiguous())
     return launch(
         call,
-        lambda b, **hint: b.reduce_scatter_tensor(buffer, source, reduce_op, **hint),
+        lambda b, hint: b.reduce_scatter_tensor(buffer, source, reduce_op, **hint),
         async_op=async_op,
         payload=input,
         copy_back=copy_back,
@@ -232,7 +232,7 @@ def all_to_all_single(
     source = input.contiguous()
     return launch(
         call,
-        lambda b, **hint: b.all_to_all_single(buffer, source, out_splits, in_splits, **hint),
+        lambda b, hint: b.all_to_all_single(buffer, source, out_splits, in_splits, **hint),
         async_op=async_op,
         payload=input,
         copy_back=copy_back,
@@ -258,7 +258,7 @@ def all_to_all(
     sources = [chunk.contiguous() for chunk in inputs]
     return launch(
         call,
-        lambda b, **hint: b.all_to_all(buffers, sources, **hint),
+        lambda b, hint: b.all_to_all(buffers, sources, **hint),
         async_op=async_op,
         payload=inputs,
         copy_back=copy_back,
@@ -284,7 +284,7 @@ def gather(
     source = tensor.contiguous()
     return launch(
         call,
-        lambda b, **hint: b.gather(source, buffers, root, **hint),
+        lambda b, hint: b.gather(source, buffers, root, **hint),
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
@@ -310,7 +310,7 @@ def scatter(
     sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
     return launch(
         call,
-        lambda b, **hint: b.scatter(buffer, sources, root, **hint),
+        lambda b, hint: b.scatter(buffer, sources, root, **hint),
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
@@ -326,7 +326,7 @@ def barrier(
     call = begin("barrier", group)
     if call is None:
         return None
-    work = launch(call, lambda b, **hint: b.barrier(**hint), async_op=True)
+    work = launch(call, lambda b, hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work
     work.wait(timeout)

@@ -9,7 +9,8 @@ memory; backends therefore only ever see contiguous tensors.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -18,7 +19,7 @@ from ..errors import UnsupportedError, invalid_argument
 from ..work import Work
 from ._groups import ProcessGroup, resolve_group
 
-__all__ = ["OpCall", "Observer", "begin", "contiguous", "launch", "set_observer"]
+__all__ = ["OpCall", "Observer", "begin", "contiguous", "device_type", "launch", "set_observer"]
 
 log = logging.getLogger("commlayer.dist")
 
@@ -51,17 +52,39 @@ _NO_HINT: dict[str, bool] = {}
 _BUILT_FROM = {"monitored_barrier": ("send", "recv")}
 
 
+# torch.device.type builds a new str on every access (about 160 ns, as much as a whole tensor
+# check); devices hash in about 20 ns, so each distinct device's type is computed once.
+_device_types: dict[torch.device, str] = {}
+
+
+def device_type(device: torch.device) -> str:
+    """``device.type``, memoised."""
+    kind = _device_types.get(device)
+    if kind is None:
+        kind = _device_types[device] = device.type
+    return kind
+
+
 def set_observer(observer: Observer | None) -> None:
     global _observer
     _observer = observer
 
 
 def begin(op: str, group_arg: Any, device: torch.device | None = None) -> OpCall | None:
+    """The op's group and backend, checked once per (op, device) and group, then reused."""
     group = resolve_group(op, group_arg)
     if group is None:
         log.debug("%s: this rank is not a member of %r; doing nothing", op, group_arg)
         return None
-    backend = group.primary_backend if device is None else group.backend_for(device.type)
+    key = (op, device)
+    call = group.op_calls.get(key)
+    if call is None:
+        call = group.op_calls[key] = _new_call(op, group, device)
+    return call
+
+
+def _new_call(op: str, group: ProcessGroup, device: torch.device | None) -> OpCall:
+    backend = group.primary_backend if device is None else group.backend_for(device_type(device))
     if backend is None:
         raise invalid_argument(
             op,
@@ -90,7 +113,7 @@ def contiguous(tensor: torch.Tensor, copy_back: list[tuple[torch.Tensor, torch.T
 
 def launch(
     call: OpCall,
-    start: Callable[[Backend], Work],
+    start: Callable[[Backend, Mapping[str, bool]], Work],
     *,
     async_op: bool,
     payload: torch.Tensor | Sequence[torch.Tensor] = (),
@@ -110,9 +133,9 @@ def launch(
     backend = call.backend
     hint = _SYNC_HINT if not async_op and backend.capabilities.sync_hint else _NO_HINT
     if _observer is None:
-        work = start(backend, **hint)
+        work = start(backend, hint)
     else:
-        work = _observer.observe(call, _nbytes(payload), lambda: start(backend, **hint))
+        work = _observer.observe(call, _nbytes(payload), lambda: start(backend, hint))
     if copy_back:
         work = work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
     if async_op:

@@ -40,7 +40,7 @@ def isend(
     request = prepared.request
     return launch(
         prepared.call,
-        lambda b, **hint: b.send(request.tensor, request.peer, tag, **hint),
+        lambda b, hint: b.send(request.tensor, request.peer, tag, **hint),
         async_op=True,
         payload=tensor,
     )
@@ -58,9 +58,9 @@ def irecv(
         return None
     buffer = prepared.request.tensor
     if src is None and group_src is None:
-        start = lambda b, **hint: b.recv_any(buffer, tag, **hint)
+        start = lambda b, hint: b.recv_any(buffer, tag, **hint)
     else:
-        start = lambda b, **hint: b.recv(buffer, prepared.request.peer, tag, **hint)
+        start = lambda b, hint: b.recv(buffer, prepared.request.peer, tag, **hint)
     return launch(prepared.call, start, async_op=True, payload=tensor, copy_back=prepared.copy_back)
 
 

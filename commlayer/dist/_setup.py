@@ -100,12 +100,15 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     world = current_world("destroy_process_group")
     if group is None or group is world.default_group:
         for member in list(world.groups.values()):
+            member.forget_calls()
             _shutdown(member.unique_backends())
+        world.default_group.forget_calls()
         _shutdown(reversed(list(world.world_backends.values())))
         _leave(world)
         set_world(None)
         return
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
+        group.forget_calls()
         _shutdown(group.unique_backends())
 
 

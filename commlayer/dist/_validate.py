@@ -8,7 +8,7 @@ import torch
 
 from ..errors import InvalidTypeError, UnsupportedError, invalid_argument
 from ..types import ReduceOp
-from ._dispatch import OpCall
+from ._dispatch import OpCall, device_type
 
 __all__ = [
     "check_dtype_match",
@@ -38,7 +38,7 @@ def check_tensor(call: OpCall, arg: str, value: Any) -> torch.Tensor:
     capabilities = call.backend.capabilities
     if (
         value.dtype in capabilities.dtypes
-        and value.device.type in capabilities.devices
+        and device_type(value.device) in capabilities.devices
         and value.layout is torch.strided
     ):
         return value  # the common case, checked in one line because it runs on every call
@@ -97,8 +97,11 @@ def check_peer(call: OpCall, arg: str, global_rank: Any, allow_self: bool = True
     return ranks.index(global_rank)
 
 
+_SUM = ReduceOp.SUM  # an Enum member read through its class costs a lookup on every call
+
+
 def check_reduce_op(call: OpCall, op: Any, dtype: torch.dtype) -> ReduceOp:
-    if op is ReduceOp.SUM and ReduceOp.SUM in call.backend.capabilities.reduce_ops:
+    if op is _SUM and _SUM in call.backend.capabilities.reduce_ops:
         return op  # SUM is valid for every dtype; skip the general checks on the hot path
     try:
         reduce_op = ReduceOp.coerce(op)
