@@ -47,8 +47,9 @@ _REDUCE_SCATTER_OPTIONS = {
     for mode in _MODES
 }
 _SUM = ReduceOp.SUM
-# Enum members hash in Python; all_reduce's SUM path looks its options up by mode alone.
+# Enum members hash in Python; the SUM paths look their options up by mode alone.
 _SUM_ALLREDUCE_OPTIONS = {mode: _ALLREDUCE_OPTIONS[_SUM, mode] for mode in _MODES}
+_SUM_REDUCE_SCATTER_OPTIONS = {mode: _REDUCE_SCATTER_OPTIONS[_SUM, mode] for mode in _MODES}
 _ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
@@ -177,6 +178,9 @@ class TorchBackend(Backend):
     ) -> Work:
         if "reduce_scatter_tensor" in self.generic_ops:
             return super().reduce_scatter_tensor(output, tensor, op)
+        if op is _SUM:
+            options = _SUM_REDUCE_SCATTER_OPTIONS[async_op]
+            return _wrap(self._pg._reduce_scatter_base(output, tensor, options), (output,))
         run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (output,))
 

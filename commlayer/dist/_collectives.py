@@ -136,12 +136,10 @@ def all_gather_into_tensor(
     if call is None:
         return None
     check.check_tensor(call, "input_tensor", input_tensor)
-    check.check_tensor(call, "output_tensor", output_tensor)
-    check.check_dtype_match(call, "output_tensor", output_tensor, input_tensor)
+    check.check_output_like(call, "output_tensor", output_tensor, input_tensor)
     size = call.group.size()
-    check.check_numel(
-        call, "output_tensor", output_tensor, size * input_tensor.numel(), f"world size {size} x input"
-    )
+    expected = size * input_tensor.numel()
+    check.check_numel(call, "output_tensor", output_tensor, expected, "world size {} x input", size)
     copy_back: CopyBack = []
     # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
     output = _flat(contiguous(output_tensor, copy_back))
@@ -194,10 +192,9 @@ def reduce_scatter_tensor(
     if call is None:
         return None
     check.check_tensor(call, "input", input)
-    check.check_tensor(call, "output", output)
-    check.check_dtype_match(call, "output", output, input)
+    check.check_output_like(call, "output", output, input)
     size = call.group.size()
-    check.check_numel(call, "input", input, size * output.numel(), f"world size {size} x output")
+    check.check_numel(call, "input", input, size * output.numel(), "world size {} x output", size)
     reduce_op = check.check_reduce_op(call, op, input.dtype)
     copy_back: CopyBack = []
     buffer = _flat(contiguous(output, copy_back))

@@ -13,6 +13,7 @@ from ._dispatch import OpCall, device_type
 __all__ = [
     "check_dtype_match",
     "check_numel",
+    "check_output_like",
     "check_peer",
     "check_reduce_op",
     "check_tensor",
@@ -74,15 +75,32 @@ def check_dtype_match(call: OpCall, arg: str, value: torch.Tensor, reference: to
         )
 
 
-def check_numel(call: OpCall, arg: str, value: torch.Tensor, expected: int, why: str) -> None:
+def check_numel(
+    call: OpCall, arg: str, value: torch.Tensor, expected: int, why: str, *why_args: object
+) -> None:
+    """``why`` is a ``str.format`` template, filled from ``why_args`` only when the check fails."""
     if value.numel() != expected:
         raise invalid_argument(
             call.op,
             arg,
-            f"{expected} elements ({why})",
+            f"{expected} elements ({why.format(*why_args)})",
             f"{value.numel()} elements (shape {tuple(value.shape)})",
             call.rank,
         )
+
+
+def check_output_like(call: OpCall, arg: str, value: Any, reference: torch.Tensor) -> torch.Tensor:
+    """An output tensor with ``reference``'s dtype (``reference`` already passed check_tensor)."""
+    if (
+        isinstance(value, torch.Tensor)
+        and value.dtype == reference.dtype
+        and value.device == reference.device
+        and value.layout is torch.strided
+    ):
+        return value  # same dtype and device as a checked tensor: nothing else to ask
+    check_tensor(call, arg, value)
+    check_dtype_match(call, arg, value, reference)
+    return value
 
 
 def check_peer(call: OpCall, arg: str, global_rank: Any, allow_self: bool = True) -> int:
