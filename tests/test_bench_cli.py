@@ -19,6 +19,7 @@ from commlayer.testing import require_mpirun, run_world
 
 ALL_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,barrier,pingpong"
 SIZES = [8, 64, 512, 4096]  # -b 8 -e 4K -f 8; every size holds whole float32 chunks for 2 ranks
+SWEEP = ["-b", "8", "-e", "4K", "-f", "8", "--warmup", "1"]  # the sizes above, quickly
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -90,16 +91,9 @@ def test_two_rank_gloo_sweep_writes_table_json_csv_and_png(tmp_path: Path) -> No
         "gloo,nosuch",
         "--ops",
         ALL_OPS,
-        "-b",
-        "8",
-        "-e",
-        "4K",
-        "-f",
-        "8",
+        *SWEEP,
         "--iters",
         "3",
-        "--warmup",
-        "1",
         "--check",
         "--json",
         str(outputs["json"]),
@@ -141,16 +135,9 @@ def test_in_place_under_a_launcher_with_async_ops(tmp_path: Path) -> None:
             "all_reduce,all_gather,reduce_scatter",
             "--async",
             "--check",
-            "-b",
-            "8",
-            "-e",
-            "4K",
-            "-f",
-            "8",
+            *SWEEP,
             "--iters",
             "3",
-            "--warmup",
-            "1",
         ],
     )
     _check_records(json.loads(target.read_text()), "gloo", ["all_reduce", "all_gather", "reduce_scatter"], 2)
@@ -168,16 +155,9 @@ def test_backends_side_by_side(tmp_path: Path) -> None:
         "gloo,ccl",
         "--ops",
         "all_reduce,barrier",
-        "-b",
-        "8",
-        "-e",
-        "4K",
-        "-f",
-        "8",
+        *SWEEP,
         "--iters",
         "2",
-        "--warmup",
-        "1",
         "--json",
         str(tmp_path / "out.json"),
     )

@@ -22,6 +22,7 @@ from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
 from commlayer.registry import get_backend_class, list_backends
 from commlayer.selection import resolve_backend_spec
 from commlayer.types import ReduceOp
+from tests.ranks._values import NUMERIC_DTYPES
 
 HAS_EXTENSION = importlib.util.find_spec(_native.EXTENSION) is not None
 
@@ -136,16 +137,7 @@ def test_unflatten_fills_each_output_in_order() -> None:
 
 def test_declared_capabilities_are_the_issue_contract() -> None:
     caps = CclBackend.capabilities
-    required = {
-        torch.float32,
-        torch.float64,
-        torch.bfloat16,
-        torch.float16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-    }
-    assert required <= caps.dtypes
+    assert set(NUMERIC_DTYPES) <= caps.dtypes
     assert torch.bool not in caps.dtypes  # oneCCL has no boolean type
     assert caps.reduce_ops == {ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT}
     assert caps.devices == {"cpu"} and not caps.recv_any_source

@@ -55,26 +55,16 @@ def _plot_op(row: Any, records: list[BenchRecord], op: str, colours: dict[str, s
         )
         if not mine:
             continue
-        bandwidth_axes.plot(
-            [r.bytes for r in mine],
-            [r.busbw_gbps for r in mine],
-            marker="o",
-            markersize=3,
-            color=colour,
-            label=backend,
-        )
         small = [record for record in mine if record.bytes <= SMALL_MESSAGE_BYTES]
-        latency_axes.plot(
-            [r.bytes for r in small],
-            [r.time_us for r in small],
-            marker="o",
-            markersize=3,
-            color=colour,
-            label=backend,
-        )
+        _line(bandwidth_axes, [r.bytes for r in mine], [r.busbw_gbps for r in mine], colour, backend)
+        _line(latency_axes, [r.bytes for r in small], [r.time_us for r in small], colour, backend)
     _style_sizes(bandwidth_axes, f"{op}: busbw (GB/s)")
     _style_sizes(latency_axes, f"{op}: time per op (us), up to {format_size(SMALL_MESSAGE_BYTES)}B")
     latency_axes.set_yscale("log")
+
+
+def _line(axes: Any, sizes: list[int], values: list[float], colour: str, backend: str) -> None:
+    axes.plot(sizes, values, marker="o", markersize=3, color=colour, label=backend)
 
 
 def _plot_barrier(row: Any, records: list[BenchRecord], colours: dict[str, str]) -> None:

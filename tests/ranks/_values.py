@@ -14,7 +14,8 @@ import torch
 
 from commlayer.types import ReduceOp
 
-DTYPES = (
+# The dtypes issue 2 names for every backend that supports them ("every dtype torch allows").
+NUMERIC_DTYPES = (
     torch.float32,
     torch.float64,
     torch.bfloat16,
@@ -22,8 +23,8 @@ DTYPES = (
     torch.int32,
     torch.int64,
     torch.uint8,
-    torch.bool,
 )
+DTYPES = (*NUMERIC_DTYPES, torch.bool)
 NARROW = (torch.bfloat16, torch.float16, torch.uint8)
 NUMEL = 12
 

@@ -12,20 +12,11 @@ import torch
 from commlayer import dist
 from commlayer.types import ReduceOp
 
-from ._values import assert_equal, reduced, values
+from ._values import NUMERIC_DTYPES, assert_equal, reduced, values
 
 # The contract, spelled out instead of read from the backend's declared capabilities,
 # so a narrowed declaration cannot silently shrink what is tested.
-REQUIRED_DTYPES = (
-    torch.float32,
-    torch.float64,
-    torch.bfloat16,
-    torch.float16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.int8,
-)
+REQUIRED_DTYPES = (*NUMERIC_DTYPES, torch.int8)
 REQUIRED_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
