@@ -7,15 +7,13 @@ error within the group timeout instead of a hang.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from commlayer.registry import list_backends
 from commlayer.testing import run_world
+from tests._examples import torchrun_allreduce_example
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,15 +62,6 @@ def test_peer_that_skips_an_op_times_out_and_teardown_survives() -> None:
 
 def test_torch_script_runs_on_ccl_under_torchrun() -> None:
     """examples/allreduce.py (a torch.distributed script, one changed import) with COMMLAYER_BACKEND=ccl."""
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [
-        str(torchrun),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(REPO / "examples" / "allreduce.py"),
-    ]
-    env = {**os.environ, "COMMLAYER_BACKEND": "ccl"}
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
+    finished = torchrun_allreduce_example(backend="ccl")
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert finished.stdout.count("on ccl: all_reduce") == 2, finished.stdout

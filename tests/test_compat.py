@@ -16,6 +16,7 @@ import pytest
 
 from commlayer.launcher import free_port
 from commlayer.testing import run_world
+from tests._examples import torchrun_allreduce_example
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multirank
@@ -63,22 +64,7 @@ def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
 
 def test_torch_script_runs_unchanged_under_torchrun() -> None:
     """examples/allreduce.py is a torch.distributed script with one changed import."""
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [
-        str(torchrun),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(REPO / "examples" / "allreduce.py"),
-    ]
-    finished = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "COMMLAYER_BACKEND": ""},
-        check=False,
-    )
+    finished = torchrun_allreduce_example(backend="")
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert finished.stdout.count("(correct)") == 2, finished.stdout
 
