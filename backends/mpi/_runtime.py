@@ -40,6 +40,7 @@ __all__ = [
     "MpiLoadError",
     "check_launched_by_mpi",
     "choose_library",
+    "first_version_line",
     "launcher_family",
     "library_candidates",
     "library_version",
@@ -146,7 +147,12 @@ def load_mpi() -> ModuleType:
 
 def library_version(mpi: ModuleType) -> str:
     """First line of the MPI library's version string, e.g. ``Open MPI v5.0.11, ...``."""
-    return mpi.Get_library_version().strip().splitlines()[0]
+    return first_version_line(mpi.Get_library_version())
+
+
+def first_version_line(text: str) -> str:
+    # Open MPI 5 ends its MPI_Get_library_version string with the C terminator, NUL included.
+    return text.replace("\x00", "").strip().splitlines()[0]
 
 
 def _import_mpi() -> ModuleType:
