@@ -46,10 +46,7 @@ _REDUCE_SCATTER_OPTIONS = {
     for op in ReduceOp
     for mode in _MODES
 }
-_SUM = ReduceOp.SUM
-# Enum members hash in Python; the SUM paths look their options up by mode alone.
-_SUM_ALLREDUCE_OPTIONS = {mode: _ALLREDUCE_OPTIONS[_SUM, mode] for mode in _MODES}
-_SUM_REDUCE_SCATTER_OPTIONS = {mode: _REDUCE_SCATTER_OPTIONS[_SUM, mode] for mode in _MODES}
+_AVG = ReduceOp.AVG
 _ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
@@ -134,8 +131,8 @@ class TorchBackend(Backend):
     # Work at all: the op is then already ordered before anything the caller enqueues next.
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
-        if op is _SUM:  # the hot path: no closure, no Enum hashing
-            return _wrap(self._pg.allreduce([tensor], _SUM_ALLREDUCE_OPTIONS[async_op]), (tensor,))
+        if op is not _AVG or self.native_avg:  # one library call: no closure on the hot path
+            return _wrap(self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[op, async_op]), (tensor,))
         run = lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (tensor,))
 
@@ -178,8 +175,8 @@ class TorchBackend(Backend):
     ) -> Work:
         if "reduce_scatter_tensor" in self.generic_ops:
             return super().reduce_scatter_tensor(output, tensor, op)
-        if op is _SUM:
-            options = _SUM_REDUCE_SCATTER_OPTIONS[async_op]
+        if op is not _AVG or self.native_avg:
+            options = _REDUCE_SCATTER_OPTIONS[op, async_op]
             return _wrap(self._pg._reduce_scatter_base(output, tensor, options), (output,))
         run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o, async_op])
         return self._reduce_with(run, op, (output,))
@@ -271,7 +268,7 @@ class TorchBackend(Backend):
 
         ``average`` is False on ranks that receive no result (reduce's non-roots).
         """
-        if op is not ReduceOp.AVG or self.native_avg:
+        if op is not _AVG or self.native_avg:
             return _wrap(run(op), results)
         work = _wrap(run(ReduceOp.SUM), results)
         if not average:
