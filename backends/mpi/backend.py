@@ -149,11 +149,9 @@ class MpiBackend(Backend):
             return self._via_host("all_reduce", tensor, op, async_op=async_op)
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         average = self._averaging(tensor, op)
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Allreduce(self._in_place, message, mpi_op)
-            return _completed([tensor], average)
-        request = self._comm.Iallreduce(self._in_place, message, mpi_op)
-        return self._started(request, "all_reduce", async_op, [tensor], (tensor,), average)
+        calls = (self._comm.Allreduce, self._comm.Iallreduce)
+        arguments = (self._in_place, message, mpi_op)
+        return self._collective("all_reduce", async_op, calls, arguments, [tensor], (tensor,), average)
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
@@ -161,26 +159,20 @@ class MpiBackend(Backend):
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("all_gather_into_tensor", output, tensor, async_op=async_op)
         mine, gathered = self._message(tensor), self._message(output)
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Allgather(mine, gathered)
-            return CompletedWork([output])
-        request = self._comm.Iallgather(mine, gathered)
-        return self._started(request, "all_gather_into_tensor", async_op, [output], (tensor, output))
+        calls = (self._comm.Allgather, self._comm.Iallgather)
+        return self._collective(
+            "all_gather_into_tensor", async_op, calls, (mine, gathered), [output], (tensor, output)
+        )
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("broadcast", tensor, root, async_op=async_op)
         message = self._message(tensor)
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Bcast(message, root)
-            return CompletedWork([tensor])
-        return self._started(self._comm.Ibcast(message, root), "broadcast", async_op, [tensor], (tensor,))
+        calls = (self._comm.Bcast, self._comm.Ibcast)
+        return self._collective("broadcast", async_op, calls, (message, root), [tensor], (tensor,))
 
     def barrier(self, *, async_op: bool = True) -> Work:
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Barrier()
-            return CompletedWork()
-        return self._started(self._comm.Ibarrier(), "barrier", async_op, (), ())
+        return self._collective("barrier", async_op, (self._comm.Barrier, self._comm.Ibarrier), (), (), ())
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("send", tag)
@@ -213,11 +205,9 @@ class MpiBackend(Backend):
         # The root reduces in place; the others only send (MPI ignores their receive buffer).
         send, receive = (self._in_place, message) if self.rank == root else (message, None)
         average = self._averaging(tensor, op) if self.rank == root else None
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Reduce(send, receive, mpi_op, root)
-            return _completed([tensor], average)
-        request = self._comm.Ireduce(send, receive, mpi_op, root)
-        return self._started(request, "reduce", async_op, [tensor], (tensor,), average)
+        calls = (self._comm.Reduce, self._comm.Ireduce)
+        arguments = (send, receive, mpi_op, root)
+        return self._collective("reduce", async_op, calls, arguments, [tensor], (tensor,), average)
 
     def all_gather(
         self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
@@ -227,11 +217,9 @@ class MpiBackend(Backend):
         landing = tensor.new_empty(self.size * tensor.numel())
         mine, gathered = self._message(tensor), self._message(landing)
         unpack = functools.partial(_unpack, landing, outputs)
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Allgather(mine, gathered)
-            return _completed(outputs, unpack)
-        request = self._comm.Iallgather(mine, gathered)
-        return self._started(request, "all_gather", async_op, outputs, (tensor, landing), unpack)
+        calls = (self._comm.Allgather, self._comm.Iallgather)
+        keep_alive = (tensor, landing)
+        return self._collective("all_gather", async_op, calls, (mine, gathered), outputs, keep_alive, unpack)
 
     def reduce_scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
@@ -246,11 +234,11 @@ class MpiBackend(Backend):
             return self._via_host("reduce_scatter_tensor", output, tensor, op, async_op=async_op)
         send, receive = self._message(tensor), self._message(output)
         mpi_op, average = self._reductions[op][tensor.dtype], self._averaging(output, op)
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Reduce_scatter_block(send, receive, mpi_op)
-            return _completed([output], average)
-        request = self._comm.Ireduce_scatter_block(send, receive, mpi_op)
-        return self._started(request, "reduce_scatter_tensor", async_op, [output], (tensor, output), average)
+        calls = (self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block)
+        arguments, keep_alive = (send, receive, mpi_op), (tensor, output)
+        return self._collective(
+            "reduce_scatter_tensor", async_op, calls, arguments, [output], keep_alive, average
+        )
 
     def all_to_all_single(
         self,
@@ -267,16 +255,13 @@ class MpiBackend(Backend):
             )
         if not output_splits and not input_splits:
             send, receive = self._message(tensor), self._message(output)
-            blocking, nonblocking = self._comm.Alltoall, self._comm.Ialltoall
+            calls = (self._comm.Alltoall, self._comm.Ialltoall)
         else:
             send = self._message(tensor, _counts_and_displacements(tensor, input_splits, self.size))
             receive = self._message(output, _counts_and_displacements(output, output_splits, self.size))
-            blocking, nonblocking = self._comm.Alltoallv, self._comm.Ialltoallv
-        if not async_op and self._blocking_sync_ops:
-            blocking(send, receive)
-            return CompletedWork([output])
-        return self._started(
-            nonblocking(send, receive), "all_to_all_single", async_op, [output], (tensor, output)
+            calls = (self._comm.Alltoallv, self._comm.Ialltoallv)
+        return self._collective(
+            "all_to_all_single", async_op, calls, (send, receive), [output], (tensor, output)
         )
 
     def all_to_all(
@@ -290,11 +275,9 @@ class MpiBackend(Backend):
         send = self._message(packed, _layout([chunk.numel() for chunk in inputs]))
         receive = self._message(landing, _layout([output.numel() for output in outputs]))
         unpack = functools.partial(_unpack, landing, outputs)
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Alltoallv(send, receive)
-            return _completed(outputs, unpack)
-        request = self._comm.Ialltoallv(send, receive)
-        return self._started(request, "all_to_all", async_op, outputs, (packed, landing), unpack)
+        calls = (self._comm.Alltoallv, self._comm.Ialltoallv)
+        keep_alive = (packed, landing)
+        return self._collective("all_to_all", async_op, calls, (send, receive), outputs, keep_alive, unpack)
 
     def gather(
         self,
@@ -309,11 +292,9 @@ class MpiBackend(Backend):
         landing = tensor.new_empty(self.size * tensor.numel()) if outputs is not None else None
         receive = self._message(landing) if landing is not None else None
         unpack = functools.partial(_unpack, landing, outputs) if outputs is not None else None
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Gather(self._message(tensor), receive, root)
-            return _completed(outputs or (), unpack)
-        request = self._comm.Igather(self._message(tensor), receive, root)
-        return self._started(request, "gather", async_op, outputs or (), (tensor, landing), unpack)
+        calls, arguments = (self._comm.Gather, self._comm.Igather), (self._message(tensor), receive, root)
+        keep_alive = (tensor, landing)
+        return self._collective("gather", async_op, calls, arguments, outputs or (), keep_alive, unpack)
 
     def scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
@@ -322,27 +303,31 @@ class MpiBackend(Backend):
             return self._via_host("scatter", output, inputs, root, async_op=async_op)
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs]) if inputs is not None else None
         send = self._message(packed) if packed is not None else None
-        if not async_op and self._blocking_sync_ops:
-            self._comm.Scatter(send, self._message(output), root)
-            return CompletedWork([output])
-        request = self._comm.Iscatter(send, self._message(output), root)
-        return self._started(request, "scatter", async_op, [output], (packed, output))
+        calls, arguments = (self._comm.Scatter, self._comm.Iscatter), (send, self._message(output), root)
+        return self._collective("scatter", async_op, calls, arguments, [output], (packed, output))
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _started(
+    def _collective(
         self,
-        request: Any,
         op: str,
         async_op: bool,
+        calls: tuple[Callable[..., Any], Callable[..., Any]],
+        arguments: tuple[Any, ...],
         result: Sequence[torch.Tensor],
         keep_alive: Sequence[Any],
         epilogue: Callable[[], Any] | None = None,
     ) -> Work:
-        """The Work of a started non-blocking op; for a caller that waits at once, the wait itself.
+        """Run one collective given its (blocking, non-blocking) MPI calls, both taking ``arguments``.
 
-        Waiting here, on a request no other thread has seen, skips building a Work and its locks.
+        A synchronous op makes the blocking call if the options ask for it, else waits for the
+        request here: on a request no other thread has seen, that skips building a Work and its locks.
         """
+        blocking, nonblocking = calls
+        if not async_op and self._blocking_sync_ops:
+            blocking(*arguments)
+            return _completed(result, epilogue)
+        request = nonblocking(*arguments)
         if async_op:
             return MpiWork(request, op, self._limit, result, keep_alive, epilogue)
         wait_for(request, op, self._limit, keep_alive)
