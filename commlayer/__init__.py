@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "dist": ("commlayer.dist", None),
     "mesh": ("commlayer.mesh", None),
+    "parallel": ("commlayer.parallel", None),
     "zero": ("commlayer.zero", None),
     "Backend": ("commlayer.backend", "Backend"),
     "get_backend_class": ("commlayer.registry", "get_backend_class"),
@@ -34,7 +35,7 @@ _LAZY = {
 __all__ = ["__version__", *sorted(_LAZY)]  # noqa: PLE0604 - the lazy names are strings
 
 if TYPE_CHECKING:
-    from . import dist, mesh, zero
+    from . import dist, mesh, parallel, zero
     from .backend import Backend
     from .registry import get_backend_class, list_backends, register_backend, unregister_backend
     from .types import Availability, Capabilities, GroupSpec, ReduceOp
