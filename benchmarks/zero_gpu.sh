@@ -6,9 +6,7 @@
 # MODE is any of ddp fsdp2 ds1 ds2 ds3 (the anchor) and cl0 cl1 cl2 cl3 cl1_fused ... (zero_gpu.py);
 # default: all but the fused ones. Environment: ANCHOR (zero_anchor.py; default
 # shared/anchors/zero_anchor.py), OUT (results folder; default $OUT or /tmp/zero_gpu), NPROC (2),
-# STEPS (20), WARMUP (5). Wheels found in .whl/ (DeepSpeed, pydantic, ...) are installed into a
-# --target folder, and commlayer itself is laid out there by hand (package, backends and entry
-# points), which needs no build tools on the GPU machine (the optional oneCCL extension is left out).
+# STEPS (20), WARMUP (5). benchmarks/gpu_site.sh lays commlayer and the wheels in .whl/ out first.
 set -uo pipefail
 ANCHOR=${ANCHOR:-shared/anchors/zero_anchor.py}
 OUT=${OUT:-/tmp/zero_gpu}
@@ -20,26 +18,7 @@ MODES=("$@")
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
-SITE=/tmp/zero_site
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-fi
-rm -rf "$SITE/commlayer" "$SITE"/commlayer-*.dist-info && mkdir -p "$SITE/commlayer-0.1.0.dist-info" || exit 1
-cp -r commlayer "$SITE/commlayer" && cp -r backends "$SITE/commlayer/backends" || exit 1
-python3 - "$SITE/commlayer-0.1.0.dist-info" <<'PY' || exit 1
-import sys, tomllib
-from pathlib import Path
-info, project = Path(sys.argv[1]), tomllib.loads(Path("pyproject.toml").read_text())["project"]
-(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: commlayer\nVersion: {project['version']}\n")
-lines = []
-for group, points in project["entry-points"].items():
-    lines += [f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), ""]
-(info / "entry_points.txt").write_text("\n".join(lines))
-PY
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-(cd /tmp && python3 -c 'import commlayer; print(commlayer.__file__, [(b.name, bool(b.availability)) for b in commlayer.list_backends()])') || exit 1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/machine.txt"
+source benchmarks/gpu_site.sh
 
 for mode in "${MODES[@]}"; do
   case "$mode" in
