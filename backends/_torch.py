@@ -17,37 +17,29 @@ import torch.distributed as torch_dist
 from commlayer.backend import Backend
 from commlayer.fallbacks import P2PRequest
 from commlayer.types import Availability, GroupSpec, ReduceOp
-from commlayer.work import CompletedWork, TorchWork, Work, WorkList
+from commlayer.work import TorchWork, Work, WorkList
+
+from ._torch_plans import TORCH_OPS as _TORCH_OPS
+from ._torch_plans import fused_plan, options
+from ._torch_plans import wrap as _wrap
 
 __all__ = ["TorchBackend"]
-
-_TORCH_OPS = {op: getattr(torch_dist.ReduceOp, op.name) for op in ReduceOp}
-
-
-def _options(kind: Any, async_op: bool, **fields: Any) -> Any:
-    options = kind()
-    for name, value in fields.items():
-        setattr(options, name, value)
-    if hasattr(options, "asyncOp"):  # torch >= 2.8: a blocking op may run on the caller's stream
-        options.asyncOp = async_op
-    return options
-
 
 # The hot ops call the ProcessGroup's methods directly: the facade has already checked everything
 # torch's Python wrappers would. Their options objects are built once here and only read after.
 _MODES = (True, False)
 _ALLREDUCE_OPTIONS = {
-    (op, mode): _options(torch_dist.AllreduceOptions, mode, reduceOp=_TORCH_OPS[op])
+    (op, mode): options(torch_dist.AllreduceOptions, mode, reduceOp=_TORCH_OPS[op])
     for op in ReduceOp
     for mode in _MODES
 }
 _REDUCE_SCATTER_OPTIONS = {
-    (op, mode): _options(torch_dist.ReduceScatterOptions, mode, reduceOp=_TORCH_OPS[op])
+    (op, mode): options(torch_dist.ReduceScatterOptions, mode, reduceOp=_TORCH_OPS[op])
     for op in ReduceOp
     for mode in _MODES
 }
 _AVG = ReduceOp.AVG
-_ALLGATHER_OPTIONS = {mode: _options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
+_ALLGATHER_OPTIONS = {mode: options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
 # Shut-down torch ProcessGroups stay referenced here until the next init or interpreter exit.
@@ -63,7 +55,7 @@ atexit.register(_retired_process_groups.clear)
 @functools.cache
 def _broadcast_options(root: int, async_op: bool) -> Any:
     # rootRank is a group rank: the ProcessGroup counts its own members.
-    return _options(torch_dist.BroadcastOptions, async_op, rootRank=root)
+    return options(torch_dist.BroadcastOptions, async_op, rootRank=root)
 
 
 class TorchBackend(Backend):
@@ -122,6 +114,12 @@ class TorchBackend(Backend):
     def torch_group(self) -> Any:
         return self._pg
 
+    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
+        """Fused launchers for the hot ops; AVG emulated by SUM-then-divide has none."""
+        if op in self.generic_ops or (_AVG in fixed and not self.native_avg):
+            return None
+        return fused_plan(self._pg, op, fixed)
+
     def _global(self, group_rank: int) -> int:
         return self.spec.ranks[group_rank]
 
@@ -148,10 +146,10 @@ class TorchBackend(Backend):
         return TorchWork(torch_dist.barrier(self._pg, async_op=True))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
-        return TorchWork(torch_dist.isend(tensor, self._global(dst), self._pg, tag))
+        return _wrap(self._pg.send([tensor], dst, tag), ())
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool = True) -> Work:
-        return TorchWork(torch_dist.irecv(tensor, self._global(src), self._pg, tag), [tensor])
+        return _wrap(self._pg.recv([tensor], src, tag), (tensor,))
 
     # --- native versions of the fallbacks -------------------------------------------------
 
@@ -274,10 +272,6 @@ class TorchBackend(Backend):
         if not average:
             return work
         return work.then(lambda: [result.div_(self.size) for result in results])
-
-
-def _wrap(torch_work: Any, results: tuple[torch.Tensor, ...]) -> Work:
-    return CompletedWork(results) if torch_work is None else TorchWork(torch_work, results)
 
 
 def _as_list(splits: Sequence[int] | None) -> list[int] | None:

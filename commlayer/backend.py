@@ -29,6 +29,7 @@ and register it under the ``commlayer.backends`` entry-point group::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -91,6 +92,17 @@ class Backend(GenericCollectives, ABC):
     def object_device(self) -> torch.device:
         """Where the object collectives stage their pickled bytes."""
         return torch.device("cpu")
+
+    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
+        """Optional: a fused launcher for ``op`` whose trailing arguments are ``fixed``.
+
+        The facade calls it once per validated kind of call (see ``commlayer.dist._dispatch``)
+        and then calls ``run(async_op, *tensors)`` for every call of that kind: it must start
+        ``getattr(self, op)(*tensors, *fixed)``, return its Work when ``async_op`` is true, and
+        otherwise wait for it and return None. Tensors arrive contiguous but not flattened.
+        None (the default) makes the facade build that launcher around the op itself.
+        """
+        return None
 
     # --- the mandatory core ----------------------------------------------------------------
     #

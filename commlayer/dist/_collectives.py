@@ -15,7 +15,7 @@ from ..errors import invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
-from ._dispatch import begin, contiguous, launch
+from ._dispatch import begin, contiguous, launch, plans, remember, run_staged
 
 __all__ = [
     "all_gather",
@@ -38,20 +38,26 @@ CopyBack = list  # list[tuple[original, contiguous buffer]]
 def all_reduce(
     tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    try:
+        plan = plans.get(("all_reduce", group, op, tensor.dtype, tensor.device, tensor.layout))
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked below
+        plan = None
+    if plan is not None and tensor.is_contiguous():
+        return plan.run(async_op, tensor)
+    return _checked_all_reduce(tensor, op, group, async_op)
+
+
+def _checked_all_reduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Work | None:
     call = begin("all_reduce", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
+    key = ("all_reduce", group, op, tensor.dtype, tensor.device, tensor.layout)
+    # Only commlayer's ReduceOp: torch's values equal small ints, which must still be refused.
+    plan = remember(key, isinstance(op, ReduceOp), call, "all_reduce", reduce_op)
     copy_back: CopyBack = []
-    buffer = contiguous(tensor, copy_back)
-    return launch(
-        call,
-        lambda b, hint: b.all_reduce(buffer, reduce_op, **hint),
-        async_op=async_op,
-        payload=tensor,
-        copy_back=copy_back,
-    )
+    return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
 
 def reduce(
@@ -86,20 +92,28 @@ def broadcast(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
+    try:
+        plan = plans.get(("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout))
+    except (AttributeError, TypeError):
+        plan = None
+    # An int src only: True and 1.0 equal 1 as keys, and they must still be refused.
+    if plan is not None and src.__class__ is int and group_src is None and tensor.is_contiguous():
+        return plan.run(async_op, tensor)
+    return _checked_broadcast(tensor, src, group, async_op, group_src)
+
+
+def _checked_broadcast(
+    tensor: torch.Tensor, src: int | None, group: Any, async_op: bool, group_src: int | None
+) -> Work | None:
     call = begin("broadcast", group, check.first_device(tensor))
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
     root = _root(call, "src", src, group_src)
+    key = ("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout)
+    plan = remember(key, group_src is None, call, "broadcast", root)
     copy_back: CopyBack = []
-    buffer = contiguous(tensor, copy_back)
-    return launch(
-        call,
-        lambda b, hint: b.broadcast(buffer, root, **hint),
-        async_op=async_op,
-        payload=tensor,
-        copy_back=copy_back,
-    )
+    return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
 
 def all_gather(
@@ -128,11 +142,24 @@ def all_gather(
 def all_gather_into_tensor(
     output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    call = begin(
-        "all_gather_into_tensor",
-        group,
-        check.first_device(input_tensor),
-    )
+    try:
+        plan = plans.get(_paired_key("all_gather_into_tensor", group, output_tensor, input_tensor))
+    except (AttributeError, TypeError):
+        plan = None
+    if (
+        plan is not None
+        and output_tensor.numel() == plan.size * input_tensor.numel()
+        and output_tensor.is_contiguous()
+        and input_tensor.is_contiguous()
+    ):
+        return plan.run(async_op, output_tensor, input_tensor)
+    return _checked_all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+def _checked_all_gather_into_tensor(
+    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool
+) -> Work | None:
+    call = begin("all_gather_into_tensor", group, check.first_device(input_tensor))
     if call is None:
         return None
     check.check_tensor(call, "input_tensor", input_tensor)
@@ -140,17 +167,12 @@ def all_gather_into_tensor(
     size = call.group.size()
     expected = size * input_tensor.numel()
     check.check_numel(call, "output_tensor", output_tensor, expected, "world size {} x input", size)
-    copy_back: CopyBack = []
+    key = _paired_key("all_gather_into_tensor", group, output_tensor, input_tensor)
     # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
-    output = _flat(contiguous(output_tensor, copy_back))
-    source = _flat(input_tensor.contiguous())
-    return launch(
-        call,
-        lambda b, hint: b.all_gather_into_tensor(output, source, **hint),
-        async_op=async_op,
-        payload=output_tensor,
-        copy_back=copy_back,
-    )
+    plan = remember(key, True, call, "all_gather_into_tensor", flat=True)
+    copy_back: CopyBack = []
+    output = contiguous(output_tensor, copy_back)
+    return run_staged(plan, async_op, copy_back, output, input_tensor.contiguous())
 
 
 def reduce_scatter(
@@ -183,11 +205,28 @@ def reduce_scatter(
 
 def reduce_scatter_tensor(
     output: torch.Tensor,
-    input: torch.Tensor,
+    input: torch.Tensor,  # noqa: A002 - torch's name
     op: Any = ReduceOp.SUM,
     group: Any = None,
     async_op: bool = False,
-) -> Work | None:  # noqa: A002 - torch's name
+) -> Work | None:
+    try:
+        plan = plans.get(_paired_key("reduce_scatter_tensor", group, output, input, op))
+    except (AttributeError, TypeError):
+        plan = None
+    if (
+        plan is not None
+        and input.numel() == plan.size * output.numel()
+        and output.is_contiguous()
+        and input.is_contiguous()
+    ):
+        return plan.run(async_op, output, input)
+    return _checked_reduce_scatter_tensor(output, input, op, group, async_op)
+
+
+def _checked_reduce_scatter_tensor(
+    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool  # noqa: A002
+) -> Work | None:
     call = begin("reduce_scatter_tensor", group, check.first_device(input))
     if call is None:
         return None
@@ -196,16 +235,13 @@ def reduce_scatter_tensor(
     size = call.group.size()
     check.check_numel(call, "input", input, size * output.numel(), "world size {} x output", size)
     reduce_op = check.check_reduce_op(call, op, input.dtype)
+    key = _paired_key("reduce_scatter_tensor", group, output, input, op)
+    # Only commlayer's ReduceOp: torch's values equal small ints, which must still be refused.
+    cacheable = isinstance(op, ReduceOp)
+    plan = remember(key, cacheable, call, "reduce_scatter_tensor", reduce_op, payload=1, flat=True)
     copy_back: CopyBack = []
-    buffer = _flat(contiguous(output, copy_back))
-    source = _flat(input.contiguous())
-    return launch(
-        call,
-        lambda b, hint: b.reduce_scatter_tensor(buffer, source, reduce_op, **hint),
-        async_op=async_op,
-        payload=input,
-        copy_back=copy_back,
-    )
+    buffer = contiguous(output, copy_back)
+    return run_staged(plan, async_op, copy_back, buffer, input.contiguous())
 
 
 def all_to_all_single(
@@ -216,6 +252,25 @@ def all_to_all_single(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
+    try:
+        plan = plans.get(_paired_key("all_to_all_single", group, output, input))
+    except (AttributeError, TypeError):
+        plan = None
+    if plan is not None and output.is_contiguous() and input.is_contiguous():
+        out_splits = _check_splits(plan.call, "output_split_sizes", output_split_sizes, output)
+        in_splits = _check_splits(plan.call, "input_split_sizes", input_split_sizes, input)
+        return plan.run(async_op, output, input, out_splits, in_splits)
+    return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
+
+
+def _checked_all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,  # noqa: A002 - torch's name
+    output_split_sizes: Sequence[int] | None,
+    input_split_sizes: Sequence[int] | None,
+    group: Any,
+    async_op: bool,
+) -> Work | None:
     call = begin("all_to_all_single", group, check.first_device(input))
     if call is None:
         return None
@@ -224,16 +279,11 @@ def all_to_all_single(
     check.check_dtype_match(call, "output", output, input)
     out_splits = _check_splits(call, "output_split_sizes", output_split_sizes, output)
     in_splits = _check_splits(call, "input_split_sizes", input_split_sizes, input)
+    key = _paired_key("all_to_all_single", group, output, input)
+    plan = remember(key, True, call, "all_to_all_single", payload=1)
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
-    source = input.contiguous()
-    return launch(
-        call,
-        lambda b, hint: b.all_to_all_single(buffer, source, out_splits, in_splits, **hint),
-        async_op=async_op,
-        payload=input,
-        copy_back=copy_back,
-    )
+    return run_staged(plan, async_op, copy_back, buffer, input.contiguous(), out_splits, in_splits)
 
 
 def all_to_all(
@@ -333,9 +383,9 @@ def barrier(
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    # A view costs about a microsecond, a tenth of a small op's budget: skip it when already 1-D.
-    return tensor if tensor.dim() == 1 else tensor.view(-1)
+def _paired_key(op: str, group: Any, output: torch.Tensor, tensor: torch.Tensor, *scalars: Any) -> tuple:
+    """The plan key of a two-tensor op: what its validation depended on."""
+    return (op, group, *scalars, output.dtype, output.device, output.layout, tensor.dtype, tensor.device, tensor.layout)
 
 
 def _root(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:

@@ -1,13 +1,31 @@
-"""The one path every facade op takes: resolve the group, pick the backend, stage, launch, wait.
+"""The path every facade op takes: resolve the group, pick the backend, stage, launch, wait.
 
 Ops on a rank outside the group return None without communicating (torch's NON_GROUP_MEMBER
 behaviour). Non-contiguous tensors are copied to contiguous buffers and copied back when the work
 completes, because some libraries (torch 2.13's gloo among them) silently mis-handle strided
 memory; backends therefore only ever see contiguous tensors.
+
+Plans (the hot path). The ops that run thousands of times a second (all_reduce, broadcast,
+all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, send/recv) validate their
+arguments fully on the first call of a kind, then store a :class:`Plan` under a key of everything
+that validation depended on: the op, the ``group`` argument, the scalar arguments (reduce op,
+root, peer, tag) and each tensor's dtype, device and layout. A later call with the same key only
+checks what the key cannot hold (contiguity, element counts, split sizes) and calls the plan:
+one dict lookup instead of resolving, re-validating and wrapping. A plan is built by the
+backend's ``plan`` method (a fused launcher, e.g. a torch ProcessGroup's bound method with
+prebuilt options) or, for backends without one, by :func:`new_plan` around the ordinary backend
+op. Every plan is dropped (:func:`forget_plans`) when a group or the world is created or
+destroyed and when the observer changes, so none outlives what it was checked against.
+
+Observers (the hook point). With an observer set (:func:`set_observer`: the comms logger, or any
+recorder that wants to see every op), plans are rebuilt so that each launch goes through
+``observer.observe(call, nbytes, start)``; ops without plans go through :func:`launch`, which
+calls the same hook. Without one, neither path pays anything for it.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -19,7 +37,20 @@ from ..errors import UnsupportedError, invalid_argument
 from ..work import Work
 from ._groups import ProcessGroup, resolve_group
 
-__all__ = ["OpCall", "Observer", "begin", "contiguous", "device_type", "launch", "set_observer"]
+__all__ = [
+    "OpCall",
+    "Observer",
+    "Plan",
+    "begin",
+    "contiguous",
+    "device_type",
+    "forget_plans",
+    "launch",
+    "new_plan",
+    "plans",
+    "run_staged",
+    "set_observer",
+]
 
 log = logging.getLogger("commlayer.dist")
 
@@ -66,8 +97,115 @@ def device_type(device: torch.device) -> str:
 
 
 def set_observer(observer: Observer | None) -> None:
+    """Route every op's launch through ``observer`` (None: no observer); drops every plan."""
     global _observer
     _observer = observer
+    forget_plans()
+
+
+class Plan(NamedTuple):
+    """A validated way to run one kind of call: ``run(async_op, *tensors)`` starts it.
+
+    ``run`` returns the Work when ``async_op`` is true; otherwise it waits, as torch does, and
+    returns None. ``size`` is the group's size, for the per-call element-count checks.
+    """
+
+    run: Callable[..., Work | None]
+    call: OpCall
+    size: int
+
+
+# Key -> Plan; see the module docstring for what keys hold and when plans are dropped.
+plans: dict[tuple[Any, ...], Plan] = {}
+
+
+def forget_plans() -> None:
+    """Drop every plan (groups changed, or the observer did)."""
+    plans.clear()
+
+
+atexit.register(forget_plans)  # plans refer to backends: release them before interpreter teardown
+
+
+def new_plan(call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = False) -> Plan:
+    """The plan for ``call``: ``backend.<op>(*tensors, *fixed)`` started, and waited unless async.
+
+    ``payload`` indexes the tensor whose size the observer reports; ``flat`` passes 1-D views,
+    which the backend contract promises for the tensor-in/tensor-out collectives.
+    """
+    backend, observer = call.backend, _observer
+    fused = backend.plan(op, *fixed) if observer is None else None
+    if fused is not None:
+        return Plan(fused, call, call.group.size())
+    method = getattr(backend, op)
+    hinted = backend.capabilities.sync_hint
+
+    def start(async_op: bool, tensors: tuple[torch.Tensor, ...]) -> Work:
+        if flat:
+            tensors = tuple(_flat(tensor) for tensor in tensors)
+        if hinted:
+            return method(*tensors, *fixed, async_op=async_op)
+        return method(*tensors, *fixed)
+
+    if observer is None:
+
+        def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+            work = start(async_op, tensors)
+            if async_op:
+                return work
+            work.wait()
+            return None
+
+    else:
+
+        def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+            nbytes = _nbytes(tensors[payload])
+            work = observer.observe(call, nbytes, lambda: start(async_op, tensors))
+            if async_op:
+                return work
+            work.wait()
+            return None
+
+    return Plan(run, call, call.group.size())
+
+
+def remember(
+    key: tuple[Any, ...], cacheable: bool, call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = False
+) -> Plan:
+    """The plan stored under ``key`` (built by :func:`new_plan` if missing), after validation passed.
+
+    ``cacheable`` is False when the key could also match a call that validation would refuse
+    (a torch ReduceOp equals a plain int); that call's plan is then used once and not stored.
+    """
+    plan = plans.get(key)
+    if plan is None:
+        plan = new_plan(call, op, *fixed, payload=payload, flat=flat)
+        if cacheable:
+            plans[key] = plan
+    return plan
+
+
+def run_staged(
+    plan: Plan, async_op: bool, copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]], *tensors: torch.Tensor
+) -> Work | None:
+    """Run ``plan`` on contiguous stand-ins, copying staged outputs back into the caller's tensors."""
+    work = plan.run(async_op, *tensors)
+    if not copy_back:
+        return work
+    if work is None:  # a synchronous op has already completed
+        _copy_back(copy_back)
+        return None
+    return work.then(lambda: _copy_back(copy_back))
+
+
+def _copy_back(copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for original, buffer in copy_back:
+        original.copy_(buffer)
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    # A view costs about a microsecond: skip it when already 1-D.
+    return tensor if tensor.dim() == 1 else tensor.view(-1)
 
 
 def begin(op: str, group_arg: Any, device: torch.device | None = None) -> OpCall | None:

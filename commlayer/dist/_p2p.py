@@ -13,7 +13,7 @@ from ..errors import CommTimeoutError, InvalidArgumentError, invalid_argument
 from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import _validate as check
-from ._dispatch import OpCall, begin, contiguous, launch
+from ._dispatch import OpCall, begin, contiguous, launch, plans, remember, run_staged
 from ._groups import resolve_group
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
@@ -34,16 +34,8 @@ def isend(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> Work | None:
-    prepared = _prepare("send", tensor, dst, group, tag, group_dst)
-    if prepared is None:
-        return None
-    request = prepared.request
-    return launch(
-        prepared.call,
-        lambda b, hint: b.send(request.tensor, request.peer, tag, **hint),
-        async_op=True,
-        payload=tensor,
-    )
+    work = _point_to_point("send", tensor, dst, group, tag, group_dst, True)
+    return None if work is NOT_MEMBER else work
 
 
 def irecv(
@@ -53,15 +45,8 @@ def irecv(
     tag: int = 0,
     group_src: int | None = None,
 ) -> Work | None:
-    prepared = _prepare("recv", tensor, src, group, tag, group_src)
-    if prepared is None:
-        return None
-    buffer = prepared.request.tensor
-    if src is None and group_src is None:
-        start = lambda b, hint: b.recv_any(buffer, tag, **hint)
-    else:
-        start = lambda b, hint: b.recv(buffer, prepared.request.peer, tag, **hint)
-    return launch(prepared.call, start, async_op=True, payload=tensor, copy_back=prepared.copy_back)
+    work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
+    return None if work is NOT_MEMBER else work
 
 
 def send(
@@ -71,9 +56,7 @@ def send(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> None:
-    work = isend(tensor, dst, group, tag, group_dst)
-    if work is not None:
-        work.wait()
+    _point_to_point("send", tensor, dst, group, tag, group_dst, False)
 
 
 def recv(
@@ -84,16 +67,51 @@ def recv(
     group_src: int | None = None,
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 on a non-member)."""
-    work = irecv(tensor, src, group, tag, group_src)
-    if work is None:
+    if src.__class__ is int and group_src is None:  # the common case: its own answer
+        done = _point_to_point("recv", tensor, src, group, tag, None, False)
+        return -1 if done is NOT_MEMBER else src
+    work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
+    if work is NOT_MEMBER:
         return -1
     work.wait()
+    resolved = resolve_group("recv", group)
     if src is not None:
         return src
-    resolved = resolve_group("recv", group)
     if group_src is not None:
         return resolved.ranks[group_src]
     return resolved.ranks[work.source_rank()]  # type: ignore[attr-defined] - a group rank
+
+
+NOT_MEMBER: Any = object()
+
+
+def _point_to_point(
+    kind: str, tensor: Any, peer: int | None, group: Any, tag: int, group_peer: int | None, async_op: bool
+) -> Any:
+    """One send or receive: through its plan when one matches, else validated (and planned).
+
+    Returns NOT_MEMBER on a rank outside ``group``, so that a synchronous ``recv`` (which returns
+    None when done) can tell the two apart.
+    """
+    try:
+        plan = plans.get((kind, group, peer, tag, tensor.dtype, tensor.device, tensor.layout))
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked below
+        plan = None
+    # An int peer only: True and 1.0 equal 1 as keys, and they must still be refused.
+    if plan is not None and peer.__class__ is int and group_peer is None and tensor.is_contiguous():
+        return plan.run(async_op, tensor)
+    prepared = _prepare(kind, tensor, peer, group, tag, group_peer)
+    if prepared is None:
+        return NOT_MEMBER
+    request, call = prepared.request, prepared.call
+    if request.peer < 0:  # any source: the sender is known only once a message arrives
+        work = launch(
+            call, lambda b, hint: b.recv_any(request.tensor, tag, **hint), async_op=True, payload=tensor
+        )
+        return _with_copy_back(work, prepared.copy_back)
+    key = (kind, group, peer, tag, tensor.dtype, tensor.device, tensor.layout)
+    plan = remember(key, group_peer is None, call, kind, request.peer, tag)
+    return run_staged(plan, async_op, prepared.copy_back, request.tensor)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from ._groups import (
     set_world,
     world_or_none,
 )
+from ._dispatch import forget_plans
 from ._rendezvous import Rendezvous, rendezvous
 
 log = logging.getLogger("commlayer.dist")
@@ -92,12 +93,14 @@ def init_process_group(
         spec,
         timeout,
     )
+    forget_plans()
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down one group, or (``group=None``) every group and the default one."""
     world = current_world("destroy_process_group")
+    forget_plans()  # every plan was checked against groups that are going away
     if group is None or group is world.default_group:
         for member in list(world.groups.values()):
             member.forget_calls()
