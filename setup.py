@@ -77,4 +77,23 @@ def _ccl_extensions() -> list[Extension]:
     return [extension]
 
 
-setup(packages=_packages(), ext_modules=_ccl_extensions())
+def _shm_extensions() -> list[Extension]:
+    """The shared-memory backend's commlayer.backends.shm._C: needs only a C++17 compiler and pybind11."""
+    import pybind11  # a build requirement (pyproject.toml), so a plain pip install always has it
+
+    sources = ["binding.cpp", "comm.cpp", "kernels.cpp", "segment.cpp"]
+    return [
+        Extension(
+            "commlayer.backends.shm._C",
+            sources=[f"csrc/shm/{name}" for name in sources],
+            include_dirs=[pybind11.get_include()],
+            libraries=["rt"],
+            # -O3 vectorises the reduction kernels; kernels.cpp compiles them per ISA and picks one
+            # at run time, so no -march flag ties the build to the build machine.
+            extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden"],
+            language="c++",
+        )
+    ]
+
+
+setup(packages=_packages(), ext_modules=_shm_extensions() + _ccl_extensions())

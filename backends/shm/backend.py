@@ -1,0 +1,232 @@
+"""The ``shm`` backend: collectives through one shared-memory segment per group (csrc/shm).
+
+For groups whose ranks share a host (found through the store, see :mod:`._setup`). Each op runs
+to completion in the calling thread, in call order, so ranks that disagree on ``async_op`` still
+match and an async op returns a completed Work. Every wait spins briefly, then yields the core
+with the GIL released, and ends at the group's timeout or as soon as a peer's process is gone.
+
+Native: all_reduce, reduce, broadcast, all_gather(_into_tensor), reduce_scatter(_tensor),
+all_to_all(_single) with equal splits, gather, scatter, barrier. Point-to-point ops (and
+all-to-all with uneven splits, through the generic fallbacks) run on a companion gloo group over
+the same ranks, which is also the backend's ``torch_group`` (what DDP needs). A group spanning
+hosts is a :class:`~.two_level.TwoLevelBackend`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from commlayer.backend import Backend
+from commlayer.errors import CommError, CommTimeoutError
+from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.work import CompletedWork, Work
+
+from ..gloo import GlooBackend
+from ._native import DTYPE_CODES, OP_CODES, load_extension
+from ._setup import HostMap, build_comm, exchange_hosts
+from .options import ShmOptions
+
+__all__ = ["ShmBackend"]
+
+INSTALL_HINT = "reinstall commlayer from source with a C++17 compiler: pip install --no-build-isolation -e ."
+
+
+class ShmBackend(Backend):
+    """One shared-memory communicator over ranks of one host, plus a gloo companion for p2p."""
+
+    name = "shm"
+    capabilities = Capabilities(
+        devices=frozenset({"cpu"}), dtypes=ALL_DTYPES, recv_any_source=True, sync_hint=True
+    )
+    install_hint = INSTALL_HINT
+
+    def __init__(
+        self, spec: GroupSpec, companion: GlooBackend, comm: Any, options: ShmOptions, hosts: HostMap
+    ) -> None:
+        super().__init__(spec)
+        self.options = options
+        self.hosts = hosts
+        self._companion = companion
+        self._comm = comm
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def is_available(cls) -> Availability:
+        try:
+            load_extension()
+        except ImportError as error:
+            return Availability.no(f"the shm extension is not built: {error}", INSTALL_HINT)
+        if not os.access("/dev/shm", os.W_OK):
+            return Availability.no("/dev/shm is missing or not writable", "mount a tmpfs on /dev/shm")
+        return GlooBackend.is_available()
+
+    @classmethod
+    def create_world(cls, spec: GroupSpec) -> Backend:
+        options = ShmOptions.resolve(spec.options, spec.global_rank)
+        companion = GlooBackend.create_world(replace(spec, options=None))
+        return _build(spec, companion, options)
+
+    def new_group(self, spec: GroupSpec) -> Backend | None:
+        companion = self._companion.new_group(replace(spec, options=None))  # torch: every world rank
+        if companion is None:
+            return None
+        options = self.options if spec.options is None else ShmOptions.resolve(spec.options, spec.global_rank)
+        return _build(spec, companion, options)
+
+    def shutdown(self) -> None:
+        self._comm = None  # unmaps the segment once no op holds it
+        self._companion.shutdown()
+
+    @property
+    def torch_group(self) -> Any | None:
+        return self._companion.torch_group
+
+    # --- the mandatory core ----------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+        self._run(self._comm.all_reduce, tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], OP_CODES[op])
+        return CompletedWork((tensor,))
+
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
+        code = DTYPE_CODES[tensor.dtype]
+        self._run(self._comm.all_gather, output.data_ptr(), tensor.data_ptr(), tensor.numel(), code)
+        return CompletedWork((output,))
+
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
+        self._run(self._comm.broadcast, tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], root)
+        return CompletedWork((tensor,))
+
+    def barrier(self, *, async_op: bool = True) -> Work:
+        self._run(self._comm.barrier)
+        return CompletedWork()
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
+        return self._companion.send(tensor, dst, tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool = True) -> Work:
+        return self._companion.recv(tensor, src, tag)
+
+    def recv_any(self, tensor: torch.Tensor, tag: int, *, async_op: bool = True) -> Work:
+        return self._companion.recv_any(tensor, tag)
+
+    # --- native versions of the fallbacks -------------------------------------------------
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
+        # Non-roots keep their input, as torch's reduce leaves it: they reduce a scratch copy.
+        self.all_reduce(tensor if self.rank == root else tensor.clone(), op)
+        return CompletedWork((tensor,))
+
+    def all_gather(
+        self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
+        landing = tensor.new_empty((self.size, tensor.numel()))
+        self.all_gather_into_tensor(landing, tensor)
+        for row, output in zip(landing, outputs):
+            output.copy_(row.view_as(output))
+        return CompletedWork(tuple(outputs))
+
+    def reduce_scatter_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
+        code, count = DTYPE_CODES[tensor.dtype], output.numel()
+        self._run(self._comm.reduce_scatter, output.data_ptr(), tensor.data_ptr(), count, code, OP_CODES[op])
+        return CompletedWork((output,))
+
+    def reduce_scatter(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
+        packed = torch.cat([chunk.reshape(-1) for chunk in inputs])
+        return self.reduce_scatter_tensor(output, packed, op)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+        *,
+        async_op: bool = True,
+    ) -> Work:
+        if not (_equal(output_splits) and _equal(input_splits)) or tensor.numel() % self.size:
+            return super().all_to_all_single(output, tensor, output_splits, input_splits)
+        count = tensor.numel() // self.size
+        self._run(self._comm.all_to_all, output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype])
+        return CompletedWork((output,))
+
+    def all_to_all(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
+    ) -> Work:
+        sizes = {chunk.numel() for chunk in (*inputs, *outputs)}
+        if len(sizes) != 1:
+            return super().all_to_all(outputs, inputs)
+        packed = torch.cat([chunk.reshape(-1) for chunk in inputs])
+        landing = torch.empty_like(packed)
+        self.all_to_all_single(landing, packed, None, None)
+        for row, output in zip(landing.view(self.size, -1), outputs):
+            output.copy_(row.view_as(output))
+        return CompletedWork(tuple(outputs))
+
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        outputs: Sequence[torch.Tensor] | None,
+        root: int,
+        *,
+        async_op: bool = True,
+    ) -> Work:
+        # An all-gather whose non-roots drop the result: one synchronisation instead of size - 1 sends.
+        landing = tensor.new_empty((self.size, tensor.numel()))
+        self.all_gather_into_tensor(landing, tensor)
+        for row, output in zip(landing, outputs or ()):
+            output.copy_(row.view_as(output))
+        return CompletedWork(tuple(outputs or ()))
+
+    def scatter(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+    ) -> Work:
+        if inputs is not None:
+            packed = torch.cat([chunk.reshape(-1) for chunk in inputs])
+        else:
+            packed = output.new_empty(self.size * output.numel())
+        self.broadcast(packed, root)
+        output.view(-1).copy_(packed.view(self.size, -1)[self.rank])
+        return CompletedWork((output,))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _run(self, call: Callable[..., None], *arguments: Any) -> None:
+        """Run one native op; its failures become commlayer's errors (the message names the group)."""
+        try:
+            call(*arguments)
+        except TimeoutError as error:
+            raise CommTimeoutError(str(error)) from None
+        except RuntimeError as error:
+            raise CommError(str(error)) from None
+        except AttributeError:
+            if self._comm is None:
+                raise CommError(f"shm group '{self.spec.name}': used after destroy_process_group") from None
+            raise
+
+
+def _equal(splits: Sequence[int] | None) -> bool:
+    return not splits or len(set(splits)) == 1
+
+
+def _build(spec: GroupSpec, companion: GlooBackend, options: ShmOptions) -> Backend:
+    """The communicator of a new group: shm on one host, two-level across hosts (collective)."""
+    prefix = f"commlayer/shm/{spec.name}"
+    hosts = exchange_hosts(spec, prefix, os.environ)
+    if not hosts.single_host:
+        from .two_level import TwoLevelBackend  # noqa: PLC0415 - a subclass of this module's class
+
+        return TwoLevelBackend.build(spec, companion, options, hosts, prefix)
+    comm = build_comm(spec, prefix, range(spec.size), hosts.pids, options)
+    return ShmBackend(spec, companion, comm, options, hosts)

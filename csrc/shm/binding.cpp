@@ -1,0 +1,118 @@
+// commlayer.backends.shm._C: pybind11 binding of the shared-memory communicator.
+//
+// Tensors cross as raw addresses (tensor.data_ptr()) plus element counts and dtype/op codes, so
+// the extension needs no torch headers and builds with a compiler and pybind11 alone. Ops keep
+// the GIL while they spin (most small ops finish there) and release it only once a wait starts
+// yielding the core, so other Python threads run during long waits without every op paying.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.hpp"
+#include "kernels.hpp"
+#include "segment.hpp"
+
+namespace py = pybind11;
+using namespace commlayer::shm;
+
+namespace {
+
+using Address = std::uintptr_t;
+
+void* ptr(Address address) { return reinterpret_cast<void*>(address); }
+
+thread_local PyThreadState* released_state = nullptr;
+
+SlowWaitHooks gil_hooks() {
+    return SlowWaitHooks{[] { released_state = PyEval_SaveThread(); },
+                         [] {
+                             PyEval_RestoreThread(released_state);
+                             released_state = nullptr;
+                         }};
+}
+
+// A communicator plus the mapping its regions live in.
+class Group {
+public:
+    Group(std::string label, int rank, int size, std::shared_ptr<Mapping> mapping, std::vector<pid_t> pids,
+          std::size_t small_bytes, std::size_t chunk_bytes, double timeout_s, int spins)
+        : mapping_(std::move(mapping)),
+          comm_(std::move(label), rank, size, regions(*mapping_, size, Layout{small_bytes, chunk_bytes}),
+                std::move(pids), Layout{small_bytes, chunk_bytes}, WaitPolicy{timeout_s, spins}) {
+        comm_.set_hooks(gil_hooks());
+    }
+
+    Comm& comm() { return comm_; }
+
+private:
+    static std::vector<char*> regions(const Mapping& mapping, int size, const Layout& layout) {
+        if (mapping.bytes() < layout.region_bytes() * static_cast<std::size_t>(size)) {
+            throw std::invalid_argument("shm: segment too small for the group's layout");
+        }
+        std::vector<char*> result;
+        for (int r = 0; r < size; ++r) result.push_back(mapping.data() + layout.region_bytes() * r);
+        return result;
+    }
+
+    std::shared_ptr<Mapping> mapping_;
+    Comm comm_;
+};
+
+void reduce_local(Address out, const std::vector<Address>& inputs, std::size_t count, int dtype, int op,
+                  int divisor) {
+    std::vector<const void*> pointers;
+    for (Address a : inputs) pointers.push_back(ptr(a));
+    reduce(ptr(out), nullptr, pointers.data(), static_cast<int>(pointers.size()), count, static_cast<DType>(dtype),
+           static_cast<Op>(op), divisor);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+    m.doc() = "commlayer shared-memory communicator (csrc/shm)";
+    auto timeout = py::register_exception<TimeoutError>(m, "ShmTimeout", PyExc_TimeoutError);
+    py::register_exception<PeerError>(m, "ShmPeerError", PyExc_RuntimeError);
+    (void)timeout;
+
+    py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping")
+        .def(py::init<const std::string&, std::size_t, bool>(), py::arg("name"), py::arg("bytes"),
+             py::arg("create"))
+        .def_property_readonly("bytes", &Mapping::bytes)
+        .def("touch", &Mapping::touch, py::arg("offset"), py::arg("bytes"));
+    m.def("unlink_segment", &unlink_segment, py::arg("name"));
+    m.def("region_bytes",
+          [](std::size_t small_bytes, std::size_t chunk_bytes) { return Layout{small_bytes, chunk_bytes}.region_bytes(); });
+    m.def("kernel_isa", &kernel_isa);
+    m.def("reduce", &reduce_local, py::arg("out"), py::arg("inputs"), py::arg("count"), py::arg("dtype"),
+          py::arg("op"), py::arg("divisor"));
+
+    py::class_<Group>(m, "Comm")
+        .def(py::init<std::string, int, int, std::shared_ptr<Mapping>, std::vector<pid_t>, std::size_t,
+                      std::size_t, double, int>(),
+             py::arg("label"), py::arg("rank"), py::arg("size"), py::arg("mapping"), py::arg("pids"),
+             py::arg("small_bytes"), py::arg("chunk_bytes"), py::arg("timeout_s"), py::arg("spins"))
+        .def_property_readonly("steps", [](Group& g) { return g.comm().steps(); })
+        .def("barrier", [](Group& g) { g.comm().barrier(); })
+        .def("all_reduce",
+             [](Group& g, Address data, std::size_t count, int dtype, int op) {
+                 g.comm().all_reduce(ptr(data), count, static_cast<DType>(dtype), static_cast<Op>(op));
+             })
+        .def("broadcast",
+             [](Group& g, Address data, std::size_t count, int dtype, int root) {
+                 g.comm().broadcast(ptr(data), count, static_cast<DType>(dtype), root);
+             })
+        .def("all_gather",
+             [](Group& g, Address out, Address in, std::size_t count, int dtype) {
+                 g.comm().all_gather(ptr(out), ptr(in), count, static_cast<DType>(dtype));
+             })
+        .def("reduce_scatter",
+             [](Group& g, Address out, Address in, std::size_t count, int dtype, int op) {
+                 g.comm().reduce_scatter(ptr(out), ptr(in), count, static_cast<DType>(dtype), static_cast<Op>(op));
+             })
+        .def("all_to_all", [](Group& g, Address out, Address in, std::size_t count, int dtype) {
+            g.comm().all_to_all(ptr(out), ptr(in), count, static_cast<DType>(dtype));
+        });
+}

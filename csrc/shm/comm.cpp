@@ -1,0 +1,322 @@
+// The shm communicator's ops; see comm.hpp for the protocol.
+#include "comm.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <sched.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace commlayer::shm {
+
+namespace {
+
+constexpr std::size_t kAlignElements = 16;  // slice boundaries, so each slice starts vector-aligned
+constexpr int kPollsPerClockCheck = 64;
+constexpr double kLivenessPeriodS = 0.02;
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Whether `pid` has exited (a zombie counts: its memory is gone, it will never arrive).
+bool process_gone(pid_t pid) {
+    if (pid <= 0) return false;
+    if (::kill(pid, 0) != 0) return errno == ESRCH;
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+    std::FILE* file = std::fopen(path, "r");
+    if (file == nullptr) return false;
+    char state = 0;
+    const int read = std::fscanf(file, "%*d (%*[^)]) %c", &state);
+    std::fclose(file);
+    return read == 1 && (state == 'Z' || state == 'X');
+}
+
+// [lo, hi) of slice `index` when `count` elements are split over `parts` ranks.
+struct Slice {
+    std::size_t lo, len;
+};
+Slice slice_of(std::size_t count, int parts, int index) {
+    std::size_t base = (count + parts - 1) / parts;
+    base = (base + kAlignElements - 1) / kAlignElements * kAlignElements;
+    const std::size_t lo = std::min(count, base * static_cast<std::size_t>(index));
+    return {lo, std::min(base, count - lo)};
+}
+
+// Runs the slow-wait hooks around a scope (released GIL while yielding).
+class HookScope {
+public:
+    explicit HookScope(const SlowWaitHooks& hooks) : hooks_(hooks) {
+        if (hooks_.begin) hooks_.begin();
+    }
+    ~HookScope() {
+        if (hooks_.end) hooks_.end();
+    }
+    HookScope(const HookScope&) = delete;
+    HookScope& operator=(const HookScope&) = delete;
+
+private:
+    const SlowWaitHooks& hooks_;
+};
+
+}  // namespace
+
+struct alignas(64) Comm::Control {
+    std::atomic<std::uint64_t> step;
+    char pad_step[56];
+    std::atomic<std::uint32_t> failed;  // set by a rank that gave up: its peers stop waiting at once
+    char pad_failed[60];
+};
+
+std::size_t Layout::region_bytes() const {
+    const std::size_t bytes = control_bytes + 2 * small_bytes + 2 * chunk_bytes;
+    return (bytes + 4095) / 4096 * 4096;
+}
+
+Comm::Comm(std::string label, int rank, int size, std::vector<char*> regions, std::vector<pid_t> pids,
+           Layout layout, WaitPolicy policy)
+    : label_(std::move(label)),
+      rank_(rank),
+      size_(size),
+      regions_(std::move(regions)),
+      pids_(std::move(pids)),
+      layout_(layout),
+      policy_(policy),
+      inputs_(static_cast<std::size_t>(size)) {
+    static_assert(sizeof(Control) <= Layout::control_bytes, "control block too large");
+    static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "cross-process atomics must be lock-free");
+    if (size < 1 || rank < 0 || rank >= size || regions_.size() != static_cast<std::size_t>(size) ||
+        pids_.size() != static_cast<std::size_t>(size)) {
+        throw std::invalid_argument("shm: inconsistent communicator arguments for " + label_);
+    }
+    step_ = control(rank_)->step.load(std::memory_order_relaxed);
+}
+
+Comm::Control* Comm::control(int peer) const { return reinterpret_cast<Control*>(regions_[peer]); }
+
+char* Comm::small(int peer, std::uint64_t step) const {
+    return regions_[peer] + Layout::control_bytes + (step & 1u) * layout_.small_bytes;
+}
+
+char* Comm::stage(int peer) const { return regions_[peer] + Layout::control_bytes + 2 * layout_.small_bytes; }
+
+char* Comm::result(int peer) const { return stage(peer) + layout_.chunk_bytes; }
+
+void Comm::check_usable(const char* op) const {
+    if (!failure_.empty()) {
+        throw PeerError(std::string(op) + ": " + label_ + " is unusable after an earlier failure: " + failure_);
+    }
+}
+
+void Comm::fail(const std::string& message, bool timeout) {
+    failure_ = message;
+    control(rank_)->failed.store(1, std::memory_order_release);
+    if (timeout) throw TimeoutError(message);
+    throw PeerError(message);
+}
+
+void Comm::arrive_and_wait(const char* op) {
+    ++step_;
+    control(rank_)->step.store(step_, std::memory_order_release);
+    for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) wait_for(peer, step_, op);
+    }
+}
+
+void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
+    const std::atomic<std::uint64_t>& counter = control(peer)->step;
+    for (int i = 0; i < policy_.spins; ++i) {
+        if (counter.load(std::memory_order_acquire) >= step) return;
+        cpu_relax();
+    }
+    HookScope released(hooks_);
+    const Clock::time_point start = Clock::now();
+    double next_liveness_check = kLivenessPeriodS;
+    for (long polls = 1;; ++polls) {
+        if (counter.load(std::memory_order_acquire) >= step) return;
+        sched_yield();
+        if (polls % kPollsPerClockCheck != 0) continue;
+        const double waited = seconds_since(start);
+        const std::string where = std::string(op) + ": " + label_ + ", rank " + std::to_string(rank_) + ": ";
+        if (control(peer)->failed.load(std::memory_order_acquire) != 0) {
+            fail(where + "peer rank " + std::to_string(peer) + " failed during an earlier or the same op", false);
+        }
+        if (waited >= next_liveness_check) {
+            next_liveness_check = waited + kLivenessPeriodS;
+            if (process_gone(pids_[peer])) {
+                fail(where + "peer rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) +
+                         ") exited while this rank waited for it",
+                     false);
+            }
+        }
+        if (waited >= policy_.timeout_s) {
+            fail(where + "peer rank " + std::to_string(peer) + " did not arrive within the group's timeout of " +
+                     std::to_string(policy_.timeout_s) + " s (it is stuck, or called a different op)",
+                 true);
+        }
+    }
+}
+
+void Comm::barrier() {
+    check_usable("barrier");
+    arrive_and_wait("barrier");
+}
+
+// --- all_reduce ----------------------------------------------------------------------------
+
+void Comm::all_reduce(void* data, std::size_t count, DType dtype, Op op) {
+    check_usable("all_reduce");
+    const std::size_t esz = element_size(dtype);
+    char* bytes = static_cast<char*>(data);
+    if (count * esz <= layout_.small_bytes) return all_reduce_small(bytes, count, dtype, op);
+    const std::size_t per_round = layout_.chunk_bytes / esz;
+    for (std::size_t done = 0; done < count; done += per_round) {
+        all_reduce_round(bytes + done * esz, std::min(per_round, count - done), dtype, op);
+    }
+}
+
+// Every rank reduces every rank's copy, in rank order: one step, identical results everywhere.
+void Comm::all_reduce_small(char* data, std::size_t count, DType dtype, Op op) {
+    const std::size_t bytes = count * element_size(dtype);
+    std::memcpy(small(rank_, step_ + 1), data, bytes);
+    arrive_and_wait("all_reduce");
+    for (int peer = 0; peer < size_; ++peer) inputs_[peer] = small(peer, step_);
+    reduce(data, nullptr, inputs_.data(), size_, count, dtype, op, size_);
+}
+
+// Reduce-scatter then all-gather: rank r stages the slices its peers reduce, reduces slice r from
+// its own memory and the peers' stages into its data and its result buffer, then copies the
+// other slices from their owners' result buffers.
+void Comm::all_reduce_round(char* data, std::size_t count, DType dtype, Op op) {
+    const std::size_t esz = element_size(dtype);
+    for (int peer = 0; peer < size_; ++peer) {
+        const Slice s = slice_of(count, size_, peer);
+        if (peer != rank_) std::memcpy(stage(rank_) + s.lo * esz, data + s.lo * esz, s.len * esz);
+    }
+    arrive_and_wait("all_reduce");
+    const Slice mine = slice_of(count, size_, rank_);
+    for (int peer = 0; peer < size_; ++peer) {
+        inputs_[peer] = (peer == rank_ ? data : stage(peer)) + mine.lo * esz;
+    }
+    reduce(data + mine.lo * esz, result(rank_) + mine.lo * esz, inputs_.data(), size_, mine.len, dtype, op,
+           size_);
+    arrive_and_wait("all_reduce");
+    for (int peer = 0; peer < size_; ++peer) {
+        const Slice s = slice_of(count, size_, peer);
+        if (peer != rank_) std::memcpy(data + s.lo * esz, result(peer) + s.lo * esz, s.len * esz);
+    }
+}
+
+// --- broadcast and all_gather --------------------------------------------------------------
+
+void Comm::broadcast(void* data, std::size_t count, DType dtype, int root) {
+    check_usable("broadcast");
+    char* bytes = static_cast<char*>(data);
+    const std::size_t total = count * element_size(dtype);
+    if (total <= layout_.small_bytes) {
+        if (rank_ == root) std::memcpy(small(rank_, step_ + 1), bytes, total);
+        arrive_and_wait("broadcast");
+        if (rank_ != root) std::memcpy(bytes, small(root, step_), total);
+        return;
+    }
+    for (std::size_t done = 0; done < total; done += layout_.chunk_bytes) {
+        const std::size_t len = std::min(layout_.chunk_bytes, total - done);
+        if (rank_ == root) std::memcpy(stage(rank_), bytes + done, len);
+        arrive_and_wait("broadcast");
+        if (rank_ != root) std::memcpy(bytes + done, stage(root), len);
+        arrive_and_wait("broadcast");  // the root may refill its stage
+    }
+}
+
+void Comm::all_gather(void* output, const void* input, std::size_t count, DType dtype) {
+    check_usable("all_gather");
+    char* out = static_cast<char*>(output);
+    const char* in = static_cast<const char*>(input);
+    const std::size_t total = count * element_size(dtype);
+    if (total == 0) return;
+    const bool fits_small = total <= layout_.small_bytes;
+    const std::size_t per_round = fits_small ? total : layout_.chunk_bytes;
+    for (std::size_t done = 0; done < total; done += per_round) {
+        const std::size_t len = std::min(per_round, total - done);
+        char* mine = fits_small ? small(rank_, step_ + 1) : stage(rank_);
+        std::memcpy(mine, in + done, len);
+        arrive_and_wait("all_gather");
+        for (int peer = 0; peer < size_; ++peer) {
+            const char* source = fits_small ? small(peer, step_) : stage(peer);
+            std::memmove(out + peer * total + done, peer == rank_ ? in + done : source, len);
+        }
+        if (!fits_small) arrive_and_wait("all_gather");
+    }
+}
+
+// --- reduce_scatter and all_to_all ---------------------------------------------------------
+
+void Comm::reduce_scatter(void* output, const void* input, std::size_t count, DType dtype, Op op) {
+    check_usable("reduce_scatter");
+    const std::size_t esz = element_size(dtype);
+    const bool fits_small = count * esz * size_ <= layout_.small_bytes;
+    const std::size_t per_round = fits_small ? std::max<std::size_t>(count, 1) : layout_.chunk_bytes / (esz * size_);
+    for (std::size_t done = 0; done < count; done += per_round) {
+        char* staging = fits_small ? small(rank_, step_ + 1) : stage(rank_);
+        reduce_scatter_round(static_cast<char*>(output) + done * esz, static_cast<const char*>(input) + done * esz,
+                             count, std::min(per_round, count - done), dtype, op, staging, fits_small);
+    }
+}
+
+// Stages block j of this round for every peer j at staging[j], then reduces its own block.
+void Comm::reduce_scatter_round(char* out, const char* in, std::size_t stride, std::size_t count,
+                                DType dtype, Op op, char* staging, bool fits_small) {
+    const std::size_t esz = element_size(dtype);
+    const std::size_t slot = count * esz;
+    for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) std::memcpy(staging + peer * slot, in + peer * stride * esz, slot);
+    }
+    arrive_and_wait("reduce_scatter");
+    for (int peer = 0; peer < size_; ++peer) {
+        const char* base = fits_small ? small(peer, step_) : stage(peer);
+        inputs_[peer] = peer == rank_ ? in + rank_ * stride * esz : base + rank_ * slot;
+    }
+    reduce(out, nullptr, inputs_.data(), size_, count, dtype, op, size_);
+    if (!fits_small) arrive_and_wait("reduce_scatter");
+}
+
+void Comm::all_to_all(void* output, const void* input, std::size_t count, DType dtype) {
+    check_usable("all_to_all");
+    char* out = static_cast<char*>(output);
+    const char* in = static_cast<const char*>(input);
+    const std::size_t esz = element_size(dtype);
+    const std::size_t block = count * esz;
+    const bool fits_small = block * size_ <= layout_.small_bytes;
+    const std::size_t per_round = fits_small ? std::max<std::size_t>(block, 1) : layout_.chunk_bytes / size_;
+    for (std::size_t done = 0; done < block; done += per_round) {
+        const std::size_t len = std::min(per_round, block - done);
+        char* staging = fits_small ? small(rank_, step_ + 1) : stage(rank_);
+        for (int peer = 0; peer < size_; ++peer) {
+            if (peer != rank_) std::memcpy(staging + peer * len, in + peer * block + done, len);
+        }
+        arrive_and_wait("all_to_all");
+        std::memmove(out + rank_ * block + done, in + rank_ * block + done, len);
+        for (int peer = 0; peer < size_; ++peer) {
+            const char* base = fits_small ? small(peer, step_) : stage(peer);
+            if (peer != rank_) std::memcpy(out + peer * block + done, base + rank_ * len, len);
+        }
+        if (!fits_small) arrive_and_wait("all_to_all");
+    }
+}
+
+}  // namespace commlayer::shm

@@ -1,0 +1,108 @@
+// One shared-memory communicator: the ranks of a group on one host, each owning a region of a
+// shared segment that the others read.
+//
+// Synchronisation is a single monotonically increasing step counter per rank (its own cache
+// line): arriving at step s publishes everything the rank wrote before it (release), and a rank
+// that saw every peer at step s may read what they wrote before it (acquire). Every op runs the
+// same sequence of steps on every rank, so no other state is shared.
+//
+// Region of one rank (sizes from Layout; per group the memory is size * Layout::region_bytes()):
+//   control (256 B) | small[0] | small[1] | stage | result
+// - small messages use small[step parity]: one step per op, no "done reading" step, because a
+//   buffer is rewritten only two steps later, after every peer has arrived at the step between;
+// - large messages go in rounds through `stage` (and `result` for all_reduce), two steps a round.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <sys/types.h>
+#include <vector>
+
+#include "kernels.hpp"
+
+namespace commlayer::shm {
+
+struct Layout {
+    std::size_t small_bytes = 64 * 1024;   // each of the two small buffers
+    std::size_t chunk_bytes = 1024 * 1024; // stage and result buffers, each
+    static constexpr std::size_t control_bytes = 256;
+    std::size_t region_bytes() const;
+};
+
+struct WaitPolicy {
+    double timeout_s = 1800.0;  // the group's timeout: the deadline of every wait
+    int spins = 256;            // busy polls before a waiting rank starts yielding the core
+};
+
+// A peer missed the deadline (maybe a different op order, maybe just slow).
+class TimeoutError : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// A peer's process is gone, or the communicator already failed.
+class PeerError : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Called when a wait stops spinning and starts yielding, and when it ends (the binding releases
+// and re-takes the GIL there, so short waits never pay for it).
+struct SlowWaitHooks {
+    std::function<void()> begin;
+    std::function<void()> end;
+};
+
+class Comm {
+public:
+    // `regions[i]` is rank i's region, already mapped; `pids[i]` its process (0: do not watch).
+    Comm(std::string label, int rank, int size, std::vector<char*> regions, std::vector<pid_t> pids,
+         Layout layout, WaitPolicy policy);
+
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    std::uint64_t steps() const { return step_; }
+    void set_hooks(SlowWaitHooks hooks) { hooks_ = std::move(hooks); }
+
+    void barrier();
+    void all_reduce(void* data, std::size_t count, DType dtype, Op op);
+    void broadcast(void* data, std::size_t count, DType dtype, int root);
+    // `output` holds size * count elements, rank-major.
+    void all_gather(void* output, const void* input, std::size_t count, DType dtype);
+    // `input` holds size * count elements; this rank receives the reduction of block `rank`.
+    void reduce_scatter(void* output, const void* input, std::size_t count, DType dtype, Op op);
+    // Both hold size blocks of `count` elements; block j of the input goes to rank j.
+    void all_to_all(void* output, const void* input, std::size_t count, DType dtype);
+
+private:
+    struct Control;
+    Control* control(int peer) const;
+    char* small(int peer, std::uint64_t step) const;
+    char* stage(int peer) const;
+    char* result(int peer) const;
+
+    void check_usable(const char* op) const;
+    void arrive_and_wait(const char* op);
+    void wait_for(int peer, std::uint64_t step, const char* op);
+    void fail(const std::string& message, bool timeout);
+
+    void all_reduce_small(char* data, std::size_t count, DType dtype, Op op);
+    void all_reduce_round(char* data, std::size_t count, DType dtype, Op op);
+    void reduce_scatter_round(char* out, const char* in, std::size_t stride, std::size_t count,
+                              DType dtype, Op op, char* staging, bool fits_small);
+
+    std::string label_;
+    int rank_;
+    int size_;
+    std::vector<char*> regions_;
+    std::vector<pid_t> pids_;
+    Layout layout_;
+    WaitPolicy policy_;
+    SlowWaitHooks hooks_;
+    std::uint64_t step_ = 0;
+    std::string failure_;
+    std::vector<const void*> inputs_;  // scratch for the reduction inputs (no allocation per op)
+};
+
+}  // namespace commlayer::shm
