@@ -90,7 +90,9 @@ class ShmBackend(Backend):
     # --- the mandatory core ----------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
-        self._run(self._comm.all_reduce, tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], OP_CODES[op])
+        self._run(
+            self._comm.all_reduce, tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], OP_CODES[op]
+        )
         return CompletedWork((tensor,))
 
     def all_gather_into_tensor(
@@ -158,7 +160,9 @@ class ShmBackend(Backend):
         if not (_equal(output_splits) and _equal(input_splits)) or tensor.numel() % self.size:
             return super().all_to_all_single(output, tensor, output_splits, input_splits)
         count = tensor.numel() // self.size
-        self._run(self._comm.all_to_all, output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype])
+        self._run(
+            self._comm.all_to_all, output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype]
+        )
         return CompletedWork((output,))
 
     def all_to_all(
@@ -225,7 +229,7 @@ def _build(spec: GroupSpec, companion: GlooBackend, options: ShmOptions) -> Back
     prefix = f"commlayer/shm/{spec.name}"
     hosts = exchange_hosts(spec, prefix, os.environ)
     if not hosts.single_host:
-        from .two_level import TwoLevelBackend  # noqa: PLC0415 - a subclass of this module's class
+        from .two_level import TwoLevelBackend  # a subclass of this module's class
 
         return TwoLevelBackend.build(spec, companion, options, hosts, prefix)
     comm = build_comm(spec, prefix, range(spec.size), hosts.pids, options)

@@ -35,7 +35,11 @@ class ShmOptions:
                 raise invalid_argument("ShmOptions", name, f"an int >= {low}", repr(value), None)
         if self.small_bytes % 64 or self.chunk_bytes % 64:
             raise invalid_argument(
-                "ShmOptions", "small_bytes/chunk_bytes", "multiples of 64", (self.small_bytes, self.chunk_bytes), None
+                "ShmOptions",
+                "small_bytes/chunk_bytes",
+                "multiples of 64",
+                (self.small_bytes, self.chunk_bytes),
+                None,
             )
 
     @classmethod
@@ -45,6 +49,10 @@ class ShmOptions:
             return options
         if options is not None:
             raise invalid_argument(
-                "shm backend", "pg_options", "None or commlayer.backends.shm.ShmOptions", type(options).__name__, rank
+                "shm backend",
+                "pg_options",
+                "None or commlayer.backends.shm.ShmOptions",
+                type(options).__name__,
+                rank,
             )
         return cls()

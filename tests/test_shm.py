@@ -1,0 +1,106 @@
+"""The shm backend in real multi-process worlds: compatibility suite at 2, 3, 4 ranks, size paths,
+stress, mixed async_op, two-level across simulated hosts (local and under mpirun), rank death."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from commlayer.launcher import free_port
+from commlayer.testing import require_mpirun, run_world
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.multirank
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_compatibility_suite_on_shm(world_size: int) -> None:
+    run_world("tests.ranks.compat:main", world_size, backend="shm", timeout=240)
+
+
+def test_every_size_path_on_world_and_subgroups() -> None:
+    run_world("tests.ranks.shm_checks:paths", 3, backend="shm", timeout=240)
+
+
+def test_stress_mixed_ops_random_sizes_every_result_checked() -> None:
+    run_world("tests.ranks.shm_checks:stress", 2, backend="shm", timeout=240, args=["3000"])
+
+
+def test_ranks_disagreeing_on_async_op_still_match_and_no_segment_is_left() -> None:
+    run_world("tests.ranks.shm_checks:mixed_async", 2, backend="shm", timeout=120)
+    run_world("tests.ranks.shm_checks:no_segments", 3, backend="shm", timeout=120)
+
+
+def test_two_level_across_simulated_hosts() -> None:
+    run_world("tests.ranks.shm_checks:two_level", 4, backend=None, timeout=240, args=["2"])
+
+
+@pytest.mark.mpi
+def test_two_level_under_mpirun() -> None:
+    require_mpirun()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    run_world(
+        "tests.ranks.shm_checks:two_level",
+        3,
+        backend=None,
+        timeout=240,
+        launcher="mpirun",
+        env=env,
+        args=["2"],
+    )
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_killed_rank_gives_every_survivor_a_clear_error_and_leaves_no_segment(world_size: int) -> None:
+    timeout_s = 20.0
+    before = _our_segments()
+    outputs = _run_death_world(world_size, victim=world_size - 1, timeout_s=timeout_s)
+    survivors = [line for out in outputs for line in out.splitlines() if line.startswith("SURVIVOR")]
+    assert len(survivors) == world_size - 1, outputs
+    for line in survivors:
+        _, _, seconds, message = line.split(" ", 3)
+        assert "shm group 'world'" in message or "group 'world'" in message, line
+        assert float(seconds) < timeout_s, line
+    assert _our_segments() - before == set(), "segments left in /dev/shm"
+
+
+def _our_segments() -> set[str]:
+    return {entry.name for entry in Path("/dev/shm").iterdir() if entry.name.startswith("commlayer-")}
+
+
+def _run_death_world(world_size: int, victim: int, timeout_s: float) -> list[str]:
+    port = str(free_port())
+    command = [sys.executable, "-m", "tests.ranks.shm_death", str(victim), str(timeout_s)]
+    processes = []
+    for rank in range(world_size):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "PYTHONPATH": str(REPO),
+        }
+        processes.append(
+            subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    deadline = time.monotonic() + timeout_s + 60
+    outputs = []
+    try:
+        for process in processes:
+            out, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outputs.append(out)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return outputs
