@@ -23,17 +23,9 @@ def test_compatibility_suite_on_shm(world_size: int) -> None:
     run_world("tests.ranks.compat:main", world_size, backend="shm", timeout=240)
 
 
-def test_every_size_path_on_world_and_subgroups() -> None:
-    run_world("tests.ranks.shm_checks:paths", 3, backend="shm", timeout=240)
-
-
-def test_stress_mixed_ops_random_sizes_every_result_checked() -> None:
-    run_world("tests.ranks.shm_checks:stress", 2, backend="shm", timeout=240, args=["3000"])
-
-
-def test_ranks_disagreeing_on_async_op_still_match_and_no_segment_is_left() -> None:
-    run_world("tests.ranks.shm_checks:mixed_async", 2, backend="shm", timeout=120)
-    run_world("tests.ranks.shm_checks:no_segments", 3, backend="shm", timeout=120)
+def test_size_paths_stress_mixed_async_op_and_no_segment_left() -> None:
+    """Every native op across each path switch; 1500 random mixed ops; async_op disagreeing."""
+    run_world("tests.ranks.shm_checks:everything", 3, backend="shm", timeout=300, args=["1500"])
 
 
 def test_two_level_across_simulated_hosts() -> None:

@@ -42,6 +42,14 @@ def two_level(hosts: str) -> None:
     dist.destroy_process_group()
 
 
+def everything(stress_ops: str) -> None:
+    """One world for the checks below (spawning is the expensive part)."""
+    paths()
+    mixed_async()
+    stress(stress_ops)
+    no_segments()
+
+
 def paths() -> None:
     world = dist.get_world_size()
     sub = list(range(1, world)) if world > 2 else [1, 0]
