@@ -1,8 +1,15 @@
-"""Exceptions raised by commlayer, with messages that say op, argument, expectation and rank."""
+"""Exceptions raised by commlayer, with messages that say op, argument, expectation and rank.
+
+Each one subclasses torch's distributed error and the built-in type torch raises in the same case,
+so ``except dist.DistError``, ``except dist.DistBackendError`` or ``except ValueError`` written
+for ``torch.distributed`` catch commlayer's errors too.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from torch.distributed import DistBackendError, DistError
 
 __all__ = [
     "BackendUnavailableError",
@@ -16,16 +23,16 @@ __all__ = [
 ]
 
 
-class CommError(RuntimeError):
-    """Base class of every commlayer error."""
+class CommError(DistError):
+    """Base class of every commlayer error (a ``torch.distributed.DistError``, so a RuntimeError)."""
 
 
-class NotInitializedError(CommError):
-    """An operation ran before init_process_group (or init ran twice)."""
+class NotInitializedError(CommError, ValueError):
+    """An operation ran before init_process_group (or init ran twice); torch raises ValueError."""
 
 
-class CommTimeoutError(CommError, TimeoutError):
-    """A wait or a rendezvous did not finish within its timeout."""
+class CommTimeoutError(CommError, DistBackendError, TimeoutError):
+    """A wait or a rendezvous did not finish within its timeout (torch: DistBackendError)."""
 
 
 class BackendUnavailableError(CommError):

@@ -1,10 +1,17 @@
 """``from commlayer import dist``: a drop-in for ``import torch.distributed as dist``.
 
 Same functions, arguments and semantics; each call is validated, resolved to its group and handed
-to the registered backend serving the tensor's device.
+to the registered backend serving the tensor's device. Every public name of the installed
+``torch.distributed`` is here: what dispatches is implemented over commlayer's groups, what is
+torch's own (stores, option structs, errors, ``DeviceMesh``, submodules) is torch's object itself.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as _torch_dist
 
 from ..types import ReduceOp
 from ..work import Work
@@ -22,8 +29,18 @@ from ._collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from ._bridge import init_device_mesh, register_with_torch
+from ._coalesced import all_gather_coalesced, all_reduce_coalesced
+from ._debug import breakpoint
 from ._groups import GroupMember, ProcessGroup, group
-from ._objects import all_gather_object, broadcast_object_list, gather_object, scatter_object_list
+from ._objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from ._p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, recv, send
 from ._setup import (
     destroy_process_group,
@@ -38,12 +55,50 @@ from ._setup import (
     is_initialized,
     new_group,
 )
+from ._subgroups import (
+    get_backend_config,
+    get_default_backend_for_device,
+    get_pg_count,
+    is_backend_available,
+    is_gloo_available,
+    is_mpi_available,
+    is_nccl_available,
+    is_ucc_available,
+    is_xccl_available,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+    split_group,
+    supports_complex,
+)
+from ._torch_names import *  # noqa: F403 - torch's own objects, listed in _torch_names.__all__
+from ._torch_names import OPTIONAL_NAMES, torch_submodule
+from ._traceable import install as install_traceable_forms
+from ._torch_names import __all__ as _torch_names_all
 
 from .. import comms_logger  # noqa: E402 - hooks into _dispatch, imported above
 
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
 _all_gather_base = all_gather_single = all_gather_into_tensor
 _reduce_scatter_base = reduce_scatter_single = reduce_scatter_tensor
+# torch.distributed.init_process_group("commlayer") runs torch on commlayer's backends.
+register_with_torch()
+# Under torch.compile, collectives trace as torch's functional collectives (registered with Dynamo).
+install_traceable_forms()
+# torch's deprecated spelling of ReduceOp.
+reduce_op = ReduceOp
+# torch's profiling-name context manager: names the Work of torch backends, a no-op for others.
+record_comm = _torch_dist.record_comm
+
+
+def __getattr__(name: str) -> Any:
+    """torch.distributed's submodules and version-dependent names, resolved on first use."""
+    module: ModuleType | None = torch_submodule(name)
+    if module is not None:
+        return module
+    if name in OPTIONAL_NAMES and hasattr(_torch_dist, name):
+        return getattr(_torch_dist, name)
+    raise AttributeError(f"module 'commlayer.dist' has no attribute '{name}'")
+
 
 __all__ = [
     "GroupMember",
@@ -52,14 +107,17 @@ __all__ = [
     "ReduceOp",
     "Work",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
     "all_gather_object",
     "all_gather_single",
     "all_reduce",
+    "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
     "batch_isend_irecv",
+    "breakpoint",
     "broadcast",
     "broadcast_object_list",
     "comms_logger",
@@ -67,25 +125,44 @@ __all__ = [
     "gather",
     "gather_object",
     "get_backend",
+    "get_backend_config",
+    "get_default_backend_for_device",
     "get_global_rank",
     "get_group_rank",
+    "get_pg_count",
     "get_process_group_ranks",
     "get_rank",
     "get_world_size",
     "group",
+    "init_device_mesh",
     "init_process_group",
     "irecv",
     "is_available",
+    "is_backend_available",
+    "is_gloo_available",
     "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "is_ucc_available",
+    "is_xccl_available",
     "isend",
     "monitored_barrier",
     "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "record_comm",
     "recv",
+    "recv_object_list",
     "reduce",
+    "reduce_op",
     "reduce_scatter",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object_list",
     "send",
+    "send_object_list",
+    "split_group",
+    "supports_complex",
+    *[name for name in _torch_names_all if name != "torch_submodule"],
 ]

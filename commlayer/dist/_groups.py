@@ -4,9 +4,13 @@ A :class:`ProcessGroup` is an ordered tuple of global ranks plus the backend com
 serving it, one per device type. Example, world of 4 on ``"cpu:gloo,cuda:nccl"``::
 
     g = dist.new_group([1, 3])
-    # on global rank 3: g.ranks == (1, 3), g.rank() == 1, g.size() == 2,
+    # on global rank 3: g.ranks == (1, 3), g.rank() == 1, g.size() == 2, g.group_name == "group1",
     #                   g.backend_for("cpu") is a gloo communicator, g.backend_for("cuda") nccl
     # on global ranks 0 and 2: g is dist.GroupMember.NON_GROUP_MEMBER
+
+It answers torch's ``ProcessGroup`` methods too: ``rank()``, ``size()``, ``name()`` (the backend),
+``group_name``, ``monitored_barrier``, and every other one (``allreduce([t], opts)``, ...) through
+its torch ProcessGroup, :attr:`ProcessGroup.torch_group`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Mapping
 
+import torch.distributed as torch_dist
+
 from ..backend import Backend
 from ..errors import InvalidArgumentError, NotInitializedError
 
@@ -24,6 +30,24 @@ __all__ = ["GroupMember", "ProcessGroup", "World", "current_world", "group", "re
 
 # Accelerator backends serve barrier and the object collectives when a group has several.
 _DEVICE_PREFERENCE = ("cuda", "xpu", "npu", "hpu", "cpu")
+
+
+class _GroupName(str):
+    """A group's name (``f"{g.name}" == "group1"``); called, it is torch's ``ProcessGroup.name()``.
+
+    torch's ``pg.name()`` answers the backend (``"gloo"``), while commlayer code reads ``g.name`` as
+    the group's name; one object serves both spellings.
+    """
+
+    backend: str
+
+    def __new__(cls, name: str, backend: str) -> _GroupName:
+        named = super().__new__(cls, name)
+        named.backend = backend
+        return named
+
+    def __call__(self) -> str:
+        return self.backend
 
 
 class ProcessGroup:
@@ -38,7 +62,9 @@ class ProcessGroup:
         backend_spec: str,
         timeout: timedelta,
     ) -> None:
-        self.name = name
+        self.name = _GroupName(name, backend_spec)
+        self.group_name = name
+        self.group_desc = name
         self.ranks = ranks
         self.global_rank = global_rank
         self.backend_spec = backend_spec
@@ -48,6 +74,8 @@ class ProcessGroup:
         # it. Immutable entries over a fixed backend map: resolving once saves every later call
         # about 0.3 us. They refer back to this group, so teardown clears them (forget_calls).
         self.op_calls: dict[tuple[str, Any], Any] = {}
+        # The torch ProcessGroup bridging this group, once torch_group built it (mpi, ccl, ...).
+        self.bridge: Any = None
 
     def forget_calls(self) -> None:
         """Break the group -> call -> group cycles, which only the garbage collector would free.
@@ -62,6 +90,15 @@ class ProcessGroup:
 
     def size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def bound_device_id(self) -> None:
+        return None
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        from ._p2p import monitored_barrier
+
+        monitored_barrier(self, timeout, wait_all_ranks)
 
     @property
     def device_types(self) -> tuple[str, ...]:
@@ -82,17 +119,33 @@ class ProcessGroup:
 
     @property
     def torch_group(self) -> Any:
-        """The torch ProcessGroup behind this group, for DDP/FSDP (``process_group=g.torch_group``)."""
-        pg = self.primary_backend.torch_group
-        if pg is None:
-            raise InvalidArgumentError(
-                f"group '{self.name}' runs on backend '{self.backend_spec}', which has no torch "
-                "ProcessGroup; DDP/FSDP need a gloo, nccl or hccl group"
-            )
-        return pg
+        """The torch ProcessGroup behind this group, for DDP/FSDP (``process_group=g.torch_group``).
+
+        torch's own for gloo and nccl groups; for every other backend a torch ProcessGroup whose
+        ops run on this group (see :mod:`commlayer.dist._bridge`).
+        """
+        from ._bridge import torch_group_for  # the bridge sits on top of the facade
+
+        return torch_group_for(self)
+
+    def __getattr__(self, name: str) -> Any:
+        # torch ProcessGroup methods this class does not define (allreduce, _allgather_base, ...)
+        # answer through the torch group; only names torch's class has, so typos still fail.
+        if name in _TORCH_PROCESS_GROUP_NAMES:
+            return getattr(self.torch_group, name)
+        raise AttributeError(f"'ProcessGroup' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
-        return f"ProcessGroup(name={self.name!r}, ranks={list(self.ranks)}, backend={self.backend_spec!r})"
+        return (
+            f"ProcessGroup(name={self.group_name!r}, ranks={list(self.ranks)}, backend={self.backend_spec!r})"
+        )
+
+
+_TORCH_PROCESS_GROUP_NAMES = frozenset(
+    name
+    for name in dir(torch_dist.ProcessGroup)
+    if not name.startswith("__") and name != "_pybind11_conduit_v1_"
+)
 
 
 class _NonGroupMember:

@@ -13,9 +13,17 @@ import torch
 
 from ..errors import invalid_argument
 from . import _collectives as coll
+from . import _p2p as p2p
 from ._groups import ProcessGroup, resolve_group
 
-__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
+__all__ = [
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "recv_object_list",
+    "scatter_object_list",
+    "send_object_list",
+]
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
@@ -126,11 +134,62 @@ def scatter_object_list(
     scatter_object_output_list[0] = _unpickle(received[8 : 8 + size])
 
 
+def send_object_list(
+    object_list: list[Any],
+    dst: int | None = None,
+    group: Any = None,
+    device: torch.device | None = None,
+    group_dst: int | None = None,
+    use_batch: bool = False,
+) -> None:
+    """Send the picklable objects of ``object_list`` to ``dst``: their sizes, then their bytes."""
+    resolved = resolve_group("send_object_list", group)
+    if resolved is None:
+        return
+    _check_object_list("send_object_list", object_list, resolved)
+    target = torch.device(device) if device is not None else _device(resolved)
+    payloads = [_pickle(item, target) for item in object_list]
+    sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=target)
+    p2p.send(sizes, dst, group=group, group_dst=group_dst)
+    p2p.send(torch.cat(payloads), dst, group=group, group_dst=group_dst)
+
+
+def recv_object_list(
+    object_list: list[Any],
+    src: int | None = None,
+    group: Any = None,
+    device: torch.device | None = None,
+    group_src: int | None = None,
+    use_batch: bool = False,
+) -> int:
+    """Fill ``object_list`` with the objects ``src`` sent; returns the sender's global rank."""
+    resolved = resolve_group("recv_object_list", group)
+    if resolved is None:
+        return -1
+    _check_object_list("recv_object_list", object_list, resolved)
+    target = torch.device(device) if device is not None else _device(resolved)
+    sizes = torch.empty(len(object_list), dtype=torch.int64, device=target)
+    sender = p2p.recv(sizes, src, group=group, group_src=group_src)
+    data = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=target)
+    p2p.recv(data, sender, group=group)
+    offset = 0
+    for index, size in enumerate(sizes.tolist()):
+        object_list[index] = _unpickle(data[offset : offset + size])
+        offset += size
+    return sender
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 
 def _device(group: ProcessGroup) -> torch.device:
     return group.primary_backend.object_device()
+
+
+def _check_object_list(op: str, object_list: Any, group: ProcessGroup) -> None:
+    if not isinstance(object_list, list) or not object_list:
+        received = "an empty list" if isinstance(object_list, list) else type(object_list).__name__
+        raise invalid_argument(op, "object_list", "a non-empty list", received, group.global_rank)
 
 
 def _check_list(op: str, arg: str, values: Any, size: int, group: ProcessGroup) -> None:

@@ -54,6 +54,12 @@ def is_initialized() -> bool:
     return world_or_none() is not None
 
 
+def after_group_created(group: ProcessGroup) -> None:
+    from ._bridge import after_group_created as prepare_torch_group  # the bridge sits on top
+
+    prepare_torch_group(group)
+
+
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
@@ -95,13 +101,17 @@ def init_process_group(
     )
     forget_plans()
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
+    after_group_created(default)
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down one group, or (``group=None``) every group and the default one."""
     world = current_world("destroy_process_group")
     forget_plans()  # every plan was checked against groups that are going away
+    from ._bridge import release  # the bridge sits on top of the facade
+
     if group is None or group is world.default_group:
+        release([*world.groups.values(), world.default_group])
         for member in list(world.groups.values()):
             member.forget_calls()
             _shutdown(member.unique_backends())
@@ -111,6 +121,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         set_world(None)
         return
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
+        release([group])
         group.forget_calls()
         _shutdown(group.unique_backends())
 
@@ -147,6 +158,7 @@ def new_group(
     backends = {device: communicators[backend_name] for device, backend_name in device_map.items()}
     created = ProcessGroup(name, members, world.rank, backends, spec, timeout)
     world.groups[name] = created
+    after_group_created(created)
     return created
 
 

@@ -1,0 +1,314 @@
+"""A real ``torch.distributed.ProcessGroup`` whose ops run on a commlayer group.
+
+torch accepts ProcessGroups written in Python: its C++ callers (DDP's Reducer, functional
+collectives, compiled graphs) reach these methods through pybind's trampoline, exactly like
+Python callers. Each method unpacks torch's option struct and calls the commlayer facade on the
+wrapped group, so validation, staging of strided tensors, the comms logger and every backend (mpi,
+ccl, hccl, plugins) come for free, and bad input raises the facade's error, naming the op::
+
+    pg = CommlayerProcessGroup(dist.new_group([0, 2]), "commlayer:group1")
+    DistributedDataParallel(model, process_group=pg)   # gradients all-reduced by commlayer
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch.futures import Future
+
+from ..errors import invalid_argument
+from ..types import ReduceOp
+from ..work import Work
+from . import _collectives as coll
+from . import _p2p as p2p
+from ._coalesced import all_reduce_coalesced
+from ._groups import ProcessGroup
+
+__all__ = ["BridgeWork", "CommlayerProcessGroup"]
+
+_REDUCE_OPS = {op.name: op for op in ReduceOp}
+
+
+class BridgeWork(torch_dist.Work):
+    """torch's Work over one or more commlayer Works; ``get_future`` completes them first.
+
+    The future is completed by the caller's thread when it asks for it (DDP asks right after
+    launching a bucket): MPI and oneCCL progress their requests only while someone waits on them.
+    """
+
+    def __init__(self, works: Sequence[Work | None], result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._works = [work for work in works if work is not None]
+        self._result = result
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        # torch passes timedelta(0) for "no timeout of the call's own".
+        limit = timeout if timeout else None
+        for work in self._works:
+            work.wait(limit)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        return next((work.exception() for work in self._works if work.exception() is not None), None)
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future:
+        future: Future = Future()
+        try:
+            self.wait()
+        except BaseException as error:  # noqa: BLE001 - handed to the future's consumer
+            future.set_exception(error)
+            return future
+        future.set_result(self._result)
+        return future
+
+    def _source_rank(self) -> int:
+        return int(self._works[0].source_rank())  # type: ignore[attr-defined]
+
+    source_rank = _source_rank
+
+
+class CommlayerProcessGroup(torch_dist.ProcessGroup):
+    """torch's ProcessGroup interface over commlayer group ``group``; ranks are group ranks."""
+
+    #: True when torch's ``init_process_group("commlayer")`` created commlayer's world for it; torch's
+    #: ``destroy_process_group`` then tears that world down too.
+    owns_world = False
+
+    def __init__(self, group: ProcessGroup, group_name: str) -> None:
+        super().__init__(group.rank(), group.size())
+        self.commlayer_group = group
+        self._group_name = group_name
+        self._group_desc = group_name
+
+    # --- identity ---------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's virtual method
+        return "commlayer"
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    def shutdown(self) -> None:
+        """Called by torch's destroy_process_group; ends commlayer's world if torch started it."""
+        if not self.owns_world:
+            return
+        from ._groups import world_or_none
+        from ._setup import destroy_process_group
+
+        self.owns_world = False
+        world = world_or_none()
+        if world is not None:
+            for group in (world.default_group, *world.groups.values()):
+                group.bridge = None  # torch is already dropping them: nothing to unregister
+            destroy_process_group()
+
+    def __repr__(self) -> str:
+        return f"CommlayerProcessGroup({self._group_name!r}, over {self.commlayer_group!r})"
+
+    # --- collectives ------------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        tensor = self._single("all_reduce", "tensors", tensors)
+        work = coll.all_reduce(tensor, _reduce_op(opts), self.commlayer_group, async_op=True)
+        return BridgeWork([work], tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        work = all_reduce_coalesced(tensors, _reduce_op(opts), self.commlayer_group, async_op=True)
+        return BridgeWork([work], tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        tensor = self._single("broadcast", "tensors", tensors)
+        work = coll.broadcast(tensor, group=self.commlayer_group, async_op=True, group_src=_root(opts))
+        return BridgeWork([work], tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        tensor = self._single("reduce", "tensors", tensors)
+        work = coll.reduce(
+            tensor, op=_reduce_op(opts), group=self.commlayer_group, async_op=True, group_dst=_root(opts)
+        )
+        return BridgeWork([work], tensors)
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> BridgeWork:
+        outputs = self._single("all_gather", "output_tensors", output_tensors)
+        tensor = self._single("all_gather", "input_tensors", input_tensors)
+        work = coll.all_gather(outputs, tensor, self.commlayer_group, async_op=True)
+        return BridgeWork([work], outputs)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:  # noqa: A002
+        source = _unaliased(input, output)
+        work = coll.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
+        return BridgeWork([work], [output])
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> BridgeWork:
+        works = [
+            coll.all_gather_into_tensor(
+                output, _unaliased(tensor, output), self.commlayer_group, async_op=True
+            )
+            for output, tensor in zip(outputs, inputs)
+        ]
+        return BridgeWork(works, outputs)
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> BridgeWork:
+        output = self._single("reduce_scatter", "outputs", outputs)
+        inputs = self._single("reduce_scatter", "input_lists", input_lists)
+        work = coll.reduce_scatter(output, inputs, _reduce_op(opts), self.commlayer_group, async_op=True)
+        return BridgeWork([work], outputs)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:  # noqa: A002
+        source = _unaliased(input, output)
+        work = coll.reduce_scatter_tensor(
+            output, source, _reduce_op(opts), self.commlayer_group, async_op=True
+        )
+        return BridgeWork([work], [output])
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> BridgeWork:
+        op = _reduce_op(opts)
+        works = [
+            coll.reduce_scatter_tensor(
+                output, _unaliased(tensor, output), op, self.commlayer_group, async_op=True
+            )
+            for output, tensor in zip(outputs, inputs)
+        ]
+        return BridgeWork(works, outputs)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> BridgeWork:
+        work = coll.all_to_all_single(
+            output,
+            input,
+            output_split_sizes or None,
+            input_split_sizes or None,
+            self.commlayer_group,
+            async_op=True,
+        )
+        return BridgeWork([work], [output])
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> BridgeWork:
+        work = coll.all_to_all(outputs, inputs, self.commlayer_group, async_op=True)
+        return BridgeWork([work], outputs)
+
+    def gather(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> BridgeWork:
+        tensor = self._single("gather", "input_tensors", inputs)
+        root = _root(opts)
+        outputs = output_lists[0] if output_lists and root == self.commlayer_group.rank() else None
+        work = coll.gather(tensor, outputs, group=self.commlayer_group, async_op=True, group_dst=root)
+        return BridgeWork([work], outputs or [])
+
+    def scatter(
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
+    ) -> BridgeWork:
+        tensor = self._single("scatter", "output_tensors", outputs)
+        root = _root(opts)
+        inputs = input_lists[0] if input_lists and root == self.commlayer_group.rank() else None
+        work = coll.scatter(tensor, inputs, group=self.commlayer_group, async_op=True, group_src=root)
+        return BridgeWork([work], outputs)
+
+    def barrier(self, opts: Any = None) -> BridgeWork:
+        return BridgeWork([coll.barrier(self.commlayer_group, async_op=True)], [])
+
+    # --- point to point: peers are group ranks ----------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> BridgeWork:  # noqa: N803
+        tensor = self._single("send", "tensors", tensors)
+        return BridgeWork(
+            [p2p.isend(tensor, group=self.commlayer_group, tag=tag, group_dst=dstRank)], tensors
+        )
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> BridgeWork:  # noqa: N803
+        tensor = self._single("recv", "tensors", tensors)
+        return BridgeWork(
+            [p2p.irecv(tensor, group=self.commlayer_group, tag=tag, group_src=srcRank)], tensors
+        )
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> BridgeWork:
+        tensor = self._single("recv", "tensors", tensors)
+        return BridgeWork([p2p.irecv(tensor, group=self.commlayer_group, tag=tag)], tensors)
+
+    # torch 2.13's Python wrappers call these names; C++ callers use the ones above.
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    all_to_all_single = alltoall_base
+
+    def _single(self, op: str, arg: str, values: Any) -> Any:
+        """torch passes one-element lists (its multi-device form); commlayer takes the element."""
+        if not isinstance(values, (list, tuple)) or len(values) != 1:
+            received = (
+                f"{len(values)} entries" if isinstance(values, (list, tuple)) else type(values).__name__
+            )
+            raise invalid_argument(
+                op, arg, "a list of exactly one entry", received, self.commlayer_group.global_rank
+            )
+        return values[0]
+
+
+def _reduce_op(opts: Any) -> Any:
+    """commlayer's ReduceOp for torch's; anything else goes on to the facade, which names it."""
+    if opts is None:
+        return ReduceOp.SUM
+    op = opts.reduceOp.op
+    return _REDUCE_OPS.get(op.name, op)
+
+
+def _unaliased(source: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """``source``, copied when it shares memory with ``output``.
+
+    FSDP2 gathers in place (its input is a slice of the output), which torch's NCCL allows but MPI
+    forbids ("buffers must not be aliased"); a copy of one shard keeps every backend correct.
+    """
+    if source.untyped_storage().data_ptr() == output.untyped_storage().data_ptr():
+        return source.clone()
+    return source
+
+
+def _root(opts: Any) -> int:
+    return 0 if opts is None else int(opts.rootRank)
