@@ -49,6 +49,9 @@ class _GroupName(str):
     def __call__(self) -> str:
         return self.backend
 
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return str, (str(self),)  # pickled (logger records, object collectives) as the plain name
+
 
 class ProcessGroup:
     """A group of ranks and the communicator(s) of this process for it."""
