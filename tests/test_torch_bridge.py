@@ -103,6 +103,7 @@ def gloo_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.multirank
+@pytest.mark.slow
 def test_torch_stack_and_compile_on_gloo(gloo_results: Path) -> None:
     assert sorted(path.name for path in gloo_results.glob("gloo-rank*.pt")) == [
         f"gloo-rank{r}.pt" for r in range(3)
@@ -110,27 +111,24 @@ def test_torch_stack_and_compile_on_gloo(gloo_results: Path) -> None:
 
 
 @pytest.mark.multirank
-@pytest.mark.mpi
-def test_torch_stack_on_mpi_matches_gloo(gloo_results: Path) -> None:
-    require_mpirun()
-    run_world(
-        "tests.ranks.torch_bridge:train",
-        3,
-        backend="mpi",
-        launcher="mpirun",
-        timeout=300,
-        args=[str(gloo_results)],
-    )
-    _assert_same_parameters(gloo_results, "mpi")
-
-
-@pytest.mark.multirank
-@pytest.mark.ccl
-def test_torch_stack_on_ccl_matches_gloo(gloo_results: Path) -> None:
-    if not dist.is_backend_available("ccl"):
-        pytest.skip("the ccl backend is not available here")
-    run_world("tests.ranks.torch_bridge:train", 3, backend="ccl", timeout=300, args=[str(gloo_results)])
-    _assert_same_parameters(gloo_results, "ccl")
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("backend", "launcher"),
+    [
+        pytest.param("mpi", "mpirun", marks=pytest.mark.mpi),
+        pytest.param("ccl", "local", marks=pytest.mark.ccl),
+        ("shm", "local"),
+    ],
+)
+def test_torch_stack_matches_gloo(gloo_results: Path, backend: str, launcher: str) -> None:
+    """DDP, FSDP2, TP (+ DCP, fullgraph compile, semantics) through the bridge reach gloo's parameters."""
+    if launcher == "mpirun":
+        require_mpirun()
+    if not dist.is_backend_available(backend):
+        pytest.skip(f"the {backend} backend is not available here")
+    args = [str(gloo_results)]
+    run_world("tests.ranks.torch_bridge:train", 3, backend=backend, launcher=launcher, timeout=300, args=args)
+    _assert_same_parameters(gloo_results, backend)
 
 
 @pytest.mark.multirank

@@ -107,11 +107,18 @@ def init_device_mesh(
 
 
 def _native_torch_group(group: ProcessGroup) -> Any | None:
-    """torch's own ProcessGroup when every backend of ``group`` is one (gloo, nccl, hccl)."""
-    groups = [backend.torch_group for backend in group.unique_backends()]
-    if any(pg is None for pg in groups):
-        return None
-    return group.primary_backend.torch_group
+    """torch's own ProcessGroup when every backend of ``group`` runs its ops on one (gloo, nccl, hccl).
+
+    A backend that merely keeps a torch group on the side (shm's gloo companion for p2p) gets the
+    bridge, so that DDP's all-reduces run on the backend itself.
+    """
+    backends = group.unique_backends()
+    if all(
+        getattr(type(backend), "torch_backend", None) and backend.torch_group is not None
+        for backend in backends
+    ):
+        return group.primary_backend.torch_group
+    return None
 
 
 def _bridge_world(default: ProcessGroup, world: Any) -> Any:

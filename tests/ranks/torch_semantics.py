@@ -12,6 +12,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
+from commlayer.dist._torch_pg import CommlayerProcessGroup
 from commlayer.errors import InvalidArgumentError
 
 
@@ -93,7 +94,7 @@ def _monitored_barrier() -> None:
 def _bad_input_through_the_bridge(rank: int) -> None:
     """torch's API on a bridged group raises commlayer's clear errors before communicating."""
     pg = dist.group.WORLD.torch_group
-    if dist.get_backend() == "gloo":
+    if not isinstance(pg, CommlayerProcessGroup):
         return  # torch's own gloo group: torch's errors, not the bridge's
     try:
         torch_dist.all_gather_into_tensor(torch.empty(5), torch.ones(2), group=pg)
