@@ -1,12 +1,20 @@
 """commlayer against raw torch.distributed on the very same communicator, op by op, size by size.
 
 commlayer's gloo and nccl backends sit on torch's default ProcessGroup, so after
-``dist.init_process_group`` both paths drive one communicator; the two are timed in alternating
-rounds (best round kept) so neither gets a warmer cache or a quieter neighbour. busbw uses
-nccl-tests' factors (commlayer.bench.formulas)::
+``dist.init_process_group`` both paths drive one communicator. Per size, raw and commlayer run in
+alternating rounds (which goes first alternates too); each figure is the median over rounds, and
+``added`` is the median of the per-round differences. busbw uses nccl-tests' factors::
 
-    torchrun --nproc-per-node 2 benchmarks/torch_vs_commlayer.py --backend nccl --max-bytes 1G
-    commlayer run -n 2 benchmarks/torch_vs_commlayer.py --backend gloo --max-bytes 4M
+    python benchmarks/torch_vs_commlayer.py --nproc 2 --backend nccl --max-bytes 256M
+    torchrun --nproc-per-node 4 benchmarks/torch_vs_commlayer.py --backend nccl
+    python benchmarks/torch_vs_commlayer.py --nproc 2 --backend gloo --max-bytes 1M
+
+``--standin`` times the facade alone on this CPU: one process on torch's stand-in ProcessGroup
+("fake": every op completes at once, no communication), raw torch, commlayer and the bare
+ProcessGroup method side by side; ``--before REF`` also runs that on the commlayer of git commit
+REF, alternating, in the same run (see ``_standin.py``)::
+
+    python benchmarks/torch_vs_commlayer.py --standin --before dffbc2e^
 """
 
 from __future__ import annotations
@@ -14,38 +22,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
-import torch.distributed as torch_dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _ops import OPS, Call, trio
 
 from commlayer import dist
 from commlayer.bench.formulas import busbw_gbps, format_size, parse_size
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+_FAMILY = {"send_recv": "pingpong"}
+LATENCY_LIMIT = 4 << 20  # the "added latency" summary covers 8 B to 4 MiB, as issue 14 asks
 
 
-def op_pair(
-    op: str, numel: int, world: int, device: torch.device
-) -> tuple[Callable[[], object], Callable[[], object]]:
-    """(raw torch call, commlayer call) for one op on identical buffers."""
-    small = torch.ones(numel, device=device)
-    large = torch.ones(numel * world, device=device)
-    if op == "all_reduce":
-        return (lambda: torch_dist.all_reduce(small)), (lambda: dist.all_reduce(small))
-    if op == "broadcast":
-        return (lambda: torch_dist.broadcast(small, 0)), (lambda: dist.broadcast(small, 0))
-    if op == "all_gather":
-        return (lambda: torch_dist.all_gather_into_tensor(large, small)), (
-            lambda: dist.all_gather_into_tensor(large, small)
-        )
-    return (lambda: torch_dist.reduce_scatter_tensor(small, large)), (
-        lambda: dist.reduce_scatter_tensor(small, large)
-    )
-
-
-def seconds_per_call(call: Callable[[], object], iters: int, device: torch.device) -> float:
+def round_seconds(call: Call, iters: int, device: torch.device) -> float:
     _sync(device)
     start = time.perf_counter()
     for _ in range(iters):
@@ -54,25 +49,80 @@ def seconds_per_call(call: Callable[[], object], iters: int, device: torch.devic
     return (time.perf_counter() - start) / iters
 
 
-def compare(op: str, nbytes: int, world: int, device: torch.device, rounds: int) -> dict:
-    numel = max(1, nbytes // 4)
-    raw, ours = op_pair(op, numel, world, device)
-    iters = 200 if nbytes < (1 << 20) else (40 if nbytes < (64 << 20) else 8)
-    for call in (raw, ours):
-        seconds_per_call(call, 5, device)
-    best = {"raw": float("inf"), "commlayer": float("inf")}
-    for _ in range(rounds):
-        best["raw"] = min(best["raw"], seconds_per_call(raw, iters, device))
-        best["commlayer"] = min(best["commlayer"], seconds_per_call(ours, iters, device))
-    message = numel * 4 * (world if op in ("all_gather", "reduce_scatter") else 1)
+def compare(
+    op: str,
+    nbytes: int,
+    world: int,
+    rank: int,
+    device: torch.device,
+    options: argparse.Namespace,
+    async_op: bool,
+) -> dict:
+    calls = trio(op, nbytes, world, rank, device, async_op)
+    iters = (
+        options.iters if nbytes < (1 << 20) else max(4, options.iters // (5 if nbytes < (64 << 20) else 25))
+    )
+    for call in (calls.raw, calls.commlayer):
+        round_seconds(call, max(2, iters // 10), device)
+    raw, ours = [], []
+    for index in range(options.rounds):
+        order = ((raw, calls.raw), (ours, calls.commlayer))
+        for samples, call in order if index % 2 == 0 else reversed(order):
+            samples.append(round_seconds(call, iters, device))
+    raw_s, ours_s = statistics.median(raw), statistics.median(ours)
+    family = _FAMILY.get(op, op)
     return {
         "op": op,
-        "bytes": message,
-        "raw_us": best["raw"] * 1e6,
-        "commlayer_us": best["commlayer"] * 1e6,
-        "raw_busbw_gbps": busbw_gbps(op, message, best["raw"], world),
-        "commlayer_busbw_gbps": busbw_gbps(op, message, best["commlayer"], world),
+        "mode": "async" if async_op else "sync",
+        "bytes": calls.nbytes,
+        "raw_us": raw_s * 1e6,
+        "commlayer_us": ours_s * 1e6,
+        "added_us": statistics.median(b - a for a, b in zip(raw, ours)) * 1e6,
+        "raw_busbw_gbps": busbw_gbps(family, calls.nbytes, raw_s, world),
+        "commlayer_busbw_gbps": busbw_gbps(family, calls.nbytes, ours_s, world),
     }
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per (op, mode): median added latency over 8 B..4 MiB, and the lowest busbw ratio of any size."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["op"], row["mode"]), []).append(row)
+    summary = []
+    for (op, mode), members in groups.items():
+        small = [row["added_us"] for row in members if row["bytes"] <= LATENCY_LIMIT]
+        ratios = [_ratio(row) for row in members]
+        summary.append(
+            {
+                "op": op,
+                "mode": mode,
+                "median_added_us_to_4MiB": statistics.median(small) if small else float("nan"),
+                "min_busbw_ratio": min(ratios),
+                "min_ratio_at": format_size(members[ratios.index(min(ratios))]["bytes"]),
+            }
+        )
+    return summary
+
+
+def run(options: argparse.Namespace) -> None:
+    dist.init_process_group(options.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = _device(options.backend)
+    sizes = _sizes(parse_size(options.min_bytes), parse_size(options.max_bytes), options.factor)
+    rows = [
+        compare(op, size, world, rank, device, options, mode == "async")
+        for op in options.ops.split(",")
+        for mode in options.modes.split(",")
+        for size in sizes
+        if not (op == "send_recv" and world % 2)
+    ]
+    if rank == 0:
+        summary = summarise(rows)
+        _print(rows, summary, options.backend, world)
+        if options.json:
+            payload = {"backend": options.backend, "world_size": world, "torch": torch.__version__}
+            Path(options.json).write_text(json.dumps(payload | {"rows": rows, "summary": summary}, indent=1))
+    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -80,37 +130,66 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--backend", default="gloo")
+    parser.add_argument(
+        "--nproc", type=int, default=0, help="start this many local ranks (else: a launcher did)"
+    )
     parser.add_argument("--min-bytes", default="8")
-    parser.add_argument("--max-bytes", default="1G")
+    parser.add_argument("--max-bytes", default="4M")
     parser.add_argument("--factor", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=100, help="calls per round below 1 MiB")
     parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--modes", default="sync,async")
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = _device(args.backend)
-    sizes = _sizes(parse_size(args.min_bytes), parse_size(args.max_bytes), args.factor)
-    rows = [compare(op, size, world, device, args.rounds) for op in args.ops.split(",") for size in sizes]
-    if rank == 0:
-        _print(rows, args.backend, world)
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump({"backend": args.backend, "world_size": world, "rows": rows}, handle, indent=1)
-    dist.destroy_process_group()
+    parser.add_argument("--standin", action="store_true", help="time the facade alone (see the docstring)")
+    parser.add_argument("--before", default=None, help="with --standin: also time git commit REF's commlayer")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="with --before: runs of each side, alternating"
+    )
+    options = parser.parse_args()
+    if options.standin:
+        from _standin import standin_main
+
+        standin_main(options)
+    elif options.nproc and "RANK" not in os.environ:
+        _spawn(options)
+    else:
+        run(options)
 
 
-def _print(rows: list[dict], backend: str, world: int) -> None:
+def _spawn(options: argparse.Namespace) -> None:
+    from commlayer.launcher import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(options.nproc))
+    torch.multiprocessing.spawn(_spawned_rank, args=(options,), nprocs=options.nproc)
+
+
+def _spawned_rank(rank: int, options: argparse.Namespace) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    run(options)
+
+
+def _ratio(row: dict) -> float:
+    return row["commlayer_busbw_gbps"] / row["raw_busbw_gbps"] if row["raw_busbw_gbps"] else float("nan")
+
+
+def _print(rows: list[dict], summary: list[dict], backend: str, world: int) -> None:
     print(f"# commlayer vs torch.distributed, backend={backend}, world={world}, torch {torch.__version__}")
     print(
-        f"{'op':<15}{'bytes':>10}{'raw_us':>11}{'cl_us':>11}{'added_us':>10}{'raw_busbw':>11}{'cl_busbw':>10}{'ratio':>8}"
+        f"{'op':<18}{'mode':<6}{'bytes':>8}{'raw_us':>10}{'cl_us':>10}{'added':>8}{'raw_bw':>9}{'cl_bw':>9}{'ratio':>7}"
     )
     for row in rows:
-        ratio = row["commlayer_busbw_gbps"] / row["raw_busbw_gbps"] if row["raw_busbw_gbps"] else float("nan")
-        added = row["commlayer_us"] - row["raw_us"]
         print(
-            f"{row['op']:<15}{format_size(row['bytes']):>10}{row['raw_us']:>11.1f}{row['commlayer_us']:>11.1f}"
-            f"{added:>10.1f}{row['raw_busbw_gbps']:>11.2f}{row['commlayer_busbw_gbps']:>10.2f}{ratio:>8.3f}",
+            f"{row['op']:<18}{row['mode']:<6}{format_size(row['bytes']):>8}{row['raw_us']:>10.1f}"
+            f"{row['commlayer_us']:>10.1f}{row['added_us']:>8.2f}{row['raw_busbw_gbps']:>9.2f}"
+            f"{row['commlayer_busbw_gbps']:>9.2f}{_ratio(row):>7.3f}",
+            flush=True,
+        )
+    print("\n# summary: median added us over 8 B..4 MiB (goal <= 0.5); lowest busbw ratio (goal >= 0.98)")
+    for item in summary:
+        print(
+            f"{item['op']:<18}{item['mode']:<6} added {item['median_added_us_to_4MiB']:+6.2f} us   "
+            f"min ratio {item['min_busbw_ratio']:.3f} at {item['min_ratio_at']}",
             flush=True,
         )
 

@@ -131,8 +131,17 @@ class TorchWork(Work):
     """Adapter for a ``torch.distributed`` Work."""
 
     def __init__(self, work: Any, result: Sequence[torch.Tensor] = ()) -> None:
-        super().__init__(result)
+        # Built once per async op on the hot path: assignments only, no super() frame.
+        self._result = result
         self.torch_work = work
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Untimed, not yet done: torch's own wait is all there is to do (no epilogue here)."""
+        if timeout is None and not self._done:
+            self.torch_work.wait()  # raises on failure, and on the group's timeout, as torch does
+            self._done = True
+            return True
+        return super().wait(timeout)
 
     def _test(self) -> bool:
         return bool(self.torch_work.is_completed())

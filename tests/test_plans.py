@@ -7,14 +7,18 @@ The multi-rank half (exact results while metadata, groups and observers change) 
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as torch_dist
 
 from commlayer import comms_logger, dist
+from commlayer.comms_logger import _logger
 from commlayer.dist import _dispatch
 from commlayer.errors import InvalidArgumentError, UnsupportedError
 from commlayer.testing import run_world
@@ -170,6 +174,35 @@ def test_the_observer_sees_planned_ops_and_plans_are_rebuilt_around_it(world: No
         comms_logger.reset()
     assert counts == {"all_reduce": 2, "broadcast": 1}
     assert not _dispatch.plans
+
+
+def test_the_logger_records_blocking_planned_ops_in_bulk(
+    world: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_logger, "_DRAIN_AT", 5)  # fold pending entries in several times below
+    tensor = torch.arange(3.0)
+    comms_logger.reset()
+    comms_logger.enable(ops=["all_reduce"], max_trace_events=10)
+    try:
+        began = time.time() * 1e6
+        for _ in range(12):
+            dist.all_reduce(tensor)
+        dist.broadcast(tensor, src=0)  # not asked for: not recorded
+        ended = time.time() * 1e6
+        assert len(_logger._records.pending) < 5
+        stats = comms_logger.stats()
+        trace = json.loads(comms_logger.export_chrome_trace(tmp_path / "trace.json").read_text())
+    finally:
+        comms_logger.disable()
+        comms_logger.reset()
+    assert list(stats) == ["all_reduce"] and stats["all_reduce"][12]["count"] == 12
+    latency = stats["all_reduce"][12]["latency_us"]
+    assert 0 < latency["min"] <= latency["avg"] <= latency["max"] < ended - began
+    events = [event for event in trace["traceEvents"] if event["ph"] == "X"]
+    assert [event["name"] for event in events] == ["all_reduce"] * 10  # the 10 most recent
+    assert all(began <= event["ts"] <= event["ts"] + event["dur"] <= ended for event in events)
+    assert trace["otherData"]["dropped_events_by_rank"] == {"0": 2}
+    assert torch.equal(tensor, torch.arange(3.0))
 
 
 @pytest.mark.multirank

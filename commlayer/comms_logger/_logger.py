@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import operator
 import os
 import sys
 import threading
@@ -69,6 +70,14 @@ class _Accumulator:
     max_s: float = 0.0
     bus_bytes: float = 0.0  # sum of S x busbw factor: busbw = bus_bytes / total_s
 
+    def add_many(self, seconds: list[float], bus_bytes: float) -> None:
+        """``len(seconds)`` calls, each of ``bus_bytes`` (S x busbw factor)."""
+        self.count += len(seconds)
+        self.total_s += sum(seconds)
+        self.min_s = min(self.min_s, *seconds)
+        self.max_s = max(self.max_s, *seconds)
+        self.bus_bytes += bus_bytes * len(seconds)
+
     def add(self, seconds: float, bus_bytes: float) -> None:
         self.count += 1
         self.total_s += seconds
@@ -95,9 +104,54 @@ class _Records:
 
     rank: int = 0
     totals: dict[tuple[str, int], _Accumulator] = field(default_factory=dict)
-    events: deque[TraceEvent] = field(default_factory=deque)
+    events: deque[Any] = field(default_factory=deque)  # TraceEvents and raw pending entries
     dropped_events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # (call, S, perf_counter at launch, at return) of blocking host-only ops, appended by the
+    # plan wrappers and folded into totals and events when read (drain), not on the hot path.
+    pending: list[tuple[Any, int, float, float]] = field(default_factory=list)
+    wall_offset: float = 0.0  # time.time() - time.perf_counter(), for pending's timestamps
+
+    def drain(self, max_events: int) -> None:
+        """Fold every pending entry into totals and events, one pass per (op, S) group."""
+        batch = self.pending[:]  # appends may race with this: only the copied ones are removed
+        del self.pending[: len(batch)]
+        groups: dict[tuple[Any, int], list[tuple[Any, int, float, float]]] = {}
+        for entry in batch:
+            members = groups.get(entry[:2])
+            if members is None:
+                groups[entry[:2]] = [entry]
+            else:
+                members.append(entry)
+        with self.lock:
+            for (call, nbytes), members in groups.items():
+                seconds = list(map(operator.sub, map(_ENDED, members), map(_BEGAN, members)))
+                self.rank = call.group.global_rank
+                accumulator = self.totals.get((call.op, nbytes))
+                if accumulator is None:
+                    accumulator = self.totals[(call.op, nbytes)] = _Accumulator()
+                accumulator.add_many(seconds, nbytes * busbw_factor(call.op, call.group.size()))
+            if max_events > 0:
+                self.events.extend(batch[-max_events:])  # raw entries: made TraceEvents when read
+                for _ in range(len(self.events) - max_events):
+                    self.events.popleft()
+                    self.dropped_events += 1
+            else:
+                self.dropped_events += len(batch)
+
+    def trace_events(self) -> list[TraceEvent]:
+        """The kept events, oldest first (call under ``lock``)."""
+        return [event if isinstance(event, TraceEvent) else self._event(*event) for event in self.events]
+
+    def _event(self, call: Any, nbytes: int, began: float, ended: float) -> TraceEvent:
+        size = call.group.size()
+        start_us = (began + self.wall_offset) * 1e6
+        return TraceEvent(
+            call.op, nbytes, start_us, (ended - began) * 1e6, call.backend.name, call.group.name, size
+        )
+
+
+_BEGAN, _ENDED = operator.itemgetter(2), operator.itemgetter(3)
 
 
 class CommsLogger:
@@ -123,7 +177,33 @@ class CommsLogger:
 
         return start().then(finished)
 
+    def wrap_plan(
+        self, call: _dispatch.OpCall, run: Callable[..., Work | None], payload: int
+    ) -> Callable[..., Work | None]:
+        """The per-plan hook (see ``_dispatch.Observer``): a blocking op on a host-only backend
+        costs two clock reads and one append; everything else takes :meth:`observe`'s path."""
+        if not self.options.wants(call.op):
+            return run
+        observed_run = _dispatch.observed(self, call, run, payload)
+        if self.options.verbose or _candidates(call.backend):  # accelerators need synchronising
+            return observed_run
+        pending, clock, records = self.records.pending, time.perf_counter, self.records
+
+        def logged(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+            if async_op or self._muted_thread is not None:
+                return observed_run(async_op, *tensors)
+            began = clock()
+            run(False, *tensors)
+            pending.append((call, tensors[payload].nbytes, began, clock()))
+            if len(pending) >= _DRAIN_AT:
+                records.drain(self.options.max_trace_events)
+            return None
+
+        return logged
+
     def _record(self, call: _dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
+        if self.records.pending:  # keep events in launch order
+            self.records.drain(self.options.max_trace_events)
         size = call.group.size()
         event = TraceEvent(
             call.op, nbytes, wall_ns / 1e3, seconds * 1e6, call.backend.name, call.group.name, size
@@ -146,6 +226,8 @@ class CommsLogger:
 
 _records = _Records()
 _active: CommsLogger | None = None
+_last: CommsLogger | None = None  # the latest enabled logger, which left any pending entries
+_DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the lock
 
 
 # --- public API --------------------------------------------------------------------------------
@@ -153,15 +235,18 @@ _active: CommsLogger | None = None
 
 def enable(ops: Iterable[str] | None = None, verbose: bool = False, max_trace_events: int = 100_000) -> None:
     """Start logging (again); records made so far are kept (see :func:`reset`)."""
-    global _active
+    global _active, _last
     chosen = None if ops is None else frozenset(_op_names(ops))
-    _active = CommsLogger(LoggerOptions(chosen, bool(verbose), int(max_trace_events)), _records)
+    _drain_pending()
+    _records.wall_offset = time.time() - time.perf_counter()
+    _active = _last = CommsLogger(LoggerOptions(chosen, bool(verbose), int(max_trace_events)), _records)
     _dispatch.set_observer(_active)
 
 
 def disable() -> None:
     """Stop logging: the facade goes back to its observer-free path. Records are kept."""
     global _active
+    _drain_pending()
     _active = None
     _dispatch.set_observer(None)
 
@@ -172,6 +257,7 @@ def is_enabled() -> bool:
 
 def reset() -> None:
     """Forget every record and trace event."""
+    _records.pending.clear()
     with _records.lock:
         _records.totals.clear()
         _records.events.clear()
@@ -180,6 +266,7 @@ def reset() -> None:
 
 def stats() -> dict[str, dict[int, dict[str, Any]]]:
     """This rank's records: ``{op: {S: {count, total_bytes, latency_us{avg,min,max}, algbw_gbps, busbw_gbps}}}``."""
+    _drain_pending()
     with _records.lock:
         snapshot = {key: _local_row(key, value) for key, value in sorted(_records.totals.items())}
     nested: dict[str, dict[int, dict[str, Any]]] = {}
@@ -213,7 +300,7 @@ def export_chrome_trace(path: str | Path, group: Any = None) -> Path | None:
     after destroy, it writes this rank's events only. ``{rank}`` in ``path`` is replaced.
     """
     with _records.lock:
-        local = (_records.rank, list(_records.events), _records.dropped_events)
+        local = (_records.rank, _records.trace_events(), _records.dropped_events)
     gathered = _gather(local, group)
     if gathered is None or not _is_first_rank(group):
         return None
@@ -243,7 +330,14 @@ def _local_row(key: tuple[str, int], value: _Accumulator) -> dict[str, Any]:
     }
 
 
+def _drain_pending() -> None:
+    """Fold the plan wrappers' pending entries into totals and events (whoever enabled them)."""
+    if _records.pending and _last is not None:
+        _records.drain(_last.options.max_trace_events)
+
+
 def _rank_snapshot() -> dict[str, Any]:
+    _drain_pending()
     with _records.lock:
         totals = {f"{op}\t{nbytes}": vars(value).copy() for (op, nbytes), value in _records.totals.items()}
     return {"rank": _global_rank(), "totals": totals}
@@ -284,15 +378,21 @@ def _global_rank() -> int:
 _candidates_by_class: dict[type, tuple[Any, ...]] = {}
 
 
-def _accelerators_of(backend: Any) -> tuple[Any, ...]:
-    """The torch device modules to synchronise for ops on ``backend`` (initialised ones only)."""
+def _candidates(backend: Any) -> tuple[Any, ...]:
+    """The torch device modules ``backend`` may run on (once per backend class)."""
     candidates = _candidates_by_class.get(type(backend))
-    if candidates is None:  # once per backend class: CPU-only backends end up with nothing to test
+    if candidates is None:
         modules = [
             getattr(torch, kind, None) for kind in _ACCELERATORS if kind in backend.capabilities.devices
         ]
         candidates = tuple(module for module in modules if hasattr(module, "is_initialized"))
         _candidates_by_class[type(backend)] = candidates
+    return candidates
+
+
+def _accelerators_of(backend: Any) -> tuple[Any, ...]:
+    """The torch device modules to synchronise for ops on ``backend`` (initialised ones only)."""
+    candidates = _candidates(backend)
     return tuple(module for module in candidates if module.is_initialized()) if candidates else ()
 
 
@@ -326,9 +426,10 @@ def enable_from_environment(environ: dict[str, str] | os._Environ[str] = os.envi
 
 def _report_at_exit(trace_path: str | None) -> None:
     """Local only: at exit the other ranks may be gone, so no collective is attempted."""
+    _drain_pending()
     with _records.lock:
         rank = _records.rank
-        events = (rank, list(_records.events), _records.dropped_events)
+        events = (rank, _records.trace_events(), _records.dropped_events)
     if trace_path:
         target = Path(
             trace_path.replace("{rank}", str(rank)) if "{rank}" in trace_path else f"{trace_path}.rank{rank}"

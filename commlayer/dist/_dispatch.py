@@ -34,7 +34,7 @@ import torch
 
 from ..backend import Backend
 from ..errors import UnsupportedError, invalid_argument
-from ..work import Work
+from ..work import CompletedWork, Work
 from ._groups import ProcessGroup, resolve_group
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "forget_plans",
     "launch",
     "new_plan",
+    "observed",
     "plans",
     "run_staged",
     "set_observer",
@@ -69,7 +70,13 @@ class OpCall(NamedTuple):
 
 
 class Observer(Protocol):
-    """The comms logger's hook: wraps ``start`` (which launches the op) to time it."""
+    """The hook every op passes through while set (the comms logger; a recorder could be another).
+
+    ``observe`` wraps ``start`` (which launches the op and returns its Work) and returns the Work
+    the caller gets. An observer may also define ``wrap_plan(call, run, payload)``, returning its
+    own ``run(async_op, *tensors)`` around a plan's launcher, built once per plan: that is where a
+    cheap per-call record belongs. Without it, plans go through :func:`observed`.
+    """
 
     def observe(self, call: OpCall, nbytes: int, start: Callable[[], Work]) -> Work: ...
 
@@ -130,43 +137,48 @@ atexit.register(forget_plans)  # plans refer to backends: release them before in
 def new_plan(call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = False) -> Plan:
     """The plan for ``call``: ``backend.<op>(*tensors, *fixed)`` started, and waited unless async.
 
-    ``payload`` indexes the tensor whose size the observer reports; ``flat`` passes 1-D views,
-    which the backend contract promises for the tensor-in/tensor-out collectives.
+    ``payload`` indexes the tensor whose size an observer reports; ``flat`` passes 1-D views to
+    the backend op, which the contract promises for the tensor-in/tensor-out collectives.
     """
-    backend, observer = call.backend, _observer
-    fused = backend.plan(op, *fixed) if observer is None else None
-    if fused is not None:
-        return Plan(fused, call, call.group.size())
+    run = call.backend.plan(op, *fixed) or _launcher(call.backend, op, fixed, flat)
+    observer = _observer
+    if observer is not None:
+        wrap = getattr(observer, "wrap_plan", None)
+        run = wrap(call, run, payload) if wrap is not None else observed(observer, call, run, payload)
+    return Plan(run, call, call.group.size())
+
+
+def _launcher(backend: Backend, op: str, fixed: tuple[Any, ...], flat: bool) -> Callable[..., Work | None]:
+    """``run(async_op, *tensors)`` around a backend op that has no fused launcher."""
     method = getattr(backend, op)
     hinted = backend.capabilities.sync_hint
 
-    def start(async_op: bool, tensors: tuple[torch.Tensor, ...]) -> Work:
+    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         if flat:
             tensors = tuple(_flat(tensor) for tensor in tensors)
-        if hinted:
-            return method(*tensors, *fixed, async_op=async_op)
-        return method(*tensors, *fixed)
+        work = method(*tensors, *fixed, async_op=async_op) if hinted else method(*tensors, *fixed)
+        if async_op:
+            return work
+        work.wait()
+        return None
 
-    if observer is None:
+    return run
 
-        def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
-            work = start(async_op, tensors)
-            if async_op:
-                return work
-            work.wait()
-            return None
 
-    else:
+def observed(
+    observer: Observer, call: OpCall, run: Callable[..., Work | None], payload: int
+) -> Callable[..., Work | None]:
+    """``run`` with every launch handed to ``observer.observe`` (a blocking run's None -> a done Work)."""
 
-        def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
-            nbytes = _nbytes(tensors[payload])
-            work = observer.observe(call, nbytes, lambda: start(async_op, tensors))
-            if async_op:
-                return work
-            work.wait()
-            return None
+    def observed_run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+        start = lambda: run(async_op, *tensors) or CompletedWork()
+        work = observer.observe(call, _nbytes(tensors[payload]), start)
+        if async_op:
+            return work
+        work.wait()
+        return None
 
-    return Plan(run, call, call.group.size())
+    return observed_run
 
 
 def remember(

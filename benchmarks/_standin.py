@@ -1,0 +1,160 @@
+"""torch_vs_commlayer.py --standin: the facade's own cost per op, on torch's stand-in ProcessGroup.
+
+torch's "fake" ProcessGroup (``torch.testing._internal.distributed.fake_pg``) completes every op
+at once without communicating, so what is left is each wrapper's Python: raw ``torch.distributed``,
+commlayer, and the bare ProcessGroup method with prebuilt options (the floor both sit on). One
+process, world size 2, rank 0; each (op, mode) is timed in rounds that rotate the three, median
+per call. ``--before REF`` lays git commit REF's commlayer out in a temporary folder (as
+``gpu_site.sh`` does on the GPU machine) and runs this measurement on it and on the current tree in
+alternating child processes, ``--repeats`` times each, so both sides share the machine's state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import tomllib
+import torch
+import torch.distributed as torch_dist
+from _ops import trio
+
+import commlayer
+from commlayer import dist
+from commlayer.types import Capabilities
+
+STANDIN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "send", "recv")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def per_call_us(calls: dict[str, object], iters: int, rounds: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        for _ in range(iters // 10):
+            call()
+    names = list(calls)
+    for index in range(rounds):
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            call = calls[name]
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            samples[name].append((time.perf_counter() - start) / iters * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure(iters: int, rounds: int) -> list[dict]:
+    """Rows of (op, mode, bare_us, raw_us, commlayer_us) for the commlayer this process imports."""
+    import torch.testing._internal.distributed.fake_pg
+
+    from commlayer.backends._torch import TorchBackend
+
+    class StandInBackend(TorchBackend):
+        name = torch_backend = "fake"
+        capabilities = Capabilities(devices=frozenset({"cpu"}), sync_hint=True)
+
+    commlayer.register_backend("fake", StandInBackend)
+    warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 deprecates two spellings per call
+    store = torch_dist.HashStore()
+    store.set("commlayer/left/1", b"1")  # the absent rank 1 has "left": destroy need not wait for it
+    dist.init_process_group("fake", store=store, rank=0, world_size=2)
+    rows = []
+    try:
+        for op in STANDIN_OPS:
+            for async_op in (False, True):
+                calls = trio(op, 32, 2, 0, torch.device("cpu"), async_op)
+                timed = {"bare": calls.bare, "raw": calls.raw, "commlayer": calls.commlayer}
+                row = {"op": op, "mode": "async" if async_op else "sync"}
+                rows.append(row | {f"{k}_us": v for k, v in per_call_us(timed, iters, rounds).items()})
+    finally:
+        dist.destroy_process_group()
+    return rows
+
+
+def standin_main(options: argparse.Namespace) -> None:
+    iters, rounds = options.iters * 50, options.rounds
+    if options.before is None:
+        rows = measure(iters, rounds)
+        _print_rows(rows)
+        if options.json:
+            Path(options.json).write_text(json.dumps(rows, indent=1))
+        return
+    with tempfile.TemporaryDirectory(prefix="commlayer-before-") as site:
+        _lay_out(options.before, Path(site))
+        runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
+        for index in range(options.repeats):
+            for side in ("before", "after") if index % 2 == 0 else ("after", "before"):
+                runs[side].append(_child(side, site, iters, rounds))
+    _print_comparison(options.before, runs)
+
+
+def _child(side: str, site: str, iters: int, rounds: int) -> list[dict]:
+    env = dict(os.environ)
+    if side == "before":
+        env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
+    with tempfile.NamedTemporaryFile(suffix=".json") as output:
+        command = [sys.executable, __file__.replace("_standin.py", "torch_vs_commlayer.py"), "--standin"]
+        command += ["--iters", str(iters // 50), "--rounds", str(rounds), "--json", output.name]
+        subprocess.run(command, env=env, check=True, cwd=tempfile.gettempdir())
+        return json.loads(Path(output.name).read_text())
+
+
+def _lay_out(ref: str, site: Path) -> None:
+    """git commit ``ref``'s commlayer as an importable package in ``site`` (what gpu_site.sh does)."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "commlayer", "backends", "pyproject.toml"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(site)], input=archive, check=True)
+    (site / "backends").rename(site / "commlayer" / "backends")
+    project = tomllib.loads((site / "pyproject.toml").read_text())["project"]
+    info = site / "commlayer-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: commlayer\nVersion: {project['version']}\n")
+    lines = []
+    for group, points in project["entry-points"].items():
+        lines += [f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), ""]
+    (info / "entry_points.txt").write_text("\n".join(lines))
+
+
+def _print_rows(rows: list[dict]) -> None:
+    print(f"# stand-in ProcessGroup, torch {torch.__version__}, commlayer from {commlayer.__file__}")
+    print(
+        f"{'op':<18}{'mode':<6}{'bare_us':>9}{'raw_us':>9}{'cl_us':>9}{'torch wrapper':>15}{'facade':>9}{'added':>8}"
+    )
+    for row in rows:
+        bare, raw, ours = row["bare_us"], row["raw_us"], row["commlayer_us"]
+        print(
+            f"{row['op']:<18}{row['mode']:<6}{bare:>9.2f}{raw:>9.2f}{ours:>9.2f}"
+            f"{raw - bare:>15.2f}{ours - bare:>9.2f}{ours - raw:>+8.2f}"
+        )
+
+
+def _print_comparison(ref: str, runs: dict[str, list[list[dict]]]) -> None:
+    """Per op: medians over the repeats of each side's facade cost (commlayer - bare) and added."""
+    print(
+        f"# stand-in ProcessGroup, torch {torch.__version__}; before = {ref}, after = this tree; us per call"
+    )
+    print(
+        f"{'op':<18}{'mode':<6}{'torch wrapper':>14}{'facade before':>15}{'facade after':>14}{'added before':>14}{'added after':>13}"
+    )
+    for index, row in enumerate(runs["after"][0]):
+        figures = {}
+        for side, repeats in runs.items():
+            facade = [run[index]["commlayer_us"] - run[index]["bare_us"] for run in repeats]
+            added = [run[index]["commlayer_us"] - run[index]["raw_us"] for run in repeats]
+            figures[side] = (statistics.median(facade), statistics.median(added))
+        wrapper = statistics.median(run[index]["raw_us"] - run[index]["bare_us"] for run in runs["after"])
+        print(
+            f"{row['op']:<18}{row['mode']:<6}{wrapper:>14.2f}{figures['before'][0]:>15.2f}"
+            f"{figures['after'][0]:>14.2f}{figures['before'][1]:>+14.2f}{figures['after'][1]:>+13.2f}"
+        )
