@@ -257,8 +257,8 @@ def all_to_all_single(
     except (AttributeError, TypeError):
         plan = None
     if plan is not None and output.is_contiguous() and input.is_contiguous():
-        out_splits = _check_splits(plan.call, "output_split_sizes", output_split_sizes, output)
-        in_splits = _check_splits(plan.call, "input_split_sizes", input_split_sizes, input)
+        out_splits = _check_splits(plan.call, "output_split_sizes", output_split_sizes, output, plan.size)
+        in_splits = _check_splits(plan.call, "input_split_sizes", input_split_sizes, input, plan.size)
         return plan.run(async_op, output, input, out_splits, in_splits)
     return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
@@ -277,8 +277,9 @@ def _checked_all_to_all_single(
     check.check_tensor(call, "input", input)
     check.check_tensor(call, "output", output)
     check.check_dtype_match(call, "output", output, input)
-    out_splits = _check_splits(call, "output_split_sizes", output_split_sizes, output)
-    in_splits = _check_splits(call, "input_split_sizes", input_split_sizes, input)
+    size = call.group.size()
+    out_splits = _check_splits(call, "output_split_sizes", output_split_sizes, output, size)
+    in_splits = _check_splits(call, "input_split_sizes", input_split_sizes, input, size)
     key = _paired_key("all_to_all_single", group, output, input)
     plan = remember(key, True, call, "all_to_all_single", payload=1)
     copy_back: CopyBack = []
@@ -421,10 +422,9 @@ def _root_list(
 
 
 def _check_splits(
-    call: Any, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor
+    call: Any, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor, size: int
 ) -> list[int] | None:
-    size = call.group.size()
-    rows = tensor.shape[0] if tensor.dim() else 1
+    rows = len(tensor) if tensor.dim() else 1  # len() reads dim 0 without building a torch.Size
     if not splits:
         if rows % size:
             raise invalid_argument(
