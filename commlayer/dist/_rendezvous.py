@@ -3,7 +3,8 @@
 ``env://`` (the default) reads the environment through :func:`commlayer.rendezvous.discover`,
 which knows torchrun, Open MPI, MPICH / Intel MPI / PMI(x) and SLURM. Under an MPI launcher with no
 MASTER_ADDR, rank 0's address and a free port are exchanged over MPI itself. ``tcp://`` and
-``file://`` go through torch's own rendezvous handlers.
+``file://`` go through torch's own rendezvous handlers. First, every backend is told which network
+interface to use (:mod:`commlayer.netif`: ``COMMLAYER_SOCKET_IFNAME``, else the route to MASTER_ADDR).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from ..errors import invalid_argument
+from ..netif import apply_interface_environment
 from ..rendezvous import RendezvousInfo, discover
 
 __all__ = ["Rendezvous", "rendezvous"]
@@ -33,6 +35,8 @@ class Rendezvous:
 def rendezvous(
     init_method: str | None, store: Any, rank: int, world_size: int, timeout: timedelta
 ) -> Rendezvous:
+    # Before any backend (or MPI_Init) reads its interface variables; see commlayer.netif.
+    apply_interface_environment()
     if store is not None:
         _require_explicit(rank, world_size, "store")
         return Rendezvous(store, rank, world_size)
@@ -60,6 +64,7 @@ def _from_environment(rank: int, world_size: int, timeout: timedelta) -> Rendezv
         )
     if (info.master_addr is None or info.master_port is None) and info.source in _MPI_SOURCES:
         info = _master_over_mpi(info)
+        apply_interface_environment(info.master_addr)
     rank = info.rank if rank < 0 else rank
     world_size = info.world_size if world_size < 0 else world_size
     return Rendezvous(_tcp_store(info, rank, world_size, timeout), rank, world_size)

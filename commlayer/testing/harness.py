@@ -20,13 +20,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ..launcher import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
 from ._results import RESULTS_DIR_ENV, ResultsDir
 from ._shm import release_stale_regions
 from .mpi import mpirun_plan, mpirun_unavailable_reason
 
-__all__ = ["require_mpirun", "run_world"]
+__all__ = ["WorldLauncher", "require_mpirun", "run_world"]
 
 _LAUNCHERS = ("local", "mpirun")
 _KILL_GRACE_SECONDS = 1.0
@@ -42,13 +43,28 @@ _OUTER_LAUNCHER_VARIABLES = (
 )
 
 
+class WorldLauncher(Protocol):
+    """Starts a world some other way (e.g. across the hosts of a test cluster, see cluster_worlds).
+
+    ``processes`` returns what the harness supervises: launcher processes (torchrun agents,
+    mpirun) or the ranks themselves, in any order; ``command`` is the rank program and ``env``
+    the ranks' environment (results directory and PYTHONPATH included).
+    """
+
+    name: str
+
+    def processes(
+        self, command: tuple[str, ...], env: Mapping[str, str], world_size: int
+    ) -> list[ProcessSpec]: ...
+
+
 def run_world(
     target: str,
     world_size: int,
     *,
     backend: str | None = "gloo",
     timeout: float = 120.0,
-    launcher: str = "local",
+    launcher: str | WorldLauncher = "local",
     env: Mapping[str, str] | None = None,
     args: Sequence[str] = (),
 ) -> None:
@@ -60,6 +76,8 @@ def run_world(
     ``destroy_process_group()`` after; ``backend=None`` leaves initialisation to the function.
     ``launcher="mpirun"`` starts the ranks with the mpirun that matches mpi4py's MPI library (see
     :mod:`commlayer.testing.mpi`); it sets no MASTER_ADDR/MASTER_PORT unless ``env`` does.
+    A :class:`WorldLauncher` object starts the world its own way (torchrun agents on several
+    hosts, mpirun across hosts, srun-style ranks); failures are then found as under mpirun.
     """
     _check_arguments(target, world_size, timeout, launcher, args)
     started = time.time()
@@ -68,7 +86,7 @@ def run_world(
         rank_env = _rank_environment(target, env, results)
         command = _worker_command(target, backend, args)
         # Locally a raising rank's exit code stops the world; under mpirun only its traceback can.
-        watch = _RanksWatch(results, watch_tracebacks=launcher == "mpirun")
+        watch = _RanksWatch(results, watch_tracebacks=launcher != "local")
         options = SuperviseOptions(
             timeout=timeout,
             echo=False,
@@ -79,13 +97,16 @@ def run_world(
         )
         if launcher == "local":
             result = launch(LaunchConfig(command, world_size, env=rank_env, options=options))
+        elif not isinstance(launcher, str):
+            result = supervise(launcher.processes(command, rank_env, world_size), options)
         else:
             plan = mpirun_plan(world_size, rank_env)
             result = supervise([ProcessSpec("mpirun", (*plan.argv, *command), plan.env)], options)
         state = _WorldState.read(results, watch)
         release_stale_regions(started)
         problems = _problems(world_size, result, state, local=launcher == "local")
-        report = _report(target, world_size, launcher, backend, problems, result, state) if problems else None
+        name = launcher if isinstance(launcher, str) else launcher.name
+        report = _report(target, world_size, name, backend, problems, result, state) if problems else None
     if report is not None:
         raise AssertionError(report)
 
@@ -100,7 +121,7 @@ def require_mpirun() -> None:
 
 
 def _check_arguments(
-    target: str, world_size: int, timeout: float, launcher: str, args: Sequence[str]
+    target: str, world_size: int, timeout: float, launcher: str | WorldLauncher, args: Sequence[str]
 ) -> None:
     module, _, function = target.partition(":") if isinstance(target, str) else ("", "", "")
     if not module or not function:
@@ -115,7 +136,7 @@ def _check_arguments(
         raise ValueError(
             f"run_world: argument 'timeout' expected a positive number of seconds, received {timeout!r}"
         )
-    if launcher not in _LAUNCHERS:
+    if isinstance(launcher, str) and launcher not in _LAUNCHERS:
         raise ValueError(
             f"run_world: argument 'launcher' expected one of {_LAUNCHERS}, received {launcher!r}"
         )

@@ -1,0 +1,27 @@
+"""Rank bodies for the tests across namespace hosts (tests/test_multihost.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from commlayer import dist
+
+
+def interface_and_hosts(expected_interface: str, hosts: str) -> None:
+    """Each rank checks the interface commlayer told gloo to use and where every rank runs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert os.environ.get("GLOO_SOCKET_IFNAME") == expected_interface, (
+        rank,
+        os.environ.get("GLOO_SOCKET_IFNAME"),
+    )
+    names: list[object] = [None] * world
+    dist.all_gather_object(names, socket.gethostname())
+    per_host = world // len(hosts.split(","))
+    assert names == [hosts.split(",")[peer // per_host] for peer in range(world)], names
+    values = torch.arange(3, dtype=torch.float64) + 10 * rank
+    dist.all_reduce(values)
+    expected = torch.arange(3, dtype=torch.float64) * world + 10 * sum(range(world))
+    assert torch.equal(values, expected), (rank, values)

@@ -1,0 +1,130 @@
+"""Worlds across two namespace "hosts" (commlayer.testing.cluster): 2 hosts x 2 ranks.
+
+The hosts' names do not resolve unless the test asks for it, as on many cloud and container
+clusters, and every host has a second interface that leads nowhere; each world must still find
+its peers. Skip these with ``-m "not multihost"``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from commlayer.testing import run_world
+from commlayer.testing.cluster import (
+    ClusterOptions,
+    NetworkCluster,
+    cluster_unavailable_reason,
+    network_cluster,
+)
+from commlayer.testing.cluster_worlds import SlurmHosts, TorchrunHosts
+
+_REASON = cluster_unavailable_reason()
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.skipif(_REASON is not None, reason=f"namespace cluster unavailable: {_REASON}"),
+]
+
+
+@pytest.fixture(scope="module")
+def unnamed_cluster() -> Iterator[NetworkCluster]:
+    """Two hosts whose names do not resolve, each with a dead-end second interface."""
+    with network_cluster(ClusterOptions(hosts=2, side_interface=True)) as cluster:
+        yield cluster
+        assert cluster.leftover_processes() == {}
+
+
+@pytest.fixture(scope="module")
+def named_cluster() -> Iterator[NetworkCluster]:
+    with network_cluster(ClusterOptions(hosts=2, resolvable_names=True)) as cluster:
+        yield cluster
+        assert cluster.leftover_processes() == {}
+
+
+def run_on(host_command: list[str]) -> str:
+    return subprocess.run(host_command, capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+# ---- tier 2: the cluster itself -----------------------------------------------------------------
+
+
+def test_hosts_have_own_names_addresses_and_a_dead_end_interface(unnamed_cluster: NetworkCluster) -> None:
+    first, second = unnamed_cluster.hosts
+    assert run_on(second.command(["hostname"])).strip() == second.name != first.name
+    probe = (
+        "import sys; from commlayer.netif import route_interface, interface_addresses;"
+        "print(route_interface(sys.argv[1]), route_interface(sys.argv[2]), sorted(interface_addresses()))"
+    )
+    routes = run_on(first.command([sys.executable, "-c", probe, second.address, second.side_address or ""]))
+    assert routes.strip() == "cl0 side0 ['cl0', 'lo', 'side0']"
+    unresolved = subprocess.run(
+        first.command(["getent", "hosts", second.name]), check=False, capture_output=True, timeout=30
+    )
+    assert unresolved.returncode != 0  # names do not resolve in this cluster
+
+
+def test_teardown_removes_namespaces_and_processes() -> None:
+    with network_cluster(ClusterOptions(hosts=2)) as cluster:
+        sleeper = subprocess.Popen(cluster.hosts[1].command(["sleep", "600"]))
+        namespaces = [host.namespace for host in cluster.hosts]
+    assert sleeper.wait(timeout=10) != 0
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not any(namespace in listed for namespace in namespaces)
+    assert cluster.tag not in Path("/proc/mounts").read_text(encoding="utf-8")
+
+
+# ---- tier 3: worlds across the hosts ------------------------------------------------------------
+
+
+@pytest.mark.multirank
+def test_torchrun_nodes_pick_the_interface_that_routes_to_master(unnamed_cluster: NetworkCluster) -> None:
+    hosts = ",".join(host.name for host in unnamed_cluster.hosts)
+    run_world(
+        "tests.ranks.multihost:interface_and_hosts",
+        4,
+        launcher=TorchrunHosts(unnamed_cluster),
+        args=["cl0", hosts],
+        timeout=120,
+    )
+
+
+@pytest.mark.multirank
+def test_commlayer_socket_ifname_is_honoured(unnamed_cluster: NetworkCluster) -> None:
+    hosts = ",".join(host.name for host in unnamed_cluster.hosts)
+    run_world(
+        "tests.ranks.multihost:interface_and_hosts",
+        4,
+        launcher=SlurmHosts(unnamed_cluster),
+        env={"COMMLAYER_SOCKET_IFNAME": "cl0", "MASTER_ADDR": unnamed_cluster.hosts[0].address},
+        args=["cl0", hosts],
+        timeout=120,
+    )
+
+
+@pytest.mark.multirank
+def test_compatibility_suite_torchrun_across_hosts_on_gloo(unnamed_cluster: NetworkCluster) -> None:
+    run_world(
+        "tests.ranks.compat:main", 4, backend="gloo", launcher=TorchrunHosts(unnamed_cluster), timeout=300
+    )
+
+
+@pytest.mark.multirank
+@pytest.mark.ccl
+def test_compatibility_suite_torchrun_across_hosts_on_ccl(unnamed_cluster: NetworkCluster) -> None:
+    from tests.test_ccl import _REASON as ccl_problem
+
+    if ccl_problem is not None:
+        pytest.skip(f"ccl unavailable: {ccl_problem}")
+    run_world(
+        "tests.ranks.compat:main", 4, backend="ccl", launcher=TorchrunHosts(unnamed_cluster), timeout=300
+    )
+
+
+@pytest.mark.multirank
+def test_compatibility_suite_srun_style_across_hosts(named_cluster: NetworkCluster) -> None:
+    """SLURM_PROCID and friends only; MASTER_ADDR comes from the first name of SLURM_NODELIST."""
+    run_world("tests.ranks.compat:main", 4, backend="gloo", launcher=SlurmHosts(named_cluster), timeout=300)
