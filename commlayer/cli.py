@@ -1,4 +1,5 @@
-"""The ``commlayer`` command: ``run`` launches local ranks, ``bench`` benchmarks, ``backends`` lists.
+"""The ``commlayer`` command: ``run`` launches ranks (here, or across hosts with ``--hostfile``),
+``bench`` benchmarks, ``backends`` lists.
 
 ``commlayer bench`` lives in :mod:`commlayer.bench.cli` (``add_arguments(parser)`` and
 ``main(args) -> int``); it is imported only when that subcommand is asked for, so ``run`` works
@@ -14,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from .launcher import LaunchConfig, SuperviseOptions, launch
+from .launch import LaunchConfig, SuperviseOptions, launch
+from .launch.commands import LAUNCHERS
 
 __all__ = ["main"]
 
@@ -50,7 +52,11 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
         prog="commlayer", description="commlayer: pluggable communication backends for PyTorch."
     )
     commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends}")
-    _add_run_arguments(commands.add_parser("run", help="launch N local ranks of a Python script or module"))
+    _add_run_arguments(
+        commands.add_parser(
+            "run", help="launch ranks of a Python script or module, here or across a hostfile's hosts"
+        )
+    )
     bench = commands.add_parser("bench", help="run the collective benchmarks (commlayer.bench)")
     if bench_cli is not None:  # imported only when `bench` was asked for
         bench_cli.add_arguments(bench)
@@ -65,9 +71,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--nproc_per_node",
         dest="nproc_per_node",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="N",
-        help="number of ranks to start on this host (default 1)",
+        help="ranks to start on this host (default 1); with --hostfile, per host (default: its slots)",
     )
     run.add_argument(
         "-m",
@@ -79,8 +85,8 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--master-addr",
         "--master_addr",
         dest="master_addr",
-        default="127.0.0.1",
-        help="address rank 0's store listens on (default 127.0.0.1)",
+        default=None,
+        help="address rank 0's store listens on (default 127.0.0.1; with --hostfile, the first host)",
     )
     run.add_argument(
         "--master-port",
@@ -88,8 +94,9 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         dest="master_port",
         type=_port,
         default=None,
-        help="port of rank 0's store (default: a free port)",
+        help="port of rank 0's store (default: a free port; with --hostfile, 29500)",
     )
+    _add_hosts_arguments(run)
     run.add_argument(
         "--log-dir",
         dest="log_dir",
@@ -110,12 +117,47 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_hosts_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--hostfile", type=Path, default=None, help="run across the hosts of FILE ('HOST slots=N' lines)"
+    )
+    run.add_argument(
+        "--include", default=None, metavar="SPEC", help="only these hosts/slots: 'node1:0,1@node2'"
+    )
+    run.add_argument("--exclude", default=None, metavar="SPEC", help="leave out these hosts/slots: 'node2:3'")
+    run.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default=None,
+        help="how ranks start on the hosts (default ssh; pdsh, mpirun, srun use those tools)",
+    )
+    run.add_argument(
+        "--ssh",
+        default=None,
+        metavar="COMMAND",
+        help="remote shell command for ssh/pdsh/mpirun, e.g. 'ssh -F cluster.conf' (default: $COMMLAYER_SSH or ssh)",
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     program = ("-m", args.script) if args.module else (args.script,)
+    if args.hostfile is not None:
+        from .launch.cli_hosts import run_hosts  # only multi-host runs read hostfiles
+
+        return run_hosts(args, (sys.executable, "-u", *program, *args.script_args))
+    stray = [
+        f"--{name}" for name in ("include", "exclude", "launcher", "ssh") if getattr(args, name) is not None
+    ]
+    if stray:
+        print(
+            f"commlayer run: {', '.join(stray)} expected together with --hostfile, received without it",
+            file=sys.stderr,
+        )
+        return 2
     config = LaunchConfig(
         command=(sys.executable, *program, *args.script_args),
-        nproc_per_node=args.nproc_per_node,
-        master_addr=args.master_addr,
+        nproc_per_node=args.nproc_per_node or 1,
+        master_addr=args.master_addr or "127.0.0.1",
         master_port=args.master_port,
         options=SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir),
     )

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launcher import ProcessSpec, free_port
+from ..launch import ProcessSpec, free_port
 from .cluster import NetworkCluster
 
 __all__ = ["SlurmHosts", "TorchrunHosts"]

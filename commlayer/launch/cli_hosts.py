@@ -1,0 +1,58 @@
+"""``commlayer run --hostfile``: from parsed arguments to a :class:`~.commands.JobPlan` and its run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from .commands import JobPlan
+from .environment import exported_environment, find_env_file
+from .hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
+from .multinode import run_across_hosts
+from .supervise import SuperviseOptions
+
+__all__ = ["job_plan", "run_hosts"]
+
+DEFAULT_MASTER_PORT = 29500
+SSH_ENV = "COMMLAYER_SSH"
+
+
+def run_hosts(args: argparse.Namespace, program: tuple[str, ...]) -> int:
+    """Run ``program`` on every selected host; print the first failure; return the job's exit status."""
+    try:
+        plan = job_plan(args, program)
+    except (HostfileError, ValueError) as problem:
+        print(problem, file=sys.stderr)
+        return 2
+    options = SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir)
+    outcome = run_across_hosts(plan, args.launcher or "ssh", options, os.environ)
+    if outcome.summary is not None:
+        print(outcome.summary, file=sys.stderr, flush=True)
+    return outcome.exit_code
+
+
+def job_plan(args: argparse.Namespace, program: tuple[str, ...]) -> JobPlan:
+    hosts = select_hosts(read_hostfile(args.hostfile), args.include, args.exclude)
+    if args.nproc_per_node is not None:
+        hosts = [_first_slots(entry, args.nproc_per_node) for entry in hosts]
+    ssh = shlex.split(args.ssh or os.environ.get(SSH_ENV) or "ssh")
+    return JobPlan(
+        hosts=tuple(hosts),
+        program=program,
+        master_addr=args.master_addr or hosts[0].host,
+        master_port=args.master_port or DEFAULT_MASTER_PORT,
+        exported=exported_environment(os.environ, find_env_file()),
+        cwd=str(Path.cwd()),
+        ssh=tuple(ssh),
+    )
+
+
+def _first_slots(entry: HostSlots, count: int) -> HostSlots:
+    if count > len(entry.slots):
+        raise HostfileError(
+            f"commlayer run: argument '-n' expected at most the {len(entry.slots)} slots of {entry.host!r}, received {count}"
+        )
+    return HostSlots(entry.host, entry.slots[:count])

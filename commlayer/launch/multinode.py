@@ -1,0 +1,102 @@
+"""``commlayer run --hostfile FILE``: one job across hosts, through ssh, pdsh, mpirun or srun.
+
+The launcher's processes (an ssh per host, or one pdsh / mpirun / srun) are supervised like local
+ranks: the first to fail stops the others. Ranks on several hosts often fail together (a killed
+rank breaks its peers' connections), so the runner waits :data:`SETTLE_SECONDS` for the other
+hosts' reports and names the rank whose failure came first by the agents' clocks::
+
+    commlayer run: rank 3 on node2 was killed by SIGKILL (exit code 137); stopped every other host
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from .commands import JobPlan, mpirun_argv, pdsh_argv, srun_argv, ssh_argv
+from .supervise import LaunchResult, ProcessOutcome, ProcessSpec, SuperviseOptions, supervise
+
+__all__ = ["SETTLE_SECONDS", "HostsRun", "host_processes", "run_across_hosts"]
+
+SETTLE_SECONDS = 1.0
+_REPORT = re.compile(r"^commlayer run on \S+: (?P<what>.*) \[at (?P<time>\d+(\.\d+)?)\]$")
+
+
+@dataclass(frozen=True)
+class HostsRun:
+    result: LaunchResult
+    summary: str | None  # one line for the user; None when every rank succeeded
+    exit_code: int
+
+
+def run_across_hosts(
+    plan: JobPlan, launcher: str, options: SuperviseOptions, environ: Mapping[str, str]
+) -> HostsRun:
+    """Start ``plan`` with ``launcher`` and wait; stop every host on the first failure."""
+    specs = host_processes(plan, launcher, environ)
+    result = supervise(specs, replace(options, settle=max(options.settle, SETTLE_SECONDS)))
+    first = first_rank_failure(result)
+    if first is None:
+        return HostsRun(result, result.summary(), result.exit_code)
+    what, code = first
+    return HostsRun(result, f"commlayer run: {what}; stopped every other host", code)
+
+
+def host_processes(plan: JobPlan, launcher: str, environ: Mapping[str, str]) -> list[ProcessSpec]:
+    """What this machine runs: an ssh per host, or one pdsh, mpirun or srun for all of them."""
+    env = dict(environ)
+    if launcher == "ssh":
+        return [
+            ProcessSpec(f"{entry.host} (ssh)", tuple(ssh_argv(plan, index)), env, tag="", stdin_signals=True)
+            for index, entry in enumerate(plan.hosts)
+        ]
+    if launcher == "pdsh":
+        argv, extra = pdsh_argv(plan)
+        return [ProcessSpec("pdsh", tuple(argv), {**env, **extra}, tag="")]
+    if launcher == "mpirun":
+        executable = shutil.which(env.get("COMMLAYER_MPIRUN", "mpirun"), path=env.get("PATH")) or "mpirun"
+        argv = mpirun_argv(plan, mpirun_flavor(executable, env), executable)
+        return [ProcessSpec("mpirun", tuple(argv), env, tag="")]
+    if launcher == "srun":
+        return [ProcessSpec("srun", tuple(srun_argv(plan)), env, tag="")]
+    raise ValueError(
+        f"commlayer run: argument '--launcher' expected ssh, pdsh, mpirun or srun, received {launcher!r}"
+    )
+
+
+def mpirun_flavor(executable: str, environ: Mapping[str, str]) -> str:
+    """ "openmpi" when ``executable --version`` says Open MPI, else "hydra" (MPICH, Intel MPI)."""
+    try:
+        shown = subprocess.run(
+            [executable, "--version"],
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "hydra"
+    return "openmpi" if "Open MPI" in shown.stdout + shown.stderr else "hydra"
+
+
+def first_rank_failure(result: LaunchResult) -> tuple[str, int] | None:
+    """The earliest agent report among the hosts that failed by themselves: (what, exit code)."""
+    reports = [
+        (float(match["time"]), match["what"], outcome)
+        for outcome in result.outcomes
+        if outcome.exit_code != 0 and not outcome.stopped
+        for match in map(_REPORT.match, outcome.output_tail)
+        if match is not None
+    ]
+    if not reports:
+        return None
+    _, what, outcome = min(reports, key=lambda report: report[0])
+    return what.split("; ")[0], _shell_code(outcome)
+
+
+def _shell_code(outcome: ProcessOutcome) -> int:
+    return 128 - outcome.exit_code if outcome.exit_code < 0 else outcome.exit_code
