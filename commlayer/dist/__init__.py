@@ -86,8 +86,6 @@ register_with_torch()
 install_traceable_forms()
 # torch's deprecated spelling of ReduceOp.
 reduce_op = ReduceOp
-# torch's profiling-name context manager: names the Work of torch backends, a no-op for others.
-record_comm = _torch_dist.record_comm
 
 
 def __getattr__(name: str) -> Any:
@@ -150,7 +148,6 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
-    "record_comm",
     "recv",
     "recv_object_list",
     "reduce",

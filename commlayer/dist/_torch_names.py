@@ -97,6 +97,7 @@ OPTIONAL_NAMES = (
     "GroupName",
     "RankType",
     "config",
+    "record_comm",  # torch >= 2.12: names the profiling entries of torch backends' Work
 )
 
 #: torch.distributed's public submodules (and those its own ``__init__`` imports eagerly).

@@ -30,7 +30,12 @@ from ._groups import ProcessGroup
 
 __all__ = ["BridgeWork", "CommlayerProcessGroup"]
 
-_REDUCE_OPS = {op.name: op for op in ReduceOp}
+# torch's RedOpType by value: reading an enum's value costs a third of its name (per-op hot path).
+_REDUCE_OPS = {
+    int(getattr(torch_dist.ReduceOp.RedOpType, op.name).value): op
+    for op in ReduceOp
+    if hasattr(torch_dist.ReduceOp.RedOpType, op.name)
+}
 
 
 class BridgeWork(torch_dist.Work):
@@ -40,9 +45,9 @@ class BridgeWork(torch_dist.Work):
     launching a bucket): MPI and oneCCL progress their requests only while someone waits on them.
     """
 
-    def __init__(self, works: Sequence[Work | None], result: list[torch.Tensor]) -> None:
+    def __init__(self, works: Sequence[Work], result: list[torch.Tensor]) -> None:
         super().__init__()
-        self._works = [work for work in works if work is not None]
+        self._works = works  # the bridge's group is one this rank belongs to: never None
         self._result = result
 
     def wait(self, timeout: timedelta | None = None) -> bool:
@@ -296,7 +301,7 @@ def _reduce_op(opts: Any) -> Any:
     if opts is None:
         return ReduceOp.SUM
     op = opts.reduceOp.op
-    return _REDUCE_OPS.get(op.name, op)
+    return _REDUCE_OPS.get(op.value, op)
 
 
 def _unaliased(source: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
