@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -25,9 +24,9 @@ import torch.distributed as torch_dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from commlayer import dist  # noqa: E402
-from commlayer.testing import run_world  # noqa: E402
-from commlayer.types import ReduceOp  # noqa: E402
+from commlayer import dist
+from commlayer.testing import run_world
+from commlayer.types import ReduceOp
 
 LAYERS = 48
 WARMUP_STEPS = 5
