@@ -116,7 +116,7 @@ def ulysses_step(args: argparse.Namespace, device: torch.device) -> tuple[Callab
         "bf16": {"enabled": args.precision == "bf16"},
         "zero_optimization": {"stage": args.stage, "reduce_bucket_size": 25_000_000},
     }
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     engine = zero.initialize(model=model, optimizer=optimizer, config=config, mesh=mesh)
     generator = torch.Generator(device=device).manual_seed(dist.get_rank())
     chunk = args.seq // world

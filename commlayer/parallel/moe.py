@@ -110,14 +110,21 @@ class MoE(nn.Module):
 
     def _dispatch_and_combine(self, tokens: torch.Tensor, routing: Routing) -> torch.Tensor:
         experts, capacity, width = self.num_experts, routing.capacity, tokens.shape[1]
-        kept = routing.kept
-        token_index = torch.arange(tokens.shape[0], device=tokens.device)[:, None].expand_as(kept)[kept]
-        slot_index = (routing.expert * capacity + routing.slot)[kept]
-        packed = tokens.new_zeros(experts * capacity, width).index_copy(0, slot_index, tokens[token_index])
-        received = self._exchange(packed.view(experts, capacity, width))
+        # Dropped choices go to one spare row past the buffers (and come back with weight 0), so
+        # no boolean mask -- and no device-to-host sync -- decides the shapes.
+        spare = experts * capacity
+        slot_index = torch.where(routing.kept, routing.expert * capacity + routing.slot, spare).reshape(-1)
+        token_index = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(
+            routing.slot.shape[1]
+        )
+        packed = tokens.new_zeros(spare + 1, width).index_copy(
+            0, slot_index, tokens.index_select(0, token_index)
+        )
+        received = self._exchange(packed[:spare].view(experts, capacity, width))
         results = self._run_experts(received.view(-1, self.num_local_experts, capacity, width))
-        returned = self._exchange(results.view(experts, capacity, -1)).view(experts * capacity, -1)
-        weights = routing.weight[kept].to(returned.dtype)[:, None]
+        returned = self._exchange(results.view(experts, capacity, -1)).view(spare, -1)
+        returned = torch.cat([returned, returned.new_zeros(1, returned.shape[1])])
+        weights = routing.weight.reshape(-1, 1).to(returned.dtype)
         picked = returned.index_select(0, slot_index) * weights
         return picked.new_zeros(tokens.shape[0], picked.shape[1]).index_add(0, token_index, picked)
 
@@ -166,22 +173,23 @@ def reduce_gradients(module: nn.Module, mesh: Mesh, dense_dims: tuple[str, ...] 
     """Average ``module``'s gradients for a plain (non-ZeRO) loop: dense ones over ``dense_dims``,
     expert ones summed over "edp" and divided by the data-parallel size (each expert saw the
     tokens of its whole "ep" group, so this is the average over every data-parallel rank)."""
-    dense_group, expert_group = mesh[dense_dims].group, mesh["edp"].group
-    divisor = mesh.size("dp")
-    for params, group, scale in (
-        (
-            [p for p in module.parameters() if not is_expert_parameter(p)],
-            dense_group,
-            mesh[dense_dims].size(),
-        ),
-        ([p for p in module.parameters() if is_expert_parameter(p)], expert_group, divisor),
-    ):
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            continue
-        flat = torch.cat([g.reshape(-1) for g in grads]).div_(scale)
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+    params = [p for p in module.parameters() if p.grad is not None]
+    dense = [p.grad for p in params if not is_expert_parameter(p)]
+    expert = [p.grad for p in params if is_expert_parameter(p)]
+    _average(dense, mesh[dense_dims].group, mesh[dense_dims].size())
+    _average(expert, mesh["edp"].group, mesh.size("dp"))
+
+
+def _average(grads: list[torch.Tensor], group: ProcessGroup, divisor: int) -> None:
+    """Sum ``grads`` over ``group`` (one flat collective) and divide them by ``divisor``."""
+    if not grads:
+        return
+    if group.size() == 1:  # nothing to sum: scale in place, without a flat copy
+        if divisor != 1:
+            torch._foreach_div_(grads, divisor)
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads]).div_(divisor)
+    dist.all_reduce(flat, group=group)
+    torch._foreach_copy_(
+        grads, [piece.view_as(g) for piece, g in zip(flat.split([g.numel() for g in grads]), grads)]
+    )
