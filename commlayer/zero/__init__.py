@@ -14,6 +14,7 @@ load at any world size, or into a plain model with :func:`consolidated_state_dic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from .checkpoint import consolidated_state_dict
 from .checks import check_model_and_optimizer
 from .config import ZeroConfig, ZeroConfigError, load_config, resolve_batch_sizes
 from .engine import ZeroEngine
+from .hybrid import plan_data_parallel
 
 __all__ = [
     "ZeroConfig",
@@ -42,15 +44,20 @@ def initialize(
     optimizer: torch.optim.Optimizer | None = None,
     config: ZeroConfig | dict[str, Any] | str | Path | None = None,
     mesh: Mesh | None = None,
+    *,
+    replicate_dims: Sequence[str] = (),
 ) -> ZeroEngine:
     """Wrap ``model`` and ``optimizer`` in a ZeRO engine (collective over the world).
 
-    ``mesh`` defaults to a 1-D "dp" mesh over the whole world. Config, model and optimizer are
-    all checked before the first collective, so bad input fails alike on every rank.
+    ``mesh`` defaults to a 1-D "dp" mesh over the whole world. ZeRO shards over its "dp" dim
+    (with "sp" when present); ``replicate_dims`` names further mesh dims to replicate across
+    (hybrid sharding, see :mod:`.hybrid`; ``zero_optimization.mics_shard_size`` is the config
+    spelling). Config, model, optimizer and mesh are all checked before the first collective,
+    so bad input fails alike on every rank.
     """
     if not dist.is_initialized():
         raise NotInitializedError("zero.initialize: call commlayer.dist.init_process_group() first")
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     if config is None:
         raise ZeroConfigError(
             f"zero.initialize: argument 'config' expected a dict or a JSON file path, received None (rank {rank})"
@@ -61,9 +68,11 @@ def initialize(
         raise ZeroConfigError(
             f"zero.initialize: argument 'mesh' expected a mesh with a 'dp' dim, received {mesh!r} (rank {rank})"
         )
-    dp_size = mesh.size("dp") if mesh is not None else dist.get_world_size()
-    batch = resolve_batch_sizes(checked, dp_size)
-    if mesh is None:
-        mesh = init_mesh((dist.get_world_size(),), ("dp",))
+    dims, mics_shape = plan_data_parallel(checked, mesh, replicate_dims, world, rank)
+    batch = resolve_batch_sizes(checked, dims.batch_ranks(mesh) if mesh is not None else world)
+    if mics_shape is not None:
+        mesh = init_mesh(mics_shape, ("replicate", "dp"))
+    elif mesh is None:
+        mesh = init_mesh((world,), ("dp",))
     assert isinstance(model, torch.nn.Module) and isinstance(optimizer, torch.optim.Optimizer)
-    return ZeroEngine(model, optimizer, checked, batch, mesh, names, params)
+    return ZeroEngine(model, optimizer, checked, batch, mesh, names, params, dims)

@@ -45,27 +45,30 @@ def save_checkpoint(
     """Write the engine's state under ``save_dir/tag`` (collective); returns the tag."""
     _require_whole_world(engine, "save_checkpoint")
     tag = tag or f"global_step{engine.global_steps}"
-    root, rank = Path(save_dir), engine.group_rank
+    # With hybrid sharding one replica's shards hold everything: the other replicas write nothing.
+    root, rank, writer = Path(save_dir), engine.group_rank, engine.replica_rank == 0
     partial = root / f".{tag}.partial"
-    if rank == 0:
+    everyone = engine.data_parallel_group
+    if rank == 0 and writer:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-    dist.barrier(group=engine.group)
-    _atomic_save(_rank_payload(engine), partial / f"rank_{rank}.pt")
+    dist.barrier(group=everyone)
+    if writer:
+        _atomic_save(_rank_payload(engine), partial / f"rank_{rank}.pt")
     if engine.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
         weights = {
             k: v.to(engine.train_dtype) if v.is_floating_point() else v
             for k, v in engine.full_state_dict().items()
         }
-        if rank == 0:
+        if rank == 0 and writer:
             _atomic_save(weights, partial / "model_16bit.pt")
-    dist.barrier(group=engine.group)
-    if rank == 0:
+    dist.barrier(group=everyone)
+    if rank == 0 and writer:
         _atomic_save(_common_payload(engine, client_state), partial / "common.pt")
         _atomic_write(partial / "meta.json", json.dumps(_meta(engine), indent=1))
         _swap_into_place(partial, root / tag)
         _atomic_write(root / "latest", tag)
-    dist.barrier(group=engine.group)
+    dist.barrier(group=everyone)
     return tag
 
 
@@ -160,10 +163,10 @@ def _swap_into_place(partial: Path, final: Path) -> None:
 
 
 def _require_whole_world(engine: ZeroEngine, op: str) -> None:
-    if engine.group_size != dist.get_world_size():
+    if engine.data_parallel_group.size() != dist.get_world_size():
         raise InvalidArgumentError(
             f"{op}: checkpoints need the partition group to span the world ({dist.get_world_size()} ranks), "
-            f"received a mesh whose 'dp' group has {engine.group_size} ranks (tensor/pipeline-parallel "
+            f"received a mesh whose data-parallel group has {engine.data_parallel_group.size()} ranks (tensor/pipeline-parallel "
             f"checkpoints are not supported) (rank {dist.get_rank()})"
         )
 

@@ -112,12 +112,24 @@ class ZeroOptimizationConfig(_Section):
     stage3_max_unit_numel: int = Field(50_000_000, gt=0)
     #: Stage 3: units smaller than this join the root unit, gathered once per step.
     stage3_min_unit_numel: int = Field(100_000, ge=0)
+    #: MiCS-style hybrid sharding: shard inside consecutive groups of this many data-parallel
+    #: ranks (e.g. the GPUs of a node) and replicate across the groups; -1 (default): shard
+    #: across the whole data-parallel group. ``initialize(mesh=..., replicate_dims=...)`` is the
+    #: mesh spelling of the same thing.
+    mics_shard_size: int = Field(-1, ge=-1)
     #: save_checkpoint also writes the gathered 16-bit weights (rank 0) as ``model_16bit.pt``.
     stage3_gather_16bit_weights_on_model_save: bool = False
 
     deprecated_keys: ClassVar[tuple[Deprecated, ...]] = (
         Deprecated("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"),
     )
+
+    @field_validator("mics_shard_size")
+    @classmethod
+    def _positive_or_off(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("mics_shard_size must be a positive number of ranks, or -1 (off)")
+        return value
 
     @property
     def overlap(self) -> bool:

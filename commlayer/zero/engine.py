@@ -11,7 +11,8 @@
 Stage 0 keeps everything on every rank and all-reduces gradient buckets; stage 1 shards the
 fp32 master weights and optimizer state; stage 2 also shards gradients (reduce-scattered
 during backward); stage 3 also shards parameters (see :mod:`.stage3`). The partition group is
-the mesh's "dp" group, or "dp_sp" when the mesh has sequence parallelism.
+the mesh's "dp" group, or "dp_sp" when the mesh has sequence parallelism; with hybrid sharding
+(:mod:`.hybrid`) shards are replicated across the ``replicate_dims``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .. import dist
 from ..dist import ProcessGroup
 from ..mesh import Mesh
 from .config import BatchSizes, ZeroConfig
+from .hybrid import DataParallelDims
 from .master import MasterShard
 from .partition import FlatLayout, bucket_indices, build_layout
 from .reducer import GradientReducer
@@ -55,6 +57,7 @@ class ZeroEngine:
         mesh: Mesh,
         names: list[str],
         params: list[torch.nn.Parameter],
+        dims: DataParallelDims | None = None,
     ) -> None:
         self.module, self.optimizer, self.config, self.batch, self.mesh = (
             model,
@@ -68,8 +71,15 @@ class ZeroEngine:
         self.train_dtype = config.train_dtype
         self.global_steps = self.micro_steps = self.skipped_steps = 0
         self.scaler = LossScaler.from_config(config.fp16)
-        self.group: ProcessGroup = mesh[partition_dims(mesh)].group
+        self.dims = _effective_dims(dims or DataParallelDims(partition_dims(mesh), ()), mesh, config.stage)
+        self.group: ProcessGroup = mesh[self.dims.shard].group
         self.group_rank, self.group_size = self.group.rank(), self.group.size()
+        # Hybrid sharding: shards are replicated across these ranks (see .hybrid).
+        self.replica_group = mesh[self.dims.replicate].group if self.dims.replicate else None
+        self.replica_rank = self.replica_group.rank() if self.replica_group is not None else 0
+        self.data_parallel_group = (
+            mesh[self.dims.in_mesh_order(mesh)].group if self.replica_group is not None else self.group
+        )
         self.device = params[0].device
         self._last_grad_norm: torch.Tensor | None = None
         self._backward_done = False
@@ -102,7 +112,9 @@ class ZeroEngine:
         zero, stage = self.config.zero_optimization, self.config.stage
         full_grads = keeps_full_gradients(stage, self.batch.gradient_accumulation_steps)
         scratch = None if full_grads else MAX_SCRATCH_IN_FLIGHT
-        reducer = GradientReducer(self.group, self.master, self.config.reduce_dtype, scratch)
+        reducer = GradientReducer(
+            self.group, self.master, self.config.reduce_dtype, scratch, replica_group=self.replica_group
+        )
         # A second communicator for parameter gathers: ordered independently of the reductions.
         gather_group = self._gather_group() if stage >= 1 else None
         if stage == 3:
@@ -132,24 +144,25 @@ class ZeroEngine:
         )
 
     def _gather_group(self) -> ProcessGroup:
-        return self.mesh[partition_dims(self.mesh)].duplicate_group()
+        return self.mesh[self.dims.shard].duplicate_group()
 
     def _take_rank0_values(self) -> None:
-        """Broadcast every segment (and buffer) from the group's first rank, then adopt it."""
-        source = self.group.ranks[0]
+        """Broadcast every segment (and buffer) from the first data-parallel rank, then adopt it."""
+        group = self.data_parallel_group
+        source = group.ranks[0]
         for segment in self.layout.segments:
             full = torch.zeros(segment.padded_numel, dtype=torch.float32, device=self.device)
             for slot in segment.slots:
                 full[slot.offset : slot.offset + slot.numel].copy_(
                     self.params[slot.param].detach().reshape(-1)
                 )
-            dist.broadcast(full, src=source, group=self.group)
+            dist.broadcast(full, src=source, group=group)
             self.runtime.adopt(segment, full)
         self.runtime.install()
         for buffer in self.module.buffers():
             if buffer.is_floating_point():
                 buffer.data = buffer.data.to(self.train_dtype)
-            dist.broadcast(buffer.data, src=source, group=self.group)
+            dist.broadcast(buffer.data, src=source, group=group)
 
     # --- the training loop -------------------------------------------------------------------
 
@@ -343,6 +356,14 @@ def keeps_full_gradients(stage: int, accumulation_steps: int) -> bool:
     bf16, on top of the memory peak). Stage 2 never does.
     """
     return stage == 0 or (stage == 1 and accumulation_steps > 1)
+
+
+def _effective_dims(dims: DataParallelDims, mesh: Mesh, stage: int) -> DataParallelDims:
+    """Stage 0 shards nothing, so it reduces over every data-parallel rank at once; replicate
+    dims of size 1 are dropped (no replica group to all-reduce over)."""
+    if stage == 0:
+        return DataParallelDims(dims.in_mesh_order(mesh), ())
+    return DataParallelDims(dims.shard, tuple(d for d in dims.replicate if mesh.size(d) > 1))
 
 
 def partition_dims(mesh: Mesh) -> tuple[str, ...]:

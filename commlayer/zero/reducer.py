@@ -3,8 +3,9 @@
 A segment whose gradient buffer is complete is reduced with one collective: ``all_reduce`` when
 every rank keeps the whole segment (stage 0), ``reduce_scatter_tensor`` otherwise, so rank ``r``
 ends up with the sum of shard ``r`` only. Outputs never alias inputs: NCCL allows that, MPI
-forbids it, and the engine must run on every backend. The buffer is divided by the group size
-*before* the sum, which keeps fp16 sums in range. When the collective completes, the rank's
+forbids it, and the engine must run on every backend. The buffer is divided by the number of data-parallel ranks
+*before* the sum, which keeps fp16 sums in range. With hybrid sharding (:mod:`.hybrid`) the
+piece is then all-reduced with the rank's replicas. When the collective completes, the rank's
 piece is handed to the master shard, which keeps it in the reduction dtype and folds it into
 the fp32 gradient only when the step (or the next micro-step's accumulation) needs it. Launch order is the caller's business: every rank must launch the same
 segments in the same order, since each is one collective on a shared communicator.
@@ -37,15 +38,25 @@ class GradientReducer:
     """Launches segment reductions and folds finished ones into the master gradient."""
 
     def __init__(
-        self, group: ProcessGroup, master: MasterShard, reduce_dtype: torch.dtype, max_in_flight: int | None
+        self,
+        group: ProcessGroup,
+        master: MasterShard,
+        reduce_dtype: torch.dtype,
+        max_in_flight: int | None,
+        *,
+        replica_group: ProcessGroup | None = None,
     ) -> None:
         self.group = group
+        self.replica_group = replica_group
         self.master = master
         self.reduce_dtype = reduce_dtype
         self.size = group.size()
+        # Every data-parallel rank's gradient counts once: the shard group times its replicas.
+        self.divisor = self.size * (replica_group.size() if replica_group is not None else 1)
         self.rank = group.rank()
         self.max_in_flight = max_in_flight
         self._in_flight: deque[_InFlight] = deque()
+        self._replicating: deque[_InFlight] = deque()
 
     def launch(self, segment: Segment, buffer: torch.Tensor) -> None:
         """Start averaging ``buffer`` (the segment's whole padded gradient) over the group.
@@ -54,8 +65,8 @@ class GradientReducer:
         buffer or one that is zeroed afterwards.
         """
         source = buffer if buffer.dtype == self.reduce_dtype else buffer.to(self.reduce_dtype)
-        if self.size > 1:
-            source.div_(self.size)
+        if self.divisor > 1:
+            source.div_(self.divisor)
         if self.master.layout.shards == 1:
             piece = source
             work = dist.all_reduce(source, group=self.group, async_op=True)
@@ -71,8 +82,17 @@ class GradientReducer:
         """Wait for every reduction and hand its piece to the master shard."""
         while self._in_flight:
             self._finish_oldest()
+        while self._replicating:
+            done = self._replicating.popleft()
+            done.work.wait()
+            self.master.accept_piece(done.segment, done.piece)
 
     def _finish_oldest(self) -> None:
         done = self._in_flight.popleft()
         done.work.wait()
-        self.master.accept_piece(done.segment, done.piece)
+        if self.replica_group is None:
+            self.master.accept_piece(done.segment, done.piece)
+            return
+        # Hybrid sharding: only the shard-sized piece crosses to the replicas.
+        work = dist.all_reduce(done.piece, group=self.replica_group, async_op=True)
+        self._replicating.append(_InFlight(done.segment, work, done.piece, done.piece))
