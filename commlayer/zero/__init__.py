@@ -27,6 +27,7 @@ from .checkpoint import consolidated_state_dict
 from .checks import check_model_and_optimizer
 from .config import ZeroConfig, ZeroConfigError, load_config, resolve_batch_sizes
 from .engine import ZeroEngine
+from .experts import check_expert_support
 from .hybrid import plan_data_parallel
 
 __all__ = [
@@ -69,6 +70,8 @@ def initialize(
             f"zero.initialize: argument 'mesh' expected a mesh with a 'dp' dim, received {mesh!r} (rank {rank})"
         )
     dims, mics_shape = plan_data_parallel(checked, mesh, replicate_dims, world, rank)
+    if mesh is not None:
+        check_expert_support(params, mesh, checked, dims, rank)
     batch = resolve_batch_sizes(checked, dims.batch_ranks(mesh) if mesh is not None else world)
     if mics_shape is not None:
         mesh = init_mesh(mics_shape, ("replicate", "dp"))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import dist
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, UnsupportedError
 
 if TYPE_CHECKING:
     from .engine import ZeroEngine
@@ -163,6 +163,11 @@ def _swap_into_place(partial: Path, final: Path) -> None:
 
 
 def _require_whole_world(engine: ZeroEngine, op: str) -> None:
+    if engine.experts is not None:
+        raise UnsupportedError(
+            f"{op}: checkpoints of expert-parallel MoE models are not supported yet (experts share local "
+            f"names across the 'ep' group); save engine.full_state_dict() per rank instead (rank {dist.get_rank()})"
+        )
     if engine.data_parallel_group.size() != dist.get_world_size():
         raise InvalidArgumentError(
             f"{op}: checkpoints need the partition group to span the world ({dist.get_world_size()} ranks), "
@@ -229,6 +234,7 @@ def load_checkpoint(
     engine: ZeroEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool
 ) -> tuple[str, dict]:
     """Load (and reshard, if the world size differs) a checkpoint into ``engine``."""
+    _require_whole_world(engine, "load_checkpoint")
     saved = _Saved(load_dir, tag)
     _check_params(engine, saved)
     master = engine.master

@@ -26,8 +26,9 @@ from .. import dist
 from ..dist import ProcessGroup
 from ..mesh import Mesh
 from .config import BatchSizes, ZeroConfig
+from .experts import ExpertShards, split_experts
 from .hybrid import DataParallelDims
-from .master import MasterShard
+from .master import MasterShard, param_group_index
 from .partition import FlatLayout, bucket_indices, build_layout
 from .reducer import GradientReducer
 from .replicated import ReplicatedParams
@@ -66,6 +67,7 @@ class ZeroEngine:
             batch,
             mesh,
         )
+        names, params, expert_names, expert_params = split_experts(names, params, mesh)
         self.param_names, self.params = names, params
         self.param_dtypes = [p.dtype for p in params]
         self.train_dtype = config.train_dtype
@@ -89,7 +91,12 @@ class ZeroEngine:
         )
         self.runtime = self._build_runtime()
         self._take_rank0_values()
-        self.master.attach(optimizer, params)
+        group_of = param_group_index(optimizer)
+        self.master.attach(optimizer, params, group_of)
+        # Expert-parallel MoE weights: a partition of their own over "edp" (see .experts).
+        self.experts = self._build_experts(expert_names, expert_params)
+        if self.experts is not None:
+            self.experts.master.attach(optimizer, expert_params, group_of, append=True)
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -143,6 +150,22 @@ class ZeroEngine:
             allgather_numel=zero.allgather_bucket_size,
         )
 
+    def _build_experts(self, names: list[str], params: list[torch.nn.Parameter]) -> ExpertShards | None:
+        if not params:
+            return None
+        full_grads = keeps_full_gradients(self.config.stage, self.batch.gradient_accumulation_steps)
+        scratch = None if full_grads else MAX_SCRATCH_IN_FLIGHT
+        return ExpertShards(
+            names, params, self.mesh, self.config, full_grads=full_grads, scratch=scratch, alignment=ALIGNMENT
+        )
+
+    def _partitions(self) -> list[tuple[MasterShard, ReplicatedParams | PartitionedParams]]:
+        """(master shard, runtime) of the dense parameters, then of the experts when there are any."""
+        parts: list[tuple[MasterShard, ReplicatedParams | PartitionedParams]] = [(self.master, self.runtime)]
+        if self.experts is not None:
+            parts.append((self.experts.master, self.experts.runtime))
+        return parts
+
     def _gather_group(self) -> ProcessGroup:
         return self.mesh[self.dims.shard].duplicate_group()
 
@@ -181,14 +204,18 @@ class ZeroEngine:
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """Backpropagate ``loss / accumulation_steps`` (times the fp16 loss scale) and reduce."""
         scaled = loss * (self.scaler.scale / self.batch.gradient_accumulation_steps)
-        self.runtime.begin_backward(self.is_gradient_accumulation_boundary())
+        parts = self._partitions()
+        for _, runtime in parts:
+            runtime.begin_backward(self.is_gradient_accumulation_boundary())
         try:
             scaled.backward(retain_graph=retain_graph)
         finally:
-            self.runtime.finish_backward()
-        if self.master.pending and not self.is_gradient_accumulation_boundary():
-            # The next micro-step adds to these gradients: accumulate them in fp32 from now on.
-            self.master.fold_pending()
+            for _, runtime in parts:
+                runtime.finish_backward()
+        for master, _ in parts:
+            if master.pending and not self.is_gradient_accumulation_boundary():
+                # The next micro-step adds to these gradients: accumulate them in fp32 from now on.
+                master.fold_pending()
         self._backward_done = True
         return loss
 
@@ -206,8 +233,9 @@ class ZeroEngine:
             self._optimizer_step()
 
     def zero_grad(self) -> None:
-        self.runtime.zero_grads()
-        self.master.release_grads()
+        for master, runtime in self._partitions():
+            runtime.zero_grads()
+            master.release_grads()
 
     def _optimizer_step(self) -> None:
         overflow = self.config.fp16.enabled and self._any_rank_overflowed()
@@ -220,12 +248,14 @@ class ZeroEngine:
             )
         else:
             factor = self._gradient_factor()
-            grads = self.master.fold_pending()
-            if not (isinstance(factor, float) and factor == 1.0):
-                grads.mul_(factor)
-            self.master.link_grads()
+            for master, _ in self._partitions():
+                grads = master.fold_pending()
+                if not (isinstance(factor, float) and factor == 1.0):
+                    grads.mul_(factor)
+                master.link_grads()
             self.optimizer.step()
-            self.runtime.refresh_params()
+            for _, runtime in self._partitions():
+                runtime.refresh_params()
         self.zero_grad()
         self.scaler = self.scaler.update(overflow)
         self.global_steps += 1
@@ -233,8 +263,12 @@ class ZeroEngine:
 
     def _any_rank_overflowed(self) -> bool:
         flag = self.master.nonfinite_flag()
-        if self.group_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True).wait()
+        group = self.group
+        if self.experts is not None:  # experts differ across "ep": agree over all data parallel
+            flag = torch.maximum(flag, self.experts.master.nonfinite_flag())
+            group = self.experts.data_parallel_group
+        if group.size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True).wait()
         return bool(flag.item())
 
     def _gradient_factor(self) -> torch.Tensor | float:
@@ -245,6 +279,10 @@ class ZeroEngine:
         squared = self.master.grad_norm_squared()
         if self.layout.shards > 1:
             dist.all_reduce(squared, group=self.group, async_op=True).wait()
+        if self.experts is not None:
+            experts = self.experts.grad_norm_squared()
+            dist.all_reduce(experts, group=self.experts.data_parallel_group, async_op=True).wait()
+            squared = squared + experts
         norm = squared.sqrt() * unscale
         self._last_grad_norm = norm
         clip = (self.config.gradient_clipping / (norm + 1e-6)).clamp(max=1.0)
@@ -321,9 +359,14 @@ class ZeroEngine:
         """The whole model's weights (fp32 masters in the original dtypes) and buffers, on CPU.
 
         Collective: every rank of the partition group must call it; every rank gets the result.
+        With expert-parallel MoE layers, the experts are this rank's own (under their local names).
         """
         values = self.runtime.full_values()
         by_id = {id(p): v.to(dtype).cpu() for p, v, dtype in zip(self.params, values, self.param_dtypes)}
+        if self.experts is not None:  # this rank's experts, gathered over "edp"
+            expert_values = self.experts.runtime.full_values()
+            pairs = zip(self.experts.params, expert_values, self.experts.dtypes)
+            by_id.update({id(p): v.to(dtype).cpu() for p, v, dtype in pairs})
         state = {}
         for key, value in self.module.state_dict(keep_vars=True).items():
             state[key] = by_id[id(value)] if id(value) in by_id else value.detach().cpu().clone()
@@ -343,7 +386,8 @@ class ZeroEngine:
 
     def destroy(self) -> None:
         """Remove the engine's hooks from the model (the parameters stay as they are)."""
-        self.runtime.remove_hooks()
+        for _, runtime in self._partitions():
+            runtime.remove_hooks()
 
 
 def keeps_full_gradients(stage: int, accumulation_steps: int) -> bool:

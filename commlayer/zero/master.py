@@ -119,18 +119,27 @@ class MasterShard:
 
     # --- optimizer ---------------------------------------------------------------------------
 
-    def attach(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> None:
-        """Replace each group's parameters by this rank's trainable fragments of them."""
-        group_of = {
-            id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]
-        }
+    def attach(
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        group_of: dict[int, int] | None = None,
+        append: bool = False,
+    ) -> None:
+        """Replace each group's parameters by this rank's trainable fragments of them.
+
+        ``group_of`` (parameter id -> group index) and ``append`` let a second master shard add
+        its fragments after a first one has attached (the groups then hold fragments only).
+        """
+        if group_of is None:
+            group_of = param_group_index(optimizer)
         per_group: list[list[torch.Tensor]] = [[] for _ in optimizer.param_groups]
         for fragment, tensor in zip(self.fragments, self.fragment_values):
             param = params[fragment.param]
             if param.requires_grad and id(param) in group_of:
                 per_group[group_of[id(param)]].append(tensor)
         for group, fragments in zip(optimizer.param_groups, per_group):
-            group["params"] = fragments
+            group["params"] = [*group["params"], *fragments] if append else fragments
 
     def link_grads(self) -> None:
         """Point every fragment's ``.grad`` at the folded gradient shard (call after fold_pending)."""
@@ -154,6 +163,11 @@ class MasterShard:
     def nonfinite_flag(self) -> torch.Tensor:
         """1.0 when any local gradient is inf or nan, as a 1-element tensor to all-reduce with MAX."""
         return (~torch.isfinite(self.fold_pending()).all()).to(torch.float32).reshape(1)
+
+
+def param_group_index(optimizer: torch.optim.Optimizer) -> dict[int, int]:
+    """Parameter id -> the index of the optimizer param group holding it."""
+    return {id(p): index for index, group in enumerate(optimizer.param_groups) for p in group["params"]}
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -45,14 +45,16 @@ class GradientReducer:
         max_in_flight: int | None,
         *,
         replica_group: ProcessGroup | None = None,
+        divisor: int | None = None,
     ) -> None:
         self.group = group
         self.replica_group = replica_group
         self.master = master
         self.reduce_dtype = reduce_dtype
         self.size = group.size()
-        # Every data-parallel rank's gradient counts once: the shard group times its replicas.
-        self.divisor = self.size * (replica_group.size() if replica_group is not None else 1)
+        # Every data-parallel rank's gradient counts once: the shard group times its replicas
+        # (expert gradients pass the whole data-parallel size, see .experts).
+        self.divisor = divisor or self.size * (replica_group.size() if replica_group is not None else 1)
         self.rank = group.rank()
         self.max_in_flight = max_in_flight
         self._in_flight: deque[_InFlight] = deque()

@@ -10,6 +10,8 @@ element differs per rank and position.
 - MoE: outputs, load-balancing loss and loads equal a single-process MoE holding every expert;
   expert gradients equal the sum of the reference gradients of the ep group's tokens, and
   ``reduce_gradients`` gives the data-parallel average (experts over "edp", dense over "dp");
+- MoE under ZeRO stages 0-2 (experts sharded over "edp", dense weights over "dp"): training
+  equals one process running every rank's micro-batch through a model holding every expert;
 - bad shapes raise InvalidArgumentError naming the argument, before any communication.
 """
 
@@ -25,6 +27,7 @@ from commlayer import dist, zero
 from commlayer.errors import InvalidArgumentError
 from commlayer.mesh import Mesh, init_mesh
 from commlayer.parallel import GateOptions, MoE, UlyssesAttention, reduce_gradients, shard_sequence
+from commlayer.zero import ZeroConfigError
 
 from . import parallel_common as common
 
@@ -59,6 +62,9 @@ def main() -> None:
             GateOptions(k=2, drop_tokens=False),
         ):
             check_moe_layer(mesh, options)
+    mesh = init_mesh((world,), ("dp",), expert_parallel_size=2)
+    for stage in (0, 1, 2) if world >= 4 else (2,):
+        check_moe_training_under_zero(mesh, stage)
     dist.barrier()
 
 
@@ -190,6 +196,54 @@ def check_reduce_gradients(mesh: Mesh, layer: MoE, reference: MoE, options: Gate
             close(mine.grad, ref.grad, "MoE expert gradient after reduce_gradients")
 
 
+def check_moe_training_under_zero(mesh: Mesh, stage: int, steps: int = 4) -> None:
+    """An MoE GPT under ZeRO (experts over "edp", dense over "dp") vs one process that runs every
+    rank's micro-batch through a model holding every expert (so the routing is the same)."""
+    rank, world, sequences = dist.get_rank(), dist.get_world_size(), 8
+    share = sequences // world
+    reference = common.make_model(experts=common.EXPERTS)
+    optimizer = common.make_optimizer(reference)
+    for step in range(steps):
+        for member in range(world):
+            (reference(*global_batch_slice(step, sequences, member, share)) / world).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad()
+    model = common.make_model(mesh=mesh, experts=common.EXPERTS)
+    settings = {"train_micro_batch_size_per_gpu": share, "gradient_clipping": 0.5,
+                "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000}}  # fmt: skip
+    engine = zero.initialize(model=model, optimizer=common.make_optimizer(model), config=settings, mesh=mesh)
+    for step in range(steps):
+        engine.backward(engine(*global_batch_slice(step, sequences, rank, share)))
+        engine.step()
+    first = model.blocks[0].moe.first_expert
+    expected = {
+        key: value
+        for key, value in (
+            (_local_expert_key(key, first, common.EXPERTS // mesh.size("ep")), value)
+            for key, value in reference.state_dict().items()
+        )
+        if key is not None
+    }
+    difference, key = common.max_difference(engine.full_state_dict(), expected)
+    assert difference <= TOLERANCE, f"MoE+ZeRO-{stage}: '{key}' differs by {difference:.3g}"
+    log(
+        f"MoE GPT under ZeRO-{stage}, ep={mesh.size('ep')} edp={mesh.size('edp')}: weights match ({difference:.3g})"
+    )
+    engine.destroy()
+
+
+def _local_expert_key(key: str, first: int, local: int) -> str | None:
+    """The reference's global expert key as this rank names it, or None if another rank owns it."""
+    if ".experts." not in key:
+        return key
+    head, rest = key.split(".experts.", 1)
+    index, tail = rest.split(".", 1)
+    if not first <= int(index) < first + local:
+        return None
+    return f"{head}.experts.{int(index) - first}.{tail}"
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 
@@ -218,6 +272,14 @@ def check_bad_shapes_fail_before_communicating(world: int) -> None:
         MoE(common.WIDTH, expert, world, init_mesh((world,), ("tp",)))
     with pytest.raises(InvalidArgumentError, match=r"MoE: argument 'options.k'"):
         MoE(common.WIDTH, expert, world, experts_mesh, options=GateOptions(k=world + 1))
+    model = common.make_model(mesh=experts_mesh, experts=world)
+    with pytest.raises(
+        ZeroConfigError, match=r"expert-parallel MoE parameters expected zero_optimization.stage <= 2"
+    ):
+        settings = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+        zero.initialize(
+            model=model, optimizer=common.make_optimizer(model), config=settings, mesh=experts_mesh
+        )
     total = torch.ones(1)
     dist.all_reduce(total)
     assert total.item() == world
