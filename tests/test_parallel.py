@@ -8,6 +8,9 @@ running every equivalence check of tests/ranks/parallel_worlds.py.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,8 @@ from commlayer.errors import InvalidArgumentError
 from commlayer.mesh import init_mesh
 from commlayer.parallel import GateOptions, MoE, UlyssesAttention, capacity_for, route, shard_sequence
 from commlayer.testing import require_mpirun, run_world
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def naive_slots(
@@ -83,6 +88,17 @@ def test_a_layer_on_a_mesh_without_its_dim_names_the_dim(world_of_one: None) -> 
 @pytest.mark.parametrize("world_size", [4, 2])
 def test_ulysses_and_moe_equal_single_process_on_gloo(world_size: int) -> None:
     run_world("tests.ranks.parallel_worlds:main", world_size=world_size, backend="gloo", timeout=300)
+
+
+@pytest.mark.multirank
+@pytest.mark.slow
+def test_the_gpt_example_trains_with_sp_ep_and_hybrid_sharding_under_commlayer_run() -> None:
+    command = [str(Path(sys.executable).with_name("commlayer")), "run", "-n", "4"]
+    command += [str(REPO / "examples" / "gpt_parallel.py"), "--steps", "3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for kind in ("sp", "ep", "hybrid"):
+        assert f"{kind}: loss " in done.stdout, done.stdout[-3000:]
 
 
 @pytest.mark.multirank
