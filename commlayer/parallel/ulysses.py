@@ -55,10 +55,9 @@ class UlyssesAttention(nn.Module):
         super().__init__()
         rank = dist.get_rank()
         self.group = mesh_dim_group("UlyssesAttention", mesh, dim, rank)
-        if seq_dim == head_dim:
-            raise invalid_argument(
-                "UlyssesAttention", "head_dim", f"a dim other than seq_dim ({seq_dim})", head_dim, rank
-            )
+        if seq_dim < 0 or head_dim < 0 or seq_dim == head_dim:
+            expected = f"two different non-negative dims (seq_dim={seq_dim})"
+            raise invalid_argument("UlyssesAttention", "head_dim", expected, head_dim, rank)
         self.attention, self.seq_dim, self.head_dim = attention, seq_dim, head_dim
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any):
