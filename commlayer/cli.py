@@ -1,5 +1,5 @@
 """The ``commlayer`` command: ``run`` launches ranks (here, or across hosts with ``--hostfile``),
-``bench`` benchmarks, ``backends`` lists.
+``bench`` benchmarks, ``backends`` lists, ``trace analyze DIR`` explains flight-recorder dumps.
 
 ``commlayer bench`` lives in :mod:`commlayer.bench.cli` (``add_arguments(parser)`` and
 ``main(args) -> int``); it is imported only when that subcommand is asked for, so ``run`` works
@@ -41,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     if args.command == "backends":
         return _list_backends()
+    if args.command == "trace":
+        from .trace_analysis import main as analyze_traces  # reads JSON only; imported on demand
+
+        return analyze_traces(args.directory)
     if args.command == "bench" and bench_cli is not None:
         return int(bench_cli.main(args) or 0)
     parser.print_help(sys.stderr)
@@ -51,7 +55,7 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="commlayer", description="commlayer: pluggable communication backends for PyTorch."
     )
-    commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends,trace}")
     _add_run_arguments(
         commands.add_parser(
             "run", help="launch ranks of a Python script or module, here or across a hostfile's hosts"
@@ -61,6 +65,12 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
     if bench_cli is not None:  # imported only when `bench` was asked for
         bench_cli.add_arguments(bench)
     commands.add_parser("backends", help="list installed backends and whether each can run here")
+    trace = commands.add_parser("trace", help="read flight-recorder dumps (commlayer.trace_analysis)")
+    trace_commands = trace.add_subparsers(dest="trace_command", metavar="{analyze}", required=True)
+    analyze = trace_commands.add_parser(
+        "analyze", help="merge every rank's dump in DIR and say what happened"
+    )
+    analyze.add_argument("directory", metavar="DIR", help="folder of rank<N>.json dumps")
     return parser
 
 

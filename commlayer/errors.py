@@ -7,17 +7,20 @@ for ``torch.distributed`` catch commlayer's errors too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torch.distributed import DistBackendError, DistError
 
 __all__ = [
     "BackendUnavailableError",
+    "CollectiveMismatchError",
     "CommError",
     "CommTimeoutError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "NotInitializedError",
+    "PeerFailureError",
     "UnsupportedError",
     "invalid_argument",
 ]
@@ -49,6 +52,36 @@ class InvalidTypeError(InvalidArgumentError, TypeError):
 
 class UnsupportedError(InvalidArgumentError):
     """The backend does not support this op, dtype, device or reduce op."""
+
+
+class PeerFailureError(CommError, DistBackendError):
+    """A peer process of the group died (or announced its failure) while this rank needed it.
+
+    ``failed_rank`` is the global rank that died, ``op`` and ``group`` what this rank was doing.
+    """
+
+    def __init__(self, message: str, failed_rank: int | None = None, op: str = "", group: str = "") -> None:
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.op = op
+        self.group = group
+
+
+class CollectiveMismatchError(CommError, ValueError):
+    """Ranks of one group called different collectives (op, dtype, shape, root) at the same sequence.
+
+    ``calls`` maps each global rank to a description of the call it made; raised on every rank.
+    """
+
+    def __init__(self, message: str, calls: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.calls = dict(calls or {})
+
+
+def describe_ranks(ranks: Sequence[int]) -> str:
+    """``rank 2`` or ``ranks 0, 1, 3``: the wording every multi-rank message uses."""
+    ordered = sorted(ranks)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
 
 
 def invalid_argument(

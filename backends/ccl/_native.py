@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from commlayer import health
 from commlayer.errors import CommTimeoutError
 from commlayer.types import ReduceOp
 from commlayer.work import Work
@@ -121,6 +122,11 @@ class CclWork(Work):
         if self._event.wait_for(max(0.0, limit)):
             return True
         op, where = self._what
+        failure = health.current()
+        if failure is not None:  # the native wait returned early: the peer monitor saw a death
+            self._on_expired(f"peer rank {failure.rank} failed")
+            group, rank = _group_and_rank(where)
+            raise health.peer_failure_error(op, group, rank, failure)
         message = f"ccl {op} ({where}) did not complete within {limit:g} s"
         if limit < self._group_timeout:
             raise CommTimeoutError(f"{message}; it is still pending and can be waited for again")
@@ -132,3 +138,9 @@ class CclWork(Work):
 
     def _on_complete(self) -> None:
         self._keep_alive = []
+
+
+def _group_and_rank(where: str) -> tuple[str, int]:
+    """``("g", 3)`` from the backend's ``"group 'g', rank 3"``."""
+    group, _, rank = where.partition(", rank ")
+    return group.removeprefix("group ").strip("'"), int(rank) if rank.isdigit() else -1

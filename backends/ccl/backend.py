@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
+from commlayer import health
 from commlayer.backend import Backend
 from commlayer.errors import CommError
 from commlayer.rendezvous import discover
+from commlayer.shm_regions import release_regions_of
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
@@ -69,6 +71,8 @@ class CclBackend(Backend):
     @classmethod
     def create_world(cls, spec: GroupSpec) -> CclBackend:
         native = _load_native(spec.timeout, _host_layout(spec))
+        native.set_abort(False)
+        health.add_listener(_stop_native_waits)
         return cls(spec, native, connect(spec, native))
 
     def new_group(self, spec: GroupSpec) -> CclBackend | None:
@@ -80,8 +84,14 @@ class CclBackend(Backend):
     def shutdown(self) -> None:
         connection, self._connection = self._connection, None
         _open_backends.discard(self)
-        if connection is not None:
-            disconnect(self.spec, connection)
+        if connection is None:
+            return
+        if health.current() is not None:
+            connection.abandon()  # its teardown would wait on a peer that is gone or stuck
+            connection.release()
+            _open_backends.leaked = True
+            return
+        disconnect(self.spec, connection)
 
     @property
     def kvs_address(self) -> str:
@@ -183,6 +193,7 @@ class CclBackend(Backend):
 
     def _expire(self, message: str) -> None:
         self._expired = message
+        _open_backends.leaked = True  # oneCCL leaks a communicator with an op still in flight
 
     def _dtype(self, tensor: torch.Tensor) -> Any:
         return self._types.datatypes[tensor.dtype]
@@ -225,6 +236,8 @@ class _OpenBackends:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._backends: list[CclBackend] = []
+        # A communicator was leaked: libfabric then never removes this process's /dev/shm region.
+        self.leaked = False
 
     def add(self, backend: CclBackend) -> None:
         with self._lock:
@@ -239,10 +252,17 @@ class _OpenBackends:
             newest_first = self._backends[::-1]
         for backend in newest_first:
             backend.shutdown()
+        if self.leaked:
+            release_regions_of([os.getpid()])
 
 
 _open_backends = _OpenBackends()
 atexit.register(_open_backends.shutdown_all)
+
+
+def _stop_native_waits(failure: health.PeerFailure) -> None:
+    """A dead peer ends every pending oneCCL wait at once instead of at the group's timeout."""
+    _native.load_extension().set_abort(True)
 
 
 def _host_layout(spec: GroupSpec) -> HostLayout:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from commlayer import health
 from commlayer.errors import CommTimeoutError
 from commlayer.work import Work
 
@@ -36,6 +37,7 @@ class WaitLimit:
 
     group_timeout_s: float
     rank: int  # global rank
+    group: str = ""  # the group's name, for messages
 
 
 class MpiWork(Work):
@@ -77,9 +79,9 @@ class MpiWork(Work):
         limit = self._limit.group_timeout_s if timeout_s is None else timeout_s
         if _poll(self._test, limit):
             return True
-        if timeout_s is not None:
+        if timeout_s is not None and health.current() is None:
             return False  # the caller's own deadline: the op stays pending and can be waited for again
-        raise _group_timeout(self._op, self._limit, self._request, self._keep_alive)
+        raise _gave_up(self._op, self._limit, self._request, self._keep_alive)
 
     def _on_complete(self) -> None:
         self._keep_alive = ()
@@ -97,11 +99,12 @@ class MpiWork(Work):
 def wait_for(request: Any, op: str, limit: WaitLimit, keep_alive: Sequence[Any]) -> None:
     """Wait for a request only this thread knows, until the group's timeout."""
     if not _poll(request.Test, limit.group_timeout_s):
-        raise _group_timeout(op, limit, request, keep_alive)
+        raise _gave_up(op, limit, request, keep_alive)
 
 
 def _poll(test: Callable[[], bool], limit_s: float) -> bool:
-    """Call ``test`` until it returns True (then True) or ``limit_s`` seconds pass (then False)."""
+    """Call ``test`` until it returns True (then True), or ``limit_s`` seconds pass or the peer
+    monitor reports a dead rank (then False)."""
     if test():
         return True
     deadline = time.monotonic() + limit_s
@@ -110,16 +113,23 @@ def _poll(test: Callable[[], bool], limit_s: float) -> bool:
         polls += 1
         if polls >= _POLLS_BEFORE_YIELDING:
             os.sched_yield()
-        if polls % _POLLS_PER_CLOCK_CHECK == 0 and time.monotonic() >= deadline:
+        if polls % _POLLS_PER_CLOCK_CHECK == 0 and (
+            time.monotonic() >= deadline or health.current() is not None
+        ):
             return False
     return True
 
 
-def _group_timeout(op: str, limit: WaitLimit, request: Any, keep_alive: Sequence[Any]) -> CommTimeoutError:
+def _gave_up(op: str, limit: WaitLimit, request: Any, keep_alive: Sequence[Any]) -> Exception:
+    """The error of a wait that ended unfinished: a dead peer, else the group's timeout."""
     # The request may still complete later and write into its buffers: keep them alive for good.
     _ABANDONED.append((request, keep_alive))
+    failure = health.current()
+    if failure is not None:
+        return health.peer_failure_error(op, limit.group or "?", limit.rank, failure)
     return CommTimeoutError(
-        f"{op}: the MPI operation did not complete within the group's timeout of {limit.group_timeout_s:g} s "
+        f"{op} on group '{limit.group or '?'}': the MPI operation did not complete within the group's "
+        f"timeout of {limit.group_timeout_s:g} s "
         f"(rank {limit.rank}); a peer failed or did not call the same op in the same order. "
         "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
     )

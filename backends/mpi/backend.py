@@ -96,7 +96,7 @@ class MpiBackend(Backend):
         self._tag_upper_bound = int(comm.Get_attr(mpi.TAG_UB))
         self._in_place = mpi.IN_PLACE
         self._from_address = mpi.buffer.fromaddress
-        self._limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank)
+        self._limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank, spec.name)
 
     # --- lifecycle -------------------------------------------------------------------------
 

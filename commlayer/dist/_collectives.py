@@ -16,6 +16,7 @@ from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
 from ._dispatch import begin, contiguous, launch, plans, remember, run_staged
+from ._trace import wait_translated
 
 __all__ = [
     "all_gather",
@@ -82,6 +83,7 @@ def reduce(
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
+        root=root,
     )
 
 
@@ -336,6 +338,7 @@ def gather(
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
+        root=root,
     )
 
 
@@ -362,6 +365,7 @@ def scatter(
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
+        root=root,
     )
 
 
@@ -377,7 +381,7 @@ def barrier(
     work = launch(call, lambda b, hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work
-    work.wait(timeout)
+    wait_translated(work, "barrier", group, timeout)
     return None
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -34,8 +35,10 @@ import torch
 
 from ..backend import Backend
 from ..errors import UnsupportedError, invalid_argument
+from ..flight_recorder import COMPLETED, COMPLETED_NS, STATE, track
 from ..work import CompletedWork, Work
 from ._groups import ProcessGroup, resolve_group
+from ._trace import on_failure, recorded
 
 __all__ = [
     "OpCall",
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("commlayer.dist")
+_monotonic_ns = time.monotonic_ns
 
 
 class OpCall(NamedTuple):
@@ -145,7 +149,7 @@ def new_plan(call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = 
     if observer is not None:
         wrap = getattr(observer, "wrap_plan", None)
         run = wrap(call, run, payload) if wrap is not None else observed(observer, call, run, payload)
-    return Plan(run, call, call.group.size())
+    return Plan(recorded(call, op, fixed, payload, run), call, call.group.size())
 
 
 def _launcher(backend: Backend, op: str, fixed: tuple[Any, ...], flat: bool) -> Callable[..., Work | None]:
@@ -210,11 +214,6 @@ def run_staged(
     return work.then(lambda: _copy_back(copy_back))
 
 
-def _copy_back(copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for original, buffer in copy_back:
-        original.copy_(buffer)
-
-
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     # A view costs about a microsecond: skip it when already 1-D.
     return tensor if tensor.dim() == 1 else tensor.view(-1)
@@ -268,6 +267,7 @@ def launch(
     async_op: bool,
     payload: torch.Tensor | Sequence[torch.Tensor] = (),
     copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+    root: int = -1,
 ) -> Work | None:
     """Run ``start`` on the call's backend; wait unless ``async_op``, as torch does.
 
@@ -279,19 +279,39 @@ def launch(
     ``payload`` is the buffer whose size is the op's message size in nccl-tests' terms (the full
     gathered output, the full reduce-scatter input); it is only measured when the comms logger
     observes the call, so the common path pays nothing for it.
+
+    Every call is entered in its group's flight recorder first (``root``, a group rank, is part
+    of the entry); in debug mode that entry is compared across ranks before the backend runs.
     """
     backend = call.backend
     hint = _SYNC_HINT if not async_op and backend.capabilities.sync_hint else _NO_HINT
-    if _observer is None:
-        work = start(backend, hint)
-    else:
-        work = _observer.observe(call, _nbytes(payload), lambda: start(backend, hint))
-    if copy_back:
-        work = work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
-    if async_op:
-        return work
-    work.wait()
+    entry = call.group.recorder.enter(call.op, payload, root)
+    try:
+        if _observer is None:
+            work = start(backend, hint)
+        else:
+            work = _observer.observe(call, _nbytes(payload), lambda: start(backend, hint))
+        if copy_back:
+            work = work.then(lambda: _copy_back(copy_back))
+        if async_op:
+            track(entry, work)
+            return work
+        work.wait()
+    except Exception as error:  # zero-cost until raised; raw library errors become typed ones
+        failure = on_failure(call.group, call.op, error)
+        if failure is error:
+            raise
+        raise failure from error
+    entry[STATE] = COMPLETED  # inline: a call to flight_recorder.mark_completed costs ~50 ns more
+    entry[COMPLETED_NS] = _monotonic_ns()
     return None
+
+
+def _copy_back(copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    # Outside autograd, as torch writes collective results: a leaf that requires grad accepts it.
+    with torch.no_grad():
+        for original, buffer in copy_back:
+            original.copy_(buffer)
 
 
 def _nbytes(payload: torch.Tensor | Sequence[torch.Tensor]) -> int:

@@ -25,6 +25,7 @@ import torch.distributed as torch_dist
 
 from ..backend import Backend
 from ..errors import InvalidArgumentError, NotInitializedError
+from ..flight_recorder import FlightRecorder, capacity_from_env
 
 __all__ = ["GroupMember", "ProcessGroup", "World", "current_world", "group", "resolve_group"]
 
@@ -64,6 +65,7 @@ class ProcessGroup:
         backends: Mapping[str, Backend],
         backend_spec: str,
         timeout: timedelta,
+        recorder: FlightRecorder | None = None,
     ) -> None:
         self.name = _GroupName(name, backend_spec)
         self.group_name = name
@@ -79,6 +81,8 @@ class ProcessGroup:
         self.op_calls: dict[tuple[str, Any], Any] = {}
         # The torch ProcessGroup bridging this group, once torch_group built it (mpi, ccl, ...).
         self.bridge: Any = None
+        # The last collectives on this group (commlayer.flight_recorder), filled by launch.
+        self.recorder = recorder or FlightRecorder(name, ranks, capacity_from_env())
 
     def forget_calls(self) -> None:
         """Break the group -> call -> group cycles, which only the garbage collector would free.

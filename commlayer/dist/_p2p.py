@@ -15,6 +15,7 @@ from ..work import Work
 from . import _validate as check
 from ._dispatch import OpCall, begin, contiguous, launch, plans, remember, run_staged
 from ._groups import resolve_group
+from ._trace import wait_translated
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
 
@@ -73,7 +74,7 @@ def recv(
     work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
     if work is NOT_MEMBER:
         return -1
-    work.wait()
+    wait_translated(work, "recv", group)
     resolved = resolve_group("recv", group)
     if src is not None:
         return src

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Sequence
 
 import torch.distributed as torch_dist
 
+from .. import health
 from ..backend import Backend
 from ..errors import InvalidArgumentError, NotInitializedError, invalid_argument
 from ..registry import get_backend_class
@@ -24,7 +25,9 @@ from ._groups import (
     world_or_none,
 )
 from ._dispatch import forget_plans
+from ._health import start_monitor, stop_monitor
 from ._rendezvous import Rendezvous, rendezvous
+from ._trace import dump_flight_recorder, install_handlers, new_recorder
 
 log = logging.getLogger("commlayer.dist")
 
@@ -98,10 +101,13 @@ def init_process_group(
         {device: world_backends[name] for device, name in device_map.items()},
         spec,
         timeout,
+        new_recorder("world", tuple(range(meeting.world_size)), meeting.rank, timeout),
     )
     forget_plans()
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
     after_group_created(default)
+    install_handlers()
+    start_monitor(meeting.store, meeting.rank, meeting.world_size, lambda why: dump_flight_recorder(reason=why))
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
@@ -116,6 +122,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
             member.forget_calls()
             _shutdown(member.unique_backends())
         world.default_group.forget_calls()
+        stop_monitor()
         _shutdown(reversed(list(world.world_backends.values())))
         _leave(world)
         set_world(None)
@@ -156,7 +163,8 @@ def new_group(
     if world.rank not in members:
         return NON_GROUP_MEMBER
     backends = {device: communicators[backend_name] for device, backend_name in device_map.items()}
-    created = ProcessGroup(name, members, world.rank, backends, spec, timeout)
+    recorder = new_recorder(name, members, world.rank, timeout)
+    created = ProcessGroup(name, members, world.rank, backends, spec, timeout, recorder)
     world.groups[name] = created
     after_group_created(created)
     return created
@@ -268,6 +276,8 @@ def _leave(world: World) -> None:
     """
     if world.size == 1:
         return
+    if health.current() is not None:
+        return  # a peer died: nobody will read through this store any more, and it may never leave
     world.store.set(f"commlayer/left/{world.rank}", b"1")
     if world.rank == 0:
         keys = [f"commlayer/left/{rank}" for rank in range(world.size)]

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,17 @@ Kvs create_kvs(const std::string& address) {
     return Kvs(ccl::create_kvs(addr));
 }
 
+// Set from Python (set_abort) when the peer monitor reports a dead rank: every wait_for then
+// returns false at its next poll instead of blocking until its deadline.
+std::atomic<bool> g_abort{false};
+
+// An op that oneCCL only offers as a call that blocks until every rank joined (barrier),
+// run on a detached thread so that waiting for it can have a deadline like any other op.
+struct ThreadedOp {
+    std::atomic<bool> done{false};
+    std::exception_ptr error;
+};
+
 // An in-flight oneCCL operation. test() and wait_for() may be called from several
 // threads (Work.get_future waits on a helper thread), so each poll of the oneCCL
 // event holds a lock; completion is latched in an atomic flag.
@@ -87,6 +99,9 @@ public:
     Event(ccl::event event, AbandonedFlag abandoned)
         : event_(std::move(event)), abandoned_(std::move(abandoned)) {}
 
+    Event(std::shared_ptr<ThreadedOp> threaded, AbandonedFlag abandoned)
+        : abandoned_(std::move(abandoned)), threaded_(std::move(threaded)) {}
+
     Event(const Event&) = delete;
     Event& operator=(const Event&) = delete;
 
@@ -96,7 +111,9 @@ public:
     ~Event() {
         if (!done_) {
             *abandoned_ = true;
-            new ccl::event(std::move(event_));
+            if (!threaded_) {
+                new ccl::event(std::move(event_));
+            }
         }
     }
 
@@ -124,7 +141,7 @@ public:
         const auto deadline = start + std::chrono::duration<double>(timeout_s);
         for (unsigned polls = 0; !poll(); ++polls) {
             const auto now = std::chrono::steady_clock::now();
-            if (now >= deadline) {
+            if (now >= deadline || g_abort.load(std::memory_order_relaxed)) {
                 return false;
             }
             if (polls < kSpinPolls) {
@@ -148,8 +165,11 @@ private:
 
     bool poll() {
         std::lock_guard<std::mutex> guard(mutex_);
-        if (!done_ && event_.test()) {
+        if (!done_ && (threaded_ ? threaded_->done.load() : event_.test())) {
             done_ = true;
+            if (threaded_ && threaded_->error) {
+                std::rethrow_exception(threaded_->error);
+            }
         }
         return done_;
     }
@@ -157,12 +177,14 @@ private:
     std::mutex mutex_;
     ccl::event event_;
     AbandonedFlag abandoned_;
+    std::shared_ptr<ThreadedOp> threaded_;
     std::atomic<bool> done_{false};
 };
 
 class Communicator {
 public:
-    explicit Communicator(ccl::communicator comm) : comm_(std::move(comm)) {}
+    explicit Communicator(ccl::communicator comm)
+        : comm_(std::make_shared<ccl::communicator>(std::move(comm))) {}
 
     Communicator(const Communicator&) = delete;
     Communicator& operator=(const Communicator&) = delete;
@@ -172,7 +194,7 @@ public:
     // Destruction also talks to the KVS server; Python orders teardown so it is still up.
     ~Communicator() {
         if (*abandoned_) {
-            new ccl::communicator(std::move(comm_));
+            new std::shared_ptr<ccl::communicator>(std::move(comm_));
         }
     }
 
@@ -182,26 +204,26 @@ public:
     // peer or the KVS server may be gone.
     void abandon() { *abandoned_ = true; }
 
-    int rank() const { return comm_.rank(); }
-    int size() const { return comm_.size(); }
+    int rank() const { return comm_->rank(); }
+    int size() const { return comm_->size(); }
 
     std::unique_ptr<Event> allreduce(Address send, Address recv, size_t count, ccl::datatype dtype,
                     ccl::reduction op) {
         return run([&] {
-            return ccl::allreduce(as_pointer(send), as_pointer(recv), count, dtype, op, comm_);
+            return ccl::allreduce(as_pointer(send), as_pointer(recv), count, dtype, op, *comm_);
         });
     }
 
     std::unique_ptr<Event> reduce(Address send, Address recv, size_t count, ccl::datatype dtype,
                  ccl::reduction op, int root) {
         return run([&] {
-            return ccl::reduce(as_pointer(send), as_pointer(recv), count, dtype, op, root, comm_);
+            return ccl::reduce(as_pointer(send), as_pointer(recv), count, dtype, op, root, *comm_);
         });
     }
 
     std::unique_ptr<Event> allgather(Address send, Address recv, size_t send_count, ccl::datatype dtype) {
         return run([&] {
-            return ccl::allgather(as_pointer(send), as_pointer(recv), send_count, dtype, comm_);
+            return ccl::allgather(as_pointer(send), as_pointer(recv), send_count, dtype, *comm_);
         });
     }
 
@@ -210,7 +232,7 @@ public:
         expect_per_rank("allgatherv", "recv_counts", recv_counts);
         return run([&] {
             return ccl::allgatherv(
-                as_pointer(send), send_count, as_pointer(recv), recv_counts, dtype, comm_);
+                as_pointer(send), send_count, as_pointer(recv), recv_counts, dtype, *comm_);
         });
     }
 
@@ -218,17 +240,17 @@ public:
                          ccl::reduction op) {
         return run([&] {
             return ccl::reduce_scatter(
-                as_pointer(send), as_pointer(recv), recv_count, dtype, op, comm_);
+                as_pointer(send), as_pointer(recv), recv_count, dtype, op, *comm_);
         });
     }
 
     std::unique_ptr<Event> broadcast(Address buffer, size_t count, ccl::datatype dtype, int root) {
-        return run([&] { return ccl::broadcast(as_pointer(buffer), count, dtype, root, comm_); });
+        return run([&] { return ccl::broadcast(as_pointer(buffer), count, dtype, root, *comm_); });
     }
 
     std::unique_ptr<Event> alltoall(Address send, Address recv, size_t count, ccl::datatype dtype) {
         return run([&] {
-            return ccl::alltoall(as_pointer(send), as_pointer(recv), count, dtype, comm_);
+            return ccl::alltoall(as_pointer(send), as_pointer(recv), count, dtype, *comm_);
         });
     }
 
@@ -238,7 +260,7 @@ public:
         expect_per_rank("alltoallv", "recv_counts", recv_counts);
         return run([&] {
             return ccl::alltoallv(
-                as_pointer(send), send_counts, as_pointer(recv), recv_counts, dtype, comm_);
+                as_pointer(send), send_counts, as_pointer(recv), recv_counts, dtype, *comm_);
         });
     }
 
@@ -251,23 +273,38 @@ public:
         expect_per_rank("allgatherv_list", "recv_counts", recv_counts);
         return run([&] {
             return ccl::allgatherv(
-                as_pointer(send), send_count, as_pointers(recvs), recv_counts, dtype, comm_);
+                as_pointer(send), send_count, as_pointers(recvs), recv_counts, dtype, *comm_);
         });
     }
 
+    // oneCCL's barrier blocks inside the posting call until every rank arrives, so a rank that
+    // never comes would block this one forever: it runs on a detached thread instead, and the
+    // Event it returns is waited for with a deadline like every other op. A barrier abandoned
+    // at its deadline marks the communicator abandoned, so the communicator (which the thread
+    // still uses) is leaked rather than destroyed under it.
     std::unique_ptr<Event> barrier() {
-        return run([&] { return ccl::barrier(comm_); });
+        auto state = std::make_shared<ThreadedOp>();
+        std::shared_ptr<ccl::communicator> comm = comm_;  // outlives this object if need be
+        std::thread([state, comm] {
+            try {
+                ccl::barrier(*comm).wait();
+            } catch (...) {
+                state->error = std::current_exception();
+            }
+            state->done = true;
+        }).detach();
+        return std::make_unique<Event>(state, abandoned_);
     }
 
     std::unique_ptr<Event> send(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
         return run([&] {
-            return ccl::send(as_pointer(buffer), count, dtype, peer, comm_, pt2pt_attr(tag));
+            return ccl::send(as_pointer(buffer), count, dtype, peer, *comm_, pt2pt_attr(tag));
         });
     }
 
     std::unique_ptr<Event> recv(Address buffer, size_t count, ccl::datatype dtype, int peer, int tag) {
         return run([&] {
-            return ccl::recv(as_pointer(buffer), count, dtype, peer, comm_, pt2pt_attr(tag));
+            return ccl::recv(as_pointer(buffer), count, dtype, peer, *comm_, pt2pt_attr(tag));
         });
     }
 
@@ -297,15 +334,15 @@ private:
 
     template <class T>
     void expect_per_rank(const char* op, const char* arg, const std::vector<T>& counts) const {
-        if (counts.size() != static_cast<size_t>(comm_.size())) {
+        if (counts.size() != static_cast<size_t>(comm_->size())) {
             throw py::value_error(std::string(op) + ": argument '" + arg + "' must have one count per rank (" +
-                                  std::to_string(comm_.size()) + "), got " +
+                                  std::to_string(comm_->size()) + "), got " +
                                   std::to_string(counts.size()) + " (rank " +
-                                  std::to_string(comm_.rank()) + ")");
+                                  std::to_string(comm_->rank()) + ")");
         }
     }
 
-    ccl::communicator comm_;
+    std::shared_ptr<ccl::communicator> comm_;
     AbandonedFlag abandoned_ = std::make_shared<std::atomic<bool>>(false);
 };
 
@@ -397,5 +434,8 @@ PYBIND11_MODULE(_C, m) {
     m.def("create_communicator", &create_communicator, py::arg("size"), py::arg("rank"),
           py::arg("kvs"));
     m.def("library_version", &library_version);
+    m.def(
+        "set_abort", [](bool abort) { g_abort = abort; }, py::arg("abort"),
+        "Make every pending and future wait_for return false at once (a peer died), or stop.");
     m.attr("ADDRESS_SIZE") = py::int_(ccl::kvs::address_max_size);
 }
