@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import health
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError, describe_ranks
@@ -146,6 +146,8 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
 
 # Plans whose fixed arguments start with a root (group rank), for the recorder's entry.
 _ROOTED_PLANS = frozenset({"broadcast"})
+# Plans launched on exactly one tensor get a wrapper without *args packing (about 0.1 us less).
+_ONE_TENSOR_PLANS = frozenset({"all_reduce", "broadcast", "send", "recv"})
 
 
 def recorded(
@@ -158,15 +160,29 @@ def recorded(
     group = call.group
     root = fixed[0] if op in _ROOTED_PLANS else -1
 
+    if op in _ONE_TENSOR_PLANS:
+
+        def run_recorded_one(async_op: bool, tensor: Any) -> Any:
+            entry = enter(op, tensor, root)
+            try:
+                work = run(async_op, tensor)
+            except Exception as error:  # noqa: BLE001 - re-raised (translated); zero-cost until raised
+                _raise_translated(group, op, error)
+            if work is None:
+                entry[STATE] = COMPLETED
+                entry[COMPLETED_NS] = _monotonic_ns()
+            else:
+                entry[WORK] = weakref.ref(work)
+            return work
+
+        return run_recorded_one
+
     def run_recorded(async_op: bool, *tensors: Any) -> Any:
         entry = enter(op, tensors[payload], root)
         try:
             work = run(async_op, *tensors)
-        except Exception as error:  # zero-cost until raised
-            failure = on_failure(group, op, error)
-            if failure is error:
-                raise
-            raise failure from error
+        except Exception as error:  # noqa: BLE001 - re-raised, translated
+            _raise_translated(group, op, error)
         if work is None:
             entry[STATE] = COMPLETED
             entry[COMPLETED_NS] = _monotonic_ns()
@@ -177,6 +193,14 @@ def recorded(
     return run_recorded
 
 
+def _raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn:
+    """Called from an ``except`` block: re-raise ``error``, or its typed translation."""
+    failure = on_failure(group, op, error)
+    if failure is error:
+        raise error
+    raise failure from error
+
+
 def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> None:
     """``work.wait(timeout)`` for a facade op that waits outside ``launch`` (send, recv, barrier),
     with the same error translation, abort and dump as ``launch``."""
@@ -184,10 +208,9 @@ def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> 
         work.wait(timeout)
     except Exception as error:
         group = resolve_group(op, group_arg)
-        failure = error if group is None else on_failure(group, op, error)
-        if failure is error:
+        if group is None:
             raise
-        raise failure from error
+        _raise_translated(group, op, error)
 
 
 def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
