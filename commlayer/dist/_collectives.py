@@ -15,6 +15,7 @@ from ..errors import invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
+from ._complex import complex_as_real
 from ._dispatch import begin, contiguous, launch, plans, remember, run_staged
 from ._trace import wait_translated
 
@@ -48,6 +49,7 @@ def all_reduce(
     return _checked_all_reduce(tensor, op, group, async_op)
 
 
+@complex_as_real("all_reduce", reduction=True)
 def _checked_all_reduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Work | None:
     call = begin("all_reduce", group, check.first_device(tensor))
     if call is None:
@@ -104,6 +106,7 @@ def broadcast(
     return _checked_broadcast(tensor, src, group, async_op, group_src)
 
 
+@complex_as_real("broadcast")
 def _checked_broadcast(
     tensor: torch.Tensor, src: int | None, group: Any, async_op: bool, group_src: int | None
 ) -> Work | None:
@@ -118,6 +121,7 @@ def _checked_broadcast(
     return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
 
+@complex_as_real("all_gather")
 def all_gather(
     tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Work | None:
@@ -158,6 +162,7 @@ def all_gather_into_tensor(
     return _checked_all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
+@complex_as_real("all_gather_into_tensor")
 def _checked_all_gather_into_tensor(
     output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool
 ) -> Work | None:
@@ -265,6 +270,7 @@ def all_to_all_single(
     return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
 
+@complex_as_real("all_to_all_single")
 def _checked_all_to_all_single(
     output: torch.Tensor,
     input: torch.Tensor,  # noqa: A002 - torch's name
@@ -289,6 +295,7 @@ def _checked_all_to_all_single(
     return run_staged(plan, async_op, copy_back, buffer, input.contiguous(), out_splits, in_splits)
 
 
+@complex_as_real("all_to_all")
 def all_to_all(
     output_tensor_list: list[torch.Tensor],
     input_tensor_list: list[torch.Tensor],
@@ -342,6 +349,7 @@ def gather(
     )
 
 
+@complex_as_real("scatter")
 def scatter(
     tensor: torch.Tensor,
     scatter_list: list[torch.Tensor] | None = None,
@@ -390,7 +398,17 @@ def barrier(
 
 def _paired_key(op: str, group: Any, output: torch.Tensor, tensor: torch.Tensor, *scalars: Any) -> tuple:
     """The plan key of a two-tensor op: what its validation depended on."""
-    return (op, group, *scalars, output.dtype, output.device, output.layout, tensor.dtype, tensor.device, tensor.layout)
+    return (
+        op,
+        group,
+        *scalars,
+        output.dtype,
+        output.device,
+        output.layout,
+        tensor.dtype,
+        tensor.device,
+        tensor.layout,
+    )
 
 
 def _root(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:

@@ -13,6 +13,7 @@ from ..errors import CommTimeoutError, InvalidArgumentError, invalid_argument
 from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import _validate as check
+from ._complex import as_real, is_complex
 from ._dispatch import OpCall, begin, contiguous, launch, plans, remember, run_staged
 from ._groups import resolve_group
 from ._trace import wait_translated
@@ -101,6 +102,8 @@ def _point_to_point(
     # An int peer only: True and 1.0 equal 1 as keys, and they must still be refused.
     if plan is not None and peer.__class__ is int and group_peer is None and tensor.is_contiguous():
         return plan.run(async_op, tensor)
+    if is_complex(tensor):  # torch sends complex tensors as their real view
+        return _point_to_point(kind, as_real(tensor), peer, group, tag, group_peer, async_op)
     prepared = _prepare(kind, tensor, peer, group, tag, group_peer)
     if prepared is None:
         return NOT_MEMBER

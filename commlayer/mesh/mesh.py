@@ -18,7 +18,11 @@ same combinations in the same order, as with torch's ``DeviceMesh._flatten``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from typing import Any
+
+import torch
 
 from .. import dist
 from ..dist import ProcessGroup
@@ -150,6 +154,33 @@ class Mesh:
         kinds of collective are ordered independently and can run concurrently.
         """
         return create_groups(self.layout.groups(self.dims), self._groups.rank, reuse_world=False)
+
+    def to_device_mesh(self, device_type: str = "cpu") -> Any:
+        """This (sub-)mesh as a torch ``DeviceMesh`` over the same groups, for FSDP2/DTensor/TP.
+
+        Each dim's group answers through its torch ProcessGroup (the commlayer bridge for mpi,
+        ccl, shm and plugins), so torch's parallelism runs on commlayer's backends. Dims must be
+        the layout's own (not flattened ones such as "dp_sp").
+        """
+        from torch.distributed.device_mesh import DeviceMesh
+
+        rank = self._groups.rank
+        unknown = [dim for dim in self.dims if dim not in self.layout.dim_names]
+        if unknown:
+            raise InvalidArgumentError(
+                f"Mesh.to_device_mesh: expected the layout's dims {self.layout.dim_names}, received "
+                f"flattened or expert dims {unknown} (rank {rank})"
+            )
+        here = list(self.layout.coordinate(rank))
+        positions = [self.layout.dim_names.index(dim) for dim in self.dims]
+        ranks = []
+        for coordinate in itertools.product(*(range(size) for size in self.shape)):
+            for position, index in zip(positions, coordinate):
+                here[position] = index
+            ranks.append(self.layout.rank_at(here))
+        groups = [self[dim].group.torch_group for dim in self.dims]
+        layout = torch.tensor(ranks, dtype=torch.int64).view(self.shape)
+        return DeviceMesh.from_group(groups, device_type, mesh=layout, mesh_dim_names=self.dims)
 
     def __repr__(self) -> str:
         name = flat_name(self.dims)

@@ -27,6 +27,7 @@ def train(out_dir: str) -> None:
     pg = dist.group.WORLD.torch_group
     results = {"ddp": _ddp(pg), "fsdp2": _fsdp2(), "tp": _tensor_parallel()}
     _checkpoint_round_trip(Path(out_dir) / f"dcp-{dist.get_backend()}")
+    _commlayer_mesh_as_device_mesh()
     results["compiled"] = _compiled_collectives()
     path = Path(out_dir) / f"{dist.get_backend()}-rank{dist.get_rank()}.pt"
     torch.save(results, path)
@@ -98,6 +99,23 @@ def _checkpoint_round_trip(directory: Path) -> None:
     fresh.load_state_dict(state)
     for name, p in fresh.state_dict().items():
         assert torch.equal(p.full_tensor(), saved[name]), f"DCP round trip changed {name}"
+
+
+def _commlayer_mesh_as_device_mesh() -> None:
+    """A commlayer mesh converts to a torch DeviceMesh on the same groups; DTensor redistributes on it."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from commlayer.mesh import init_mesh
+
+    mesh = init_mesh((dist.get_world_size(), 1), ("dp", "tp"))
+    device_mesh = mesh.to_device_mesh("cpu")
+    assert device_mesh.shape == (dist.get_world_size(), 1), device_mesh
+    assert device_mesh.get_group("dp") is mesh["dp"].group.torch_group
+    full = torch.arange(6.0 * dist.get_world_size()).view(-1, 2)
+    sharded = distribute_tensor(full, device_mesh, [Shard(0), Replicate()])
+    assert sharded.to_local().shape[0] == full.shape[0] // dist.get_world_size(), sharded.to_local().shape
+    replicated = sharded.redistribute(device_mesh, [Replicate(), Replicate()])
+    assert torch.equal(replicated.to_local(), full), replicated.to_local()
 
 
 def _compiled_collectives() -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from commlayer.errors import InvalidArgumentError
 def run_all() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     _coalesced(rank, size)
+    _complex_tensors(rank, size)
     _object_p2p(rank)
     _subgroup_helpers(rank)
     _group_handle(rank, size)
@@ -42,6 +43,47 @@ def _coalesced(rank: int, size: int) -> None:
     for peer in range(size):
         assert torch.equal(outputs[peer][0], torch.full((2,), peer * 1.0)), outputs
         assert torch.equal(outputs[peer][1], torch.full((3,), peer * 10.0)), outputs
+
+
+def _complex_tensors(rank: int, size: int) -> None:
+    """torch's rule: complex tensors travel as their real view; reductions only SUM and AVG."""
+    value = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64) * (rank + 1)
+    base = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
+    total = sum(range(1, size + 1))
+    summed = value.clone()
+    dist.all_reduce(summed)
+    assert torch.equal(summed, base * total), summed
+    averaged = value.clone().to(torch.complex128)
+    dist.all_reduce(averaged, op=dist.ReduceOp.AVG)
+    assert torch.allclose(averaged, base.to(torch.complex128) * total / size), averaged
+    try:
+        dist.all_reduce(value.clone(), op=dist.ReduceOp.MAX)
+    except ValueError as error:
+        assert "all_reduce: argument 'op'" in str(error) and "complex" in str(error), error
+    else:
+        raise AssertionError("MAX on a complex tensor was accepted")
+    gathered = torch.empty(size * 2, dtype=torch.complex64)
+    dist.all_gather_into_tensor(gathered, value)
+    assert torch.equal(gathered, torch.cat([base * (peer + 1) for peer in range(size)])), gathered
+    pieces = [torch.empty(2, dtype=torch.complex64) for _ in range(size)]
+    dist.all_gather(pieces, value)
+    assert all(torch.equal(pieces[peer], base * (peer + 1)) for peer in range(size)), pieces
+    shared = value.clone()
+    dist.broadcast(shared, src=1)
+    assert torch.equal(shared, base * 2), shared
+    received = torch.empty(1, dtype=torch.complex64)
+    dist.scatter(received, [torch.tensor([peer * 1j]) for peer in range(size)] if rank == 0 else None, src=0)
+    assert received.item() == rank * 1j, received
+    if rank in (0, 1):
+        message = torch.empty(2, dtype=torch.complex64)
+        if rank == 0:
+            dist.send(value, dst=1)
+        else:
+            dist.recv(message, src=0)
+            assert torch.equal(message, base), message
+    bridged = value.clone()
+    torch_dist.all_reduce(bridged, group=dist.group.WORLD.torch_group)
+    assert torch.equal(bridged, base * total), bridged
 
 
 def _object_p2p(rank: int) -> None:
