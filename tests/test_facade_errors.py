@@ -93,9 +93,18 @@ def test_non_tensor_argument(world_of_one: None) -> None:
 def test_unsupported_dtype_and_ops(world_of_one: None) -> None:
     with pytest.raises(
         UnsupportedError,
-        match=r"all_reduce: argument 'tensor' expected a dtype backend 'gloo' supports \(.*float32.*\), received torch.complex64",
+        match=r"all_reduce: argument 'tensor' expected a dtype backend 'gloo' supports \(.*float32.*\), received torch.uint16",
     ):
-        dist.all_reduce(torch.ones(2, dtype=torch.complex64))
+        dist.all_reduce(torch.ones(2, dtype=torch.uint16))
+    # Complex tensors travel as their real view where torch allows it (all_reduce); reduce refuses them.
+    with pytest.raises(
+        UnsupportedError, match=r"reduce: argument 'tensor' expected a dtype .* received torch.complex64"
+    ):
+        dist.reduce(torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(
+        UnsupportedError, match=r"all_reduce: argument 'op' expected SUM or AVG for a complex tensor"
+    ):
+        dist.all_reduce(torch.ones(2, dtype=torch.complex64), op=dist.ReduceOp.MAX)
     with pytest.raises(
         UnsupportedError,
         match=r"argument 'op' expected an arithmetic op for torch.float32 \(bitwise ops need integer or bool\), received BAND",
