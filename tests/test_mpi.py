@@ -95,19 +95,20 @@ def test_mpi4py_3_is_refused_with_the_version_needed() -> None:
     assert mpi4py_version_problem("4.0.0") is None and mpi4py_version_problem("5.0.dev0") is None
 
 
-def test_options_default_to_non_blocking_and_read_the_environment_only_without_options() -> None:
-    assert MpiOptions.resolve(None, {}, 0) == MpiOptions(blocking_sync_ops=False)
-    assert MpiOptions.resolve(None, {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(
-        blocking_sync_ops=True
-    )
-    assert MpiOptions.resolve(MpiOptions(), {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions(
-        blocking_sync_ops=False
-    )
+def test_options_default_to_ordered_and_read_the_environment_only_without_options() -> None:
+    assert MpiOptions.resolve(None, {}, 0) == MpiOptions("ordered")
+    assert MpiOptions.resolve(None, {"COMMLAYER_MPI_MODE": "requests"}, 0) == MpiOptions("requests")
+    assert MpiOptions.resolve(None, {"COMMLAYER_MPI_BLOCKING_SYNC": "1"}, 0) == MpiOptions("blocking")
+    assert MpiOptions.resolve(MpiOptions(), {"COMMLAYER_MPI_MODE": "requests"}, 0) == MpiOptions("ordered")
     with pytest.raises(
         InvalidArgumentError,
         match=r"mpi backend: argument 'pg_options' expected None or commlayer.backends.mpi.MpiOptions, received dict \(rank 3\)",
     ):
-        MpiOptions.resolve({"blocking_sync_ops": True}, {}, 3)
+        MpiOptions.resolve({"mode": "blocking"}, {}, 3)
+    with pytest.raises(InvalidArgumentError, match=r"\$COMMLAYER_MPI_MODE.*'fast' \(rank 2\)"):
+        MpiOptions.resolve(None, {"COMMLAYER_MPI_MODE": "fast"}, 2)
+    with pytest.raises(InvalidArgumentError, match="MpiOptions: argument 'mode'"):
+        MpiOptions("fast")
 
 
 def test_local_layout_counts_ranks_per_host() -> None:

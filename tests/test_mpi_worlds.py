@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.backends.mpi.options import BLOCKING_SYNC_ENV
+from commlayer.backends.mpi.options import MODE_ENV
 from commlayer.launcher import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import MpirunPlan, mpirun_plan, mpirun_unavailable_reason, require_mpirun, run_world
 
@@ -47,11 +47,11 @@ def test_compatibility_suite_on_mpi(world_size: int) -> None:
 def test_mpi_specific_checks(pair_env: Mapping[str, str]) -> None:
     """Tags, timed waits, futures, 16-bit floats over 2 MiB, any-source receive, mixed async_op.
 
-    On Open MPI also the compatibility suite with synchronous ops as MPI's blocking calls
-    (COMMLAYER_MPI_BLOCKING_SYNC=1); the default pair runs it non-blocking at 2, 3 and 4 ranks above.
+    On Open MPI also the compatibility suite with every collective a non-blocking request
+    (COMMLAYER_MPI_MODE=requests); the default pair runs it in ordered mode at 2, 3 and 4 ranks above.
     """
     options = ["compat"] if pair_env else []
-    env = {**pair_env, BLOCKING_SYNC_ENV: "1"} if pair_env else pair_env
+    env = {**pair_env, MODE_ENV: "requests"} if pair_env else pair_env
     run_world(
         "tests.ranks.mpi_checks:main", 3, backend="mpi", launcher="mpirun", timeout=300, env=env, args=options
     )

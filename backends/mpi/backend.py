@@ -1,19 +1,19 @@
 """The ``mpi`` backend: MPI through mpi4py, for jobs started by ``mpirun``.
 
 Tensors reach MPI as zero-copy views of their memory (``MPI.buffer.fromaddress`` over
-``data_ptr()``), typed by :mod:`._datatypes`. Every op is MPI's non-blocking call (Iallreduce,
-Ibcast, Isend, ...): an async op returns it as an :class:`~._work.MpiWork`; a synchronous one (the
-facade's ``async_op=False`` hint, ``Capabilities.sync_hint``) waits for it in place. Either wait
-ends at the group's timeout.
+``data_ptr()``), typed by :mod:`._datatypes`.
 
-Synchronous collectives are non-blocking calls by default because MPI never matches a blocking
-collective with a non-blocking one: if one rank called ``all_reduce(t)`` and another
-``all_reduce(t, async_op=True)`` -- which torch allows -- blocking calls on the first would hang
-both. ``MpiOptions(blocking_sync_ops=True)`` (or ``COMMLAYER_MPI_BLOCKING_SYNC=1``) makes them
-MPI's blocking calls: Open MPI's Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB, but
-then every rank must pass the same ``async_op`` to each collective, and a synchronous op cannot
-time out. Sends and receives are non-blocking either way, so a batch of them is posted before
-anything waits.
+MPI never matches a blocking collective with a non-blocking one, and torch lets one rank call
+``all_reduce(t)`` while another calls ``all_reduce(t, async_op=True)``. The default mode,
+``MpiOptions("ordered")``, makes every collective MPI's blocking call, in call order: a
+synchronous op calls it in place, an asynchronous one is queued to the communicator's worker
+thread (:mod:`._ordered`). So ranks may disagree on ``async_op`` and synchronous ops run at
+blocking-MPI speed (Open MPI's Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB), but a
+synchronous op cannot time out. ``MpiOptions("requests")`` makes every collective a non-blocking
+request (synchronous ones waited in place, until the group's timeout); ``MpiOptions("blocking")``
+blocking calls for synchronous ops and requests for async ones (ranks must then agree on
+``async_op``). ``COMMLAYER_MPI_MODE`` picks the mode when no options are given. Sends and receives
+are non-blocking in every mode, so a batch of them is posted before anything waits.
 
 Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are.
 World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communicator with
@@ -39,6 +39,7 @@ from commlayer.work import CompletedWork, Work
 
 from . import _cuda
 from ._datatypes import MpiTypes
+from ._ordered import OrderedExecutor, OrderedWork
 from ._runtime import (
     INSTALL_HINT,
     MpiLoadError,
@@ -48,9 +49,9 @@ from ._runtime import (
     mpi4py_missing_reason,
 )
 from ._work import MpiWork, WaitLimit, wait_for
-from .options import BLOCKING_SYNC_ENV, MpiOptions
+from .options import MODE_ENV, MpiOptions
 
-__all__ = ["BLOCKING_SYNC_ENV", "MpiBackend", "MpiOptions"]
+__all__ = ["MODE_ENV", "MpiBackend", "MpiOptions"]
 
 log = logging.getLogger("commlayer.backends.mpi")
 
@@ -87,7 +88,8 @@ class MpiBackend(Backend):
     ) -> None:
         super().__init__(spec)
         self.options = options
-        self._blocking_sync_ops = options.blocking_sync_ops
+        self._mode = options.mode
+        self._ordered = OrderedExecutor(spec.name) if options.mode == "ordered" else None
         self._comm = comm
         self._mpi = mpi
         types = _types_of(mpi)
@@ -133,7 +135,9 @@ class MpiBackend(Backend):
         return type(self)(spec, comm, self._mpi, self._cuda_aware, options)
 
     def shutdown(self) -> None:
-        if self._comm is not None and not self._mpi.Is_finalized():
+        # A worker stuck in a call whose peer never came keeps the communicator: freeing it would crash.
+        idle = self._ordered is None or self._ordered.close()
+        if self._comm is not None and idle and not self._mpi.Is_finalized():
             self._comm.Free()
         self._comm = None
 
@@ -320,11 +324,18 @@ class MpiBackend(Backend):
     ) -> Work:
         """Run one collective given its (blocking, non-blocking) MPI calls, both taking ``arguments``.
 
-        A synchronous op makes the blocking call if the options ask for it, else waits for the
-        request here: on a request no other thread has seen, that skips building a Work and its locks.
+        Ordered mode: the blocking call, here or on the worker (see :mod:`._ordered`). Otherwise a
+        synchronous op makes the blocking call in "blocking" mode, else waits for the request here:
+        on a request no other thread has seen, that skips building a Work and its locks.
         """
         blocking, nonblocking = calls
-        if not async_op and self._blocking_sync_ops:
+        if self._ordered is not None:
+            if async_op:
+                queued = self._ordered.submit(blocking, arguments)
+                return OrderedWork(queued, op, self._limit, result, keep_alive, epilogue)
+            self._ordered.run(blocking, arguments, op, self._limit)
+            return _completed(result, epilogue)
+        if not async_op and self._mode == "blocking":
             blocking(*arguments)
             return _completed(result, epilogue)
         request = nonblocking(*arguments)

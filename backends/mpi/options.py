@@ -8,24 +8,35 @@ from typing import Any
 
 from commlayer.errors import invalid_argument
 
-__all__ = ["BLOCKING_SYNC_ENV", "MpiOptions"]
+__all__ = ["BLOCKING_SYNC_ENV", "MODES", "MODE_ENV", "MpiOptions"]
 
+MODE_ENV = "COMMLAYER_MPI_MODE"
+# Kept from before modes existed: "1" means mode "blocking".
 BLOCKING_SYNC_ENV = "COMMLAYER_MPI_BLOCKING_SYNC"
+
+#: How collectives reach MPI (see the mpi backend's module doc):
+#: "ordered"  every collective is MPI's blocking call, in call order; async ones on a worker thread;
+#: "requests" every collective is a non-blocking request; synchronous ones wait for it in place;
+#: "blocking" synchronous ops are blocking calls, async ones requests: ranks must agree on async_op.
+MODES = ("ordered", "requests", "blocking")
 
 
 @dataclass(frozen=True)
 class MpiOptions:
-    """``pg_options`` of the mpi backend, e.g. ``init_process_group("mpi", pg_options=MpiOptions(True))``.
+    """``pg_options`` of the mpi backend, e.g. ``init_process_group("mpi", pg_options=MpiOptions("requests"))``.
 
-    ``blocking_sync_ops``: synchronous collectives as MPI's blocking calls (see the module doc for
-    the price). A subgroup created without options keeps its parent's.
+    A subgroup created without options keeps its parent's.
     """
 
-    blocking_sync_ops: bool = False
+    mode: str = "ordered"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise invalid_argument("MpiOptions", "mode", f"one of {MODES}", repr(self.mode), None)
 
     @classmethod
     def resolve(cls, options: Any, environ: Mapping[str, str], rank: int) -> MpiOptions:
-        """``options`` if it is an MpiOptions, else the defaults with $COMMLAYER_MPI_BLOCKING_SYNC."""
+        """``options`` if it is an MpiOptions, else the mode from $COMMLAYER_MPI_MODE (default ordered)."""
         if isinstance(options, MpiOptions):
             return options
         if options is not None:
@@ -36,6 +47,9 @@ class MpiOptions:
                 type(options).__name__,
                 rank,
             )
-        return cls(
-            blocking_sync_ops=environ.get(BLOCKING_SYNC_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-        )
+        mode = environ.get(MODE_ENV, "").strip().lower()
+        if not mode and environ.get(BLOCKING_SYNC_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+            mode = "blocking"
+        if mode and mode not in MODES:
+            raise invalid_argument("mpi backend", f"${MODE_ENV}", f"one of {MODES}", repr(mode), rank)
+        return cls(mode or "ordered")

@@ -20,6 +20,7 @@ import torch
 
 from commlayer import dist
 from commlayer.backends.mpi import MpiOptions
+from commlayer.backends.mpi.options import MODES
 from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
 from commlayer.rendezvous import discover
 
@@ -31,12 +32,12 @@ _ANY_SOURCE_TAG = 12
 
 def main(*options: str) -> None:
     """Checks on the mpi backend; with "compat", the compatibility suite too (run it with
-    COMMLAYER_MPI_BLOCKING_SYNC=1 to hold the blocking-call path to the suite as well)."""
+    COMMLAYER_MPI_MODE=requests to hold the non-default request path to the suite as well)."""
     backend = dist.group.WORLD.primary_backend
     assert dist.get_backend() == "mpi" and backend.name == "mpi", dist.get_backend()
     assert backend.library, "the backend reports its MPI library"
     check_tag_range_is_validated()
-    check_sync_calls_block_only_when_asked()
+    check_every_mode_gives_exact_results_sync_and_async()
     check_wait_with_timeout_then_completion()
     check_untimed_wait_ends_at_the_group_timeout()
     check_futures_and_many_ops_in_flight()
@@ -62,39 +63,37 @@ def check_tag_range_is_validated() -> None:
             raise AssertionError(f"send with tag {tag} was accepted")
 
 
-def check_sync_calls_block_only_when_asked() -> None:
-    """Options reach the group's communicator; both kinds of group give exact results, sync and async.
+def check_every_mode_gives_exact_results_sync_and_async() -> None:
+    """Options reach the group's communicator; every mode gives exact results, sync and async.
 
-    Sync ops complete inside the call either way (blocking call, or request waited for in place);
-    that the default really issues requests is what check_ranks_may_disagree_on_async_op shows:
-    blocking calls would hang there.
+    Sync ops complete inside the call in every mode (blocking call, or request waited for in
+    place); async ones are queued blocking calls (ordered) or requests. That ordered and requests
+    modes tolerate ranks disagreeing on async_op is check_ranks_may_disagree_on_async_op.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    plain = dist.new_group(list(range(world)), pg_options=MpiOptions())
-    blocking = dist.new_group(list(range(world)), pg_options=MpiOptions(blocking_sync_ops=True))
+    groups = {mode: dist.new_group(list(range(world)), pg_options=MpiOptions(mode)) for mode in MODES}
     inherited = dist.new_group(list(range(world)))  # no options: the world's
-    world_options = dist.group.WORLD.primary_backend.options
-    assert (plain.primary_backend.options, blocking.primary_backend.options) == (
-        MpiOptions(False),
-        MpiOptions(True),
-    )
-    assert inherited.primary_backend.options == world_options
+    assert {mode: group.primary_backend.options for mode, group in groups.items()} == {
+        mode: MpiOptions(mode) for mode in MODES
+    }
+    assert inherited.primary_backend.options == dist.group.WORLD.primary_backend.options
     expected = sum(_distinct(peer, 4, torch.int32) for peer in range(world))
-    for group in (plain, blocking):
-        for async_op, kind in ((False, "CompletedWork"), (True, "MpiWork")):
+    async_kind = {"ordered": "OrderedWork", "requests": "MpiWork", "blocking": "MpiWork"}
+    for mode, group in groups.items():
+        for async_op, kind in ((False, "CompletedWork"), (True, async_kind[mode])):
             tensor = _distinct(rank, 4, torch.int32)
             work = group.primary_backend.all_reduce(tensor, dist.ReduceOp.SUM, async_op=async_op)
-            assert type(work).__name__ == kind, (group, async_op, work)
+            assert type(work).__name__ == kind, (mode, async_op, work)
             assert work.wait() and torch.equal(tensor, expected), tensor
-    for group in (blocking, inherited):
+    for mode in ("ordered", "requests"):
+        check_ranks_may_disagree_on_async_op(groups[mode])
+    for group in (*groups.values(), inherited):
         dist.destroy_process_group(group)
-    check_ranks_may_disagree_on_async_op(plain)
-    dist.destroy_process_group(plain)
 
 
 def check_ranks_may_disagree_on_async_op(group: Any) -> None:
     """torch allows one rank to run a collective async while the others run it sync; MPI matches
-    no blocking collective with a non-blocking one, so the default options must not hang here."""
+    no blocking collective with a non-blocking one, so ordered and requests modes must not hang."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = rank == world - 1
     summed, root_value = _distinct(rank, 5, torch.float32), _distinct(rank, 3, torch.int64)

@@ -1,0 +1,158 @@
+"""Blocking MPI collectives, in call order, for synchronous and asynchronous ops alike.
+
+MPI matches collectives by order on a communicator and never matches a blocking call with a
+non-blocking one; torch lets ranks disagree on ``async_op``. Running *every* collective as MPI's
+blocking call, in the order the ops were called, satisfies both, and keeps MPI's fastest path
+(Open MPI's Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB):
+
+- a synchronous op with nothing queued makes the blocking call right here, in the caller's thread
+  (no hand-off, no Work);
+- an asynchronous op is queued to the communicator's worker thread, which makes the blocking
+  calls one after another (mpi4py releases the GIL inside them); its Work waits for that;
+- a synchronous op behind queued ones is queued too, and waited for, so order is kept.
+
+As torch's ProcessGroupMPI does. The price: a blocking call has no deadline, so a synchronous op
+whose peer never comes blocks (async ones still raise at the group's timeout, see OrderedWork).
+Ops issued on one communicator from several threads at once are ordered only per thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from commlayer.errors import CommTimeoutError
+from commlayer.work import Work
+
+from ._work import WaitLimit
+
+__all__ = ["OrderedExecutor", "OrderedWork"]
+
+_JOIN_TIMEOUT_S = 5.0
+
+
+class _Call:
+    """One queued blocking call; ``done`` is set once it returned or raised."""
+
+    __slots__ = ("arguments", "call", "done", "error")
+
+    def __init__(self, call: Callable[..., Any], arguments: tuple[Any, ...]) -> None:
+        self.call = call
+        self.arguments = arguments
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+_STOP = _Call(lambda: None, ())
+
+
+class OrderedExecutor:
+    """The worker thread of one communicator; started by the first queued call."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: deque[_Call] = deque()  # a call stays queued until it has finished
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def run(self, call: Callable[..., Any], arguments: tuple[Any, ...], op: str, limit: WaitLimit) -> None:
+        """A synchronous op: call now if nothing is queued, else after everything queued."""
+        with self._changed:
+            queued = self._enqueue(call, arguments) if self._queue else None
+        if queued is None:
+            call(*arguments)
+            return
+        _wait(queued, None, op, limit)
+        if queued.error is not None:
+            raise queued.error
+
+    def submit(self, call: Callable[..., Any], arguments: tuple[Any, ...]) -> _Call:
+        """An asynchronous op: queue the call behind every earlier one."""
+        with self._changed:
+            return self._enqueue(call, arguments)
+
+    def close(self) -> bool:
+        """Stop the worker after the queued calls; False if it is still stuck in one."""
+        if self._thread is None:
+            return True
+        with self._changed:
+            self._enqueue(_STOP, ())
+        self._thread.join(_JOIN_TIMEOUT_S)
+        return not self._thread.is_alive()
+
+    def _enqueue(self, call: Callable[..., Any], arguments: tuple[Any, ...]) -> _Call:
+        queued = _STOP if call is _STOP else _Call(call, arguments)
+        self._queue.append(queued)
+        self._changed.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._work, name=f"commlayer-mpi-{self._name}", daemon=True
+            )
+            self._thread.start()
+        return queued
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue:
+                    self._changed.wait()
+                queued = self._queue[0]
+            if queued is _STOP:
+                return
+            try:
+                queued.call(*queued.arguments)
+            except BaseException as error:  # noqa: BLE001 - re-raised by the op's wait
+                queued.error = error
+            with self._changed:
+                self._queue.popleft()
+            queued.done.set()
+
+
+class OrderedWork(Work):
+    """An asynchronous collective queued on the worker; waits end at the group's timeout."""
+
+    def __init__(
+        self,
+        queued: _Call,
+        op: str,
+        limit: WaitLimit,
+        result: Sequence[torch.Tensor],
+        keep_alive: Sequence[Any] = (),
+        epilogue: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(result)
+        self._queued = queued
+        self._op = op
+        self._limit = limit
+        self._keep_alive = keep_alive
+        self._epilogue = epilogue
+
+    def _test(self) -> bool:
+        return self._queued.done.is_set()
+
+    def _block(self, timeout_s: float | None) -> bool:
+        return _wait(self._queued, timeout_s, self._op, self._limit)
+
+    def _on_complete(self) -> None:
+        self._keep_alive = ()
+        if self._queued.error is not None:
+            raise self._queued.error
+        if self._epilogue is not None:
+            self._epilogue()
+
+
+def _wait(queued: _Call, timeout_s: float | None, op: str, limit: WaitLimit) -> bool:
+    """Wait for a queued call: the caller's timeout (then False) or the group's (then raise)."""
+    if queued.done.wait(limit.group_timeout_s if timeout_s is None else timeout_s):
+        return True
+    if timeout_s is not None:
+        return False
+    raise CommTimeoutError(
+        f"{op}: the MPI operation did not complete within the group's timeout of {limit.group_timeout_s:g} s "
+        f"(rank {limit.rank}); a peer failed or did not call the same op in the same order. "
+        "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
+    )
