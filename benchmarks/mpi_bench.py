@@ -6,13 +6,16 @@ One command launches every job (world sizes x MPI launcher/library pairs) and pr
     python benchmarks/mpi_bench.py --render benchmarks/mpi_bench_results.json     # the tables again
 
 Each job runs this file under mpirun (the pair's launcher, from commlayer.testing.mpirun_plan) and
-measures, for all_reduce (SUM, float32, in place), all_gather (into one tensor) and broadcast, at
-8 B .. 64 MiB per rank, interleaved round by round so drift hits every variant alike:
+measures all_reduce (SUM, float32, in place), all_gather and reduce_scatter (one tensor each),
+broadcast and all_to_all (equal splits) at 8 B .. 64 MiB per rank, interleaved round by round so
+drift hits every variant alike:
 
-    raw           mpi4py Allreduce / Allgather / Bcast on numpy buffers (the reference)
-    mpi           commlayer.dist on the mpi backend, CPU tensors, synchronous, default options:
-                  MPI's non-blocking collective (Iallreduce, ...) and the backend's wait
-    mpi-blocking  the same on a group with MpiOptions(blocking_sync_ops=True): MPI's blocking call
+    raw           mpi4py Allreduce / Allgather / Reduce_scatter_block / Bcast / Alltoall on numpy buffers
+                  (the reference: MPI's blocking calls)
+    mpi           commlayer.dist on the mpi backend, CPU tensors, synchronous, default options
+                  (ordered mode: MPI's blocking call, made in place)
+    mpi-requests  the same on a group with MpiOptions("requests"): MPI's non-blocking collective
+                  (Iallreduce, ...) and the backend's wait, the default before ordered mode
     gloo          torch.distributed on gloo, rendezvoused in the same job
 
 Times are the slowest rank's, per op, in the best of the rounds (load from other processes on a
@@ -39,7 +42,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = [8 << (2 * step) for step in range(12)] + [1 << 20, 64 << 20]  # 8 B, 32 B, ... 32 MiB, 1 MiB, 64 MiB
-OPS = ("all_reduce", "all_gather", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 PAIRS = {"default": {}, "openmpi": {"COMMLAYER_MPI": "openmpi"}}
 _JOB_DEFAULTS = {
     # Unpinned ranks, as Open MPI's plan already runs them (--bind-to none): Intel MPI pins each
@@ -77,12 +80,12 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
 
     dist.init_process_group("mpi", timeout=timedelta(minutes=10), pg_options=MpiOptions())
     comm, backend = MPI.COMM_WORLD.Dup(), dist.group.WORLD.primary_backend
-    blocking = dist.new_group(list(range(comm.size)), pg_options=MpiOptions(blocking_sync_ops=True))
+    requests = dist.new_group(list(range(comm.size)), pg_options=MpiOptions("requests"))
     torch_dist.init_process_group("gloo", store=_gloo_store(comm), rank=comm.rank, world_size=comm.size)
     records = []
     for nbytes in sorted(size for size in set(SIZES) if size <= max_bytes):
         for op in OPS:
-            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, blocking)
+            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, requests)
             for _run, check in cases.values():
                 check()
             samples = _measure(cases, comm, MPI, rounds, budget_s)
@@ -98,40 +101,101 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
 
 
 def _cases(
-    op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, blocking: Any
+    op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, requests: Any
 ) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
     """variant -> (one timed op, one exact check); every variant has its own buffers."""
     count, size, rank = nbytes // 4, comm.size, comm.rank
-    array, gathered = np.zeros(count, np.float32), np.zeros(count * size, np.float32)
-    tensors = {
-        name: (torch.zeros(count), torch.zeros(count * size)) for name in ("mpi", "mpi-blocking", "gloo")
-    }
+    source, target = _BUFFERS[op]
+    lengths = {"small": count, "big": count * size, "spread": count * size}
+    arrays = {name: np.zeros(lengths[name], np.float32) for name in lengths}
     facade = {
-        "all_reduce": lambda t, out, group=None: dist.all_reduce(t, group=group),
-        "all_gather": lambda t, out, group=None: dist.all_gather_into_tensor(out, t, group=group),
-        "broadcast": lambda t, out, group=None: dist.broadcast(t, src=0, group=group),
+        "all_reduce": lambda i, o, group=None: dist.all_reduce(i, group=group),
+        "all_gather": lambda i, o, group=None: dist.all_gather_into_tensor(o, i, group=group),
+        "reduce_scatter": lambda i, o, group=None: dist.reduce_scatter_tensor(o, i, group=group),
+        "broadcast": lambda i, o, group=None: dist.broadcast(i, src=0, group=group),
+        "all_to_all": lambda i, o, group=None: dist.all_to_all_single(o, i, group=group),
     }[op]
-    facade_blocking = functools.partial(facade, group=blocking)
     gloo = {
-        "all_reduce": lambda t, out: torch_dist.all_reduce(t),
-        "all_gather": lambda t, out: getattr(
-            torch_dist, "all_gather_single", torch_dist.all_gather_into_tensor
-        )(out, t),
-        "broadcast": lambda t, out: torch_dist.broadcast(t, src=0),
+        "all_reduce": lambda i, o: torch_dist.all_reduce(i),
+        "all_gather": lambda i, o: torch_dist.all_gather_into_tensor(o, i),
+        "reduce_scatter": lambda i, o: torch_dist.reduce_scatter_tensor(o, i),
+        "broadcast": lambda i, o: torch_dist.broadcast(i, src=0),
+        "all_to_all": lambda i, o: torch_dist.all_to_all_single(o, i),
     }[op]
+    raw_in, raw_out = arrays[source], arrays[target]
     raw = {
-        "all_reduce": lambda: comm.Allreduce(mpi.IN_PLACE, array),
-        "all_gather": lambda: comm.Allgather(array, gathered),
-        "broadcast": lambda: comm.Bcast(array, 0),
+        "all_reduce": lambda: comm.Allreduce(mpi.IN_PLACE, raw_in),
+        "all_gather": lambda: comm.Allgather(raw_in, raw_out),
+        "reduce_scatter": lambda: comm.Reduce_scatter_block(raw_in, raw_out),
+        "broadcast": lambda: comm.Bcast(raw_in, 0),
+        "all_to_all": lambda: comm.Alltoall(raw_in, raw_out),
     }[op]
-    variants = {"raw": (raw, lambda: _check_numpy(op, array, gathered, raw, rank, size, np))}
-    for name, call in (("mpi", facade), ("mpi-blocking", facade_blocking), ("gloo", gloo)):
-        tensor, out = tensors[name]
+    variants = {"raw": (raw, _checker(op, raw_in, raw_out, lambda i, o: raw(), rank, size, count))}
+    for name, call in (
+        ("mpi", facade),
+        ("mpi-requests", functools.partial(facade, group=requests)),
+        ("gloo", gloo),
+    ):
+        tensor_in = torch.zeros(lengths[source])
+        tensor_out = tensor_in if target == source else torch.zeros(lengths[target])
         variants[name] = (
-            lambda call=call, tensor=tensor, out=out: call(tensor, out),
-            _torch_check(op, tensor, out, call, rank, size, torch),
+            lambda call=call, i=tensor_in, o=tensor_out: call(i, o),
+            _checker(
+                op,
+                tensor_in.numpy(),
+                tensor_out.numpy(),
+                lambda i, o, c=call, ti=tensor_in, to=tensor_out: c(ti, to),
+                rank,
+                size,
+                count,
+            ),
         )
     return variants
+
+
+# op -> (input buffer, output buffer): "small" holds S bytes, "big" and "spread" S bytes per rank.
+_BUFFERS = {
+    "all_reduce": ("small", "small"),
+    "broadcast": ("small", "small"),
+    "all_gather": ("small", "big"),
+    "reduce_scatter": ("big", "small"),
+    "all_to_all": ("big", "spread"),
+}
+
+
+def _checker(
+    op: str, source: Any, target: Any, call: Callable[[Any, Any], Any], rank: int, size: int, count: int
+) -> Callable[[], None]:
+    """Fill ``source`` with this rank's values, run once, compare ``target`` exactly, zero both."""
+    import numpy as np
+
+    def check() -> None:
+        source[:] = _values(np, source.size, rank)
+        call(source, target)
+        if not np.array_equal(target, _expected(np, op, rank, size, count)):
+            raise AssertionError(f"{op} of {count * 4} B on rank {rank}: wrong result")
+        source[:] = 0
+        target[:] = 0
+
+    return check
+
+
+def _values(np: Any, length: int, rank: int) -> Any:
+    return (np.arange(length) % 97 + 1000 * rank).astype(np.float32)
+
+
+def _expected(np: Any, op: str, rank: int, size: int, count: int) -> Any:
+    base = np.arange(count * size) % 97
+    mine = base[rank * count : (rank + 1) * count]
+    if op == "all_reduce":
+        return (base[:count] * size + 1000 * sum(range(size))).astype(np.float32)
+    if op == "broadcast":
+        return base[:count].astype(np.float32)
+    if op == "all_gather":
+        return np.concatenate([base[:count] + 1000 * peer for peer in range(size)]).astype(np.float32)
+    if op == "reduce_scatter":
+        return (mine * size + 1000 * sum(range(size))).astype(np.float32)
+    return np.concatenate([mine + 1000 * peer for peer in range(size)]).astype(np.float32)
 
 
 def _measure(
@@ -166,43 +230,6 @@ def _iterations(run: Callable[[], Any], comm: Any, mpi: Any, budget_s: float) ->
         run()
     once = comm.allreduce((time.perf_counter() - start) / 3, op=mpi.MAX)
     return max(3, min(20_000, int(budget_s / max(once, 1e-7))))
-
-
-def _check_numpy(
-    op: str, array: Any, gathered: Any, run: Callable[[], Any], rank: int, size: int, np: Any
-) -> None:
-    array[:] = np.arange(array.size, dtype=np.float32) % 97 + 1000 * rank
-    run()
-    _compare(op, array, gathered, rank, size, lambda expected: np.asarray(expected, dtype=np.float32), "raw")
-    array[:] = 0
-
-
-def _torch_check(
-    op: str, tensor: Any, out: Any, call: Callable[..., Any], rank: int, size: int, torch: Any
-) -> Callable[[], None]:
-    def check() -> None:
-        tensor.copy_(torch.arange(tensor.numel(), dtype=torch.float32) % 97 + 1000 * rank)
-        call(tensor, out)
-        _compare(op, tensor.numpy(), out.numpy(), rank, size, lambda expected: expected, "torch")
-        tensor.zero_()
-
-    return check
-
-
-def _compare(
-    op: str, mine: Any, gathered: Any, rank: int, size: int, convert: Callable[[Any], Any], who: str
-) -> None:
-    import numpy as np
-
-    base = np.arange(mine.size, dtype=np.float32) % 97
-    if op == "all_reduce":
-        expected, actual = base * size + 1000 * sum(range(size)), mine
-    elif op == "broadcast":
-        expected, actual = base, mine
-    else:
-        expected, actual = np.concatenate([base + 1000 * peer for peer in range(size)]), gathered
-    if not np.array_equal(actual, convert(expected)):
-        raise AssertionError(f"{who} {op} of {mine.size * 4} B on rank {rank}: wrong result")
 
 
 def _gloo_store(comm: Any) -> Any:
@@ -288,7 +315,7 @@ def render(records: list[Record]) -> str:
         lines += [
             f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"
         ]
-        header = "| op | bytes | raw | mpi | mpi-blocking | gloo | raw/mpi | mpi - raw (us) | raw/mpi-blocking | mpi-blocking - raw (us) | gloo/mpi |"
+        header = "| op | bytes | raw | mpi | mpi-requests | gloo | raw/mpi | mpi - raw (us) | raw/mpi-requests | mpi-requests - raw (us) | gloo/mpi |"
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for op in OPS:
             for nbytes in sorted({r.nbytes for r in chosen if r.op == op}):
@@ -298,12 +325,12 @@ def render(records: list[Record]) -> str:
 
 def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float]) -> str:
     """raw/mpi is mpi's share of raw bandwidth; gloo/mpi > 1 means mpi is that many times faster."""
-    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-blocking", "gloo")}
-    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-blocking", "gloo")]
+    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-requests", "gloo")}
+    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-requests", "gloo")]
     cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
     cells += [
-        f"{us['raw'] / us['mpi-blocking']:.2f}",
-        f"{us['mpi-blocking'] - us['raw']:+.1f}",
+        f"{us['raw'] / us['mpi-requests']:.2f}",
+        f"{us['mpi-requests'] - us['raw']:+.1f}",
         f"{us['gloo'] / us['mpi']:.2f}",
     ]
     return "| " + " | ".join(cells) + " |"

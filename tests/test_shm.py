@@ -4,6 +4,7 @@ stress, mixed async_op, two-level across simulated hosts (local and under mpirun
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,20 +19,25 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multirank
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize(
+    "world_size", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_compatibility_suite_on_shm(world_size: int) -> None:
     run_world("tests.ranks.compat:main", world_size, backend="shm", timeout=240)
 
 
+@pytest.mark.slow
 def test_size_paths_stress_mixed_async_op_and_no_segment_left() -> None:
     """Every native op across each path switch; 1500 random mixed ops; async_op disagreeing."""
     run_world("tests.ranks.shm_checks:everything", 3, backend="shm", timeout=300, args=["1500"])
 
 
+@pytest.mark.slow
 def test_two_level_across_simulated_hosts() -> None:
     run_world("tests.ranks.shm_checks:two_level", 4, backend=None, timeout=240, args=["2"])
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_two_level_under_mpirun() -> None:
     require_mpirun()
@@ -96,3 +102,23 @@ def _run_death_world(world_size: int, victim: int, timeout_s: float) -> list[str
                 process.kill()
                 process.wait()
     return outputs
+
+
+@pytest.mark.slow
+def test_thread_sanitizer_finds_no_race_in_the_communicator(tmp_path: Path) -> None:
+    """csrc/shm/race_check.cpp runs every op with one thread per rank over shared memory under TSan."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++ to build the ThreadSanitizer check")
+    source = REPO / "csrc" / "shm"
+    binary = tmp_path / "race_check"
+    sources = [str(source / name) for name in ("race_check.cpp", "comm.cpp", "kernels.cpp")]
+    flags = ["-std=c++17", "-O1", "-g", "-fsanitize=thread", "-pthread"]
+    subprocess.run([compiler, *flags, *sources, "-o", str(binary)], check=True, timeout=300)
+    for ranks in (2, 3, 4):
+        finished = subprocess.run(
+            [str(binary), str(ranks), "400"], check=False, capture_output=True, text=True, timeout=300
+        )
+        report = finished.stdout + finished.stderr
+        assert finished.returncode == 0 and "ThreadSanitizer" not in report, report[-4000:]
+        assert f"400 ops on {ranks} ranks: all results exact" in report, report

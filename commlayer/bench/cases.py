@@ -145,6 +145,8 @@ class CaseContext:
     world_size: int
     device: torch.device
     dtype: torch.dtype
+    # Whose calls the cases make: the facade, or a reference of commlayer.bench.raw.
+    api: Any = dist
 
 
 class BenchCase:
@@ -194,7 +196,7 @@ class AllReduceCase(BenchCase):
         self.buffer.copy_(self._mine(0, self.layout.count, iteration))
 
     def launch(self, async_op: bool) -> Work | None:
-        return dist.all_reduce(self.buffer, group=self.context.group, async_op=async_op)
+        return self.context.api.all_reduce(self.buffer, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
         return self._mismatches(self.buffer, self._sum_over_ranks(0, self.layout.count, iteration))
@@ -210,7 +212,7 @@ class BroadcastCase(AllReduceCase):
             self.buffer.zero_()
 
     def launch(self, async_op: bool) -> Work | None:
-        return dist.broadcast(self.buffer, src=0, group=self.context.group, async_op=async_op)
+        return self.context.api.broadcast(self.buffer, src=0, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
         return self._mismatches(self.buffer, self._values_of(0, 0, self.layout.count, iteration))
@@ -233,10 +235,14 @@ class ChunkedCase(BenchCase):
     def launch(self, async_op: bool) -> Work | None:
         group, op = self.context.group, self.layout.op
         if op == "all_gather":
-            return dist.all_gather_into_tensor(self.output, self.input, group=group, async_op=async_op)
+            return self.context.api.all_gather_into_tensor(
+                self.output, self.input, group=group, async_op=async_op
+            )
         if op == "reduce_scatter":
-            return dist.reduce_scatter_tensor(self.output, self.input, group=group, async_op=async_op)
-        return dist.all_to_all_single(self.output, self.input, group=group, async_op=async_op)
+            return self.context.api.reduce_scatter_tensor(
+                self.output, self.input, group=group, async_op=async_op
+            )
+        return self.context.api.all_to_all_single(self.output, self.input, group=group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
         return self._mismatches(self.output, self._expected(iteration))
@@ -254,7 +260,7 @@ class ChunkedCase(BenchCase):
 
 class BarrierCase(BenchCase):
     def launch(self, async_op: bool) -> Work | None:
-        return dist.barrier(group=self.context.group, async_op=async_op)
+        return self.context.api.barrier(group=self.context.group, async_op=async_op)
 
 
 class PingPongCase(BenchCase):
@@ -278,11 +284,11 @@ class PingPongCase(BenchCase):
             return None
         group = self.context.group
         if self.initiator:
-            dist.send(self.outgoing, dst=self.peer, group=group)
-            dist.recv(self.incoming, src=self.peer, group=group)
+            self.context.api.send(self.outgoing, dst=self.peer, group=group)
+            self.context.api.recv(self.incoming, src=self.peer, group=group)
         else:
-            dist.recv(self.incoming, src=self.peer, group=group)
-            dist.send(self.incoming, dst=self.peer, group=group)
+            self.context.api.recv(self.incoming, src=self.peer, group=group)
+            self.context.api.send(self.incoming, dst=self.peer, group=group)
         return None
 
     def wrong(self, iteration: int) -> int:
@@ -290,6 +296,27 @@ class PingPongCase(BenchCase):
             return 0
         sender = self.context.rank if self.initiator else self.peer
         return self._mismatches(self.incoming, self._values_of(sender, 0, self.layout.count, iteration))
+
+
+class CopyCase(BenchCase):
+    """The memcpy reference: one copy of S bytes, whatever the op (see commlayer.bench.raw)."""
+
+    def __init__(self, context: CaseContext, shape: Layout) -> None:
+        super().__init__(context, shape)
+        self.source = self._empty(max(1, shape.count))
+        self.target = self._empty(max(1, shape.count))
+
+    def fill(self, iteration: int) -> None:
+        if self.layout.count:
+            self.source.copy_(self._mine(0, self.layout.count, iteration))
+        self.target.zero_()
+
+    def launch(self, async_op: bool) -> Work | None:
+        self.context.api.copy(self.target, self.source)
+        return None
+
+    def wrong(self, iteration: int) -> int:
+        return self._mismatches(self.target, self.source)
 
 
 _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
@@ -304,4 +331,6 @@ _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
 
 
 def make_case(context: CaseContext, shape: Layout) -> BenchCase:
+    if hasattr(context.api, "copy"):
+        return CopyCase(context, shape)
     return _CASES[shape.op](context, shape)

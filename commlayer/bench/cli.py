@@ -40,7 +40,7 @@ RESULT_ENV = "COMMLAYER_BENCH_RESULT"
 PROGRESS_ENV = "COMMLAYER_BENCH_PROGRESS"
 
 #: Backends whose ranks must be started by a particular launcher (``-n`` cannot), and that launcher.
-NEEDS_LAUNCHER = {"mpi": "mpirun"}
+NEEDS_LAUNCHER = {"mpi": "mpirun", "mpi4py": "mpirun"}
 
 _DESCRIPTION = """\
 Time collectives on one or more backends and print nccl-tests-style tables.

@@ -33,6 +33,7 @@ from commlayer.rendezvous import discover
 from .cases import FACADE_OPS, CaseContext, check_values_exact, layout, make_case
 from .formulas import algbw_gbps, busbw_factor
 from .options import BenchOptions
+from .raw import RAW_BACKENDS, MemcpyCalls, RawMpiCalls
 from .records import BenchRecord, SweepResult
 
 __all__ = ["StepReporter", "count_steps", "run_sweep"]
@@ -98,7 +99,7 @@ class _Sweep:
                 for op in self.options.ops:
                     self._run_op(backend, op, group, device)
             finally:
-                dist.destroy_process_group(group)
+                _close(group)
         if self.rank != 0:
             return None
         return SweepResult(tuple(self.records), tuple(self.notes), self.world_size, tuple(self.devices))
@@ -120,8 +121,11 @@ class _Sweep:
         """A group on ``backend`` over every rank, or None (with a note) if any rank failed."""
         group, device, failure = None, None, ""
         try:
-            device = _device_for(backend, self.options.device)
-            group = dist.new_group(backend=backend, timeout=timedelta(seconds=self.options.timeout_s))
+            if backend in RAW_BACKENDS:
+                device, group = torch.device("cpu"), RawMpiCalls() if backend == "mpi4py" else MemcpyCalls()
+            else:
+                device = _device_for(backend, self.options.device)
+                group = dist.new_group(backend=backend, timeout=timedelta(seconds=self.options.timeout_s))
         except Exception as error:  # noqa: BLE001 - reported as a skip, agreed by every rank
             failure = f"{type(error).__name__}: {error}"
         failures = [""] * self.world_size
@@ -130,7 +134,7 @@ class _Sweep:
         if reason is None:
             return group, device
         if group is not None:
-            dist.destroy_process_group(group)
+            _close(group)
         failed_ranks = [rank for rank, text in enumerate(failures) if text]
         self.notes.append(f"{backend}: skipped (failed to start on ranks {failed_ranks}): {reason}")
         return None, None
@@ -142,6 +146,10 @@ class _Sweep:
             self._skip_steps(backend, (op,))
             return
         context = CaseContext(group, self.rank, self.world_size, device, self.options.torch_dtype)
+        if backend in RAW_BACKENDS:  # the reference's own calls, not the facade's
+            context = CaseContext(
+                None, self.rank, self.world_size, device, self.options.torch_dtype, api=group
+            )
         measured: set[int] = set()
         for requested in self.plan.sizes(op):
             shape = layout(op, requested, self.options.torch_dtype, self.world_size)
@@ -152,6 +160,8 @@ class _Sweep:
             self._advance(f"{backend} {op} {requested}B")
 
     def _unsupported(self, backend: str, op: str, device: torch.device) -> str | None:
+        if backend in RAW_BACKENDS:
+            return None
         capabilities = get_backend_class(backend).capabilities
         missing = [name for name in FACADE_OPS[op] if name not in capabilities.ops]
         if missing:
@@ -230,7 +240,8 @@ class _Sweep:
                 world_size=self.world_size,
                 time_us=slowest_us,
                 algbw_gbps=algbw,
-                busbw_gbps=algbw * busbw_factor(op, self.world_size),
+                # A copy moves S bytes whatever op its row is in: its bandwidth is S / t.
+                busbw_gbps=algbw * (1.0 if backend == "memcpy" else busbw_factor(op, self.world_size)),
                 wrong=int(per_rank[:, 1].sum()),
             )
         )
@@ -273,6 +284,14 @@ def _accelerator(kind: str, local_rank: int) -> torch.device:
 def _local_rank() -> int:
     found = discover(os.environ)
     return 0 if found is None else found.local_rank
+
+
+def _close(group: Any) -> None:
+    """Destroy a benchmarked group, or release a reference's communicator."""
+    if isinstance(group, (RawMpiCalls, MemcpyCalls)):
+        group.close()
+        return
+    dist.destroy_process_group(group)
 
 
 def _synchronize(device: torch.device) -> None:
