@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from commlayer.backend import Backend
-from commlayer.errors import CommError, CommTimeoutError
 from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -87,27 +86,31 @@ class ShmBackend(Backend):
     def torch_group(self) -> Any | None:
         return self._companion.torch_group
 
+    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
+        """Fused launchers: one native call per op, a Work only for async ops (see Backend.plan)."""
+        if type(self) is not ShmBackend or op not in _FUSED:
+            return None
+        return _FUSED[op](self._comm, *fixed)
+
     # --- the mandatory core ----------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
-        self._run(
-            self._comm.all_reduce, tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], OP_CODES[op]
-        )
+        self._comm.all_reduce(tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], OP_CODES[op])
         return CompletedWork((tensor,))
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
         code = DTYPE_CODES[tensor.dtype]
-        self._run(self._comm.all_gather, output.data_ptr(), tensor.data_ptr(), tensor.numel(), code)
+        self._comm.all_gather(output.data_ptr(), tensor.data_ptr(), tensor.numel(), code)
         return CompletedWork((output,))
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
-        self._run(self._comm.broadcast, tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], root)
+        self._comm.broadcast(tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], root)
         return CompletedWork((tensor,))
 
     def barrier(self, *, async_op: bool = True) -> Work:
-        self._run(self._comm.barrier)
+        self._comm.barrier()
         return CompletedWork()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
@@ -139,7 +142,7 @@ class ShmBackend(Backend):
         self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         code, count = DTYPE_CODES[tensor.dtype], output.numel()
-        self._run(self._comm.reduce_scatter, output.data_ptr(), tensor.data_ptr(), count, code, OP_CODES[op])
+        self._comm.reduce_scatter(output.data_ptr(), tensor.data_ptr(), count, code, OP_CODES[op])
         return CompletedWork((output,))
 
     def reduce_scatter(
@@ -160,9 +163,7 @@ class ShmBackend(Backend):
         if not (_equal(output_splits) and _equal(input_splits)) or tensor.numel() % self.size:
             return super().all_to_all_single(output, tensor, output_splits, input_splits)
         count = tensor.numel() // self.size
-        self._run(
-            self._comm.all_to_all, output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype]
-        )
+        self._comm.all_to_all(output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype])
         return CompletedWork((output,))
 
     def all_to_all(
@@ -206,18 +207,53 @@ class ShmBackend(Backend):
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _run(self, call: Callable[..., None], *arguments: Any) -> None:
-        """Run one native op; its failures become commlayer's errors (the message names the group)."""
-        try:
-            call(*arguments)
-        except TimeoutError as error:
-            raise CommTimeoutError(str(error)) from None
-        except RuntimeError as error:
-            raise CommError(str(error)) from None
-        except AttributeError:
-            if self._comm is None:
-                raise CommError(f"shm group '{self.spec.name}': used after destroy_process_group") from None
-            raise
+
+def _fused_all_reduce(comm: Any, op: ReduceOp) -> Callable[..., Work | None]:
+    call, code = comm.all_reduce, OP_CODES[op]
+
+    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
+        call(tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], code)
+        return CompletedWork((tensor,)) if async_op else None
+
+    return run
+
+
+def _fused_broadcast(comm: Any, root: int) -> Callable[..., Work | None]:
+    call = comm.broadcast
+
+    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
+        call(tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], root)
+        return CompletedWork((tensor,)) if async_op else None
+
+    return run
+
+
+def _fused_all_gather(comm: Any) -> Callable[..., Work | None]:
+    call = comm.all_gather
+
+    def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
+        call(output.data_ptr(), tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype])
+        return CompletedWork((output,)) if async_op else None
+
+    return run
+
+
+def _fused_reduce_scatter(comm: Any, op: ReduceOp) -> Callable[..., Work | None]:
+    call, code = comm.reduce_scatter, OP_CODES[op]
+
+    def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
+        call(output.data_ptr(), tensor.data_ptr(), output.numel(), DTYPE_CODES[tensor.dtype], code)
+        return CompletedWork((output,)) if async_op else None
+
+    return run
+
+
+_FUSED: dict[str, Callable[..., Callable[..., Work | None]]] = {
+    "all_reduce": _fused_all_reduce,
+    "broadcast": _fused_broadcast,
+    "all_gather_into_tensor": _fused_all_gather,
+    "reduce_scatter_tensor": _fused_reduce_scatter,
+}
 
 
 def _equal(splits: Sequence[int] | None) -> bool:

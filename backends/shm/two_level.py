@@ -87,10 +87,10 @@ class TwoLevelBackend(ShmBackend):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         wire = ReduceOp.SUM if op is ReduceOp.AVG else op
         code = DTYPE_CODES[tensor.dtype]
-        self._run(self._comm.all_reduce, tensor.data_ptr(), tensor.numel(), code, OP_CODES[wire])
+        self._comm.all_reduce(tensor.data_ptr(), tensor.numel(), code, OP_CODES[wire])
         if self._leaders is not None:
             self._leaders.all_reduce(tensor, wire)
-        self._run(self._comm.broadcast, tensor.data_ptr(), tensor.numel(), code, 0)
+        self._comm.broadcast(tensor.data_ptr(), tensor.numel(), code, 0)
         if op is ReduceOp.AVG:
             tensor.div_(self.size)
         return CompletedWork((tensor,))
@@ -99,11 +99,11 @@ class TwoLevelBackend(ShmBackend):
         root_host = self.hosts.host_of(root)
         pointer, count, code = tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype]
         if self._host == root_host:
-            self._run(self._comm.broadcast, pointer, count, code, self.hosts.hosts[root_host].index(root))
+            self._comm.broadcast(pointer, count, code, self.hosts.hosts[root_host].index(root))
         if self._leaders is not None:
             self._leaders.broadcast(tensor, root_host)
         if self._host != root_host:
-            self._run(self._comm.broadcast, pointer, count, code, 0)
+            self._comm.broadcast(pointer, count, code, 0)
         return CompletedWork((tensor,))
 
     def all_gather_into_tensor(
@@ -112,21 +112,21 @@ class TwoLevelBackend(ShmBackend):
         count, code = tensor.numel(), DTYPE_CODES[tensor.dtype]
         widest = max(len(ranks) for ranks in self.hosts.hosts)
         on_host = tensor.new_zeros(widest * count)
-        self._run(self._comm.all_gather, on_host.data_ptr(), tensor.data_ptr(), count, code)
+        self._comm.all_gather(on_host.data_ptr(), tensor.data_ptr(), count, code)
         if self._leaders is not None:
             everywhere = tensor.new_empty((len(self.hosts.hosts), widest, count))
             self._leaders.all_gather_into_tensor(everywhere, on_host)
             rows = output.view(self.size, count)
             for host, ranks in enumerate(self.hosts.hosts):
                 rows[list(ranks)] = everywhere[host, : len(ranks)]
-        self._run(self._comm.broadcast, output.data_ptr(), output.numel(), code, 0)
+        self._comm.broadcast(output.data_ptr(), output.numel(), code, 0)
         return CompletedWork((output,))
 
     def barrier(self, *, async_op: bool = True) -> Work:
-        self._run(self._comm.barrier)
+        self._comm.barrier()
         if self._leaders is not None:
             self._leaders.barrier()
-        self._run(self._comm.barrier)
+        self._comm.barrier()
         return CompletedWork()
 
     def reduce_scatter_tensor(

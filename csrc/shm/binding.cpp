@@ -73,9 +73,10 @@ void reduce_local(Address out, const std::vector<Address>& inputs, std::size_t c
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "commlayer shared-memory communicator (csrc/shm)";
-    auto timeout = py::register_exception<TimeoutError>(m, "ShmTimeout", PyExc_TimeoutError);
-    py::register_exception<PeerError>(m, "ShmPeerError", PyExc_RuntimeError);
-    (void)timeout;
+    // The native errors *are* commlayer's (subclasses), so ops need no translating try/except.
+    const py::module_ errors = py::module_::import("commlayer.errors");
+    py::register_exception<TimeoutError>(m, "ShmTimeout", errors.attr("CommTimeoutError"));
+    py::register_exception<PeerError>(m, "ShmPeerError", errors.attr("CommError"));
 
     py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping")
         .def(py::init<const std::string&, std::size_t, bool>(), py::arg("name"), py::arg("bytes"),
