@@ -1,8 +1,9 @@
 """Finding which ranks share a host, and building a group's segment, both through the store.
 
-Host identity is exchanged, never guessed from addresses: two ranks share a host when they see
-the same kernel (boot id) and the same /dev/shm (device and inode), which is exactly when a
-segment one of them creates can be mapped by the other. ``COMMLAYER_HOST_ID`` overrides it, so
+Host identity is exchanged, never guessed from addresses: two ranks share a host when they have
+the same host name and see the same kernel (boot id) and the same /dev/shm (device and inode):
+then a segment one of them creates can be mapped by the other. (The host name keeps network+UTS
+namespace "hosts" apart, as real hosts would be.) ``COMMLAYER_HOST_ID`` overrides it, so
 tests can split one machine into several "hosts".
 """
 
@@ -28,7 +29,7 @@ _SHARED_MEMORY = Path("/dev/shm")
 
 
 def host_identity(environ: Mapping[str, str]) -> str:
-    """What makes two processes able to share a segment: the same kernel and the same /dev/shm."""
+    """What makes two processes one host: host name, kernel and /dev/shm."""
     override = environ.get(HOST_ID_ENV, "").strip()
     if override:
         return f"override:{override}"
@@ -41,7 +42,7 @@ def host_identity(environ: Mapping[str, str]) -> str:
         shm = f"{info.st_dev}:{info.st_ino}"
     except OSError:
         shm = "none"
-    return f"{boot}/{shm}"
+    return f"{socket.gethostname()}/{boot}/{shm}"
 
 
 @dataclass(frozen=True)
