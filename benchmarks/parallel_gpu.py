@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _timed_steps import time_steps
 from torch import nn
 
 from commlayer import dist, zero
@@ -162,31 +162,19 @@ def main() -> None:
     args = parse()
     args.layers = args.layers or (8 if args.layer == "ulysses" else 4)
     if args.cpu:
-        device, synchronize = torch.device("cpu"), lambda: None
+        device = torch.device("cpu")
         dist.init_process_group("gloo")
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        device, synchronize = torch.device("cuda", torch.cuda.current_device()), torch.cuda.synchronize
+        device = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group("nccl")
     step, tokens = (ulysses_step if args.layer == "ulysses" else moe_step)(args, device)
-    for _ in range(args.warmup):
-        step()
-    synchronize()
-    if not args.cpu:
-        torch.cuda.reset_peak_memory_stats()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    synchronize()
-    seconds = (time.perf_counter() - start) / args.steps
-    peak = torch.tensor([0.0 if args.cpu else torch.cuda.max_memory_allocated() / 2**30], device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
     if dist.get_rank() == 0:
         mode = f"cl_{args.layer}" + (f"_zero{args.stage}_{args.precision}" if args.layer == "ulysses" else "")
         result = {"mode": mode, "world": dist.get_world_size(), "seq": args.seq, "width": args.width,
                   "layers": args.layers, "tokens_per_s": round(tokens / seconds), "step_ms": round(seconds * 1e3, 1),
-                  "peak_GiB": round(peak.item(), 2), "loss": round(loss.item(), 4)}  # fmt: skip
+                  "peak_GiB": round(peak, 2), "loss": round(loss.item(), 4)}  # fmt: skip
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 

@@ -16,11 +16,11 @@ import argparse
 import importlib.util
 import json
 import os
-import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
+from _timed_steps import time_steps
 
 from commlayer import dist, zero
 
@@ -80,11 +80,11 @@ def main() -> None:
     anchor = load_anchor(args.anchor)
     local = int(os.environ["LOCAL_RANK"])
     if args.cpu:
-        device, synchronize = torch.device("cpu"), lambda: None
+        device = torch.device("cpu")
         dist.init_process_group("gloo")
     else:
         torch.cuda.set_device(local)
-        device, synchronize = torch.device("cuda", local), torch.cuda.synchronize
+        device = torch.device("cuda", local)
         dist.init_process_group(args.backend)
     torch.manual_seed(0)
     model = anchor.GPT(args.vocab, args.d, args.layers, args.heads, args.seq).to(device)
@@ -102,19 +102,7 @@ def main() -> None:
         engine.step()
         return loss
 
-    for _ in range(args.warmup):
-        step()
-    synchronize()
-    if not args.cpu:
-        torch.cuda.reset_peak_memory_stats()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    synchronize()
-    seconds = (time.perf_counter() - start) / args.steps
-    peak = torch.tensor([0.0 if args.cpu else torch.cuda.max_memory_allocated() / 2**30], device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
     if rank == 0:
         mode = f"cl{args.stage}" + ("_fused" if args.fused else "")
         print(
@@ -125,7 +113,7 @@ def main() -> None:
                     "params_M": round(parameters / 1e6, 1),
                     "tokens_per_s": round(args.mb * args.seq * world / seconds),
                     "step_ms": round(seconds * 1e3, 1),
-                    "peak_GiB": round(peak.item(), 2),
+                    "peak_GiB": round(peak, 2),
                     "loss": round(loss.item(), 3),
                     "bucket": int(args.bucket),
                     "torch": torch.__version__,
