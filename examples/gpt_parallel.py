@@ -33,7 +33,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
 
 class Block(nn.Module):
-    def __init__(self, mesh: Mesh, sequence_parallel: bool, experts: int) -> None:
+    def __init__(self, mesh: Mesh | None, sequence_parallel: bool, experts: int) -> None:
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
         self.qkv, self.proj = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
@@ -57,7 +57,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, mesh: Mesh, sequence_parallel: bool = False, experts: int = 0) -> None:
+    def __init__(self, mesh: Mesh | None, sequence_parallel: bool = False, experts: int = 0) -> None:
+        """``mesh`` None: one process, every expert local (the single-process reference)."""
         super().__init__()
         self.mesh, self.sequence_parallel = mesh, sequence_parallel
         self.tok, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(SEQ, WIDTH)
