@@ -60,7 +60,6 @@ def main() -> None:
     expected, _ = common.reference_run(RECIPE)
     variants = [(stage, {"shard": world // 2}) for stage in range(4)]
     variants.append((3, {"mesh_shape": (2, world // 2)}))
-    variants.append((2, {"shard": 1}))  # every rank a replica, nothing sharded
     for stage, how in variants:
         engine = hybrid_engine(stage, **how)
         check_shard_sizes(engine, world, stage)
