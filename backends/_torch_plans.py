@@ -50,7 +50,8 @@ def _listed(method: Callable[..., Any], sync_tail: tuple[Any, ...], async_tail: 
 
     def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
         if async_op:
-            return wrap(method([tensor], *async_tail), (tensor,))
+            work = method([tensor], *async_tail)  # an async op always returns a Work: no wrap()
+            return TorchWork(work, (tensor,))
         work = method([tensor], *sync_tail)
         if work is not None:  # NCCL may run a blocking op on the caller's stream and return none
             work.wait()
@@ -71,7 +72,7 @@ def _paired(method: Callable[..., Any], sync_options: Any, async_options: Any) -
         if tensor.dim() != 1:
             tensor = tensor.view(-1)
         if async_op:
-            return wrap(method(flat_output, tensor, async_options), (output,))
+            return TorchWork(method(flat_output, tensor, async_options), (output,))
         work = method(flat_output, tensor, sync_options)
         if work is not None:
             work.wait()
@@ -130,7 +131,7 @@ def _all_to_all_single(process_group: Any) -> Launcher:
     ) -> Work | None:
         splits = (output_splits or [], input_splits or [])  # torch's spelling of "equal splits"
         if async_op:
-            return wrap(method(output, tensor, *splits, async_options), (output,))
+            return TorchWork(method(output, tensor, *splits, async_options), (output,))
         work = method(output, tensor, *splits, sync_options)
         if work is not None:
             work.wait()

@@ -2,8 +2,9 @@
 
 commlayer's gloo and nccl backends sit on torch's default ProcessGroup, so after
 ``dist.init_process_group`` both paths drive one communicator. Per size, raw and commlayer run in
-alternating rounds (which goes first alternates too); each figure is the median over rounds, and
-``added`` is the median of the per-round differences. busbw uses nccl-tests' factors::
+alternating rounds (which goes first alternates too); times are medians over rounds, while
+``added`` and the busbw ``ratio`` (commlayer / raw) are medians of the per-pair difference and
+ratio, so that drift on a shared host cancels within each pair. busbw uses nccl-tests' factors::
 
     python benchmarks/torch_vs_commlayer.py --nproc 2 --backend nccl --max-bytes 256M
     torchrun --nproc-per-node 4 benchmarks/torch_vs_commlayer.py --backend nccl
@@ -78,6 +79,8 @@ def compare(
         "raw_us": raw_s * 1e6,
         "commlayer_us": ours_s * 1e6,
         "added_us": statistics.median(b - a for a, b in zip(raw, ours)) * 1e6,
+        # busbw ratio of each pair of adjacent rounds, median: drift on a shared host cancels in a pair
+        "busbw_ratio": statistics.median(a / b for a, b in zip(raw, ours)),
         "raw_busbw_gbps": busbw_gbps(family, calls.nbytes, raw_s, world),
         "commlayer_busbw_gbps": busbw_gbps(family, calls.nbytes, ours_s, world),
     }
@@ -170,18 +173,18 @@ def _spawned_rank(rank: int, options: argparse.Namespace) -> None:
 
 
 def _ratio(row: dict) -> float:
-    return row["commlayer_busbw_gbps"] / row["raw_busbw_gbps"] if row["raw_busbw_gbps"] else float("nan")
+    return row["busbw_ratio"]
 
 
 def _print(rows: list[dict], summary: list[dict], backend: str, world: int) -> None:
     print(f"# commlayer vs torch.distributed, backend={backend}, world={world}, torch {torch.__version__}")
     print(
-        f"{'op':<18}{'mode':<6}{'bytes':>8}{'raw_us':>10}{'cl_us':>10}{'added':>8}{'raw_bw':>9}{'cl_bw':>9}{'ratio':>7}"
+        f"{'op':<18}{'mode':<6}{'bytes':>8}{'raw_us':>10}{'cl_us':>10}{'added':>9}{'raw_bw':>9}{'cl_bw':>9}{'ratio':>7}"
     )
     for row in rows:
         print(
             f"{row['op']:<18}{row['mode']:<6}{format_size(row['bytes']):>8}{row['raw_us']:>10.1f}"
-            f"{row['commlayer_us']:>10.1f}{row['added_us']:>8.2f}{row['raw_busbw_gbps']:>9.2f}"
+            f"{row['commlayer_us']:>10.1f}{row['added_us']:>+9.2f}{row['raw_busbw_gbps']:>9.2f}"
             f"{row['commlayer_busbw_gbps']:>9.2f}{_ratio(row):>7.3f}",
             flush=True,
         )

@@ -75,7 +75,7 @@ def reduce(
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
-    root = _root(call, "dst", dst, group_dst)
+    root = check.check_root(call, "dst", dst, group_dst)
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
@@ -114,7 +114,7 @@ def _checked_broadcast(
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
-    root = _root(call, "src", src, group_src)
+    root = check.check_root(call, "src", src, group_src)
     key = ("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout)
     plan = remember(key, group_src is None, call, "broadcast", root)
     copy_back: CopyBack = []
@@ -149,7 +149,18 @@ def all_gather_into_tensor(
     output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Work | None:
     try:
-        plan = plans.get(_paired_key("all_gather_into_tensor", group, output_tensor, input_tensor))
+        plan = plans.get(
+            (
+                "all_gather_into_tensor",
+                group,
+                output_tensor.dtype,
+                output_tensor.device,
+                output_tensor.layout,
+                input_tensor.dtype,
+                input_tensor.device,
+                input_tensor.layout,
+            )
+        )
     except (AttributeError, TypeError):
         plan = None
     if (
@@ -218,7 +229,19 @@ def reduce_scatter_tensor(
     async_op: bool = False,
 ) -> Work | None:
     try:
-        plan = plans.get(_paired_key("reduce_scatter_tensor", group, output, input, op))
+        plan = plans.get(
+            (
+                "reduce_scatter_tensor",
+                group,
+                op,
+                output.dtype,
+                output.device,
+                output.layout,
+                input.dtype,
+                input.device,
+                input.layout,
+            )
+        )
     except (AttributeError, TypeError):
         plan = None
     if (
@@ -260,12 +283,23 @@ def all_to_all_single(
     async_op: bool = False,
 ) -> Work | None:
     try:
-        plan = plans.get(_paired_key("all_to_all_single", group, output, input))
+        plan = plans.get(
+            (
+                "all_to_all_single",
+                group,
+                output.dtype,
+                output.device,
+                output.layout,
+                input.dtype,
+                input.device,
+                input.layout,
+            )
+        )
     except (AttributeError, TypeError):
         plan = None
     if plan is not None and output.is_contiguous() and input.is_contiguous():
-        out_splits = _check_splits(plan.call, "output_split_sizes", output_split_sizes, output, plan.size)
-        in_splits = _check_splits(plan.call, "input_split_sizes", input_split_sizes, input, plan.size)
+        out_splits = check.check_splits(plan.call, "output_split_sizes", output_split_sizes, output, plan.size)
+        in_splits = check.check_splits(plan.call, "input_split_sizes", input_split_sizes, input, plan.size)
         return plan.run(async_op, output, input, out_splits, in_splits)
     return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
@@ -286,8 +320,8 @@ def _checked_all_to_all_single(
     check.check_tensor(call, "output", output)
     check.check_dtype_match(call, "output", output, input)
     size = call.group.size()
-    out_splits = _check_splits(call, "output_split_sizes", output_split_sizes, output, size)
-    in_splits = _check_splits(call, "input_split_sizes", input_split_sizes, input, size)
+    out_splits = check.check_splits(call, "output_split_sizes", output_split_sizes, output, size)
+    in_splits = check.check_splits(call, "input_split_sizes", input_split_sizes, input, size)
     key = _paired_key("all_to_all_single", group, output, input)
     plan = remember(key, True, call, "all_to_all_single", payload=1)
     copy_back: CopyBack = []
@@ -334,8 +368,8 @@ def gather(
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
-    root = _root(call, "dst", dst, group_dst)
-    outputs = _root_list(call, "gather_list", gather_list, root, tensor)
+    root = check.check_root(call, "dst", dst, group_dst)
+    outputs = check.check_root_list(call, "gather_list", gather_list, root, tensor)
     copy_back: CopyBack = []
     buffers = None if outputs is None else [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
@@ -362,8 +396,8 @@ def scatter(
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
-    root = _root(call, "src", src, group_src)
-    inputs = _root_list(call, "scatter_list", scatter_list, root, tensor)
+    root = check.check_root(call, "src", src, group_src)
+    inputs = check.check_root_list(call, "scatter_list", scatter_list, root, tensor)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
@@ -397,7 +431,8 @@ def barrier(
 
 
 def _paired_key(op: str, group: Any, output: torch.Tensor, tensor: torch.Tensor, *scalars: Any) -> tuple:
-    """The plan key of a two-tensor op: what its validation depended on."""
+    """The plan key of a two-tensor op: what its validation depended on (each op's fast path
+    spells the same tuple out, saving this frame; tests/test_plans.py checks that they agree)."""
     return (
         op,
         group,
@@ -409,57 +444,3 @@ def _paired_key(op: str, group: Any, output: torch.Tensor, tensor: torch.Tensor,
         tensor.device,
         tensor.layout,
     )
-
-
-def _root(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:
-    """The root as a group rank, from torch's ``dst=``/``src=`` (global) or ``group_dst=``."""
-    if group_rank is not None:
-        if global_rank is not None:
-            raise invalid_argument(
-                call.op, arg, f"either {arg} or group_{arg}, not both", (global_rank, group_rank), call.rank
-            )
-        if not isinstance(group_rank, int) or not 0 <= group_rank < call.group.size():
-            raise invalid_argument(
-                call.op, f"group_{arg}", f"a group rank in [0, {call.group.size()})", group_rank, call.rank
-            )
-        return group_rank
-    return check.check_peer(call, arg, 0 if global_rank is None else global_rank)
-
-
-def _root_list(
-    call: Any, arg: str, values: Any, root: int, reference: torch.Tensor
-) -> list[torch.Tensor] | None:
-    """gather_list / scatter_list: required on the root, forbidden elsewhere (torch's rule)."""
-    if call.group.rank() != root:
-        if values:
-            raise invalid_argument(
-                call.op, arg, "None on a non-root rank", f"a list of {len(values)}", call.rank
-            )
-        return None
-    tensors = check.check_tensor_list(call, arg, values, call.group.size())
-    for index, value in enumerate(tensors):
-        check.check_dtype_match(call, f"{arg}[{index}]", value, reference)
-        check.check_numel(call, f"{arg}[{index}]", value, reference.numel(), "same as the tensor")
-    return tensors
-
-
-def _check_splits(
-    call: Any, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor, size: int
-) -> list[int] | None:
-    rows = len(tensor) if tensor.dim() else 1  # len() reads dim 0 without building a torch.Size
-    if not splits:
-        if rows % size:
-            raise invalid_argument(
-                call.op,
-                arg,
-                f"given, since dim 0 ({rows}) is not divisible by the group size {size}",
-                splits,
-                call.rank,
-            )
-        return None
-    splits = list(splits)
-    if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
-        raise invalid_argument(
-            call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank
-        )
-    return splits

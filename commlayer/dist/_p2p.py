@@ -36,6 +36,12 @@ def isend(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> Work | None:
+    try:  # the plan lookup of _point_to_point, inlined: async p2p has no other Python to spare
+        plan = plans.get(("send", group, dst, tag, tensor.dtype, tensor.device, tensor.layout))
+    except (AttributeError, TypeError):
+        plan = None
+    if plan is not None and dst.__class__ is int and group_dst is None and tensor.is_contiguous():
+        return plan.run(True, tensor)
     work = _point_to_point("send", tensor, dst, group, tag, group_dst, True)
     return None if work is NOT_MEMBER else work
 
@@ -47,6 +53,12 @@ def irecv(
     tag: int = 0,
     group_src: int | None = None,
 ) -> Work | None:
+    try:  # as in isend
+        plan = plans.get(("recv", group, src, tag, tensor.dtype, tensor.device, tensor.layout))
+    except (AttributeError, TypeError):
+        plan = None
+    if plan is not None and src.__class__ is int and group_src is None and tensor.is_contiguous():
+        return plan.run(True, tensor)
     work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
     return None if work is NOT_MEMBER else work
 

@@ -16,6 +16,9 @@ __all__ = [
     "check_output_like",
     "check_peer",
     "check_reduce_op",
+    "check_root",
+    "check_root_list",
+    "check_splits",
     "check_tensor",
     "check_tensor_list",
     "first_device",
@@ -160,3 +163,57 @@ def check_reduce_op(call: OpCall, op: Any, dtype: torch.dtype) -> ReduceOp:
 
 def _names(dtypes: Sequence[torch.dtype] | frozenset[torch.dtype]) -> str:
     return ", ".join(sorted(str(dtype).replace("torch.", "") for dtype in dtypes))
+
+
+def check_root(call: OpCall, arg: str, global_rank: int | None, group_rank: int | None) -> int:
+    """The root as a group rank, from torch's ``dst=``/``src=`` (global) or ``group_dst=``."""
+    if group_rank is not None:
+        if global_rank is not None:
+            raise invalid_argument(
+                call.op, arg, f"either {arg} or group_{arg}, not both", (global_rank, group_rank), call.rank
+            )
+        if not isinstance(group_rank, int) or not 0 <= group_rank < call.group.size():
+            raise invalid_argument(
+                call.op, f"group_{arg}", f"a group rank in [0, {call.group.size()})", group_rank, call.rank
+            )
+        return group_rank
+    return check_peer(call, arg, 0 if global_rank is None else global_rank)
+
+
+def check_root_list(
+    call: OpCall, arg: str, values: Any, root: int, reference: torch.Tensor
+) -> list[torch.Tensor] | None:
+    """gather_list / scatter_list: required on the root, forbidden elsewhere (torch's rule)."""
+    if call.group.rank() != root:
+        if values:
+            raise invalid_argument(
+                call.op, arg, "None on a non-root rank", f"a list of {len(values)}", call.rank
+            )
+        return None
+    tensors = check_tensor_list(call, arg, values, call.group.size())
+    for index, value in enumerate(tensors):
+        check_dtype_match(call, f"{arg}[{index}]", value, reference)
+        check_numel(call, f"{arg}[{index}]", value, reference.numel(), "same as the tensor")
+    return tensors
+
+
+def check_splits(
+    call: OpCall, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor, size: int
+) -> list[int] | None:
+    rows = len(tensor) if tensor.dim() else 1  # len() reads dim 0 without building a torch.Size
+    if not splits:
+        if rows % size:
+            raise invalid_argument(
+                call.op,
+                arg,
+                f"given, since dim 0 ({rows}) is not divisible by the group size {size}",
+                splits,
+                call.rank,
+            )
+        return None
+    splits = list(splits)
+    if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
+        raise invalid_argument(
+            call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank
+        )
+    return splits

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from commlayer import comms_logger, dist
-from commlayer.dist import _dispatch
+from commlayer.dist import _dispatch, _p2p
 from commlayer.types import ReduceOp
 
 from ._values import assert_equal, reduced, values
@@ -113,6 +113,25 @@ def check_ring(members: list[int], group: object, me: int) -> None:
         assert_equal(received, values(before, dtype, salt=tag + 7), f"irecv from {before}")
 
 
+def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> None:
+    """After check_ring, the same sends and receives must not be validated (prepared) again, and
+    isend/irecv must find their plans themselves (only send/recv go through _point_to_point)."""
+    prepare, point_to_point = _p2p._prepare, _p2p._point_to_point
+
+    def refuse(*args: object) -> None:
+        raise AssertionError(f"p2p re-checked: {args[:1]}")
+
+    def blocking_only(*args: object) -> object:
+        assert args[-1] is False, f"isend/irecv missed their plan: {args[:1]}"
+        return point_to_point(*args)
+
+    _p2p._prepare, _p2p._point_to_point = refuse, blocking_only
+    try:
+        check_ring(members, group, me)
+    finally:
+        _p2p._prepare, _p2p._point_to_point = prepare, point_to_point
+
+
 def run_all(members: list[int], group: object, me: int) -> None:
     check_all_reduce(members, group, me)
     if me not in members:
@@ -121,6 +140,8 @@ def run_all(members: list[int], group: object, me: int) -> None:
     check_gather_scatter(members, group, me)
     check_all_to_all(members, group, me)
     check_ring(members, group, me)
+    if group is None and not comms_logger.is_enabled():
+        check_ring_takes_its_plans(members, group, me)
 
 
 def main() -> None:
