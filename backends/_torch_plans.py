@@ -46,7 +46,7 @@ def fused_plan(process_group: Any, op: str, fixed: tuple[Any, ...]) -> Launcher 
 
 
 def _listed(method: Callable[..., Any], sync_tail: tuple[Any, ...], async_tail: tuple[Any, ...]) -> Launcher:
-    """For ``method([tensor], *tail)``: allreduce, broadcast, send, recv."""
+    """For ``method([tensor], *tail)``: allreduce, broadcast."""
 
     def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
         if async_op:
@@ -96,11 +96,24 @@ def _broadcast(process_group: Any, root: int) -> Launcher:
 
 
 def _send(process_group: Any, peer: int, tag: int) -> Launcher:
-    return _listed(process_group.send, (peer, tag), (peer, tag))
+    return _point_to_point(process_group.send, peer, tag)
 
 
 def _recv(process_group: Any, peer: int, tag: int) -> Launcher:
-    return _listed(process_group.recv, (peer, tag), (peer, tag))
+    return _point_to_point(process_group.recv, peer, tag)
+
+
+def _point_to_point(method: Callable[..., Any], peer: int, tag: int) -> Launcher:
+    """send and recv take no options and always return a Work: the leanest launcher of all."""
+
+    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
+        work = method([tensor], peer, tag)
+        if async_op:
+            return TorchWork(work, (tensor,))
+        work.wait()
+        return None
+
+    return run
 
 
 def _all_gather_into_tensor(process_group: Any) -> Launcher:

@@ -15,5 +15,6 @@ lscpu | grep -E '^Model name|^CPU\(s\)' >> "$OUT/machine.txt"
 timeout -k 5 "${PER_RUN:-240}" python3 benchmarks/torch_vs_commlayer.py --nproc "$NPROC" --backend nccl \
   --min-bytes 8 --max-bytes 256M --factor 2 --rounds "${ROUNDS:-15}" --json "$OUT/nccl_${NPROC}gpu.json" \
   2>&1 | tee "$OUT/nccl_${NPROC}gpu.txt" || echo "=== nccl sweep FAILED or timed out"
+[ "${STANDIN:-1}" = 1 ] || exit 0
 timeout -k 5 "${STANDIN_RUN:-60}" python3 benchmarks/torch_vs_commlayer.py --standin --rounds 9 \
   2>&1 | tee "$OUT/standin_${NPROC}gpu_host.txt" || echo "=== stand-in FAILED or timed out"

@@ -139,7 +139,7 @@ class TorchWork(Work):
         """Untimed, not yet done: torch's own wait is all there is to do (no epilogue here)."""
         if timeout is None and not self._done:
             self.torch_work.wait()  # raises on failure, and on the group's timeout, as torch does
-            self._done = True
+            self._done = True  # never wait twice: a second wait on a finished gloo recv blocks
             return True
         return super().wait(timeout)
 
