@@ -74,9 +74,25 @@ def measure(iters: int, rounds: int) -> list[dict]:
                 timed = {"bare": calls.bare, "raw": calls.raw, "commlayer": calls.commlayer}
                 row = {"op": op, "mode": "async" if async_op else "sync"}
                 rows.append(row | {f"{k}_us": v for k, v in per_call_us(timed, iters, rounds).items()})
+        rows.append(_with_logger(iters, rounds))
     finally:
         dist.destroy_process_group()
     return rows
+
+
+def _with_logger(iters: int, rounds: int) -> dict:
+    """all_reduce with the comms logger enabled: its "added" is the logger's cost plus the facade's."""
+    from commlayer import comms_logger
+
+    calls = trio("all_reduce", 32, 2, 0, torch.device("cpu"), False)
+    comms_logger.enable()
+    try:
+        timed = {"bare": calls.bare, "raw": calls.raw, "commlayer": calls.commlayer}
+        measured = per_call_us(timed, iters, rounds)
+    finally:
+        comms_logger.disable()
+        comms_logger.reset()
+    return {"op": "all_reduce+logger", "mode": "sync"} | {f"{k}_us": v for k, v in measured.items()}
 
 
 def standin_main(options: argparse.Namespace) -> None:
