@@ -30,8 +30,8 @@ from commlayer.types import ReduceOp
 
 LAYERS = 48
 WARMUP_STEPS = 5
-STEPS = 60
-OP_CALLS = 20000
+STEPS = 30
+OP_CALLS = 5000
 REPEATS = 5
 
 
