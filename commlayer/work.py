@@ -79,6 +79,10 @@ class Work(ABC):
     def result(self) -> list[torch.Tensor]:
         return list(self._result)
 
+    def _source_rank(self) -> int:
+        """torch's spelling of ``source_rank()``: the sender of a receive from any source."""
+        return self.source_rank()  # type: ignore[attr-defined] - receive works define it
+
     def then(self, epilogue: Callable[[], None], result: Sequence[torch.Tensor] | None = None) -> Work:
         """A Work that runs ``epilogue`` once, after this one completes and before it reports done.
 

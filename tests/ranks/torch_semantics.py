@@ -21,6 +21,7 @@ def run_all() -> None:
     _coalesced(rank, size)
     _complex_tensors(rank, size)
     _object_p2p(rank)
+    _receive_from_any_source(rank)
     _subgroup_helpers(rank)
     _group_handle(rank, size)
     _work_objects(rank, size)
@@ -93,6 +94,21 @@ def _object_p2p(rank: int) -> None:
         received: list = [None, None, None]
         sender = dist.recv_object_list(received, src=0)
         assert sender == 0 and received == [{"from": 0}, [1, 2, 3], "x" * 1000], (sender, received)
+
+
+def _receive_from_any_source(rank: int) -> None:
+    """recv(src=None) names the sender, and its Work answers torch's _source_rank()."""
+    if not dist.group.WORLD.primary_backend.capabilities.recv_any_source:
+        return
+    if rank == 2:
+        dist.send(torch.tensor([7.0]), dst=0)
+        dist.send(torch.tensor([8.0]), dst=0)
+    elif rank == 0:
+        message = torch.empty(1)
+        work = dist.irecv(message)
+        work.wait()
+        assert work._source_rank() == 2 and message.item() == 7.0, (work._source_rank(), message)
+        assert dist.recv(message) == 2 and message.item() == 8.0, message
 
 
 def _subgroup_helpers(rank: int) -> None:
