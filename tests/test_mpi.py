@@ -124,6 +124,22 @@ def test_master_address() -> None:
     assert asked == ["n2"]
 
 
+def test_master_address_where_names_do_not_resolve_routes_to_the_peer_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("COMMLAYER_SOCKET_IFNAME", raising=False)
+    asked = []
+    route = lambda peer: asked.append(peer) or ("10.9.9.1" if peer == "10.9.9.2" else None)
+    # 127.0.0.1 is held here too (like a docker0 range on every host), so it is skipped.
+    found = master_address(["n1", "n2"], route_towards=route, peer_addresses=["127.0.0.1", "10.9.9.2"])
+    assert (found, asked) == ("10.9.9.1", ["n2", "10.9.9.2"])
+
+
+def test_master_address_of_the_named_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMMLAYER_SOCKET_IFNAME", "lo")
+    assert master_address(["n1", "n2"], route_towards=lambda peer: "10.1.2.3") == "127.0.0.1"
+
+
 def test_master_address_without_a_route_falls_back_to_a_name() -> None:
     found = master_address(["this-host", "unresolvable-peer.invalid"], route_towards=lambda peer: None)
     assert found and not found.startswith("127."), found

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.testing import run_world
+from commlayer.testing import require_mpirun, run_world
 from commlayer.testing.cluster import (
     ClusterOptions,
     NetworkCluster,
     cluster_unavailable_reason,
     network_cluster,
 )
-from commlayer.testing.cluster_worlds import SlurmHosts, TorchrunHosts
+from commlayer.testing.cluster_ssh import SshAccess, cluster_sshd, sshd_unavailable_reason
+from commlayer.testing.cluster_worlds import MpirunHosts, SlurmHosts, TorchrunHosts
 
 _REASON = cluster_unavailable_reason()
 pytestmark = [
@@ -36,6 +37,20 @@ def unnamed_cluster() -> Iterator[NetworkCluster]:
     with network_cluster(ClusterOptions(hosts=2, side_interface=True)) as cluster:
         yield cluster
         assert cluster.leftover_processes() == {}
+
+
+@pytest.fixture(scope="module")
+def ssh_cluster() -> Iterator[tuple[NetworkCluster, SshAccess]]:
+    """Unresolvable names and a dead-end interface again, with sshd on every host."""
+    reason = sshd_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    # Intel MPI takes namespace hosts for one node (one kernel) and needs their /dev/shm shared.
+    with (
+        network_cluster(ClusterOptions(hosts=2, side_interface=True, private_shm=False)) as cluster,
+        cluster_sshd(cluster) as access,
+    ):
+        yield cluster, access
 
 
 @pytest.fixture(scope="module")
@@ -78,43 +93,28 @@ def test_teardown_removes_namespaces_and_processes() -> None:
 
 
 # ---- tier 3: worlds across the hosts ------------------------------------------------------------
+# One world per launcher and backend: the interface and placement checks, then the compatibility suite.
+
+
+def host_names(cluster: NetworkCluster) -> str:
+    return ",".join(host.name for host in cluster.hosts)
 
 
 @pytest.mark.multirank
-def test_torchrun_nodes_pick_the_interface_that_routes_to_master(unnamed_cluster: NetworkCluster) -> None:
-    hosts = ",".join(host.name for host in unnamed_cluster.hosts)
+def test_torchrun_nodes_on_gloo_where_names_do_not_resolve(unnamed_cluster: NetworkCluster) -> None:
+    """commlayer picks cl0, the interface that routes to MASTER_ADDR (plain gloo falls back to loopback)."""
     run_world(
-        "tests.ranks.multihost:interface_and_hosts",
+        "tests.ranks.multihost:checks_then_compat",
         4,
         launcher=TorchrunHosts(unnamed_cluster),
-        args=["cl0", hosts],
-        timeout=120,
-    )
-
-
-@pytest.mark.multirank
-def test_commlayer_socket_ifname_is_honoured(unnamed_cluster: NetworkCluster) -> None:
-    hosts = ",".join(host.name for host in unnamed_cluster.hosts)
-    run_world(
-        "tests.ranks.multihost:interface_and_hosts",
-        4,
-        launcher=SlurmHosts(unnamed_cluster),
-        env={"COMMLAYER_SOCKET_IFNAME": "cl0", "MASTER_ADDR": unnamed_cluster.hosts[0].address},
-        args=["cl0", hosts],
-        timeout=120,
-    )
-
-
-@pytest.mark.multirank
-def test_compatibility_suite_torchrun_across_hosts_on_gloo(unnamed_cluster: NetworkCluster) -> None:
-    run_world(
-        "tests.ranks.compat:main", 4, backend="gloo", launcher=TorchrunHosts(unnamed_cluster), timeout=300
+        args=["cl0", host_names(unnamed_cluster)],
+        timeout=300,
     )
 
 
 @pytest.mark.multirank
 @pytest.mark.ccl
-def test_compatibility_suite_torchrun_across_hosts_on_ccl(unnamed_cluster: NetworkCluster) -> None:
+def test_torchrun_nodes_on_ccl(unnamed_cluster: NetworkCluster) -> None:
     from tests.test_ccl import _REASON as ccl_problem
 
     if ccl_problem is not None:
@@ -125,6 +125,47 @@ def test_compatibility_suite_torchrun_across_hosts_on_ccl(unnamed_cluster: Netwo
 
 
 @pytest.mark.multirank
-def test_compatibility_suite_srun_style_across_hosts(named_cluster: NetworkCluster) -> None:
-    """SLURM_PROCID and friends only; MASTER_ADDR comes from the first name of SLURM_NODELIST."""
-    run_world("tests.ranks.compat:main", 4, backend="gloo", launcher=SlurmHosts(named_cluster), timeout=300)
+def test_torchrun_nodes_on_two_level_shm(unnamed_cluster: NetworkCluster) -> None:
+    """Each host has its own /dev/shm, so shm must choose its two-level form (shm per host, gloo between)."""
+    run_world(
+        "tests.ranks.multihost:shm_two_level",
+        4,
+        backend=None,
+        launcher=TorchrunHosts(unnamed_cluster),
+        timeout=300,
+    )
+
+
+@pytest.mark.multirank
+def test_srun_variables_with_commlayer_socket_ifname(named_cluster: NetworkCluster) -> None:
+    """SLURM_PROCID and friends only: MASTER_ADDR is the first name of SLURM_NODELIST, resolved."""
+    run_world(
+        "tests.ranks.multihost:checks_then_compat",
+        4,
+        launcher=SlurmHosts(named_cluster),
+        env={"COMMLAYER_SOCKET_IFNAME": "cl0"},
+        args=["cl0", host_names(named_cluster)],
+        timeout=300,
+    )
+
+
+@pytest.mark.multirank
+@pytest.mark.mpi
+def test_mpirun_over_sshd_on_the_mpi_backend(ssh_cluster: tuple[NetworkCluster, SshAccess]) -> None:
+    require_mpirun()
+    run_world("tests.ranks.compat:main", 4, backend="mpi", launcher=MpirunHosts(*ssh_cluster), timeout=300)
+
+
+@pytest.mark.multirank
+@pytest.mark.mpi
+def test_mpirun_over_sshd_on_gloo_found_through_mpi(ssh_cluster: tuple[NetworkCluster, SshAccess]) -> None:
+    """No MASTER_ADDR: rank 0's address is exchanged over MPI, by address since names do not resolve."""
+    require_mpirun()
+    cluster, _ = ssh_cluster
+    run_world(
+        "tests.ranks.multihost:checks_then_compat",
+        4,
+        launcher=MpirunHosts(*ssh_cluster),
+        args=["cl0", host_names(cluster)],
+        timeout=300,
+    )

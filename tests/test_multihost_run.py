@@ -7,6 +7,7 @@ the hosts by address: their names do not resolve. Skip these with ``-m "not mult
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -57,7 +58,7 @@ def job_dir(tmp_path: Path, ssh_cluster: tuple[NetworkCluster, SshAccess]) -> Pa
 def runner_argv(ssh_cluster: tuple[NetworkCluster, SshAccess], job_dir: Path, *extra: str) -> list[str]:
     cluster, access = ssh_cluster
     run = [COMMLAYER, "run", "--hostfile", str(job_dir / "hostfile"), "--ssh", " ".join(access.ssh), *extra]
-    return cluster.hosts[0].command(run)
+    return cluster.hosts[0].command(run, cwd=job_dir)
 
 
 def runner_env() -> dict[str, str]:
@@ -152,3 +153,33 @@ def test_signals_reach_the_ranks_on_every_host(
     assert received == [f"rank{rank}.{signum.name}" for rank in range(4)]
     assert (job_dir / f"rank3.{signum.name}").read_text(encoding="ascii") == cluster.hosts[1].name
     assert_no_orphans(cluster)
+
+
+def test_commlayer_bench_across_hosts(ssh_cluster: tuple[NetworkCluster, SshAccess], job_dir: Path) -> None:
+    """Every rank runs the sweep in place (as under torchrun); rank 0 writes the records."""
+    out = job_dir / "bench.json"
+    sweep = [
+        "--backends",
+        "gloo",
+        "--ops",
+        "all_reduce,pingpong",
+        "-b",
+        "8",
+        "-e",
+        "4K",
+        "-f",
+        "16",
+        "--iters",
+        "3",
+    ]
+    argv = runner_argv(ssh_cluster, job_dir, "-m", "commlayer", "bench", *sweep, "--json", str(out))
+    done = subprocess.run(
+        argv, cwd=job_dir, env=runner_env(), capture_output=True, text=True, timeout=180, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = json.loads(out.read_text(encoding="utf-8"))
+    assert {(record["op"], record["bytes"]) for record in records} == {
+        (op, size) for op in ("all_reduce", "pingpong") for size in (8, 128, 2048)
+    }
+    assert all(record["world_size"] == 4 and record["wrong"] == 0 for record in records), records
+    assert_no_orphans(ssh_cluster[0])

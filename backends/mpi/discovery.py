@@ -6,22 +6,26 @@ the ranks where rank 0's TCPStore is. ``mpirun -n 4 python train.py`` on hosts `
 and ``b`` (ranks 2, 3)::
 
     every rank     all-gathers its processor name        -> ["a", "a", "b", "b"]
+                   and its IPv4 addresses (interface order)
                    local rank = earlier ranks on its host  -> 0, 1, 0, 1 (local world size 2)
-    rank 0         address: 127.0.0.1 if every rank is on its host, else the address its host
-                   routes to the other hosts with; port: a free one; MASTER_ADDR / MASTER_PORT,
-                   when set, are kept
+    rank 0         address: 127.0.0.1 if every rank is on its host, else the address of
+                   COMMLAYER_SOCKET_IFNAME, else the one its host routes to the other hosts with
+                   (found by their name, or, where names do not resolve, by their addresses);
+                   port: a free one; MASTER_ADDR / MASTER_PORT, when set, are kept
     rank 0 -> all  broadcasts (address, port), or the error it hit, so that no rank waits forever
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from commlayer.errors import BackendUnavailableError, CommError
 from commlayer.launcher import free_port
+from commlayer.netif import SOCKET_IFNAME_ENV, interface_addresses
 from commlayer.rendezvous import RendezvousInfo
 
 from ._runtime import MpiLoadError, library_version, load_mpi
@@ -38,8 +42,10 @@ def exchange_master_address(info: RendezvousInfo) -> RendezvousInfo:
     _check_same_world(mpi, info)
     comm = mpi.COMM_WORLD.Dup()
     try:
-        hosts = comm.allgather(mpi.Get_processor_name())
-        outcome = comm.bcast(_master_endpoint(info, hosts) if comm.Get_rank() == 0 else None, root=0)
+        gathered = comm.allgather((mpi.Get_processor_name(), _own_addresses()))
+        hosts = [host for host, _ in gathered]
+        peer = next((addresses for host, addresses in gathered if host != hosts[0]), [])
+        outcome = comm.bcast(_master_endpoint(info, hosts, peer) if comm.Get_rank() == 0 else None, root=0)
     finally:
         comm.Free()
     if isinstance(outcome, str):
@@ -63,8 +69,15 @@ def local_layout(hosts: Sequence[str], rank: int) -> tuple[int, int]:
     return sum(1 for host in hosts[:rank] if host == mine), sum(1 for host in hosts if host == mine)
 
 
-def master_address(hosts: Sequence[str], route_towards: Callable[[str], str | None] | None = None) -> str:
+def master_address(
+    hosts: Sequence[str],
+    route_towards: Callable[[str], str | None] | None = None,
+    peer_addresses: Sequence[str] = (),
+) -> str:
     """The address rank 0 (``hosts[0]``) can be reached at by every rank.
+
+    ``peer_addresses`` are those of the first rank on another host, for hosts whose names do not
+    resolve; an address rank 0 holds itself (the same docker0 range on every host) is skipped.
 
     >>> master_address(["a", "a"])
     '127.0.0.1'
@@ -74,14 +87,33 @@ def master_address(hosts: Sequence[str], route_towards: Callable[[str], str | No
     others = [host for host in hosts if host != hosts[0]]
     if not others:
         return _LOOPBACK
+    named = os.environ.get(SOCKET_IFNAME_ENV)
+    if named and named in interface_addresses():
+        return interface_addresses()[named]
     route = route_towards or _source_address_towards
-    return route(others[0]) or _non_loopback_address(hosts[0]) or socket.getfqdn()
+    return (
+        route(others[0])
+        or _routed_to_addresses(peer_addresses, route)
+        or _non_loopback_address(hosts[0])
+        or socket.getfqdn()
+    )
 
 
-def _master_endpoint(info: RendezvousInfo, hosts: Sequence[str]) -> tuple[str, int] | str:
+def _routed_to_addresses(addresses: Sequence[str], route: Callable[[str], str | None]) -> str | None:
+    own = set(interface_addresses().values())
+    return next((found for address in addresses if address not in own and (found := route(address))), None)
+
+
+def _own_addresses() -> list[str]:
+    return [address for address in interface_addresses().values() if not address.startswith("127.")]
+
+
+def _master_endpoint(
+    info: RendezvousInfo, hosts: Sequence[str], peer: Sequence[str]
+) -> tuple[str, int] | str:
     """Rank 0's (address, port), or the text of what went wrong (sent to every rank)."""
     try:
-        address = info.master_addr or master_address(hosts)
+        address = info.master_addr or master_address(hosts, peer_addresses=peer)
         return address, info.master_port or free_port()
     except OSError as error:
         return f"{type(error).__name__}: {error}"

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..netif import SOCKET_IFNAME_ENV, route_interface
 from .commands import JobPlan
 from .environment import exported_environment, find_env_file
 from .hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
@@ -28,7 +29,17 @@ def run_hosts(args: argparse.Namespace, program: tuple[str, ...]) -> int:
         print(problem, file=sys.stderr)
         return 2
     options = SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir)
-    outcome = run_across_hosts(plan, args.launcher or "ssh", options, os.environ)
+    try:
+        outcome = run_across_hosts(plan, args.launcher or "ssh", options, os.environ)
+    except ValueError as problem:
+        print(problem, file=sys.stderr)
+        return 2
+    except FileNotFoundError as missing:
+        print(
+            f"commlayer run: --launcher {args.launcher or 'ssh'} needs {missing.filename!r}, which is not installed",
+            file=sys.stderr,
+        )
+        return 127
     if outcome.summary is not None:
         print(outcome.summary, file=sys.stderr, flush=True)
     return outcome.exit_code
@@ -39,14 +50,16 @@ def job_plan(args: argparse.Namespace, program: tuple[str, ...]) -> JobPlan:
     if args.nproc_per_node is not None:
         hosts = [_first_slots(entry, args.nproc_per_node) for entry in hosts]
     ssh = shlex.split(args.ssh or os.environ.get(SSH_ENV) or "ssh")
+    master_addr = args.master_addr or hosts[0].host
     return JobPlan(
         hosts=tuple(hosts),
         program=program,
-        master_addr=args.master_addr or hosts[0].host,
+        master_addr=master_addr,
         master_port=args.master_port or DEFAULT_MASTER_PORT,
         exported=exported_environment(os.environ, find_env_file()),
         cwd=str(Path.cwd()),
         ssh=tuple(ssh),
+        interface=os.environ.get(SOCKET_IFNAME_ENV) or route_interface(master_addr),
     )
 
 

@@ -41,12 +41,13 @@ class JobPlan:
 
     hosts: tuple[HostSlots, ...]
     program: tuple[str, ...]  # the rank program, e.g. (python, -u, train.py, --lr, 1)
-    master_addr: str
+    master_addr: str | None  # None: not exported (MPI ranks then exchange rank 0's address over MPI)
     master_port: int
     exported: Mapping[str, str] = field(default_factory=dict)  # sent to every rank
     cwd: str = "."
     ssh: tuple[str, ...] = ("ssh",)  # the remote shell, e.g. ("ssh", "-F", "cluster.conf")
     python: str = sys.executable  # the same path on every host (a shared filesystem or image)
+    interface: str | None = None  # the network interface MPI's launcher and transport should use
 
     @property
     def world_size(self) -> int:
@@ -57,6 +58,8 @@ class JobPlan:
         return "@".join(f"{entry.host}:{','.join(map(str, entry.slots))}" for entry in self.hosts)
 
     def rank_variables(self) -> dict[str, str]:
+        if self.master_addr is None:
+            return dict(self.exported)
         return {**self.exported, "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
 
 
@@ -106,6 +109,15 @@ def mpirun_argv(plan: JobPlan, flavor: str, launcher: str) -> list[str]:
     if flavor == "openmpi":
         exports = [item for name in sorted(variables) for item in ("-x", f"{name}={variables[name]}")]
         agent = ["--mca", "plm_rsh_agent", shlex.join(plan.ssh)]
+        if plan.interface is not None:
+            agent += [
+                "--mca",
+                "oob_tcp_if_include",
+                plan.interface,
+                "--mca",
+                "btl_tcp_if_include",
+                plan.interface,
+            ]
         placement = ["--host", hosts, "--oversubscribe", "--bind-to", "none", "--tag-output"]
         return [
             launcher,
@@ -121,6 +133,8 @@ def mpirun_argv(plan: JobPlan, flavor: str, launcher: str) -> list[str]:
     exports = [item for name in sorted(variables) for item in ("-genv", name, variables[name])]
     agent = ["-launcher", "ssh", "-launcher-exec", plan.ssh[0]]
     agent += ["-bootstrap-exec-args", shlex.join(plan.ssh[1:])] if len(plan.ssh) > 1 else []
+    # Hydra's proxies call back to the launching host by name unless told its interface.
+    agent += ["-iface", plan.interface] if plan.interface is not None else []
     return [
         launcher,
         "-n",

@@ -10,16 +10,28 @@ hosts' reports and names the rank whose failure came first by the agents' clocks
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .commands import JobPlan, mpirun_argv, pdsh_argv, srun_argv, ssh_argv
 from .supervise import LaunchResult, ProcessOutcome, ProcessSpec, SuperviseOptions, supervise
 
-__all__ = ["SETTLE_SECONDS", "HostsRun", "host_processes", "run_across_hosts"]
+__all__ = [
+    "SETTLE_SECONDS",
+    "HostsRun",
+    "find_mpirun",
+    "first_rank_failure",
+    "host_processes",
+    "mpirun_flavor",
+    "run_across_hosts",
+    "search_path",
+]
 
 SETTLE_SECONDS = 1.0
 _REPORT = re.compile(r"^commlayer run on \S+: (?P<what>.*) \[at (?P<time>\d+(\.\d+)?)\]$")
@@ -57,7 +69,9 @@ def host_processes(plan: JobPlan, launcher: str, environ: Mapping[str, str]) -> 
         argv, extra = pdsh_argv(plan)
         return [ProcessSpec("pdsh", tuple(argv), {**env, **extra}, tag="")]
     if launcher == "mpirun":
-        executable = shutil.which(env.get("COMMLAYER_MPIRUN", "mpirun"), path=env.get("PATH")) or "mpirun"
+        # Launchers find their helpers (mpiexec.hydra, hydra_pmi_proxy, prted) on PATH.
+        env["PATH"] = search_path(env)
+        executable = find_mpirun(env)
         argv = mpirun_argv(plan, mpirun_flavor(executable, env), executable)
         return [ProcessSpec("mpirun", tuple(argv), env, tag="")]
     if launcher == "srun":
@@ -65,6 +79,22 @@ def host_processes(plan: JobPlan, launcher: str, environ: Mapping[str, str]) -> 
     raise ValueError(
         f"commlayer run: argument '--launcher' expected ssh, pdsh, mpirun or srun, received {launcher!r}"
     )
+
+
+def find_mpirun(environ: Mapping[str, str]) -> str:
+    """``$COMMLAYER_MPIRUN`` or ``mpirun``, looked up on PATH after this interpreter's own bin folder."""
+    name = environ.get("COMMLAYER_MPIRUN", "mpirun")
+    found = shutil.which(name, path=search_path(environ))
+    if found is None:
+        raise ValueError(
+            f"commlayer run: --launcher mpirun expected an mpirun on PATH or in $COMMLAYER_MPIRUN, received {name!r}"
+        )
+    return found
+
+
+def search_path(environ: Mapping[str, str]) -> str:
+    """PATH with this interpreter's bin folder first (a venv's mpirun, used without activating it)."""
+    return os.pathsep.join([str(Path(sys.executable).parent), environ.get("PATH", os.defpath)])
 
 
 def mpirun_flavor(executable: str, environ: Mapping[str, str]) -> str:

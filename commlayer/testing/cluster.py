@@ -10,8 +10,13 @@ traffic can leave the namespaces the test created. Options add what real cluster
 * ``side_interface``: a second interface ``side0`` on every host, addresses in one subnet that looks
   routable but whose links end nowhere (like docker0 bridges with the same range on every node):
   a backend that picks it hangs or fails, so the tests can show which interface was chosen.
-* ``resolvable_names``: the hosts' names resolve (a per-namespace /etc/hosts, which ``ip netns
-  exec`` mounts); by default they do not, as on many cloud and container clusters.
+* ``resolvable_names``: the hosts' names resolve (an /etc/hosts listing them is mounted in every
+  host); by default they do not, as on many cloud and container clusters.
+
+Each host also has its own mount namespace with, by default, a private ``/dev/shm``, so shared
+memory works within a host and never across hosts, as on separate machines (commlayer's shm backend
+then picks its two-level form by itself). ``private_shm=False`` shares the machine's: Intel MPI
+still takes the hosts for one node (same kernel) and hangs in MPI_Init without a common /dev/shm.
 
 Everything is named ``cl<tag>...`` with a random tag, so parallel test runs never collide, and
 :func:`network_cluster` tears every namespace, mount and process down on exit, failed test or not::
@@ -28,6 +33,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,7 +55,6 @@ _SIDE_SUBNET = "10.78.0"
 _INTERFACE = "cl0"
 _SIDE_INTERFACE = "side0"
 _RUN_DIR = Path("/run/commlayer-cluster")
-_NETNS_ETC = Path("/etc/netns")
 _COMMAND_SECONDS = 30
 
 
@@ -102,6 +107,7 @@ class ClusterOptions:
     link: LinkShape | None = None
     side_interface: bool = False
     resolvable_names: bool = False
+    private_shm: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= 200:
@@ -116,11 +122,19 @@ class ClusterHost:
     address: str  # on the cluster interface
     interface: str  # the interface that reaches the other hosts
     side_address: str | None  # on the dead-end interface, when the cluster has one
-    uts_file: Path
+    uts_file: (
+        Path  # the host's UTS (hostname) and mount (/dev/shm, /etc/hosts) namespaces, kept by bind mounts
+    )
+    mount_file: Path
 
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside this host: its network namespace, its hostname (and its /etc/hosts)."""
-        return ["ip", "netns", "exec", self.namespace, "nsenter", f"--uts={self.uts_file}", "--", *argv]
+    def command(self, argv: Sequence[str], cwd: str | Path | None = None) -> list[str]:
+        """``argv`` run inside this host, in ``cwd`` (default: the current directory)."""
+        namespaces = [
+            f"--net=/run/netns/{self.namespace}",
+            f"--uts={self.uts_file}",
+            f"--mount={self.mount_file}",
+        ]
+        return ["nsenter", *namespaces, f"--wdns={cwd or os.getcwd()}", "--", *argv]
 
     def pids(self) -> list[int]:
         """Every process running in this host's network namespace."""
@@ -180,31 +194,55 @@ def network_cluster(options: ClusterOptions = ClusterOptions()) -> Iterator[Netw
     tag = secrets.token_hex(3)
     undo: list[Callable[[], None]] = []
     try:
-        yield _build(tag, options, undo)
+        with _sigterm_unwinds():
+            yield _build(tag, options, undo)
     finally:
         for step in reversed(undo):
             with contextlib.suppress(Exception):
                 step()
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM (``timeout``, a CI job cancelled) raises SystemExit, so the teardown still runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _build(tag: str, options: ClusterOptions, undo: list[Callable[[], None]]) -> NetworkCluster:
     workdir = _RUN_DIR / tag
     workdir.mkdir(parents=True, mode=0o700)
     undo.append(lambda: shutil.rmtree(workdir, ignore_errors=True))
+    # Namespace files can only be bind-mounted onto a mount that does not propagate.
+    _run(["mount", "--bind", str(workdir), str(workdir)])
+    undo.append(lambda: _run(["umount", "--lazy", str(workdir)], check=False))
+    _run(["mount", "--make-private", str(workdir)])
+    table = "127.0.0.1 localhost\n" + "".join(
+        f"{_SUBNET}.{i + 1} {_host_name(tag, i)}\n" for i in range(options.hosts)
+    )
+    (workdir / "hosts").write_text(table, encoding="ascii")
     switch = f"cl{tag}-sw"
     _add_namespace(switch, undo)
     _run(["ip", "-n", switch, "link", "add", "br0", "type", "bridge"])
     _run(["ip", "-n", switch, "link", "set", "br0", "up"])
     hosts = tuple(_add_host(tag, index, switch, workdir, options, undo) for index in range(options.hosts))
-    if options.resolvable_names:
-        _write_hosts_files(hosts, undo)
     return NetworkCluster(tag, hosts, options, workdir)
 
 
 def _add_host(
     tag: str, index: int, switch: str, workdir: Path, options: ClusterOptions, undo: list[Callable[[], None]]
 ) -> ClusterHost:
-    namespace, name = f"cl{tag}-h{index}", f"node{index}-{tag}"
+    namespace, name = f"cl{tag}-h{index}", _host_name(tag, index)
     _add_namespace(namespace, undo)
     address = f"{_SUBNET}.{index + 1}"
     _veth(namespace, _INTERFACE, switch, f"p{index}", f"{address}/24")
@@ -214,26 +252,46 @@ def _add_host(
         side_address = f"{_SIDE_SUBNET}.{index + 1}"
         _veth(namespace, _SIDE_INTERFACE, switch, f"s{index}", f"{side_address}/24")  # unbridged: a dead end
     if options.link is not None and options.link.tc_arguments():
-        _run(
-            [
-                "ip",
-                "netns",
-                "exec",
-                namespace,
-                "tc",
-                "qdisc",
-                "add",
-                "dev",
-                _INTERFACE,
-                "root",
-                *options.link.tc_arguments(),
-            ]
-        )
-    uts_file = workdir / f"uts-h{index}"
+        shaping = ["tc", "qdisc", "add", "dev", _INTERFACE, "root", *options.link.tc_arguments()]
+        _run(["ip", "netns", "exec", namespace, *shaping])
+    uts_file, mount_file = workdir / f"uts-h{index}", workdir / f"mnt-h{index}"
+    hosts_file = workdir / "hosts" if options.resolvable_names else None
+    _persistent_namespaces(uts_file, mount_file, name, hosts_file, options.private_shm, undo)
+    return ClusterHost(index, name, namespace, address, _INTERFACE, side_address, uts_file, mount_file)
+
+
+def _host_name(tag: str, index: int) -> str:
+    return f"node{index}-{tag}"
+
+
+def _persistent_namespaces(
+    uts_file: Path,
+    mount_file: Path,
+    name: str,
+    hosts_file: Path | None,
+    private_shm: bool,
+    undo: list[Callable[[], None]],
+) -> None:
+    """A UTS namespace named ``name`` and a mount namespace (own /dev/shm and /etc/hosts if asked)."""
     uts_file.touch()
-    _run(["unshare", f"--uts={uts_file}", "hostname", name])  # keeps the namespace through a bind mount
+    mount_file.touch()
+    setup = f"hostname {name}"
+    setup += " && mount -t tmpfs -o mode=1777 shm /dev/shm" if private_shm else ""
+    setup += f" && mount --bind {hosts_file} /etc/hosts" if hosts_file is not None else ""
+    undo.append(lambda: _run(["umount", str(mount_file)], check=False))
     undo.append(lambda: _run(["umount", str(uts_file)], check=False))
-    return ClusterHost(index, name, namespace, address, _INTERFACE, side_address, uts_file)
+    _run(
+        [
+            "unshare",
+            f"--uts={uts_file}",
+            f"--mount={mount_file}",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            setup,
+        ]
+    )
 
 
 def _add_namespace(namespace: str, undo: list[Callable[[], None]]) -> None:
@@ -250,15 +308,6 @@ def _veth(namespace: str, inner: str, switch: str, outer: str, address: str) -> 
     _run(["ip", "-n", switch, "link", "set", outer, "up"])
     _run(["ip", "-n", namespace, "addr", "add", address, "dev", inner])
     _run(["ip", "-n", namespace, "link", "set", inner, "up"])
-
-
-def _write_hosts_files(hosts: tuple[ClusterHost, ...], undo: list[Callable[[], None]]) -> None:
-    table = "127.0.0.1 localhost\n" + "".join(f"{host.address} {host.name}\n" for host in hosts)
-    for host in hosts:
-        folder = _NETNS_ETC / host.namespace
-        folder.mkdir(parents=True)
-        undo.append(lambda folder=folder: shutil.rmtree(folder, ignore_errors=True))
-        (folder / "hosts").write_text(table, encoding="ascii")
 
 
 def _delete_namespace(namespace: str) -> None:

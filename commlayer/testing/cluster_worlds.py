@@ -6,6 +6,9 @@ placing ``per_host`` consecutive ranks on each host, the way the real launchers 
 * :class:`TorchrunHosts`: one ``torchrun --nnodes K`` agent per host, c10d rendezvous on host 0.
 * :class:`SlurmHosts`: every rank started directly with the variables ``srun`` exports
   (SLURM_PROCID, SLURM_NODELIST naming the hosts...), so rendezvous finds host 0 by its name.
+* :class:`MpirunHosts`: one ``mpirun`` on host 0 reaching the other hosts through real sshd, with
+  the command line ``commlayer run --launcher mpirun`` builds; no MASTER_ADDR unless ``env`` sets
+  one, so the ranks exchange rank 0's address over MPI.
 """
 
 from __future__ import annotations
@@ -16,9 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..launch import ProcessSpec, free_port
+from ..launch.commands import JobPlan, mpirun_argv
+from ..launch.environment import exported_environment
+from ..launch.hostfile import HostSlots
+from ..launch.multinode import find_mpirun, mpirun_flavor, search_path
 from .cluster import NetworkCluster
+from .cluster_ssh import SshAccess
 
-__all__ = ["SlurmHosts", "TorchrunHosts"]
+__all__ = ["MpirunHosts", "SlurmHosts", "TorchrunHosts"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +105,33 @@ def _check_world(cluster: NetworkCluster, per_host: int, world_size: int) -> Non
             f"run_world: argument 'world_size' expected {per_host} ranks on each of "
             f"{len(cluster.hosts)} hosts = {per_host * len(cluster.hosts)}, received {world_size}"
         )
+
+
+@dataclass(frozen=True)
+class MpirunHosts:
+    """``mpirun`` (the venv's, Intel MPI by default; ``COMMLAYER_MPIRUN`` picks another) on host 0."""
+
+    cluster: NetworkCluster
+    access: SshAccess
+    per_host: int = 2
+    name: str = "mpirun across hosts"
+
+    def processes(
+        self, command: tuple[str, ...], env: Mapping[str, str], world_size: int
+    ) -> list[ProcessSpec]:
+        _check_world(self.cluster, self.per_host, world_size)
+        hosts = self.cluster.hosts
+        plan = JobPlan(
+            hosts=tuple(HostSlots(host.address, tuple(range(self.per_host))) for host in hosts),
+            program=command,
+            master_addr=env.get("MASTER_ADDR"),
+            master_port=int(env.get("MASTER_PORT", "0")),
+            exported=exported_environment(env, None),
+            cwd=str(Path.cwd()),
+            ssh=self.access.ssh,
+            interface=hosts[0].interface,
+        )
+        launcher_env = {**env, "PATH": search_path(env)}
+        executable = find_mpirun(launcher_env)
+        argv = mpirun_argv(plan, mpirun_flavor(executable, launcher_env), executable)
+        return [ProcessSpec("mpirun", tuple(hosts[0].command(argv)), launcher_env)]

@@ -10,6 +10,14 @@ import torch
 from commlayer import dist
 
 
+def checks_then_compat(expected_interface: str, hosts: str) -> None:
+    """One world for both: where the ranks run and which interface they use, then the compat suite."""
+    from tests.ranks import compat
+
+    interface_and_hosts(expected_interface, hosts)
+    compat.main()
+
+
 def interface_and_hosts(expected_interface: str, hosts: str) -> None:
     """Each rank checks the interface commlayer told gloo to use and where every rank runs."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -25,3 +33,14 @@ def interface_and_hosts(expected_interface: str, hosts: str) -> None:
     dist.all_reduce(values)
     expected = torch.arange(3, dtype=torch.float64) * world + 10 * sum(range(world))
     assert torch.equal(values, expected), (rank, values)
+
+
+def shm_two_level() -> None:
+    """shm across hosts with private /dev/shm each: it must pick its two-level form by itself."""
+    from tests.ranks import compat
+
+    dist.init_process_group("shm")
+    backend = dist.group.WORLD.primary_backend
+    assert type(backend).__name__ == "TwoLevelBackend", type(backend)
+    compat.main()
+    dist.destroy_process_group()
