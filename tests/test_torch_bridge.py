@@ -84,6 +84,17 @@ def test_availability_and_complex_support_follow_commlayer_backends() -> None:
     assert dist.get_default_backend_for_device("cuda") == "nccl"
 
 
+def test_torch_debug_level_api_turns_on_commlayer_debug_mode() -> None:
+    from commlayer.dist._trace import debug_mode
+
+    assert dist.get_debug_level is torch_dist.get_debug_level and not debug_mode({})
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        assert debug_mode({}), "set_debug_level(DETAIL) did not enable the cross-rank checks"
+    finally:
+        dist.set_debug_level(dist.DebugLevel.OFF)
+
+
 def test_group_handle_answers_process_group_methods(world_of_one: None) -> None:
     world = dist.group.WORLD
     assert (world.rank(), world.size(), world.name(), str(world.name)) == (0, 1, "gloo", "world")

@@ -27,6 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch.distributed as torch_dist
+
 from .. import health
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError, describe_ranks
 from ..flight_recorder import (
@@ -80,10 +82,14 @@ _IDENTIFY_DEAD_PEER_S = 15.0
 
 
 def debug_mode(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether collectives compare fingerprints across ranks before running."""
+    """Whether collectives compare fingerprints across ranks before running.
+
+    Also on after ``dist.set_debug_level(dist.DebugLevel.DETAIL)``, torch's debug-level API.
+    """
     return (
         environ.get(DEBUG_ENV, "").lower() == "detail"
         or environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
+        or torch_dist.get_debug_level() == torch_dist.DebugLevel.DETAIL
     )
 
 
