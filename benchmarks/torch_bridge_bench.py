@@ -90,23 +90,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
         target = "benchmarks.torch_bridge_bench"
-        run_world(f"{target}:ddp_rank", 2, backend="gloo", timeout=600, args=[str(out / "gloo.json")])
-        run_world(
-            f"{target}:ddp_rank",
-            2,
-            backend="mpi",
-            launcher="mpirun",
-            timeout=600,
-            args=[str(out / "mpi.json")],
-        )
-        run_world(
-            f"{target}:overhead_rank",
-            1,
-            backend="mpi",
-            launcher="mpirun",
-            timeout=600,
-            args=[str(out / "op.json")],
-        )
+        runs = [("ddp_rank", 2, "gloo", "local", "gloo"), ("ddp_rank", 2, "mpi", "mpirun", "mpi")]
+        for function, ranks, backend, launcher, name in [*runs, ("overhead_rank", 1, "mpi", "mpirun", "op")]:
+            args = [str(out / f"{name}.json")]
+            run_world(
+                f"{target}:{function}", ranks, backend=backend, launcher=launcher, timeout=600, args=args
+            )
         gloo, mpi = (json.loads((out / f"{name}.json").read_text()) for name in ("gloo", "mpi"))
         per_op = json.loads((out / "op.json").read_text())
     results = {

@@ -88,10 +88,7 @@ def broadcast_object_list(
     coll.broadcast(sizes, src=root, group=group)
     data = torch.cat(payloads) if is_root else torch.empty(int(sizes.sum()), dtype=torch.uint8, device=target)
     coll.broadcast(data, src=root, group=group)
-    offset = 0
-    for index, size in enumerate(sizes.tolist()):
-        object_list[index] = _unpickle(data[offset : offset + size])
-        offset += size
+    _unpickle_into(object_list, data, sizes)
 
 
 def scatter_object_list(
@@ -172,10 +169,7 @@ def recv_object_list(
     sender = p2p.recv(sizes, src, group=group, group_src=group_src)
     data = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=target)
     p2p.recv(data, sender, group=group)
-    offset = 0
-    for index, size in enumerate(sizes.tolist()):
-        object_list[index] = _unpickle(data[offset : offset + size])
-        offset += size
+    _unpickle_into(object_list, data, sizes)
     return sender
 
 
@@ -212,6 +206,14 @@ def _pickle(obj: Any, device: torch.device) -> torch.Tensor:
 
 def _unpickle(data: torch.Tensor) -> Any:
     return pickle.loads(data.cpu().numpy().tobytes())
+
+
+def _unpickle_into(object_list: list[Any], data: torch.Tensor, sizes: torch.Tensor) -> None:
+    """Unpickle consecutive payloads of ``sizes`` bytes from ``data`` into ``object_list``."""
+    offset = 0
+    for index, size in enumerate(sizes.tolist()):
+        object_list[index] = _unpickle(data[offset : offset + size])
+        offset += size
 
 
 def _pad(payload: torch.Tensor, size: int) -> torch.Tensor:
