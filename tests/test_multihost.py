@@ -17,6 +17,7 @@ import pytest
 from commlayer.testing import require_mpirun, run_world
 from commlayer.testing.cluster import (
     ClusterOptions,
+    LinkShape,
     NetworkCluster,
     cluster_unavailable_reason,
     network_cluster,
@@ -90,6 +91,32 @@ def test_teardown_removes_namespaces_and_processes() -> None:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert not any(namespace in listed for namespace in namespaces)
     assert cluster.tag not in Path("/proc/mounts").read_text(encoding="utf-8")
+
+
+def test_link_shapes_become_tc_arguments() -> None:
+    assert LinkShape(rate_mbit=1000).tc_arguments() == [
+        "tbf",
+        "rate",
+        "1000mbit",
+        "burst",
+        "125000",
+        "latency",
+        "50ms",
+    ]
+    netem = LinkShape(delay_ms=1, loss_percent=0.5, rate_mbit=100).tc_arguments()
+    assert netem == ["netem", "delay", "1ms", "loss", "0.5%", "rate", "100mbit"]
+    assert LinkShape().tc_arguments() == [] and LinkShape().describe() == "unshaped"
+    with pytest.raises(
+        ValueError, match="LinkShape: argument 'rate_mbit' expected a positive rate, received 0"
+    ):
+        LinkShape(rate_mbit=0)
+
+
+def test_shaped_links_carry_their_qdisc() -> None:
+    with network_cluster(ClusterOptions(hosts=1, link=LinkShape(rate_mbit=100))) as cluster:
+        host = cluster.hosts[0]
+        shown = run_on(host.command(["tc", "qdisc", "show", "dev", host.interface]))
+    assert "tbf" in shown and "rate 100Mbit" in shown, shown
 
 
 # ---- tier 3: worlds across the hosts ------------------------------------------------------------

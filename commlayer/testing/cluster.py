@@ -46,6 +46,7 @@ __all__ = [
     "LinkShape",
     "NetworkCluster",
     "cluster_unavailable_reason",
+    "netem_unavailable_reason",
     "network_cluster",
 ]
 
@@ -174,7 +175,7 @@ def netem_unavailable_reason() -> str | None:
     probe = f"clprobe{secrets.token_hex(3)}"
     _run(["ip", "netns", "add", probe])
     try:
-        _run(["ip", "-n", probe, "link", "add", "p0", "type", "dummy"])
+        _run(["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
         tried = _run(
             ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "p0", "root", "netem"], check=False
         )
