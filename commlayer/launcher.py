@@ -2,28 +2,7 @@
 
 from __future__ import annotations
 
-from .launch import (
-    TIMEOUT_EXIT_CODE,
-    LaunchConfig,
-    LaunchResult,
-    ProcessOutcome,
-    ProcessSpec,
-    SuperviseOptions,
-    free_port,
-    launch,
-    pid_running,
-    supervise,
-)
+from . import launch as _launch
+from .launch import *  # the same names under the old module
 
-__all__ = [
-    "TIMEOUT_EXIT_CODE",
-    "LaunchConfig",
-    "LaunchResult",
-    "ProcessOutcome",
-    "ProcessSpec",
-    "SuperviseOptions",
-    "free_port",
-    "launch",
-    "pid_running",
-    "supervise",
-]
+__all__ = list(_launch.__all__)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from commlayer.testing import require_mpirun
 from commlayer.testing.cluster import (
     ClusterOptions,
     NetworkCluster,
@@ -41,7 +42,11 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def ssh_cluster() -> Iterator[tuple[NetworkCluster, SshAccess]]:
-    with network_cluster(ClusterOptions(hosts=2)) as cluster, cluster_sshd(cluster) as access:
+    # A shared /dev/shm: Intel MPI takes namespace hosts for one node (see commlayer.testing.cluster).
+    with (
+        network_cluster(ClusterOptions(hosts=2, private_shm=False)) as cluster,
+        cluster_sshd(cluster) as access,
+    ):
         yield cluster, access
 
 
@@ -91,12 +96,14 @@ def _command_line(pid: int) -> str:
         return ""
 
 
-@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh", "mpirun"])
 def test_hostfile_job_runs_two_ranks_on_each_host(
     launcher: str, ssh_cluster: tuple[NetworkCluster, SshAccess], job_dir: Path
 ) -> None:
     if launcher == "pdsh" and shutil.which("pdsh") is None:
         pytest.skip("pdsh is not installed")
+    if launcher == "mpirun":
+        require_mpirun()
     argv = runner_argv(ssh_cluster, job_dir, "--launcher", launcher, SCRIPT, "check", "from the env file")
     done = subprocess.run(
         argv, cwd=job_dir, env=runner_env(), capture_output=True, text=True, timeout=180, check=False
@@ -105,7 +112,9 @@ def test_hostfile_job_runs_two_ranks_on_each_host(
     cluster, _ = ssh_cluster
     for rank in range(4):
         host = cluster.hosts[rank // 2]
-        assert f"[{host.address} rank{rank}] ok {rank} {host.name}\n" in done.stdout, done.stdout
+        # Hydra's -l tags each write ("[3] "), so the line's newline may come tagged on its own.
+        tag = f"[{rank}] " if launcher == "mpirun" else f"[{host.address} rank{rank}] "
+        assert f"{tag}ok {rank} {host.name}" in done.stdout, done.stdout
     assert_no_orphans(cluster)
 
 
