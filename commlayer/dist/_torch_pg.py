@@ -30,6 +30,7 @@ from ._groups import ProcessGroup
 
 __all__ = ["BridgeWork", "CommlayerProcessGroup"]
 
+_TORCH_SUM = torch_dist.ReduceOp.SUM
 # torch's RedOpType by value: reading an enum's value costs a third of its name (per-op hot path).
 _REDUCE_OPS = {
     int(getattr(torch_dist.ReduceOp.RedOpType, op.name).value): op
@@ -300,8 +301,10 @@ def _reduce_op(opts: Any) -> Any:
     """commlayer's ReduceOp for torch's; anything else goes on to the facade, which names it."""
     if opts is None:
         return ReduceOp.SUM
-    op = opts.reduceOp.op
-    return _REDUCE_OPS.get(op.value, op)
+    torch_op = opts.reduceOp
+    if torch_op == _TORCH_SUM:  # one pybind comparison: half the cost of reading the op's value
+        return ReduceOp.SUM
+    return _REDUCE_OPS.get(torch_op.op.value, torch_op.op)
 
 
 def _unaliased(source: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
