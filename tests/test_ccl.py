@@ -35,7 +35,7 @@ pytestmark = [
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_compatibility_suite_on_ccl(world_size: int) -> None:
-    run_world("tests.ranks.compat:main", world_size, backend="ccl", timeout=300)
+    run_world("commlayer.testing.conformance:main", world_size, backend="ccl", timeout=300)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

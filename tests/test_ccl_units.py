@@ -21,8 +21,8 @@ from commlayer.backends.ccl._locate import OneCclInstall, candidate_prefixes, fi
 from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
 from commlayer.registry import get_backend_class, list_backends
 from commlayer.selection import resolve_backend_spec
+from commlayer.testing.conformance import NUMERIC_DTYPES
 from commlayer.types import ReduceOp
-from tests.ranks._values import NUMERIC_DTYPES
 
 HAS_EXTENSION = importlib.util.find_spec(_native.EXTENSION) is not None
 

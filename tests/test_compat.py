@@ -24,7 +24,7 @@ pytestmark = pytest.mark.multirank
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_compatibility_suite_on_gloo(world_size: int) -> None:
-    run_world("tests.ranks.compat:main", world_size, backend="gloo", timeout=240)
+    run_world("commlayer.testing.conformance:main", world_size, backend="gloo", timeout=240)
 
 
 def test_every_init_method(tmp_path: Path) -> None:

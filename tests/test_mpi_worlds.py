@@ -41,7 +41,7 @@ def _usable_pair(pair: str) -> Mapping[str, str]:
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_compatibility_suite_on_mpi(world_size: int) -> None:
     require_mpirun()
-    run_world("tests.ranks.compat:main", world_size, backend="mpi", launcher="mpirun", timeout=300)
+    run_world("commlayer.testing.conformance:main", world_size, backend="mpi", launcher="mpirun", timeout=300)
 
 
 def test_mpi_specific_checks(pair_env: Mapping[str, str]) -> None:

@@ -2,7 +2,7 @@
 
 Every multi-rank test in the project goes through here::
 
-    run_world("tests.ranks.compat:main", 4)               # 4 local ranks, gloo process group
+    run_world("commlayer.testing.conformance:main", 4)               # 4 local ranks, gloo process group
     run_world("tests.ranks.mpi_ops:main", 3, backend="mpi", launcher="mpirun", args=["float64"])
 
 Each rank runs ``python -m commlayer.testing._worker`` (see ``_worker.py``). The first rank to fail

@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 
 from commlayer import dist
+from commlayer.testing.conformance import NUMERIC_DTYPES, assert_equal, reduced, values
 from commlayer.types import ReduceOp
-
-from ._values import NUMERIC_DTYPES, assert_equal, reduced, values
 
 # The contract, spelled out instead of read from the backend's declared capabilities,
 # so a narrowed declaration cannot silently shrink what is tested.

@@ -16,9 +16,8 @@ from commlayer import dist
 from commlayer.backends.hccl import HcclBackend
 from commlayer.errors import BackendUnavailableError
 from commlayer.selection import detect_accelerator
+from commlayer.testing import conformance
 from commlayer.types import ReduceOp
-
-from . import compat
 
 assert getattr(torch_npu, "IS_TEST_DOUBLE", False), "expected the torch_npu test double on PYTHONPATH"
 
@@ -28,7 +27,7 @@ def compat_suite() -> None:
     backend = dist.group.WORLD.primary_backend
     assert isinstance(backend, HcclBackend), backend
     assert backend.torch_group is not None and dist.get_backend() == "hccl"
-    compat.main()
+    conformance.main()
 
 
 def picked_automatically() -> None:

@@ -23,8 +23,7 @@ from commlayer.backends.mpi import MpiOptions
 from commlayer.backends.mpi.options import MODES
 from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
 from commlayer.rendezvous import discover
-
-from . import compat
+from commlayer.testing import conformance
 
 _TIMEOUT_TAG = 11
 _ANY_SOURCE_TAG = 12
@@ -47,7 +46,7 @@ def main(*options: str) -> None:
     check_discovery_layout()
     check_destroy_then_initialise_again()
     if "compat" in options:
-        compat.main()
+        conformance.main()
 
 
 def check_tag_range_is_validated() -> None:

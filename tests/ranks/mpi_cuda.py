@@ -6,7 +6,7 @@ staged through host memory (logged once). Force each path with COMMLAYER_MPI_CUD
     COMMLAYER_MPI_CUDA_AWARE=0 mpirun -n 2 python -m commlayer.testing._worker --backend mpi tests.ranks.mpi_cuda:main
 
 (under the harness: ``run_world("tests.ranks.mpi_cuda:main", 2, backend="mpi", launcher="mpirun")``).
-Group layout as in :mod:`tests.ranks.compat`: world of 2 uses [0, 1] in a new group, larger worlds
+Group layout as in :mod:`commlayer.testing.conformance`: world of 2 uses [0, 1] in a new group, larger worlds
 use [1, ..., n-1], leaving global rank 0 outside.
 """
 
@@ -18,8 +18,7 @@ import torch
 
 from commlayer import dist
 from commlayer.rendezvous import discover
-
-from . import compat
+from commlayer.testing.conformance import run_suite
 
 
 def main() -> None:
@@ -27,18 +26,10 @@ def main() -> None:
     assert info is not None and torch.cuda.is_available(), "needs a GPU per local rank and a launcher"
     torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     device = torch.device("cuda", torch.cuda.current_device())
-    world, me = dist.get_world_size(), dist.get_rank()
+    me = dist.get_rank()
     backend = dist.group.WORLD.backend_for("cuda")
     assert backend is not None and backend.name == "mpi", backend
-    sub_ranks = list(range(1, world)) if world > 2 else list(range(world))
-    subgroup = dist.new_group(sub_ranks)
-    for group, members in ((None, list(range(world))), (subgroup, sub_ranks)):
-        for async_op in (False, True):
-            capabilities = backend.capabilities
-            case = compat.Case(
-                group, members, me, async_op, device, capabilities.dtypes, capabilities.reduce_ops
-            )
-            for check in compat.CHECKS:
-                check(case)
+    failures = run_suite(backend=backend, device=device).failures()
+    assert not failures, "\n".join(f"{v.cell.label}: {v.detail}" for v in failures)
     mode = "CUDA-aware" if backend._cuda_aware else "staged through host memory"
     print(f"rank {me}: compatibility suite on CUDA tensors passed ({mode}; {backend.library})", flush=True)

@@ -1,4 +1,4 @@
-"""Deterministic per-rank inputs and locally computed expectations for the compatibility suite.
+"""Deterministic per-rank inputs and locally computed expectations for the conformance suite.
 
 Every rank can rebuild every other rank's input, so each one computes the exact expected result
 of a collective without communicating. Values are chosen so results are exact in every dtype:
@@ -14,7 +14,9 @@ import torch
 
 from commlayer.types import ReduceOp
 
-# The dtypes issue 2 names for every backend that supports them ("every dtype torch allows").
+__all__ = ["DTYPES", "NARROW", "NUMEL", "NUMERIC_DTYPES", "assert_equal", "ops_for", "reduced", "values"]
+
+# Every dtype a backend may declare, in the order the certificate lists them.
 NUMERIC_DTYPES = (
     torch.float32,
     torch.float64,
