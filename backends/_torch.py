@@ -38,7 +38,6 @@ _REDUCE_SCATTER_OPTIONS = {
     for op in ReduceOp
     for mode in _MODES
 }
-_AVG = ReduceOp.AVG
 _ALLGATHER_OPTIONS = {mode: options(torch_dist.distributed_c10d.AllgatherOptions, mode) for mode in _MODES}
 
 
@@ -61,14 +60,13 @@ def _broadcast_options(root: int, async_op: bool) -> Any:
 class TorchBackend(Backend):
     """A communicator over one torch ProcessGroup; subclasses name the torch backend.
 
-    Ops take the facade's ``async_op`` hint (``Capabilities.sync_hint``); only the hot ops use it.
+    Ops take the facade's ``async_op``; only the hot ops use it. They never see AVG unless the
+    subclass declares ``Capabilities.native_avg`` (the facade sums and divides otherwise).
     """
 
     torch_backend: ClassVar[str]
     #: Ops the torch library lacks for this backend; they use the generic fallbacks instead.
     generic_ops: ClassVar[frozenset[str]] = frozenset()
-    #: Whether the library reduces with AVG itself; if not, it sums and the result is divided.
-    native_avg: ClassVar[bool] = False
 
     def __init__(self, spec: GroupSpec, process_group: Any) -> None:
         super().__init__(spec)
@@ -115,8 +113,8 @@ class TorchBackend(Backend):
         return self._pg
 
     def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
-        """Fused launchers for the hot ops; AVG emulated by SUM-then-divide has none."""
-        if op in self.generic_ops or (_AVG in fixed and not self.native_avg):
+        """Fused launchers for the hot ops."""
+        if op in self.generic_ops:
             return None
         return fused_plan(self._pg, op, fixed)
 
@@ -129,10 +127,7 @@ class TorchBackend(Backend):
     # Work at all: the op is then already ordered before anything the caller enqueues next.
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
-        if op is not _AVG or self.native_avg:  # one library call: no closure on the hot path
-            return _wrap(self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[op, async_op]), (tensor,))
-        run = lambda o: self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[o, async_op])
-        return self._reduce_with(run, op, (tensor,))
+        return _wrap(self._pg.allreduce([tensor], _ALLREDUCE_OPTIONS[op, async_op]), (tensor,))
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
@@ -155,16 +150,15 @@ class TorchBackend(Backend):
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         if "reduce" in self.generic_ops:
-            return super().reduce(tensor, root, op)
-        dst = self._global(root)
-        run = lambda o: torch_dist.reduce(tensor, dst, _TORCH_OPS[o], self._pg, async_op=True)
-        return self._reduce_with(run, op, (tensor,), average=self.rank == root)
+            return super().reduce(tensor, root, op, async_op=async_op)
+        work = torch_dist.reduce(tensor, self._global(root), _TORCH_OPS[op], self._pg, async_op=True)
+        return TorchWork(work, [tensor])
 
     def all_gather(
         self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
         if "all_gather" in self.generic_ops:
-            return super().all_gather(outputs, tensor)
+            return super().all_gather(outputs, tensor, async_op=async_op)
         work = torch_dist.all_gather(list(outputs), tensor, self._pg, async_op=True)
         return TorchWork(work, list(outputs))
 
@@ -172,22 +166,17 @@ class TorchBackend(Backend):
         self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         if "reduce_scatter_tensor" in self.generic_ops:
-            return super().reduce_scatter_tensor(output, tensor, op)
-        if op is not _AVG or self.native_avg:
-            options = _REDUCE_SCATTER_OPTIONS[op, async_op]
-            return _wrap(self._pg._reduce_scatter_base(output, tensor, options), (output,))
-        run = lambda o: self._pg._reduce_scatter_base(output, tensor, _REDUCE_SCATTER_OPTIONS[o, async_op])
-        return self._reduce_with(run, op, (output,))
+            return super().reduce_scatter_tensor(output, tensor, op, async_op=async_op)
+        options = _REDUCE_SCATTER_OPTIONS[op, async_op]
+        return _wrap(self._pg._reduce_scatter_base(output, tensor, options), (output,))
 
     def reduce_scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         if "reduce_scatter" in self.generic_ops:
-            return super().reduce_scatter(output, inputs, op)
-        run = lambda o: torch_dist.reduce_scatter(
-            output, list(inputs), _TORCH_OPS[o], self._pg, async_op=True
-        )
-        return self._reduce_with(run, op, (output,))
+            return super().reduce_scatter(output, inputs, op, async_op=async_op)
+        work = torch_dist.reduce_scatter(output, list(inputs), _TORCH_OPS[op], self._pg, async_op=True)
+        return TorchWork(work, [output])
 
     def all_to_all_single(
         self,
@@ -199,7 +188,7 @@ class TorchBackend(Backend):
         async_op: bool = True,
     ) -> Work:
         if "all_to_all_single" in self.generic_ops:
-            return super().all_to_all_single(output, tensor, output_splits, input_splits)
+            return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
         splits = (_as_list(output_splits), _as_list(input_splits))
         work = torch_dist.all_to_all_single(output, tensor, *splits, group=self._pg, async_op=True)
         return TorchWork(work, [output])
@@ -208,7 +197,7 @@ class TorchBackend(Backend):
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
         if "all_to_all" in self.generic_ops:
-            return super().all_to_all(outputs, inputs)
+            return super().all_to_all(outputs, inputs, async_op=async_op)
         work = torch_dist.all_to_all(list(outputs), list(inputs), self._pg, async_op=True)
         return TorchWork(work, list(outputs))
 
@@ -221,7 +210,7 @@ class TorchBackend(Backend):
         async_op: bool = True,
     ) -> Work:
         if "gather" in self.generic_ops:
-            return super().gather(tensor, outputs, root)
+            return super().gather(tensor, outputs, root, async_op=async_op)
         gather_list = list(outputs) if outputs is not None else None
         work = torch_dist.gather(tensor, gather_list, self._global(root), self._pg, async_op=True)
         return TorchWork(work, gather_list or [])
@@ -230,7 +219,7 @@ class TorchBackend(Backend):
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if "scatter" in self.generic_ops:
-            return super().scatter(output, inputs, root)
+            return super().scatter(output, inputs, root, async_op=async_op)
         scatter_list = list(inputs) if inputs is not None else None
         work = torch_dist.scatter(output, scatter_list, self._global(root), self._pg, async_op=True)
         return TorchWork(work, [output])
@@ -252,26 +241,6 @@ class TorchBackend(Backend):
 
     def recv_any(self, tensor: torch.Tensor, tag: int, *, async_op: bool = True) -> Work:
         return TorchWork(torch_dist.irecv(tensor, None, self._pg, tag), [tensor])
-
-    # --- helpers ---------------------------------------------------------------------------
-
-    def _reduce_with(
-        self,
-        run: Callable[[ReduceOp], Any],
-        op: ReduceOp,
-        results: tuple[torch.Tensor, ...],
-        average: bool = True,
-    ) -> Work:
-        """Start a reducing torch call; emulate AVG as SUM, then divide, where torch lacks it.
-
-        ``average`` is False on ranks that receive no result (reduce's non-roots).
-        """
-        if op is not _AVG or self.native_avg:
-            return _wrap(run(op), results)
-        work = _wrap(run(ReduceOp.SUM), results)
-        if not average:
-            return work
-        return work.then(lambda: [result.div_(self.size) for result in results])
 
 
 def _as_list(splits: Sequence[int] | None) -> list[int] | None:

@@ -12,4 +12,4 @@ __all__ = ["GlooBackend"]
 class GlooBackend(TorchBackend):
     name = "gloo"
     torch_backend = "gloo"
-    capabilities = Capabilities(devices=frozenset({"cpu"}), recv_any_source=True, sync_hint=True)
+    capabilities = Capabilities(devices=frozenset({"cpu"}), recv_any_source=True)

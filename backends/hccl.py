@@ -47,7 +47,7 @@ HCCL_DTYPES = frozenset(
         torch.int64,
     }
 )
-# HCCL reduces with SUM, PROD, MIN and MAX; AVG runs as SUM and a division (TorchBackend).
+# HCCL reduces with SUM, PROD, MIN and MAX; AVG runs as SUM and a division (the facade).
 HCCL_REDUCE_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX})
 
 

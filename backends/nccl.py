@@ -18,9 +18,8 @@ class NcclBackend(TorchBackend):
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
-        sync_hint=True,
+        native_avg=True,
     )
-    native_avg = True
 
     @classmethod
     def is_available(cls) -> Availability:

@@ -3,9 +3,24 @@
 A :class:`Backend` instance is one communicator over a group of ranks, like a c10d ProcessGroup.
 Its mandatory core is small -- all_reduce, all_gather_into_tensor, broadcast, barrier, send, recv
 and group creation -- and :class:`~commlayer.fallbacks.GenericCollectives` builds every other
-facade op on that core. The facade has already validated every argument, made every tensor
-contiguous and translated global ranks into group ranks before a backend method runs, so a
-backend only talks to its library.
+facade op on that core. The facade has already validated every argument against
+:class:`~commlayer.types.Capabilities`, made every tensor contiguous and translated global ranks
+into group ranks before a backend method runs, so a backend only talks to its library.
+
+The rules, all of them:
+
+- every op takes the keyword ``async_op`` (always passed) and returns a :class:`~commlayer.work.Work`;
+- an untimed ``Work.wait()`` ends by the group's timeout: wrap a library request that has no
+  deadline of its own in a :class:`~commlayer.work.DeadlineWork` subclass;
+- a receive from any source (``recv_any``, when ``capabilities.recv_any_source``) returns a Work
+  whose ``source_rank()`` is the sender's group rank;
+- ``ReduceOp.AVG`` reaches the backend only if ``capabilities.native_avg``; otherwise the facade
+  runs SUM and divides;
+- anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError.
+
+Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
+(:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend
+that passes it.
 
 Writing a backend (a third-party one looks exactly like the built-in ones)::
 
@@ -18,7 +33,8 @@ Writing a backend (a third-party one looks exactly like the built-in ones)::
         @classmethod
         def create_world(cls, spec: GroupSpec) -> MyBackend: ...
         def new_group(self, spec: GroupSpec) -> MyBackend | None: ...
-        # ... the six core ops, each returning a commlayer.work.Work
+        def all_reduce(self, tensor, op, *, async_op): ...
+        # ... and the other five core ops, each returning a commlayer.work.Work
 
 and register it under the ``commlayer.backends`` entry-point group::
 
@@ -43,12 +59,26 @@ __all__ = ["Backend"]
 
 
 class Backend(GenericCollectives, ABC):
-    """One communicator over ``spec.ranks``; every rank argument is a group rank."""
+    """One communicator over ``spec.ranks``; every rank argument is a group rank.
+
+    Args:
+        spec: the group this communicator serves (see :class:`~commlayer.types.GroupSpec`).
+
+    Example::
+
+        >>> class Mine(Backend):
+        ...     name = "mine"
+        ...     capabilities = Capabilities(devices=frozenset({"cpu"}))
+        ...     # is_available, create_world, new_group and the six core ops
+    """
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
     #: What to run when the backend is unavailable, e.g. ``pip install 'commlayer[mpi]'``.
     install_hint: ClassVar[str] = ""
+    #: How a world of this backend is started: "local" processes with env:// variables, or "mpirun"
+    #: (``commlayer test-backend`` and ``run_world`` callers use it).
+    launcher: ClassVar[str] = "local"
 
     def __init__(self, spec: GroupSpec) -> None:
         self.spec = spec
@@ -106,29 +136,41 @@ class Backend(GenericCollectives, ABC):
 
     # --- the mandatory core ----------------------------------------------------------------
     #
-    # Every op returns a Work. ``Work.wait()`` without a timeout must still end by the group's
-    # timeout (``spec.timeout``) when the library has no deadline of its own, so that a peer
-    # that never arrives raises instead of hanging.
+    # Every op takes the keyword ``async_op``, which the facade always passes: False when it will
+    # wait for the op at once (a library with a cheaper blocking path may take it), True when the
+    # caller gets the Work. Every op returns a Work; ``Work.wait()`` without a timeout must still
+    # end by the group's timeout (``spec.timeout``) so that a peer that never arrives raises
+    # instead of hanging -- :class:`~commlayer.work.DeadlineWork` does that for any library request
+    # that can be tested. ``op`` is never AVG unless ``capabilities.native_avg``: the facade runs
+    # SUM and divides.
 
     @abstractmethod
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work: ...
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Work:
+        """Reduce ``tensor`` in place across the group with ``op``."""
 
     @abstractmethod
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool) -> Work:
         """``output`` holds ``size * tensor.numel()`` elements, rank-major."""
 
     @abstractmethod
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Work: ...
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool) -> Work:
+        """Copy group rank ``root``'s ``tensor`` into every other rank's."""
 
     @abstractmethod
-    def barrier(self) -> Work: ...
+    def barrier(self, *, async_op: bool) -> Work:
+        """Complete once every rank of the group has called it."""
 
     @abstractmethod
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work: ...
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool) -> Work:
+        """Send ``tensor`` to group rank ``dst``; must not wait for the matching receive to post."""
 
     @abstractmethod
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work: ...
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool) -> Work:
+        """Receive into ``tensor`` from group rank ``src``."""
 
-    def recv_any(self, tensor: torch.Tensor, tag: int) -> Work:
-        """Receive from whichever rank sends first; the Work's ``source_rank()`` says who."""
+    def recv_any(self, tensor: torch.Tensor, tag: int, *, async_op: bool = True) -> Work:
+        """Receive from whichever rank sends first; the Work's ``source_rank()`` says who.
+
+        Only called when ``capabilities.recv_any_source`` is True.
+        """
         raise UnsupportedError(f"recv: backend '{self.name}' cannot receive from any source (src=None)")

@@ -1,5 +1,6 @@
 """The ``commlayer`` command: ``run`` launches ranks (here, or across hosts with ``--hostfile``),
-``bench`` benchmarks, ``backends`` lists, ``trace analyze DIR`` explains flight-recorder dumps.
+``bench`` benchmarks, ``backends`` lists, ``trace analyze DIR`` explains flight-recorder dumps,
+``test-backend`` certifies a backend with the conformance kit.
 
 ``commlayer bench`` lives in :mod:`commlayer.bench.cli` (``add_arguments(parser)`` and
 ``main(args) -> int``); it is imported only when that subcommand is asked for, so ``run`` works
@@ -21,6 +22,7 @@ from .launch.commands import LAUNCHERS
 __all__ = ["main"]
 
 _BENCH_MODULE = "commlayer.bench.cli"
+_CERTIFY_MODULE = "commlayer.testing.conformance.cli"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .trace_analysis import main as analyze_traces  # reads JSON only; imported on demand
 
         return analyze_traces(args.directory)
+    if args.command == "test-backend":
+        return int(importlib.import_module(_CERTIFY_MODULE).main(args))
     if args.command == "bench" and bench_cli is not None:
         return int(bench_cli.main(args) or 0)
     parser.print_help(sys.stderr)
@@ -55,7 +59,7 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="commlayer", description="commlayer: pluggable communication backends for PyTorch."
     )
-    commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends,trace}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends,trace,test-backend}")
     _add_run_arguments(
         commands.add_parser(
             "run", help="launch ranks of a Python script or module, here or across a hostfile's hosts"
@@ -71,6 +75,10 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
         "analyze", help="merge every rank's dump in DIR and say what happened"
     )
     analyze.add_argument("directory", metavar="DIR", help="folder of rank<N>.json dumps")
+    certify = commands.add_parser(
+        "test-backend", help="run the conformance suite on a backend and print its certificate"
+    )
+    _add_certify_arguments(certify)
     return parser
 
 
@@ -146,6 +154,27 @@ def _add_hosts_arguments(run: argparse.ArgumentParser) -> None:
         default=None,
         metavar="COMMAND",
         help="remote shell command for ssh/pdsh/mpirun, e.g. 'ssh -F cluster.conf' (default: $COMMLAYER_SSH or ssh)",
+    )
+
+
+def _add_certify_arguments(parser: argparse.ArgumentParser) -> None:
+    # Declared here, not in the conformance module, so that building the parser imports no torch.
+    parser.add_argument("backend", metavar="NAME", help="an installed backend (see `commlayer backends`)")
+    parser.add_argument(
+        "-n", "--world-size", dest="world_size", type=_positive_int, default=3, help="ranks (default 3)"
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "mpirun"),
+        default=None,
+        help="how ranks start (default: what the backend asks for, else local processes)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="stop the world after this long",
     )
 
 

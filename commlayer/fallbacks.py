@@ -11,17 +11,14 @@ first), so they cannot deadlock even on a library whose send blocks until the re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
 from .types import ReduceOp
 from .work import CompletedWork, Work, WorkList
 
-if TYPE_CHECKING:
-    from .backend import Backend
-
-__all__ = ["FALLBACK_TAG", "GenericCollectives", "P2PRequest"]
+__all__ = ["FALLBACK_TAG", "CoreOps", "GenericCollectives", "P2PRequest"]
 
 # Tag reserved for the messages fallbacks exchange; user tags stay below it in practice.
 FALLBACK_TAG = 0x6C6D
@@ -36,37 +33,69 @@ class P2PRequest(NamedTuple):
     tag: int
 
 
+class CoreOps(Protocol):
+    """The part of :class:`~commlayer.backend.Backend` the fallbacks build on (no import of it,
+    so the contract module and this one do not import each other)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Work: ...
+
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool
+    ) -> Work: ...
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool) -> Work: ...
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool) -> Work: ...
+
+    def reduce_scatter_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool
+    ) -> Work: ...
+
+    def all_to_all(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool
+    ) -> Work: ...
+
+
 class GenericCollectives:
     """Mixin of fallbacks; ``self`` is a :class:`~commlayer.backend.Backend`.
 
-    Each accepts the facade's ``async_op`` hint (see ``Capabilities.sync_hint``) and ignores it.
+    Collective-built fallbacks pass the facade's ``async_op`` on; the ones built from sends and
+    receives post them all asynchronously first, then hand back one Work over them.
     """
 
-    def batch_p2p(self: Backend, requests: Sequence[P2PRequest], *, async_op: bool = True) -> list[Work]:
+    def batch_p2p(self: CoreOps, requests: Sequence[P2PRequest], *, async_op: bool = True) -> list[Work]:
         """Post sends and receives as one batch.
 
         Posting them one by one is right for libraries whose send does not wait for the
         matching receive (gloo, MPI); NCCL's backend overrides this to group them.
         """
         return [
-            self.send(r.tensor, r.peer, r.tag) if r.kind == "send" else self.recv(r.tensor, r.peer, r.tag)
+            self.send(r.tensor, r.peer, r.tag, async_op=True)
+            if r.kind == "send"
+            else self.recv(r.tensor, r.peer, r.tag, async_op=True)
             for r in requests
         ]
 
     def reduce(
-        self: Backend, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True
+        self: CoreOps, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         scratch = tensor.clone()
-        work = self.all_reduce(scratch, op)
+        work = self.all_reduce(scratch, op, async_op=async_op)
         if self.rank != root:
             return work
         return work.then(lambda: tensor.copy_(scratch))
 
     def all_gather(
-        self: Backend, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+        self: CoreOps, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
         gathered = tensor.new_empty((self.size, tensor.numel()))
-        work = self.all_gather_into_tensor(gathered, tensor)
+        work = self.all_gather_into_tensor(gathered, tensor, async_op=async_op)
 
         def scatter_rows() -> None:
             for row, output in zip(gathered, outputs):
@@ -75,16 +104,16 @@ class GenericCollectives:
         return work.then(scatter_rows)
 
     def reduce_scatter_tensor(
-        self: Backend, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+        self: CoreOps, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         scratch = tensor.clone()
-        work = self.all_reduce(scratch, op)
+        work = self.all_reduce(scratch, op, async_op=async_op)
         count = output.numel()
         mine = scratch.view(-1)[self.rank * count : (self.rank + 1) * count]
         return work.then(lambda: output.copy_(mine.view_as(output)))
 
     def reduce_scatter(
-        self: Backend,
+        self: CoreOps,
         output: torch.Tensor,
         inputs: Sequence[torch.Tensor],
         op: ReduceOp,
@@ -92,10 +121,10 @@ class GenericCollectives:
         async_op: bool = True,
     ) -> Work:
         flat = torch.cat([chunk.reshape(-1) for chunk in inputs])
-        return self.reduce_scatter_tensor(output, flat, op)
+        return self.reduce_scatter_tensor(output, flat, op, async_op=async_op)
 
     def all_to_all_single(
-        self: Backend,
+        self: CoreOps,
         output: torch.Tensor,
         tensor: torch.Tensor,
         output_splits: Sequence[int] | None,
@@ -105,10 +134,10 @@ class GenericCollectives:
     ) -> Work:
         outputs = _split_rows(output, output_splits, self.size)
         inputs = _split_rows(tensor, input_splits, self.size)
-        return self.all_to_all(outputs, inputs)
+        return self.all_to_all(outputs, inputs, async_op=async_op)
 
     def all_to_all(
-        self: Backend,
+        self: CoreOps,
         outputs: Sequence[torch.Tensor],
         inputs: Sequence[torch.Tensor],
         *,
@@ -122,7 +151,7 @@ class GenericCollectives:
         return WorkList(works)
 
     def gather(
-        self: Backend,
+        self: CoreOps,
         tensor: torch.Tensor,
         outputs: Sequence[torch.Tensor] | None,
         root: int,
@@ -130,14 +159,14 @@ class GenericCollectives:
         async_op: bool = True,
     ) -> Work:
         if self.rank != root:
-            return self.send(tensor, root, FALLBACK_TAG)
+            return self.send(tensor, root, FALLBACK_TAG, async_op=async_op)
         assert outputs is not None
         outputs[root].copy_(tensor)
         peers = [peer for peer in range(self.size) if peer != root]
-        return WorkList([self.recv(outputs[peer], peer, FALLBACK_TAG) for peer in peers])
+        return WorkList([self.recv(outputs[peer], peer, FALLBACK_TAG, async_op=True) for peer in peers])
 
     def scatter(
-        self: Backend,
+        self: CoreOps,
         output: torch.Tensor,
         inputs: Sequence[torch.Tensor] | None,
         root: int,
@@ -145,11 +174,12 @@ class GenericCollectives:
         async_op: bool = True,
     ) -> Work:
         if self.rank != root:
-            return self.recv(output, root, FALLBACK_TAG)
+            return self.recv(output, root, FALLBACK_TAG, async_op=async_op)
         assert inputs is not None
         output.copy_(inputs[root])
         peers = [peer for peer in range(self.size) if peer != root]
-        return WorkList([self.send(inputs[peer].contiguous(), peer, FALLBACK_TAG) for peer in peers])
+        sends = [self.send(inputs[peer].contiguous(), peer, FALLBACK_TAG, async_op=True) for peer in peers]
+        return WorkList(sends)
 
 
 def _split_rows(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[torch.Tensor]:
@@ -159,8 +189,9 @@ def _split_rows(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) 
     return list(torch.split(tensor, list(splits)))
 
 
-def _exchange(backend: Backend, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> list[Work]:
-    send = (lambda: backend.send(outgoing.contiguous(), peer, FALLBACK_TAG)) if outgoing.numel() else None
-    recv = (lambda: backend.recv(incoming, peer, FALLBACK_TAG)) if incoming.numel() else None
-    steps = [send, recv] if backend.rank < peer else [recv, send]
+def _exchange(backend: CoreOps, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> list[Work]:
+    send = lambda: backend.send(outgoing.contiguous(), peer, FALLBACK_TAG, async_op=True)
+    recv = lambda: backend.recv(incoming, peer, FALLBACK_TAG, async_op=True)
+    steps = [send if outgoing.numel() else None, recv if incoming.numel() else None]
+    steps = steps if backend.rank < peer else steps[::-1]
     return [step() for step in steps if step is not None] or [CompletedWork()]

@@ -126,11 +126,9 @@ class Capabilities:
     ops: frozenset[str] = ALL_OPS
     # Receiving from "any source" (torch's recv(src=None)) needs matching support in the library.
     recv_any_source: bool = False
-    # When True the facade passes ``async_op=False`` to every op it will wait on at once, so a
-    # library with a cheaper blocking path can take it (NCCL then runs on the caller's stream
-    # instead of its own, saving an event record and a stream wait per op). Every op of such a
-    # backend, the inherited fallbacks included, accepts the keyword.
-    sync_hint: bool = False
+    # Whether the library averages itself. If not, a backend never sees ReduceOp.AVG: the facade
+    # runs SUM and divides the result by the group size (AVG still has to be in ``reduce_ops``).
+    native_avg: bool = False
 
 
 @dataclass(frozen=True)

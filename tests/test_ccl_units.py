@@ -179,4 +179,5 @@ def test_extension_rejects_bad_arguments_before_calling_oneccl() -> None:
     assert native.ADDRESS_SIZE == 256
     types = _native.NativeTypes.of(native)
     assert (types.datatypes[torch.bfloat16].name, types.datatypes[torch.uint8].name) == ("bfloat16", "uint8")
-    assert types.reductions[ReduceOp.AVG].name == "sum" and types.reductions[ReduceOp.PRODUCT].name == "prod"
+    assert types.reductions[ReduceOp.SUM].name == "sum" and types.reductions[ReduceOp.PRODUCT].name == "prod"
+    assert ReduceOp.AVG not in types.reductions  # the facade averages: SUM, then a division

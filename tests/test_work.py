@@ -9,17 +9,29 @@ import pytest
 import torch
 
 from commlayer.errors import CommTimeoutError
-from commlayer.work import CompletedWork, PolledWork, WorkList
+from commlayer.work import CompletedWork, DeadlineWork, WaitLimit, WorkList
+
+
+class FlagWork(DeadlineWork):
+    """A library request that completes when a test sets its event."""
+
+    def __init__(self, event: threading.Event, limit: WaitLimit, keep_alive: tuple = ()) -> None:
+        super().__init__("flag", limit, keep_alive=keep_alive)
+        self.event = event
+
+    def _test(self) -> bool:
+        return self.event.is_set()
 
 
 class Flag:
-    """A request that completes when a test sets it."""
+    """A request that completes when a test sets it (group timeout: 30 s, or ``group_timeout_s``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group_timeout_s: float = 30.0) -> None:
         self.event = threading.Event()
+        self.limit = WaitLimit(group_timeout_s, rank=0, library="test", advice="End the job.")
 
-    def work(self) -> PolledWork:
-        return PolledWork(self.event.is_set, self.event.wait)
+    def work(self) -> FlagWork:
+        return FlagWork(self.event, self.limit)
 
 
 def test_completed_work() -> None:
@@ -78,3 +90,40 @@ def test_work_list_waits_for_every_member_within_one_deadline() -> None:
         work.wait(0.05)
     second.event.set()
     assert work.wait(1.0)
+
+
+def test_untimed_wait_ends_at_the_group_timeout_and_keeps_buffers_alive() -> None:
+    flag, expired = Flag(group_timeout_s=0.1), []
+
+    class Expiring(FlagWork):
+        def _on_expired(self, message: str) -> None:
+            expired.append(message)
+
+    buffer = torch.ones(2)
+    work = Expiring(flag.event, flag.limit, keep_alive=(buffer,))
+    with pytest.raises(CommTimeoutError) as raised:
+        work.wait()
+    expected = "flag: the test operation did not complete within the group's timeout of 0.1 s (rank 0)"
+    assert str(raised.value).startswith(expected) and str(raised.value).endswith("End the job.")
+    assert expired == [str(raised.value)]
+    assert any(kept == (buffer,) for kept in _abandoned())
+
+
+def test_a_caller_timeout_leaves_the_op_pending() -> None:
+    flag = Flag()
+    work = flag.work()
+    with pytest.raises(CommTimeoutError, match="still pending and can be waited for again"):
+        work.wait(0.01)
+    flag.event.set()
+    assert work.wait()
+
+
+def test_source_rank_is_part_of_every_work() -> None:
+    with pytest.raises(RuntimeError, match="not a receive from any source"):
+        CompletedWork().source_rank()
+
+
+def _abandoned() -> list:
+    from commlayer import work
+
+    return work._ABANDONED

@@ -10,16 +10,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from commlayer import health
-from commlayer.errors import CommTimeoutError
 from commlayer.types import ReduceOp
-from commlayer.work import Work
+from commlayer.work import DeadlineWork, WaitLimit
 
 __all__ = [
     "CCL_DTYPES",
@@ -46,15 +43,14 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {
 }
 CCL_DTYPES: frozenset[torch.dtype] = frozenset(_DTYPE_NAMES)
 
-# AVG has no oneCCL reduction: it runs as SUM and the result is divided by the group size.
 _REDUCTION_NAMES: dict[ReduceOp, str] = {
     ReduceOp.SUM: "sum",
-    ReduceOp.AVG: "sum",
     ReduceOp.PRODUCT: "prod",
     ReduceOp.MIN: "min",
     ReduceOp.MAX: "max",
 }
-CCL_REDUCE_OPS: frozenset[ReduceOp] = frozenset(_REDUCTION_NAMES)
+# oneCCL has no AVG; the facade runs it as SUM and divides (the backend does not declare native_avg).
+CCL_REDUCE_OPS: frozenset[ReduceOp] = frozenset(_REDUCTION_NAMES) | {ReduceOp.AVG}
 
 
 class ExtensionMissing(ImportError):
@@ -88,59 +84,30 @@ def buffer(tensor: torch.Tensor) -> tuple[int, int]:
     return tensor.data_ptr(), tensor.numel()
 
 
-class CclWork(Work):
-    """A oneCCL event as a Work.
+class CclWork(DeadlineWork):
+    """A oneCCL event as a Work; oneCCL's wait takes a limit, so no polling is needed.
 
-    ``keep_alive`` holds every tensor oneCCL reads or writes until the op completes, since oneCCL
-    only has their raw pointers. A wait without a timeout still ends at the group's timeout: a
-    oneCCL op whose peer never calls it would otherwise block forever. Once the group's timeout
-    has passed, ``on_expired(message)`` marks the communicator unusable; a shorter wait the
-    caller chose leaves the op pending, so it can be waited for again.
+    When the group's timeout passes, ``on_expired(message)`` marks the communicator unusable.
     """
 
     def __init__(
         self,
         event: Any,
-        what: tuple[str, str],
-        group_timeout: timedelta,
+        op: str,
+        limit: WaitLimit,
         on_expired: Callable[[str], None],
         result: Sequence[torch.Tensor] = (),
         keep_alive: Sequence[torch.Tensor] = (),
     ) -> None:
-        super().__init__(result)
+        super().__init__(op, limit, result, keep_alive)
         self._event = event
-        self._what = what
-        self._group_timeout = group_timeout.total_seconds()
-        self._on_expired = on_expired
-        self._keep_alive = list(keep_alive)
+        self._expired_hook = on_expired
 
     def _test(self) -> bool:
         return bool(self._event.test())
 
-    def _block(self, timeout_s: float | None) -> bool:
-        limit = self._group_timeout if timeout_s is None else timeout_s
-        if self._event.wait_for(max(0.0, limit)):
-            return True
-        op, where = self._what
-        failure = health.current()
-        if failure is not None:  # the native wait returned early: the peer monitor saw a death
-            self._on_expired(f"peer rank {failure.rank} failed")
-            group, rank = _group_and_rank(where)
-            raise health.peer_failure_error(op, group, rank, failure)
-        message = f"ccl {op} ({where}) did not complete within {limit:g} s"
-        if limit < self._group_timeout:
-            raise CommTimeoutError(f"{message}; it is still pending and can be waited for again")
-        self._on_expired(message)
-        raise CommTimeoutError(
-            f"{message} (the group timeout); a peer may have failed, or not called the same op in "
-            "the same order. This communicator cannot be used any more."
-        )
+    def _wait_until(self, limit_s: float) -> bool:
+        return bool(self._event.wait_for(limit_s))
 
-    def _on_complete(self) -> None:
-        self._keep_alive = []
-
-
-def _group_and_rank(where: str) -> tuple[str, int]:
-    """``("g", 3)`` from the backend's ``"group 'g', rank 3"``."""
-    group, _, rank = where.partition(", rank ")
-    return group.removeprefix("group ").strip("'"), int(rank) if rank.isdigit() else -1
+    def _on_expired(self, message: str) -> None:
+        self._expired_hook(message)

@@ -24,7 +24,7 @@ from commlayer.errors import CommError
 from commlayer.rendezvous import discover
 from commlayer.shm_regions import release_regions_of
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
-from commlayer.work import Work
+from commlayer.work import WaitLimit, Work
 
 from . import _native
 from ._bootstrap import Connection, connect, disconnect
@@ -40,6 +40,9 @@ INSTALL_HINT = (
 )
 
 
+_EXPIRED_ADVICE = "This communicator cannot be used any more."
+
+
 class CclBackend(Backend):
     """One oneCCL communicator over ``spec.ranks``."""
 
@@ -52,6 +55,9 @@ class CclBackend(Backend):
         self._native = native
         self._types = NativeTypes.of(native)
         self._where = f"group '{spec.name}', rank {spec.global_rank}"  # for error messages
+        self._limit = WaitLimit(
+            spec.timeout.total_seconds(), spec.global_rank, "oneCCL", _EXPIRED_ADVICE, spec.name
+        )
         self._connection: Connection | None = connection
         self._expired: str | None = None  # why the communicator became unusable
         _open_backends.add(self)
@@ -100,43 +106,47 @@ class CclBackend(Backend):
 
     # --- the mandatory core ----------------------------------------------------------------
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         pointer, count = buffer(tensor)
         post = lambda c, red: c.allreduce(pointer, pointer, count, self._dtype(tensor), red)
         return self._reduction("all_reduce", post, op, tensor, [tensor])
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+    def all_gather_into_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         source, count = buffer(tensor)
         event = self._live().communicator.allgather(source, output.data_ptr(), count, self._dtype(tensor))
         return self._work(event, "all_gather_into_tensor", [output], [tensor])
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
         pointer, count = buffer(tensor)
         event = self._live().communicator.broadcast(pointer, count, self._dtype(tensor), root)
         return self._work(event, "broadcast", [tensor])
 
-    def barrier(self) -> Work:
+    def barrier(self, *, async_op: bool = True) -> Work:
         return self._work(self._live().communicator.barrier(), "barrier")
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
         pointer, count = buffer(tensor)
         event = self._live().communicator.send(pointer, count, self._dtype(tensor), dst, tag)
         return self._work(event, "send", keep_alive=[tensor])
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool = True) -> Work:
         pointer, count = buffer(tensor)
         event = self._live().communicator.recv(pointer, count, self._dtype(tensor), src, tag)
         return self._work(event, "recv", [tensor])
 
     # --- native versions of the generic fallbacks -----------------------------------------
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp) -> Work:
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         # In place: oneCCL leaves a non-root rank's buffer as it was.
         pointer, count = buffer(tensor)
         post = lambda c, red: c.reduce(pointer, pointer, count, self._dtype(tensor), red, root)
-        return self._reduction("reduce", post, op, tensor, [tensor], average=self.rank == root)
+        return self._reduction("reduce", post, op, tensor, [tensor])
 
-    def all_gather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Work:
+    def all_gather(
+        self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
         source, count = buffer(tensor)
         targets = [output.data_ptr() for output in outputs]
         event = self._live().communicator.allgatherv_list(
@@ -144,7 +154,9 @@ class CclBackend(Backend):
         )
         return self._work(event, "all_gather", list(outputs), [tensor])
 
-    def reduce_scatter_tensor(self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp) -> Work:
+    def reduce_scatter_tensor(
+        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
         source, target, count = tensor.data_ptr(), output.data_ptr(), output.numel()
         post = lambda c, red: c.reduce_scatter(source, target, count, self._dtype(tensor), red)
         return self._reduction("reduce_scatter_tensor", post, op, tensor, [output])
@@ -155,6 +167,8 @@ class CclBackend(Backend):
         tensor: torch.Tensor,
         output_splits: Sequence[int] | None,
         input_splits: Sequence[int] | None,
+        *,
+        async_op: bool = True,
     ) -> Work:
         communicator, dtype = self._live().communicator, self._dtype(tensor)
         if not output_splits and not input_splits:
@@ -168,7 +182,9 @@ class CclBackend(Backend):
             )
         return self._work(event, "all_to_all_single", [output], [tensor])
 
-    def all_to_all(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Work:
+    def all_to_all(
+        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
+    ) -> Work:
         # oneCCL's alltoallv takes one flat buffer per side (per-rank buffers are rejected).
         flat_in = torch.cat([chunk.reshape(-1) for chunk in inputs])
         flat_out = flat_in.new_empty(sum(output.numel() for output in outputs))
@@ -205,9 +221,7 @@ class CclBackend(Backend):
         result: Sequence[torch.Tensor] = (),
         keep_alive: Sequence[torch.Tensor] = (),
     ) -> CclWork:
-        return CclWork(
-            event, (op, self._where), self.spec.timeout, self._expire, result, (*result, *keep_alive)
-        )
+        return CclWork(event, op, self._limit, self._expire, result, (*result, *keep_alive))
 
     def _reduction(
         self,
@@ -216,14 +230,10 @@ class CclBackend(Backend):
         op: ReduceOp,
         source: torch.Tensor,
         results: list[torch.Tensor],
-        average: bool = True,
     ) -> Work:
-        """Post a reducing op; AVG runs as SUM and divides the results afterwards."""
+        """Post a reducing op (never AVG: the facade sums and divides for backends without it)."""
         event = post(self._live().communicator, self._types.reductions[op])
-        work = self._work(event, op_name, results, [source])
-        if op is not ReduceOp.AVG or not average:
-            return work
-        return work.then(lambda: [result.div_(self.size) for result in results])
+        return self._work(event, op_name, results, [source])
 
 
 class _OpenBackends:

@@ -6,8 +6,8 @@ torch's own arithmetic. Each combine step rounds to the dtype, exactly as torch 
 pair of operands, so the results equal a local ``torch.stack(...).sum(0)`` computed pairwise.
 
 bool travels as MPI.UINT8_T holding 0/1, and its ops are the bitwise ones that mean the same on
-0/1 bytes (torch's bool SUM is OR, PRODUCT and MIN are AND, MAX is OR). AVG is SUM followed by a
-division in the backend.
+0/1 bytes (torch's bool SUM is OR, PRODUCT and MIN are AND, MAX is OR). AVG is the facade's: SUM and a
+division (see ``Capabilities.native_avg``).
 
 Table, for ``reduction(torch.bfloat16, ReduceOp.MAX)``: datatype UINT16_T, op = user op "bf16 max";
 for ``reduction(torch.bool, ReduceOp.SUM)``: datatype UINT8_T, op = MPI.BOR.
@@ -87,11 +87,10 @@ class MpiTypes:
         reductions: dict[ReduceOp, dict[torch.dtype, Any]] = {op: {} for op in ReduceOp}
         for dtype in datatypes:
             for op in ReduceOp:
+                # AVG never reaches a backend that does not declare it native: the facade sums and divides.
                 mpi_op = _mpi_op(mpi, dtype, op) if op is not ReduceOp.AVG else None
                 if mpi_op is not None:
                     reductions[op][dtype] = mpi_op
-            if dtype.is_floating_point:
-                reductions[ReduceOp.AVG][dtype] = reductions[ReduceOp.SUM][dtype]  # then divide
         return cls(datatypes, reductions)
 
 

@@ -25,10 +25,7 @@ from typing import Any
 
 import torch
 
-from commlayer.errors import CommTimeoutError
-from commlayer.work import Work
-
-from ._work import WaitLimit
+from commlayer.work import DeadlineWork, WaitLimit
 
 __all__ = ["OrderedExecutor", "OrderedWork"]
 
@@ -112,8 +109,8 @@ class OrderedExecutor:
             queued.done.set()
 
 
-class OrderedWork(Work):
-    """An asynchronous collective queued on the worker; waits end at the group's timeout."""
+class OrderedWork(DeadlineWork):
+    """An asynchronous collective queued on the worker; the core's deadline-bounded wait applies."""
 
     def __init__(
         self,
@@ -124,25 +121,20 @@ class OrderedWork(Work):
         keep_alive: Sequence[Any] = (),
         epilogue: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(result)
+        super().__init__(op, limit, result, keep_alive, epilogue)
         self._queued = queued
-        self._op = op
-        self._limit = limit
-        self._keep_alive = keep_alive
-        self._epilogue = epilogue
 
     def _test(self) -> bool:
         return self._queued.done.is_set()
 
-    def _block(self, timeout_s: float | None) -> bool:
-        return _wait(self._queued, timeout_s, self._op, self._limit)
+    def _wait_until(self, limit_s: float) -> bool:
+        return self._queued.done.wait(limit_s)
 
     def _on_complete(self) -> None:
-        self._keep_alive = ()
         if self._queued.error is not None:
+            self._keep_alive = ()
             raise self._queued.error
-        if self._epilogue is not None:
-            self._epilogue()
+        super()._on_complete()
 
 
 def _wait(queued: _Call, timeout_s: float | None, op: str, limit: WaitLimit) -> bool:
@@ -151,8 +143,4 @@ def _wait(queued: _Call, timeout_s: float | None, op: str, limit: WaitLimit) -> 
         return True
     if timeout_s is not None:
         return False
-    raise CommTimeoutError(
-        f"{op}: the MPI operation did not complete within the group's timeout of {limit.group_timeout_s:g} s "
-        f"(rank {limit.rank}); a peer failed or did not call the same op in the same order. "
-        "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
-    )
+    raise limit.expired(op)

@@ -35,7 +35,7 @@ import torch
 from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, invalid_argument
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
-from commlayer.work import CompletedWork, Work
+from commlayer.work import CompletedWork, WaitLimit, Work, wait_or_expire
 
 from . import _cuda
 from ._datatypes import MpiTypes
@@ -48,14 +48,12 @@ from ._runtime import (
     load_mpi,
     mpi4py_missing_reason,
 )
-from ._work import MpiWork, WaitLimit, wait_for
+from ._work import CANNOT_CANCEL, MpiWork
 from .options import MODE_ENV, MpiOptions
 
 __all__ = ["MODE_ENV", "MpiBackend", "MpiOptions"]
 
 log = logging.getLogger("commlayer.backends.mpi")
-
-_AVG = ReduceOp.AVG
 
 # Which positional arguments of each op are written, for staging CUDA tensors through the host.
 _OUTPUT_ARGUMENTS = {
@@ -80,8 +78,9 @@ class MpiBackend(Backend):
     """One MPI communicator over ``spec.ranks`` (a duplicate of COMM_WORLD for the world)."""
 
     name = "mpi"
-    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True, sync_hint=True)
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), recv_any_source=True)
     install_hint = INSTALL_HINT
+    launcher = "mpirun"
 
     def __init__(
         self, spec: GroupSpec, comm: Any, mpi: ModuleType, cuda_aware: bool, options: MpiOptions
@@ -98,7 +97,9 @@ class MpiBackend(Backend):
         self._tag_upper_bound = int(comm.Get_attr(mpi.TAG_UB))
         self._in_place = mpi.IN_PLACE
         self._from_address = mpi.buffer.fromaddress
-        self._limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank, spec.name)
+        self._limit = WaitLimit(
+            spec.timeout.total_seconds(), spec.global_rank, "MPI", CANNOT_CANCEL, spec.name
+        )
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -152,10 +153,9 @@ class MpiBackend(Backend):
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("all_reduce", tensor, op, async_op=async_op)
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
-        average = self._averaging(tensor, op)
         calls = (self._comm.Allreduce, self._comm.Iallreduce)
         arguments = (self._in_place, message, mpi_op)
-        return self._collective("all_reduce", async_op, calls, arguments, [tensor], (tensor,), average)
+        return self._collective("all_reduce", async_op, calls, arguments, [tensor], (tensor,))
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
@@ -208,10 +208,9 @@ class MpiBackend(Backend):
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         # The root reduces in place; the others only send (MPI ignores their receive buffer).
         send, receive = (self._in_place, message) if self.rank == root else (message, None)
-        average = self._averaging(tensor, op) if self.rank == root else None
         calls = (self._comm.Reduce, self._comm.Ireduce)
         arguments = (send, receive, mpi_op, root)
-        return self._collective("reduce", async_op, calls, arguments, [tensor], (tensor,), average)
+        return self._collective("reduce", async_op, calls, arguments, [tensor], (tensor,))
 
     def all_gather(
         self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
@@ -237,12 +236,10 @@ class MpiBackend(Backend):
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("reduce_scatter_tensor", output, tensor, op, async_op=async_op)
         send, receive = self._message(tensor), self._message(output)
-        mpi_op, average = self._reductions[op][tensor.dtype], self._averaging(output, op)
+        mpi_op = self._reductions[op][tensor.dtype]
         calls = (self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block)
         arguments, keep_alive = (send, receive, mpi_op), (tensor, output)
-        return self._collective(
-            "reduce_scatter_tensor", async_op, calls, arguments, [output], keep_alive, average
-        )
+        return self._collective("reduce_scatter_tensor", async_op, calls, arguments, [output], keep_alive)
 
     def all_to_all_single(
         self,
@@ -341,7 +338,7 @@ class MpiBackend(Backend):
         request = nonblocking(*arguments)
         if async_op:
             return MpiWork(request, op, self._limit, result, keep_alive, epilogue)
-        wait_for(request, op, self._limit, keep_alive)
+        wait_or_expire(request.Test, op, self._limit, (request, keep_alive))
         return _completed(result, epilogue)
 
     def _message(self, tensor: torch.Tensor, layout: tuple[list[int], list[int]] | None = None) -> list[Any]:
@@ -352,12 +349,6 @@ class MpiBackend(Backend):
         if layout is None:
             return [memory, self._datatypes[tensor.dtype]]
         return [memory, layout, self._datatypes[tensor.dtype]]
-
-    def _averaging(self, tensor: torch.Tensor, op: ReduceOp) -> Callable[[], Any] | None:
-        """AVG is SUM on the wire, then this division of the result."""
-        if op is not _AVG:
-            return None
-        return functools.partial(tensor.div_, self.size)
 
     def _check_tag(self, op: str, tag: int) -> None:
         if not isinstance(tag, int) or not 0 <= tag <= self._tag_upper_bound:

@@ -39,8 +39,9 @@ class ShmBackend(Backend):
     """One shared-memory communicator over ranks of one host, plus a gloo companion for p2p."""
 
     name = "shm"
+    # The kernels average themselves (sum, then one division in C++).
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), dtypes=ALL_DTYPES, recv_any_source=True, sync_hint=True
+        devices=frozenset({"cpu"}), dtypes=ALL_DTYPES, recv_any_source=True, native_avg=True
     )
     install_hint = INSTALL_HINT
 

@@ -9,6 +9,7 @@ these; reduce_scatter and all-to-all use the generic fallbacks (gloo point-to-po
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -59,6 +60,9 @@ class _Leaders:
 class TwoLevelBackend(ShmBackend):
     """``self._comm`` is this host's shm communicator; leaders also hold ``self._leaders``."""
 
+    # Across hosts the leaders reduce with gloo, which cannot average: the facade sums and divides.
+    capabilities = dataclasses.replace(ShmBackend.capabilities, native_avg=False)
+
     def __init__(
         self,
         spec: GroupSpec,
@@ -85,14 +89,11 @@ class TwoLevelBackend(ShmBackend):
         return cls(spec, companion, comm, options, hosts, leaders)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
-        wire = ReduceOp.SUM if op is ReduceOp.AVG else op
         code = DTYPE_CODES[tensor.dtype]
-        self._comm.all_reduce(tensor.data_ptr(), tensor.numel(), code, OP_CODES[wire])
+        self._comm.all_reduce(tensor.data_ptr(), tensor.numel(), code, OP_CODES[op])
         if self._leaders is not None:
-            self._leaders.all_reduce(tensor, wire)
+            self._leaders.all_reduce(tensor, op)
         self._comm.broadcast(tensor.data_ptr(), tensor.numel(), code, 0)
-        if op is ReduceOp.AVG:
-            tensor.div_(self.size)
         return CompletedWork((tensor,))
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:

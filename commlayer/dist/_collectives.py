@@ -16,7 +16,7 @@ from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
 from ._complex import complex_as_real
-from ._dispatch import begin, contiguous, launch, plans, remember, run_staged
+from ._dispatch import averaged, begin, contiguous, launch, plans, remember, run_staged, wire_op
 from ._trace import wait_translated
 
 __all__ = [
@@ -79,13 +79,15 @@ def reduce(
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
+    wire = wire_op(call, reduce_op)
     return launch(
         call,
-        lambda b, hint: b.reduce(buffer, root, reduce_op, **hint),
+        lambda b, mode: b.reduce(buffer, root, wire, **mode),
         async_op=async_op,
         payload=tensor,
         copy_back=copy_back,
         root=root,
+        average=averaged(call, reduce_op, (buffer,)) if call.group.rank() == root else (),
     )
 
 
@@ -212,12 +214,14 @@ def reduce_scatter(
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     sources = [chunk.contiguous() for chunk in inputs]
+    wire = wire_op(call, reduce_op)
     return launch(
         call,
-        lambda b, hint: b.reduce_scatter(buffer, sources, reduce_op, **hint),
+        lambda b, mode: b.reduce_scatter(buffer, sources, wire, **mode),
         async_op=async_op,
         payload=inputs,
         copy_back=copy_back,
+        average=averaged(call, reduce_op, (buffer,)),
     )
 
 

@@ -36,14 +36,16 @@ import torch
 from ..backend import Backend
 from ..errors import UnsupportedError, invalid_argument
 from ..flight_recorder import COMPLETED, COMPLETED_NS, STATE, track
+from ..types import ReduceOp
 from ..work import CompletedWork, Work
 from ._groups import ProcessGroup, resolve_group
 from ._trace import on_failure, recorded
 
 __all__ = [
-    "OpCall",
     "Observer",
+    "OpCall",
     "Plan",
+    "averaged",
     "begin",
     "contiguous",
     "device_type",
@@ -54,6 +56,7 @@ __all__ = [
     "plans",
     "run_staged",
     "set_observer",
+    "wire_op",
 ]
 
 log = logging.getLogger("commlayer.dist")
@@ -87,8 +90,11 @@ class Observer(Protocol):
 
 _observer: Observer | None = None
 
-_SYNC_HINT = {"async_op": False}
-_NO_HINT: dict[str, bool] = {}
+# The async_op keyword every backend op takes, built once per mode.
+_MODE = {True: {"async_op": True}, False: {"async_op": False}}
+_AVG, _SUM = ReduceOp.AVG, ReduceOp.SUM
+# Plan ops that reduce, so AVG may need the facade's division of their first tensor (the output).
+_REDUCING_PLANS = frozenset({"all_reduce", "reduce_scatter_tensor"})
 
 # Facade ops that are not backend ops, and the backend ops they are built from.
 _BUILT_FROM = {"monitored_barrier": ("send", "recv")}
@@ -144,7 +150,10 @@ def new_plan(call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = 
     ``payload`` indexes the tensor whose size an observer reports; ``flat`` passes 1-D views to
     the backend op, which the contract promises for the tensor-in/tensor-out collectives.
     """
-    run = call.backend.plan(op, *fixed) or _launcher(call.backend, op, fixed, flat)
+    if op in _REDUCING_PLANS and _emulates_avg(call, fixed[0]):
+        run = _launcher(call.backend, op, (_SUM, *fixed[1:]), flat, divisor=call.group.size())
+    else:
+        run = call.backend.plan(op, *fixed) or _launcher(call.backend, op, fixed, flat)
     observer = _observer
     if observer is not None:
         wrap = getattr(observer, "wrap_plan", None)
@@ -152,15 +161,23 @@ def new_plan(call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = 
     return Plan(recorded(call, op, fixed, payload, run), call, call.group.size())
 
 
-def _launcher(backend: Backend, op: str, fixed: tuple[Any, ...], flat: bool) -> Callable[..., Work | None]:
-    """``run(async_op, *tensors)`` around a backend op that has no fused launcher."""
+def _launcher(
+    backend: Backend, op: str, fixed: tuple[Any, ...], flat: bool, divisor: int = 0
+) -> Callable[..., Work | None]:
+    """``run(async_op, *tensors)`` around a backend op that has no fused launcher.
+
+    ``divisor`` > 0 divides the first tensor (the output) by it once the op completes: an AVG
+    the backend runs as SUM.
+    """
     method = getattr(backend, op)
-    hinted = backend.capabilities.sync_hint
 
     def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         if flat:
             tensors = tuple(_flat(tensor) for tensor in tensors)
-        work = method(*tensors, *fixed, async_op=async_op) if hinted else method(*tensors, *fixed)
+        work = method(*tensors, *fixed, async_op=async_op)
+        if divisor:
+            outputs = tensors[:1]
+            work = work.then(lambda: _divide(outputs, divisor))
         if async_op:
             return work
         work.wait()
@@ -186,7 +203,13 @@ def observed(
 
 
 def remember(
-    key: tuple[Any, ...], cacheable: bool, call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = False
+    key: tuple[Any, ...],
+    cacheable: bool,
+    call: OpCall,
+    op: str,
+    *fixed: Any,
+    payload: int = 0,
+    flat: bool = False,
 ) -> Plan:
     """The plan stored under ``key`` (built by :func:`new_plan` if missing), after validation passed.
 
@@ -268,6 +291,7 @@ def launch(
     payload: torch.Tensor | Sequence[torch.Tensor] = (),
     copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     root: int = -1,
+    average: Sequence[torch.Tensor] = (),
 ) -> Work | None:
     """Run ``start`` on the call's backend; wait unless ``async_op``, as torch does.
 
@@ -275,6 +299,9 @@ def launch(
     the current stream after the collective instead of blocking the CPU (a timed wait makes
     torch's NCCL work poll the CPU at 1 ms intervals), and every Work adapter bounds an untimed
     wait by its group's timeout itself (torch's own timeout, MPI and oneCCL adapters' deadline).
+
+    ``average`` lists the buffers to divide by the group size once the op completes, before any
+    copy back: an AVG the backend ran as SUM (see :func:`averaged`).
 
     ``payload`` is the buffer whose size is the op's message size in nccl-tests' terms (the full
     gathered output, the full reduce-scatter input); it is only measured when the comms logger
@@ -284,13 +311,15 @@ def launch(
     of the entry); in debug mode that entry is compared across ranks before the backend runs.
     """
     backend = call.backend
-    hint = _SYNC_HINT if not async_op and backend.capabilities.sync_hint else _NO_HINT
+    mode = _MODE[async_op]
     entry = call.group.recorder.enter(call.op, payload, root)
     try:
         if _observer is None:
-            work = start(backend, hint)
+            work = start(backend, mode)
         else:
-            work = _observer.observe(call, _nbytes(payload), lambda: start(backend, hint))
+            work = _observer.observe(call, _nbytes(payload), lambda: start(backend, mode))
+        if average:
+            work = work.then(lambda: _divide(average, call.group.size()))
         if copy_back:
             work = work.then(lambda: _copy_back(copy_back))
         if async_op:
@@ -305,6 +334,13 @@ def launch(
     entry[STATE] = COMPLETED  # inline: a call to flight_recorder.mark_completed costs ~50 ns more
     entry[COMPLETED_NS] = _monotonic_ns()
     return None
+
+
+def _divide(tensors: Sequence[torch.Tensor], divisor: int) -> None:
+    # Outside autograd, like the copy back: the facade's AVG writes a result, not a graph node.
+    with torch.no_grad():
+        for tensor in tensors:
+            tensor.div_(divisor)
 
 
 def _copy_back(copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
-from ..errors import CommTimeoutError, InvalidArgumentError, invalid_argument
+from ..errors import CommTimeoutError, InvalidArgumentError, UnsupportedError, invalid_argument
 from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import _validate as check
@@ -198,6 +198,7 @@ def _prepare(
                 f"a rank (backend '{call.backend.name}' cannot receive from any source)",
                 None,
                 call.rank,
+                UnsupportedError,
             )
         return _Prepared(call, P2PRequest(kind, buffer, -1, tag), copy_back)
     return _Prepared(call, P2PRequest(kind, buffer, _peer(call, arg, peer, group_peer), tag), copy_back)

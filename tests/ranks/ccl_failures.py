@@ -76,7 +76,7 @@ def peer_skips_an_op() -> None:
         error = _expect(CommTimeoutError, lambda: pending.wait(timedelta(seconds=0.5)))
         assert "still pending" in str(error), str(error)  # a short wait of the caller's choosing
         error = _expect(CommTimeoutError, lambda: dist.all_reduce(torch.ones(4)))
-        assert "group timeout" in str(error) and "all_reduce" in str(error), str(error)
+        assert "group's timeout" in str(error) and "all_reduce" in str(error), str(error)
         error = _expect(CommError, lambda: dist.broadcast(torch.ones(2), src=0))
         assert "cannot be used after an op timed out" in str(error), str(error)
         store.set("test/rank0_saw_timeouts", b"1")

@@ -128,7 +128,7 @@ class Certificate:
         ]
         lines = _aligned([header, *body])
         lines.append(
-            "each cell: world and subgroup, sync and async; n/s = declared unsupported "
+            "each cell: every mode it applies to (world and subgroup, sync and async); n/s = declared unsupported "
             "(and rejected with UnsupportedError); blank = not applicable"
         )
         lines += [f"FAIL {v.cell.label} (rank {v.rank}): {v.detail}" for v in _first_failures(merged)]

@@ -24,7 +24,7 @@ class StoreBackend(Backend):
     capabilities = Capabilities(
         devices=frozenset({"cpu"}),
         dtypes=frozenset({torch.float32, torch.float64, torch.int64, torch.uint8}),  # uint8: object helpers
-        reduce_ops=frozenset(_COMBINE) | {ReduceOp.AVG},
+        reduce_ops=frozenset(_COMBINE) | {ReduceOp.AVG},  # AVG: the facade sums, then divides
     )
 
     def __init__(self, spec: GroupSpec) -> None:
@@ -43,29 +43,27 @@ class StoreBackend(Backend):
     def new_group(self, spec: GroupSpec) -> StoreBackend | None:
         return type(self)(spec) if spec.is_member else None
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
-        combine = _COMBINE[ReduceOp.SUM if op is ReduceOp.AVG else op]
-        result = reduce(combine, self._exchange(tensor))
-        tensor.copy_(result / self.size if op is ReduceOp.AVG else result)
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Work:
+        tensor.copy_(reduce(_COMBINE[op], self._exchange(tensor)))
         return CompletedWork([tensor])
 
-    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor) -> Work:
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool) -> Work:
         torch.cat(self._exchange(tensor), out=output)
         return CompletedWork([output])
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool) -> Work:
         tensor.copy_(self._exchange(tensor)[root])
         return CompletedWork([tensor])
 
-    def barrier(self) -> Work:
+    def barrier(self, *, async_op: bool) -> Work:
         self._exchange(torch.zeros(1))
         return CompletedWork()
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool) -> Work:
         self.spec.store.set(self._p2p_key(self.rank, dst, tag), _to_bytes(tensor))
         return CompletedWork()
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool) -> Work:
         data = self.spec.store.get(self._p2p_key(src, self.rank, tag))
         tensor.copy_(_from_bytes(data, tensor))
         return CompletedWork([tensor])
