@@ -39,7 +39,7 @@ from pathlib import Path
 
 from commlayer.backends.ccl._environment import HostLayout, oneccl_defaults, usable_cpus
 from commlayer.backends.ccl._locate import OneCclInstall, find_oneccl
-from commlayer.bench.formulas import parse_size, size_sweep
+from commlayer.metrics import parse_size, size_sweep
 from commlayer.testing.mpi import mpirun_plan, mpirun_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent

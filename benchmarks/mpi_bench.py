@@ -236,7 +236,7 @@ def _gloo_store(comm: Any) -> Any:
     """A TCPStore for torch's gloo, at an address and port rank 0 picks and broadcasts over MPI."""
     import torch.distributed as torch_dist
 
-    from commlayer.launcher import free_port
+    from commlayer.ports import free_port
 
     port = comm.bcast(free_port() if comm.rank == 0 else None, root=0)
     return torch_dist.TCPStore(

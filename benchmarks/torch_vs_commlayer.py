@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ops import OPS, Call, trio
 
 from commlayer import dist
-from commlayer.bench.formulas import busbw_gbps, format_size, parse_size
+from commlayer.metrics import busbw_gbps, format_size, parse_size
 
 _FAMILY = {"send_recv": "pingpong"}
 LATENCY_LIMIT = 4 << 20  # the "added latency" summary covers 8 B to 4 MiB, as issue 14 asks

@@ -52,6 +52,7 @@ import torch
 
 from .errors import UnsupportedError
 from .fallbacks import GenericCollectives
+from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
 
@@ -110,6 +111,22 @@ class Backend(GenericCollectives, ABC):
         Called on the world communicator by *every* world rank, as torch's ``new_group`` is;
         returns None on ranks outside ``spec.ranks``.
         """
+
+    @classmethod
+    def complete_rendezvous(cls, info: RendezvousInfo) -> RendezvousInfo:
+        """Fill in what the job's launcher left out, using this backend's library.
+
+        The facade calls it on the backend that matches the launcher (``mpi`` for a job that
+        ``mpirun`` started without MASTER_ADDR/MASTER_PORT), before any store exists, on every
+        rank. The default returns ``info`` unchanged.
+
+        Args:
+            info: what the launcher's environment variables said.
+
+        Returns:
+            ``info`` with the missing master address, port or local layout filled in.
+        """
+        return info
 
     def shutdown(self) -> None:
         """Release library resources; the facade calls it from destroy_process_group."""

@@ -94,11 +94,12 @@ class GenericCollectives:
     def all_gather(
         self: CoreOps, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
-        gathered = tensor.new_empty((self.size, tensor.numel()))
+        # Flat, as the contract promises all_gather_into_tensor's output (the facade passes 1-D).
+        gathered = tensor.new_empty(self.size * tensor.numel())
         work = self.all_gather_into_tensor(gathered, tensor, async_op=async_op)
 
         def scatter_rows() -> None:
-            for row, output in zip(gathered, outputs):
+            for row, output in zip(gathered.view(self.size, -1), outputs):
                 output.copy_(row.view_as(output))
 
         return work.then(scatter_rows)

@@ -15,7 +15,7 @@ from commlayer import dist
 from commlayer.testing._shm import release_stale_regions
 
 REPO = Path(__file__).resolve().parent.parent
-PLUGIN_DIR = REPO / "tests" / "plugin"
+PLUGIN_DIR = REPO / "examples" / "plugin"
 
 
 @pytest.fixture

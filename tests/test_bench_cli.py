@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from commlayer.bench import cli
-from commlayer.bench.formulas import busbw_factor
 from commlayer.bench.records import RECORD_KEYS
+from commlayer.metrics import busbw_factor
 from commlayer.registry import list_backends
 from commlayer.testing import require_mpirun, run_world
 

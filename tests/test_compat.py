@@ -1,4 +1,4 @@
-"""Real multi-rank runs: the compatibility suite on gloo at 2, 3 and 4 ranks, examples, plugins.
+"""Real multi-rank runs: the compatibility suite on gloo at 2, 3 and 4 ranks, and the examples.
 
 Other backends run the same suite from their own test modules (test_mpi*.py, test_ccl*.py), so
 every backend is held to one definition of correct.
@@ -6,15 +6,11 @@ every backend is held to one definition of correct.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from commlayer.launcher import free_port
+from commlayer.ports import free_port
 from commlayer.testing import run_world
 from tests._examples import torchrun_allreduce_example
 
@@ -36,30 +32,6 @@ def test_every_init_method(tmp_path: Path) -> None:
         timeout=120,
         args=(*ports, str(tmp_path / "rendezvous")),
     )
-
-
-def test_third_party_plugin_is_discovered_and_used(tmp_path: Path) -> None:
-    """A separately installed distribution adds a backend through its entry point alone."""
-    site, source = tmp_path / "site", tmp_path / "plugin"
-    shutil.copytree(REPO / "tests" / "plugin", source)  # the build writes next to its sources
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(source),
-        ],
-        check=True,
-        timeout=240,
-    )
-    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
-    run_world("tests.ranks.plugin:main", 3, backend="storecomm", timeout=120, env=env)
 
 
 def test_torch_script_runs_unchanged_under_torchrun() -> None:

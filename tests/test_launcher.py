@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from commlayer import cli
-from commlayer.launcher import LaunchConfig, LaunchResult, ProcessOutcome, SuperviseOptions, free_port, launch
+from commlayer.launcher import LaunchConfig, LaunchResult, ProcessOutcome, SuperviseOptions, launch
+from commlayer.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = str(REPO / "tests" / "scripts" / "rank_behaviour.py")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.launcher import free_port
+from commlayer.ports import free_port
 from commlayer.testing import require_mpirun, run_world
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.multirank
     "world_size", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
 )
 def test_compatibility_suite_on_shm(world_size: int) -> None:
-    run_world("tests.ranks.compat:main", world_size, backend="shm", timeout=240)
+    run_world("commlayer.testing.conformance:main", world_size, backend="shm", timeout=240)
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ from commlayer.backends.shm import ShmBackend, ShmOptions
 from commlayer.backends.shm._native import DTYPE_CODES, OP_CODES, load_extension
 from commlayer.backends.shm._setup import HOST_ID_ENV, HostMap, host_identity
 from commlayer.errors import InvalidArgumentError
+from commlayer.testing.conformance import ops_for
 from commlayer.types import ReduceOp
-from tests.ranks._values import ops_for
 
 NATIVE = load_extension()
 HALF = (torch.bfloat16, torch.float16)

@@ -34,6 +34,7 @@ import torch
 
 from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, invalid_argument
+from commlayer.rendezvous import RendezvousInfo
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, WaitLimit, Work, wait_or_expire
 
@@ -119,6 +120,13 @@ class MpiBackend(Backend):
         options = MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
         check_launched_by_mpi(mpi, spec)
         return cls(spec, mpi.COMM_WORLD.Dup(), mpi, _cuda.cuda_aware(os.environ), options)
+
+    @classmethod
+    def complete_rendezvous(cls, info: RendezvousInfo) -> RendezvousInfo:
+        """Rank 0's address and a free port, agreed over MPI (see :mod:`.discovery`)."""
+        from .discovery import exchange_master_address  # needs mpi4py: only under mpirun
+
+        return exchange_master_address(info)
 
     def new_group(self, spec: GroupSpec) -> MpiBackend | None:
         options = (

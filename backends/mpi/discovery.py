@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from commlayer.errors import BackendUnavailableError, CommError
-from commlayer.launcher import free_port
 from commlayer.netif import SOCKET_IFNAME_ENV, interface_addresses
+from commlayer.ports import free_port
 from commlayer.rendezvous import RendezvousInfo
 
 from ._runtime import MpiLoadError, library_version, load_mpi

@@ -25,8 +25,8 @@ from pathlib import Path
 from commlayer.launcher import LaunchConfig, launch
 from commlayer.rendezvous import discover
 
+from ..metrics import parse_size
 from .cases import BENCH_OPS, check_values_exact
-from .formulas import parse_size
 from .options import BENCH_DTYPES, BenchOptions
 from .progress import ProgressBar, follow_file
 from .records import SweepResult, write_csv, write_json

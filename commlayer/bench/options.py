@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..metrics import size_sweep
 from .cases import BENCH_OPS
-from .formulas import size_sweep
 
 __all__ = ["BENCH_DTYPES", "BenchOptions"]
 

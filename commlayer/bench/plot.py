@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .formulas import format_size
+from ..metrics import format_size
 from .records import BenchRecord
 
 __all__ = ["SMALL_MESSAGE_BYTES", "write_plot"]

@@ -30,8 +30,8 @@ from commlayer import dist
 from commlayer.registry import get_backend_class
 from commlayer.rendezvous import discover
 
+from ..metrics import algbw_gbps, busbw_factor
 from .cases import FACADE_OPS, CaseContext, check_values_exact, layout, make_case
-from .formulas import algbw_gbps, busbw_factor
 from .options import BenchOptions
 from .raw import RAW_BACKENDS, MemcpyCalls, RawMpiCalls
 from .records import BenchRecord, SweepResult

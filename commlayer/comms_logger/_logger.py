@@ -18,8 +18,8 @@ from typing import Any, NamedTuple, TextIO
 
 import torch
 
-from ..bench.formulas import OP_FAMILY, busbw_factor, format_size
 from ..dist import _dispatch
+from ..metrics import OP_FAMILY, busbw_factor, format_size
 from ..work import Work
 from ._summary import chrome_trace, combine_ranks, format_summary
 
@@ -36,6 +36,7 @@ __all__ = [
     "enable_from_environment",
     "export_chrome_trace",
     "is_enabled",
+    "on_init_process_group",
     "reset",
     "stats",
     "summary",
@@ -422,6 +423,12 @@ def enable_from_environment(environ: dict[str, str] | os._Environ[str] = os.envi
     enable(ops=ops, verbose=verbose)
     atexit.register(_report_at_exit, environ.get(ENV_TRACE))
     return True
+
+
+def on_init_process_group() -> None:
+    """The facade's extension hook (see ``commlayer.dist._extensions``): enable from the environment."""
+    if not is_enabled():
+        enable_from_environment()
 
 
 def _report_at_exit(trace_path: str | None) -> None:

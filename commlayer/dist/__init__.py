@@ -15,6 +15,7 @@ import torch.distributed as _torch_dist
 
 from ..types import ReduceOp
 from ..work import Work
+from . import _extensions
 from ._collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -75,7 +76,6 @@ from ._torch_names import OPTIONAL_NAMES, torch_submodule
 from ._traceable import install as install_traceable_forms
 from ._torch_names import __all__ as _torch_names_all
 
-from .. import comms_logger  # noqa: E402 - hooks into _dispatch, imported above
 
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
 _all_gather_base = all_gather_single = all_gather_into_tensor
@@ -89,12 +89,16 @@ reduce_op = ReduceOp
 
 
 def __getattr__(name: str) -> Any:
-    """torch.distributed's submodules and version-dependent names, resolved on first use."""
+    """torch.distributed's submodules, version-dependent names and commlayer's facade extensions
+    (``dist.comms_logger``; see ``_extensions``), resolved on first use."""
     module: ModuleType | None = torch_submodule(name)
     if module is not None:
         return module
     if name in OPTIONAL_NAMES and hasattr(_torch_dist, name):
         return getattr(_torch_dist, name)
+    extension = _extensions.load(name)  # dist.comms_logger and other entry-point extensions
+    if extension is not None:
+        return extension
     raise AttributeError(f"module 'commlayer.dist' has no attribute '{name}'")
 
 
@@ -118,7 +122,6 @@ __all__ = [
     "breakpoint",
     "broadcast",
     "broadcast_object_list",
-    "comms_logger",
     "destroy_process_group",
     "gather",
     "gather_object",
@@ -163,3 +166,4 @@ __all__ = [
     "supports_complex",
     *[name for name in _torch_names_all if name != "torch_submodule"],
 ]
+

@@ -225,11 +225,11 @@ def monitored_barrier(
     token = torch.zeros(1, dtype=torch.int32, device=call.backend.object_device())
     peers = range(1, call.group.size())
     if call.group.rank() != 0:
-        call.backend.send(token, 0, FALLBACK_TAG).wait(_remaining(deadline))
-        call.backend.recv(token, 0, FALLBACK_TAG).wait(_remaining(deadline))
+        call.backend.send(token, 0, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
+        call.backend.recv(token, 0, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
         return
     tokens = {peer: torch.zeros_like(token) for peer in peers}
-    arrivals = {peer: call.backend.recv(tokens[peer], peer, FALLBACK_TAG) for peer in peers}
+    arrivals = {peer: call.backend.recv(tokens[peer], peer, FALLBACK_TAG, async_op=True) for peer in peers}
     missing = _ranks_missing(arrivals, deadline, wait_all_ranks)
     if missing:
         global_missing = [call.group.ranks[peer] for peer in missing]
@@ -237,7 +237,7 @@ def monitored_barrier(
             f"monitored_barrier: ranks {global_missing} did not reach the barrier within {timeout or call.group.timeout} (rank {call.rank})"
         )
     for peer in peers:
-        call.backend.send(token, peer, FALLBACK_TAG).wait(_remaining(deadline))
+        call.backend.send(token, peer, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
 
 
 def _ranks_missing(arrivals: dict[int, Work], deadline: float, wait_all_ranks: bool) -> list[int]:

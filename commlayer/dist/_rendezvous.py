@@ -18,6 +18,7 @@ import torch.distributed as torch_dist
 
 from ..errors import invalid_argument
 from ..netif import apply_interface_environment
+from ..registry import get_backend_class
 from ..rendezvous import RendezvousInfo, discover
 
 __all__ = ["Rendezvous", "rendezvous"]
@@ -91,9 +92,8 @@ def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timede
 
 
 def _master_over_mpi(info: RendezvousInfo) -> RendezvousInfo:
-    from ..backends.mpi.discovery import exchange_master_address  # needs mpi4py: import late
-
-    return exchange_master_address(info)
+    # The mpi backend's hook agrees on rank 0's address over MPI; the facade never imports it.
+    return get_backend_class("mpi").complete_rendezvous(info)
 
 
 def _require_explicit(rank: int, world_size: int, because: str) -> None:

@@ -15,6 +15,7 @@ from ..errors import InvalidArgumentError, NotInitializedError, invalid_argument
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
+from ._extensions import run_init_hooks
 from ._groups import (
     NON_GROUP_MEMBER,
     ProcessGroup,
@@ -108,6 +109,7 @@ def init_process_group(
     after_group_created(default)
     install_handlers()
     start_monitor(meeting.store, meeting.rank, meeting.world_size, lambda why: dump_flight_recorder(reason=why))
+    run_init_hooks()  # e.g. the comms logger, when $COMMLAYER_COMMS_LOGGER enables it
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:

@@ -10,10 +10,10 @@ Layout for ``launch(LaunchConfig(command=("python", "train.py"), nproc_per_node=
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..ports import free_port
 from .supervise import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 
 __all__ = ["LaunchConfig", "RankPlace", "free_port", "launch", "rank_environment"]
@@ -97,10 +97,3 @@ def rank_environment(
         "MASTER_PORT": str(port),
         "PYTHONUNBUFFERED": "1",  # rank output should interleave in the order it happened
     }
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the usual bind-to-0 race applies)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def resolve_target(target: str) -> Callable[..., object]:
-    """``"commlayer.testing.conformance:main"`` -> the function ``main`` of module ``tests.ranks.compat``."""
+    """``"commlayer.testing.conformance:main"`` -> the function ``main`` of module ``commlayer.testing.conformance``."""
     module_name, _, function_name = target.partition(":")
     if not module_name or not function_name:
         raise ValueError(

@@ -12,9 +12,8 @@ import torch
 
 from commlayer import comms_logger, dist
 from commlayer.dist import _dispatch, _p2p
+from commlayer.testing.conformance import assert_equal, reduced, values
 from commlayer.types import ReduceOp
-
-from ._values import assert_equal, reduced, values
 
 DTYPES = (torch.float32, torch.int64, torch.float32)  # back to float32: a plan met again
 

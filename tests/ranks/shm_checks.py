@@ -21,10 +21,9 @@ import torch
 from commlayer import dist
 from commlayer.backends.shm import ShmOptions
 from commlayer.rendezvous import discover
+from commlayer.testing import conformance
+from commlayer.testing.conformance import assert_equal, reduced, values
 from commlayer.types import ReduceOp
-
-from . import compat
-from ._values import assert_equal, reduced, values
 
 TINY = ShmOptions(small_bytes=256, chunk_bytes=4096, spins=16)
 PATH_SIZES = (1, 7, 31, 32, 33, 63, 64, 65, 200, 1000, 1024, 1025, 5000)
@@ -37,7 +36,7 @@ def two_level(hosts: str) -> None:
     dist.init_process_group("shm")
     backend = dist.group.WORLD.primary_backend
     assert type(backend).__name__ == "TwoLevelBackend", type(backend)
-    compat.main()
+    conformance.main()
     paths_on(None, list(range(dist.get_world_size())))
     dist.destroy_process_group()
 

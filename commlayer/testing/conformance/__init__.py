@@ -13,8 +13,9 @@ backend authors' own checks.
 
 from __future__ import annotations
 
+from ._case import Case
 from .certificate import FAIL, PASS, UNSUPPORTED, Cell, Certificate, Verdict
-from .suite import Case, main, run_suite
+from .suite import main, run_suite
 from .values import DTYPES, NUMEL, NUMERIC_DTYPES, assert_equal, ops_for, reduced, values
 
 __all__ = [

@@ -6,17 +6,15 @@ exactly with what each rank computes locally.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from commlayer import dist
 from commlayer.types import ReduceOp
 
+from ._case import Case
 from .values import DTYPES, NUMEL, assert_equal, ops_for, reduced, values
-
-if TYPE_CHECKING:
-    from .suite import Case
 
 __all__ = ["CHECKS"]
 

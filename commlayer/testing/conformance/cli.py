@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ...errors import BackendUnavailableError
 from ..harness import run_world
+from ._case import dtype_name
 from .certificate import Certificate
-from .suite import dtype_name
 from .values import DTYPES
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""Bandwidth arithmetic and message-size sweeps, shared by ``commlayer bench`` and the comms logger.
+"""Bandwidth arithmetic and message-size sweeps: neutral ground for ``commlayer bench`` and the comms logger.
 
 Conventions follow nccl-tests' doc/PERFORMANCE.md. ``S`` is the message size in bytes: the whole
 buffer for all_reduce and broadcast, the *full* (gathered / pre-scatter) buffer for all_gather and
