@@ -1,7 +1,7 @@
 """The ops timed by torch_vs_commlayer.py: one call each of raw torch, commlayer and the bare
 ProcessGroup method (the floor both wrappers sit on), on identical buffers.
 
-Sizes are nccl-tests' S (``commlayer.bench.formulas``): the whole buffer for all_reduce, broadcast
+Sizes are nccl-tests' S (``commlayer.metrics``): the whole buffer for all_reduce, broadcast
 and send/recv, the full gathered (pre-scatter) buffer for all_gather / reduce_scatter, and all one
 rank sends for all_to_all_single. send/recv pairs ranks (0 -> 1, 2 -> 3): even ranks send.
 """

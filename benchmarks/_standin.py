@@ -60,7 +60,7 @@ def measure(iters: int, rounds: int) -> list[dict]:
 
     class StandInBackend(TorchBackend):
         name = torch_backend = "fake"
-        capabilities = Capabilities(devices=frozenset({"cpu"}), sync_hint=True)
+        capabilities = Capabilities(devices=frozenset({"cpu"}))
 
     commlayer.register_backend("fake", StandInBackend)
     warnings.simplefilter("ignore", FutureWarning)  # torch 2.13 deprecates two spellings per call

@@ -161,7 +161,7 @@ def main() -> None:
 
 
 def _spawn(options: argparse.Namespace) -> None:
-    from commlayer.launcher import free_port
+    from commlayer.ports import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(options.nproc))
     torch.multiprocessing.spawn(_spawned_rank, args=(options,), nprocs=options.nproc)

@@ -20,11 +20,32 @@ SOURCES = {"commlayer": REPO / "commlayer", "commlayer.backends": REPO / "backen
 
 # Layers, lowest first; a module may import only from its own layer or lower ones.
 LAYERS = (
-    ("commlayer.types", "commlayer.errors", "commlayer.work", "commlayer.ports", "commlayer.metrics"),
+    (
+        "commlayer.types",
+        "commlayer.errors",
+        "commlayer.work",
+        "commlayer.ports",
+        "commlayer.metrics",
+        "commlayer.netif",
+    ),
     ("commlayer.fallbacks", "commlayer.backend", "commlayer.rendezvous"),
     ("commlayer.registry", "commlayer.selection", "commlayer.backends", "commlayer.dist"),
-    ("commlayer.launcher", "commlayer.launch", "commlayer.mesh", "commlayer.zero", "commlayer.comms_logger"),
-    ("commlayer.bench", "commlayer.testing", "commlayer.cli", "commlayer.__main__", "commlayer"),
+    (
+        "commlayer.launcher",
+        "commlayer.launch",
+        "commlayer.mesh",
+        "commlayer.zero",
+        "commlayer.comms_logger",
+        "commlayer.parallel",
+    ),
+    (
+        "commlayer.bench",
+        "commlayer.testing",
+        "commlayer.cli",
+        "commlayer.__main__",
+        "commlayer._torch_autoload",
+        "commlayer",
+    ),
 )
 
 
@@ -125,7 +146,9 @@ def _layer(module: str) -> int:
     best = (-1, -1)  # (length of the matching prefix, layer)
     for level, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[0]:
+            # The top-level package names only itself: every module must be placed explicitly.
+            nested = prefix != "commlayer" and module.startswith(prefix + ".")
+            if (module == prefix or nested) and len(prefix) > best[0]:
                 best = (len(prefix), level)
     return best[1]
 

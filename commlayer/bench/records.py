@@ -23,7 +23,7 @@ class BenchRecord:
 
     backend: str
     op: str
-    bytes: int  # nccl-tests' S (see commlayer.bench.formulas)
+    bytes: int  # nccl-tests' S (see commlayer.metrics)
     count: int  # elements in S
     dtype: str
     world_size: int

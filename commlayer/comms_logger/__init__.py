@@ -16,7 +16,7 @@ How it measures: the facade hands every op's launch to the observer set with
 accelerator before the launch and again when the op's Work completes, and records the time in
 between; a blocking op is therefore timed exactly, an async one from launch until the caller's
 ``wait()`` (or ``is_completed()``) sees it done. Disabled, no observer is set and the facade pays
-one ``is None`` test per call. Sizes are nccl-tests' S (see :mod:`commlayer.bench.formulas`), so
+one ``is None`` test per call. Sizes are nccl-tests' S (see :mod:`commlayer.metrics`), so
 busbw here matches ``commlayer bench``.
 
 Stragglers: in a collective every rank finishes together, so a rank that *arrives* late spends
