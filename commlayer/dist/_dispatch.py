@@ -350,6 +350,23 @@ def _copy_back(copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
             original.copy_(buffer)
 
 
+def wire_op(call: OpCall, op: ReduceOp) -> ReduceOp:
+    """The reduction the backend runs: SUM for AVG unless it declares ``native_avg``."""
+    return _SUM if _emulates_avg(call, op) else op
+
+
+def averaged(call: OpCall, op: Any, results: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+    """What the facade divides after the op: ``results`` for an AVG the backend runs as SUM.
+
+    AVG is implemented here once: a backend sees it only if it declares ``native_avg``.
+    """
+    return results if _emulates_avg(call, op) else ()
+
+
+def _emulates_avg(call: OpCall, op: Any) -> bool:
+    return op is _AVG and not call.backend.capabilities.native_avg
+
+
 def _nbytes(payload: torch.Tensor | Sequence[torch.Tensor]) -> int:
     tensors = [payload] if isinstance(payload, torch.Tensor) else payload
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
