@@ -13,6 +13,7 @@ from typing import Any
 from torch.distributed import DistBackendError, DistError
 
 __all__ = [
+    "AlreadyInitializedError",
     "BackendUnavailableError",
     "CollectiveMismatchError",
     "CommError",
@@ -32,6 +33,10 @@ class CommError(DistError):
 
 class NotInitializedError(CommError, ValueError):
     """An operation ran before init_process_group (or init ran twice); torch raises ValueError."""
+
+
+class AlreadyInitializedError(CommError, ValueError):
+    """init_process_group ran while a default group exists (torch raises ValueError there too)."""
 
 
 class CommTimeoutError(CommError, DistBackendError, TimeoutError):

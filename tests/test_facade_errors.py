@@ -12,7 +12,13 @@ import torch.distributed as torch_dist
 
 import commlayer
 from commlayer import dist
-from commlayer.errors import InvalidArgumentError, InvalidTypeError, NotInitializedError, UnsupportedError
+from commlayer.errors import (
+    AlreadyInitializedError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NotInitializedError,
+    UnsupportedError,
+)
 from commlayer.rendezvous import RendezvousEnvError
 
 
@@ -24,9 +30,12 @@ def test_ops_before_init_say_how_to_fix_it() -> None:
     assert dist.group.WORLD is None
 
 
-def test_double_init_is_rejected(world_of_one: None) -> None:
-    with pytest.raises(NotInitializedError, match=r"already initialized \(rank 0\)"):
+def test_double_init_is_rejected_with_torchs_error_type(world_of_one: None) -> None:
+    with pytest.raises(
+        AlreadyInitializedError, match=r"init_process_group: already initialized \(rank 0\)"
+    ) as raised:
         dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    assert isinstance(raised.value, ValueError)  # what torch raises for a second init
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,3 +174,16 @@ def test_a_module_imports_only_its_own_layer_or_lower(module: str) -> None:
 
 def test_the_checker_sees_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_ruff_sees_the_facade() -> None:
+    """Ruff's default exclude list names "dist"; pyproject.toml's own list must not hide commlayer/dist."""
+    pytest.importorskip("ruff")
+    listed = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    assert str(REPO / "commlayer" / "dist" / "_dispatch.py") in listed

@@ -147,7 +147,11 @@ def test_torchrun_nodes_on_ccl(unnamed_cluster: NetworkCluster) -> None:
     if ccl_problem is not None:
         pytest.skip(f"ccl unavailable: {ccl_problem}")
     run_world(
-        "commlayer.testing.conformance:main", 4, backend="ccl", launcher=TorchrunHosts(unnamed_cluster), timeout=300
+        "commlayer.testing.conformance:main",
+        4,
+        backend="ccl",
+        launcher=TorchrunHosts(unnamed_cluster),
+        timeout=300,
     )
 
 
@@ -180,7 +184,13 @@ def test_srun_variables_with_commlayer_socket_ifname(named_cluster: NetworkClust
 @pytest.mark.mpi
 def test_mpirun_over_sshd_on_the_mpi_backend(ssh_cluster: tuple[NetworkCluster, SshAccess]) -> None:
     require_mpirun()
-    run_world("commlayer.testing.conformance:main", 4, backend="mpi", launcher=MpirunHosts(*ssh_cluster), timeout=300)
+    run_world(
+        "commlayer.testing.conformance:main",
+        4,
+        backend="mpi",
+        launcher=MpirunHosts(*ssh_cluster),
+        timeout=300,
+    )
 
 
 @pytest.mark.multirank

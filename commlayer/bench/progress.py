@@ -1,4 +1,4 @@
-"""A one-line progress bar for long sweeps; silent unless its stream is a terminal.
+"""The sweep's progress bar (tqdm), drawn only when its stream is a terminal.
 
 Under ``-n`` the ranks' output goes through the launcher's pipes, so rank 0 appends its steps to
 a file and the parent process, which owns the terminal, draws the bar (:func:`follow_file`).
@@ -11,34 +11,29 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["ProgressBar", "StepFileWriter", "follow_file"]
+from tqdm import tqdm
 
-_WIDTH = 30
+__all__ = ["ProgressBar", "StepFileWriter", "follow_file"]
 
 
 class ProgressBar:
-    """``[#########.....]  12/40  gloo all_reduce 1024B`` redrawn in place with a carriage return."""
+    """A tqdm bar over ``total`` steps, labelled with the step in flight (``gloo all_reduce 1KiB``)."""
 
     def __init__(self, total: int, stream: TextIO | None = None) -> None:
-        self.total = max(total, 1)
         self.stream = sys.stderr if stream is None else stream
         self.enabled = _is_terminal(self.stream)
-        self._drawn = False
+        self._bar = tqdm(total=max(total, 1), file=self.stream, leave=False, disable=not self.enabled)
 
     def update(self, done: int, label: str) -> None:
+        """Show ``done`` steps finished, the latest being ``label``."""
         if not self.enabled:
             return
-        filled = min(_WIDTH, _WIDTH * done // self.total)
-        bar = "#" * filled + "." * (_WIDTH - filled)
-        self.stream.write(f"\r[{bar}] {done:>4}/{self.total}  {label[:40]:<40}")
-        self.stream.flush()
-        self._drawn = True
+        self._bar.set_description_str(label[:40], refresh=False)
+        self._bar.update(done - self._bar.n)
+        self._bar.refresh()  # steps are seconds apart: tqdm's rate limit would hide most of them
 
     def close(self) -> None:
-        if self._drawn:
-            self.stream.write("\r" + " " * (_WIDTH + 60) + "\r")
-            self.stream.flush()
-            self._drawn = False
+        self._bar.close()
 
 
 class StepFileWriter:

@@ -16,6 +16,8 @@ import torch.distributed as _torch_dist
 from ..types import ReduceOp
 from ..work import Work
 from . import _extensions
+from ._bridge import init_device_mesh, register_with_torch
+from ._coalesced import all_gather_coalesced, all_reduce_coalesced
 from ._collectives import (
     all_gather,
     all_gather_into_tensor,
@@ -30,8 +32,6 @@ from ._collectives import (
     reduce_scatter_tensor,
     scatter,
 )
-from ._bridge import init_device_mesh, register_with_torch
-from ._coalesced import all_gather_coalesced, all_reduce_coalesced
 from ._debug import breakpoint
 from ._groups import GroupMember, ProcessGroup, group
 from ._objects import (
@@ -71,11 +71,10 @@ from ._subgroups import (
     split_group,
     supports_complex,
 )
-from ._torch_names import *  # noqa: F403 - torch's own objects, listed in _torch_names.__all__
+from ._torch_names import *
 from ._torch_names import OPTIONAL_NAMES, torch_submodule
-from ._traceable import install as install_traceable_forms
 from ._torch_names import __all__ as _torch_names_all
-
+from ._traceable import install as install_traceable_forms
 
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
 _all_gather_base = all_gather_single = all_gather_into_tensor
@@ -102,7 +101,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'commlayer.dist' has no attribute '{name}'")
 
 
-__all__ = [
+__all__ = [  # noqa: PLE0604 - torch's names are strings too, listed at import
     "GroupMember",
     "P2POp",
     "ProcessGroup",
@@ -166,4 +165,3 @@ __all__ = [
     "supports_complex",
     *[name for name in _torch_names_all if name != "torch_submodule"],
 ]
-

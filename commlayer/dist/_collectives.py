@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from ..errors import invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
@@ -227,7 +227,7 @@ def reduce_scatter(
 
 def reduce_scatter_tensor(
     output: torch.Tensor,
-    input: torch.Tensor,  # noqa: A002 - torch's name
+    input: torch.Tensor,
     op: Any = ReduceOp.SUM,
     group: Any = None,
     async_op: bool = False,
@@ -259,7 +259,7 @@ def reduce_scatter_tensor(
 
 
 def _checked_reduce_scatter_tensor(
-    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool  # noqa: A002
+    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool
 ) -> Work | None:
     call = begin("reduce_scatter_tensor", group, check.first_device(input))
     if call is None:
@@ -280,7 +280,7 @@ def _checked_reduce_scatter_tensor(
 
 def all_to_all_single(
     output: torch.Tensor,
-    input: torch.Tensor,  # noqa: A002 - torch's name
+    input: torch.Tensor,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: Any = None,
@@ -302,7 +302,9 @@ def all_to_all_single(
     except (AttributeError, TypeError):
         plan = None
     if plan is not None and output.is_contiguous() and input.is_contiguous():
-        out_splits = check.check_splits(plan.call, "output_split_sizes", output_split_sizes, output, plan.size)
+        out_splits = check.check_splits(
+            plan.call, "output_split_sizes", output_split_sizes, output, plan.size
+        )
         in_splits = check.check_splits(plan.call, "input_split_sizes", input_split_sizes, input, plan.size)
         return plan.run(async_op, output, input, out_splits, in_splits)
     return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
@@ -311,7 +313,7 @@ def all_to_all_single(
 @complex_as_real("all_to_all_single")
 def _checked_all_to_all_single(
     output: torch.Tensor,
-    input: torch.Tensor,  # noqa: A002 - torch's name
+    input: torch.Tensor,
     output_split_sizes: Sequence[int] | None,
     input_split_sizes: Sequence[int] | None,
     group: Any,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pdb
+import pdb  # noqa: T100 - dist.breakpoint is a debugger entry point by design
 import sys
 from datetime import timedelta
 
@@ -28,7 +28,7 @@ class _TerminalPdb(pdb.Pdb):
             sys.stdin = saved
 
 
-def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float | None = 3600) -> None:  # noqa: A001 - torch's name
+def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float | None = 3600) -> None:
     """Break into pdb on ``rank`` only; the others wait in a barrier of up to ``timeout_s`` seconds.
 
     The first ``skip`` calls from the same line return at once (on every rank alike).

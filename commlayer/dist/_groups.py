@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import torch.distributed as torch_dist
 
@@ -42,7 +43,7 @@ class _GroupName(str):
 
     backend: str
 
-    def __new__(cls, name: str, backend: str) -> _GroupName:
+    def __new__(cls, name: str, backend: str) -> _GroupName:  # noqa: PYI034 - py3.10 has no typing.Self
         named = super().__new__(cls, name)
         named.backend = backend
         return named
@@ -213,11 +214,11 @@ def set_world(world: World | None) -> None:
 
 class _GroupMeta(type):
     @property
-    def WORLD(cls) -> ProcessGroup | None:  # noqa: N802 - torch's spelling
+    def WORLD(cls) -> ProcessGroup | None:
         return None if _world is None else _world.default_group
 
 
-class group(metaclass=_GroupMeta):  # noqa: N801 - torch's spelling: dist.group.WORLD
+class group(metaclass=_GroupMeta):
     """``dist.group.WORLD`` is the default group (None before init), as in torch."""
 
 

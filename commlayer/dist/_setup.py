@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch.distributed as torch_dist
 
 from .. import health
 from ..backend import Backend
-from ..errors import InvalidArgumentError, NotInitializedError, invalid_argument
+from ..errors import AlreadyInitializedError, InvalidArgumentError, invalid_argument
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
+from ._dispatch import forget_plans
 from ._extensions import run_init_hooks
 from ._groups import (
     NON_GROUP_MEMBER,
@@ -25,7 +27,6 @@ from ._groups import (
     set_world,
     world_or_none,
 )
-from ._dispatch import forget_plans
 from ._health import start_monitor, stop_monitor
 from ._rendezvous import Rendezvous, rendezvous
 from ._trace import dump_flight_recorder, install_handlers, new_recorder
@@ -83,7 +84,7 @@ def init_process_group(
     """
     if is_initialized():
         world = current_world("init_process_group")
-        raise NotInitializedError(
+        raise AlreadyInitializedError(
             f"init_process_group: already initialized (rank {world.rank}); call "
             "destroy_process_group() before initializing again"
         )
@@ -108,7 +109,9 @@ def init_process_group(
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
     after_group_created(default)
     install_handlers()
-    start_monitor(meeting.store, meeting.rank, meeting.world_size, lambda why: dump_flight_recorder(reason=why))
+    start_monitor(
+        meeting.store, meeting.rank, meeting.world_size, lambda why: dump_flight_recorder(reason=why)
+    )
     run_init_hooks()  # e.g. the comms logger, when $COMMLAYER_COMMS_LOGGER enables it
 
 

@@ -177,7 +177,7 @@ def is_xccl_available() -> bool:
     return is_backend_available("xccl")
 
 
-def supports_complex(reduceOp: Any) -> bool:  # noqa: N803 - torch's argument name
+def supports_complex(reduceOp: Any) -> bool:
     """Whether ``reduceOp`` is defined on complex tensors (SUM and AVG are; MAX, bitwise... are not)."""
     return ReduceOp.coerce(reduceOp) not in _NOT_COMPLEX
 

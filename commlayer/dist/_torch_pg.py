@@ -101,19 +101,19 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     # --- identity ---------------------------------------------------------------------------
 
-    def getBackendName(self) -> str:  # noqa: N802 - torch's virtual method
+    def getBackendName(self) -> str:
         return "commlayer"
 
-    def getGroupName(self) -> str:  # noqa: N802
+    def getGroupName(self) -> str:
         return self._group_name
 
-    def setGroupName(self, name: str) -> None:  # noqa: N802
+    def setGroupName(self, name: str) -> None:
         self._group_name = name
 
-    def getGroupDesc(self) -> str:  # noqa: N802
+    def getGroupDesc(self) -> str:
         return self._group_desc
 
-    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+    def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
 
     @property
@@ -172,7 +172,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         work = coll.all_gather(outputs, tensor, self.commlayer_group, async_op=True)
         return BridgeWork([work], outputs)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:  # noqa: A002
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
         work = coll.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
         return BridgeWork([work], [output])
@@ -196,7 +196,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         work = coll.reduce_scatter(output, inputs, _reduce_op(opts), self.commlayer_group, async_op=True)
         return BridgeWork([work], outputs)
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:  # noqa: A002
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
         work = coll.reduce_scatter_tensor(
             output, source, _reduce_op(opts), self.commlayer_group, async_op=True
@@ -218,7 +218,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     def alltoall_base(
         self,
         output: torch.Tensor,
-        input: torch.Tensor,  # noqa: A002
+        input: torch.Tensor,
         output_split_sizes: list[int],
         input_split_sizes: list[int],
         opts: Any = None,
@@ -262,13 +262,13 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     # --- point to point: peers are group ranks ----------------------------------------------
 
-    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> BridgeWork:  # noqa: N803
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> BridgeWork:
         tensor = self._single("send", "tensors", tensors)
         return BridgeWork(
             [p2p.isend(tensor, group=self.commlayer_group, tag=tag, group_dst=dstRank)], tensors
         )
 
-    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> BridgeWork:  # noqa: N803
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> BridgeWork:
         tensor = self._single("recv", "tensors", tensors)
         return BridgeWork(
             [p2p.irecv(tensor, group=self.commlayer_group, tag=tag, group_src=srcRank)], tensors

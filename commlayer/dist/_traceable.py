@@ -53,7 +53,7 @@ def reduce_scatter_tensor(
     input: torch.Tensor,
     op: Any = ReduceOp.SUM,
     group: Any = None,
-    async_op: bool = False,  # noqa: A002
+    async_op: bool = False,
 ) -> None:
     _synchronous("reduce_scatter_tensor", async_op)
     reduced = funcol.reduce_scatter_tensor(input.reshape(-1), _op_name(op), 0, _torch_group(group))
@@ -71,7 +71,7 @@ def all_gather(
 
 def all_to_all_single(
     output: torch.Tensor,
-    input: torch.Tensor,  # noqa: A002
+    input: torch.Tensor,
     output_split_sizes: Sequence[int] | None = None,
     input_split_sizes: Sequence[int] | None = None,
     group: Any = None,

@@ -12,10 +12,10 @@ from commlayer import dist
 
 def checks_then_compat(expected_interface: str, hosts: str) -> None:
     """One world for both: where the ranks run and which interface they use, then the compat suite."""
-    from tests.ranks import compat
+    from commlayer.testing import conformance
 
     interface_and_hosts(expected_interface, hosts)
-    compat.main()
+    conformance.main()
 
 
 def interface_and_hosts(expected_interface: str, hosts: str) -> None:
@@ -37,10 +37,10 @@ def interface_and_hosts(expected_interface: str, hosts: str) -> None:
 
 def shm_two_level() -> None:
     """shm across hosts with private /dev/shm each: it must pick its two-level form by itself."""
-    from tests.ranks import compat
+    from commlayer.testing import conformance
 
     dist.init_process_group("shm")
     backend = dist.group.WORLD.primary_backend
     assert type(backend).__name__ == "TwoLevelBackend", type(backend)
-    compat.main()
+    conformance.main()
     dist.destroy_process_group()
