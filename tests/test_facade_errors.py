@@ -196,3 +196,19 @@ def test_single_process_needs_no_launcher(monkeypatch: pytest.MonkeyPatch) -> No
         assert (dist.get_rank(), dist.get_world_size(), dist.get_backend()) == (0, 1, "gloo")
     finally:
         dist.destroy_process_group()
+
+
+def test_torch_arguments_without_effect_are_logged_once(
+    world_of_one: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from commlayer.dist import _ignored
+
+    _ignored._logged.clear()
+    with caplog.at_level("WARNING", logger="commlayer.dist"):
+        dist.barrier(device_ids=[0])
+        dist.barrier(device_ids=[0])
+        dist.new_group([0], group_desc="experts", use_local_synchronization=True)
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("barrier: argument 'device_ids'=[0] is accepted but has no effect" in m for m in messages) == 1
+    assert any("new_group: argument 'group_desc'='experts'" in m for m in messages), messages
+    assert any("new_group: argument 'use_local_synchronization'=True" in m for m in messages), messages

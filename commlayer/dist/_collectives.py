@@ -17,6 +17,7 @@ from ..work import Work
 from . import _validate as check
 from ._complex import complex_as_real
 from ._dispatch import averaged, begin, contiguous, launch, plans, remember, run_staged, wire_op
+from ._ignored import note_ignored
 from ._trace import wait_translated
 
 __all__ = [
@@ -426,6 +427,8 @@ def barrier(
     call = begin("barrier", group)
     if call is None:
         return None
+    if device_ids is not None:
+        note_ignored("barrier", "device_ids", device_ids)
     work = launch(call, lambda b, hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work

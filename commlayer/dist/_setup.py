@@ -28,6 +28,7 @@ from ._groups import (
     world_or_none,
 )
 from ._health import start_monitor, stop_monitor
+from ._ignored import note_ignored
 from ._rendezvous import Rendezvous, rendezvous
 from ._trace import dump_flight_recorder, install_handlers, new_recorder
 
@@ -88,6 +89,10 @@ def init_process_group(
             f"init_process_group: already initialized (rank {world.rank}); call "
             "destroy_process_group() before initializing again"
         )
+    if device_id is not None:
+        note_ignored("init_process_group", "device_id", device_id)
+    if group_name:
+        note_ignored("init_process_group", "group_name", group_name)
     spec = resolve_backend_spec(backend, os.environ, detect_accelerator())
     device_map = _device_map(spec)
     timeout = timeout or DEFAULT_TIMEOUT
@@ -153,6 +158,10 @@ def new_group(
     """
     world = current_world("new_group")
     members = _check_group_ranks(world, ranks)
+    if use_local_synchronization:
+        note_ignored("new_group", "use_local_synchronization", use_local_synchronization)
+    if group_desc is not None:
+        note_ignored("new_group", "group_desc", group_desc)
     with world.lock:
         world.group_counter += 1
         name = f"group{world.group_counter}"
