@@ -86,10 +86,12 @@ class Backend(GenericCollectives, ABC):
 
     @property
     def rank(self) -> int:
+        """This process's rank inside the group (``spec.group_rank``)."""
         return self.spec.group_rank
 
     @property
     def size(self) -> int:
+        """The number of ranks in the group."""
         return self.spec.size
 
     # --- lifecycle -------------------------------------------------------------------------

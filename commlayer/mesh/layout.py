@@ -82,10 +82,12 @@ class MeshLayout:
 
     @property
     def world_size(self) -> int:
+        """The number of ranks the layout covers (the product of its shape)."""
         return math.prod(self.shape)
 
     @property
     def has_expert_dims(self) -> bool:
+        """Whether expert dimensions (``ep``, ``edp``) can be derived: true when the layout has ``dp``."""
         return "dp" in self.dim_names
 
     def valid_dims(self) -> tuple[str, ...]:
@@ -93,6 +95,14 @@ class MeshLayout:
         return self.dim_names + (EXPERT_DIMS if self.has_expert_dims else ())
 
     def dim_size(self, dim: str) -> int:
+        """The size of dimension ``dim`` (``ep`` and ``edp`` included).
+
+        Args:
+            dim: a dimension name of the layout, or ``ep``/``edp``.
+
+        Returns:
+            The number of ranks along ``dim``.
+        """
         if dim == "ep":
             return self.expert_parallel_size
         if dim == "edp":
@@ -108,6 +118,14 @@ class MeshLayout:
         return tuple(reversed(coordinate))
 
     def rank_at(self, coordinate: Sequence[int]) -> int:
+        """The global rank at ``coordinate`` (row-major over the shape).
+
+        Args:
+            coordinate: one index per dimension, outermost first.
+
+        Returns:
+            The rank at that position; ``(1, 0)`` in a ``(2, 2)`` layout is rank 2.
+        """
         rank = 0
         for index, size in zip(coordinate, self.shape):
             rank = rank * size + index

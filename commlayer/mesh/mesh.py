@@ -42,6 +42,23 @@ def init_mesh(
 
     Validates everything before the first ``new_group``, so bad input fails on every rank
     alike without communicating.
+
+    Args:
+        mesh_shape: the size of each dimension; their product must be the world size.
+        mesh_dim_names: one name per dimension, from ``dp``, ``sp``, ``tp``, ``pp``, ...
+        expert_parallel_size: how many ranks share the experts of an MoE layer (derives the
+            ``ep`` and ``edp`` dimensions from ``dp``); 1 without experts.
+
+    Returns:
+        The :class:`Mesh` of this rank, whose sub-meshes (``mesh["dp"]``) carry their groups.
+
+    Raises:
+        InvalidArgumentError: the shape, names or expert size do not fit the world.
+
+    Example::
+
+        >>> mesh = init_mesh((2, 2), ("dp", "sp"))  # 4 ranks
+        >>> dist.all_reduce(grads, group=mesh["dp"].group)
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     layout = MeshLayout.build(mesh_shape, mesh_dim_names, world_size, expert_parallel_size, rank)
@@ -93,14 +110,17 @@ class Mesh:
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
+        """The names of this mesh's dimensions, outermost first (torch's DeviceMesh spelling)."""
         return self.dims
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The size of each dimension, in ``mesh_dim_names`` order."""
         return tuple(self.layout.dim_size(dim) for dim in self.dims)
 
     @property
     def ndim(self) -> int:
+        """How many dimensions this mesh has."""
         return len(self.dims)
 
     def __getitem__(self, dims: str | Sequence[str]) -> Mesh:

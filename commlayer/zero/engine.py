@@ -199,6 +199,7 @@ class ZeroEngine:
         return self.module(*inputs, **kwargs)
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next ``step()`` applies the optimizer (the last micro-step of a batch)."""
         return (self.micro_steps + 1) % self.batch.gradient_accumulation_steps == 0
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
@@ -233,6 +234,7 @@ class ZeroEngine:
             self._optimizer_step()
 
     def zero_grad(self) -> None:
+        """Drop every gradient the engine holds (its partitions' and the master copies')."""
         for master, runtime in self._partitions():
             runtime.zero_grads()
             master.release_grads()
@@ -306,6 +308,7 @@ class ZeroEngine:
 
     @property
     def loss_scale(self) -> float:
+        """The fp16 dynamic loss scale now in force (1.0 without fp16)."""
         return self.scaler.scale
 
     def get_global_grad_norm(self) -> float | None:
@@ -313,19 +316,35 @@ class ZeroEngine:
         return None if self._last_grad_norm is None else float(self._last_grad_norm.item())
 
     def train_batch_size(self) -> int:
+        """The global batch size: micro-batch x accumulation steps x data-parallel size."""
         return self.batch.train_batch_size
 
     def train_micro_batch_size_per_gpu(self) -> int:
+        """The micro-batch size one rank runs per forward pass."""
         return self.batch.micro_batch_size
 
     def gradient_accumulation_steps(self) -> int:
+        """How many micro-steps make one optimizer step."""
         return self.batch.gradient_accumulation_steps
 
     def train(self, mode: bool = True) -> ZeroEngine:
+        """Put the wrapped module in training mode (or evaluation mode with ``mode=False``).
+
+        Args:
+            mode: training (True) or evaluation (False).
+
+        Returns:
+            The engine, as ``torch.nn.Module.train`` returns the module.
+        """
         self.module.train(mode)
         return self
 
     def eval(self) -> ZeroEngine:
+        """Put the wrapped module in evaluation mode.
+
+        Returns:
+            The engine.
+        """
         return self.train(False)
 
     def memory_bytes(self) -> dict[str, int]:
@@ -373,6 +392,23 @@ class ZeroEngine:
         return state
 
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None) -> str:
+        """Write this rank's shards (and, on one replica, the shared state) under ``save_dir/tag``.
+
+        Collective: every rank of the engine's groups calls it.
+
+        Args:
+            save_dir: the checkpoint folder.
+            tag: the sub-folder; by default ``global_step<N>``.
+            client_state: extra picklable state saved with the model and returned by load_checkpoint.
+
+        Returns:
+            The path the checkpoint was written to.
+
+        Example::
+
+            >>> engine.save_checkpoint("ckpt")
+            'ckpt/global_step10'
+        """
         from .checkpoint import save_checkpoint
 
         return save_checkpoint(self, save_dir, tag, client_state)
@@ -380,6 +416,20 @@ class ZeroEngine:
     def load_checkpoint(
         self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True
     ) -> tuple[str, dict]:
+        """Load a checkpoint written by :meth:`save_checkpoint`, resharding it to this run's layout.
+
+        Args:
+            load_dir: the checkpoint folder.
+            tag: the sub-folder; by default the latest one recorded there.
+            load_optimizer_states: also restore the optimizer's state (True by default).
+
+        Returns:
+            ``(path, client_state)``: where it loaded from and the state given to save_checkpoint.
+
+        Example::
+
+            >>> path, client_state = engine.load_checkpoint("ckpt")
+        """
         from .checkpoint import load_checkpoint
 
         return load_checkpoint(self, load_dir, tag, load_optimizer_states)
