@@ -40,16 +40,21 @@ def _skip(reason: str, required: bool) -> list[Extension]:
         sys.exit(f"commlayer: {BUILD_CCL_ENV}=1 but the oneCCL extension cannot be built: {reason}")
     print(
         f"commlayer: NOTE: skipping the optional oneCCL extension ({reason}); the 'ccl' backend "
-        "will be unavailable. Install it with: pip install pybind11 'oneccl-cpu-devel==2021.14.*' "
-        "and rebuild with pip install --no-build-isolation -e .",
+        "will be unavailable. Install it with: pip install 'commlayer[ccl]' (the commlayer-ccl "
+        "distribution), or from a checkout: pip install pybind11 'oneccl-cpu-devel==2021.14.*' "
+        "and COMMLAYER_BUILD_CCL=1 pip install --no-build-isolation -e .",
         file=sys.stderr,
     )
     return []
 
 
-def _ccl_extensions() -> list[Extension]:
-    """The oneCCL binding commlayer.backends.ccl._C, or nothing when oneCCL is not installed."""
-    mode = os.environ.get(BUILD_CCL_ENV, "auto").strip().lower()
+def ccl_extensions(mode: str | None = None) -> list[Extension]:
+    """The oneCCL binding commlayer.backends.ccl._C, or nothing when oneCCL is not installed.
+
+    packaging/commlayer-ccl/setup.py calls it with ``mode="1"``: that distribution builds the
+    binding against the oneccl-cpu-devel wheel its build requirements bring.
+    """
+    mode = (mode or os.environ.get(BUILD_CCL_ENV, "auto")).strip().lower()
     if mode == "0":
         return _skip(f"{BUILD_CCL_ENV}=0", required=False)
     required = mode == "1"
@@ -63,7 +68,7 @@ def _ccl_extensions() -> list[Extension]:
     print(f"commlayer: building the oneCCL extension against {install.prefix}", file=sys.stderr)
     extension = Extension(
         "commlayer.backends.ccl._C",
-        sources=["csrc/ccl/binding.cpp"],
+        sources=[os.path.relpath(ROOT / "csrc" / "ccl" / "binding.cpp")],
         include_dirs=[pybind11.get_include(), str(install.include_dir)],
         library_dirs=[str(install.lib_dir)],
         libraries=["ccl"],
@@ -96,4 +101,5 @@ def _shm_extensions() -> list[Extension]:
     ]
 
 
-setup(packages=_packages(), ext_modules=_shm_extensions() + _ccl_extensions())
+if __name__ == "__main__":  # packaging/commlayer-ccl/setup.py imports this file for ccl_extensions
+    setup(packages=_packages(), ext_modules=_shm_extensions() + ccl_extensions())

@@ -35,8 +35,9 @@ from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, Nati
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
 INSTALL_HINT = (
-    "pip install pybind11 'commlayer[ccl]' (oneccl-cpu and oneccl-cpu-devel 2021.14), then build "
-    "the extension from the commlayer checkout: pip install --no-build-isolation -e ."
+    "pip install 'commlayer[ccl]' (brings the commlayer-ccl binding and oneccl-cpu 2021.14); from a "
+    "checkout: pip install pybind11 'oneccl-cpu-devel==2021.14.*', then "
+    "COMMLAYER_BUILD_CCL=1 pip install --no-build-isolation -e ."
 )
 
 
