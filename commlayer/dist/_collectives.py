@@ -41,6 +41,33 @@ CopyBack = list  # list[tuple[original, contiguous buffer]]
 def all_reduce(
     tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """Reduce ``tensor`` across every rank of ``group``, in place, so each rank holds the result.
+
+    Args:
+        tensor (Tensor): input and output of the collective, the same shape on every rank.
+        op (ReduceOp, optional): how to combine: SUM (default), AVG, PRODUCT, MIN, MAX, BAND, BOR,
+            BXOR; torch.distributed.ReduceOp values are accepted too.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> tensor = torch.ones(2) * (dist.get_rank() + 1)  # 2 ranks: [1, 1] and [2, 2]
+        >>> dist.all_reduce(tensor)
+        >>> tensor
+        tensor([3., 3.])
+    """
     try:
         plan = plans.get(("all_reduce", group, op, tensor.dtype, tensor.device, tensor.layout))
     except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked below
@@ -72,6 +99,35 @@ def reduce(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
+    """Reduce ``tensor`` across ``group`` into the tensor of rank ``dst``.
+
+    Args:
+        tensor (Tensor): input on every rank; the result on ``dst`` (other ranks' contents are
+            unspecified).
+        dst (int): global rank that receives the result (default 0).
+        op (ReduceOp, optional): the reduction (SUM by default).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+        group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> tensor = torch.ones(2) * (dist.get_rank() + 1)
+        >>> dist.reduce(tensor, dst=0)
+        >>> tensor  # on rank 0 of 2
+        tensor([3., 3.])
+    """
     call = begin("reduce", group, check.first_device(tensor))
     if call is None:
         return None
@@ -99,6 +155,33 @@ def broadcast(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
+    """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank of ``group``.
+
+    Args:
+        tensor (Tensor): the data on ``src``; overwritten on every other rank.
+        src (int): global rank that sends (default 0).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+        group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> tensor = torch.arange(2.0) if dist.get_rank() == 0 else torch.zeros(2)
+        >>> dist.broadcast(tensor, src=0)
+        >>> tensor
+        tensor([0., 1.])
+    """
     try:
         plan = plans.get(("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout))
     except (AttributeError, TypeError):
@@ -128,6 +211,32 @@ def _checked_broadcast(
 def all_gather(
     tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """Gather every rank's ``tensor`` into ``tensor_list`` on every rank, in group rank order.
+
+    Args:
+        tensor_list (list[Tensor]): one output per rank of ``group``, each shaped like ``tensor``.
+        tensor (Tensor): this rank's contribution.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> outputs = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        >>> dist.all_gather(outputs, torch.tensor([float(dist.get_rank())]))
+        >>> outputs  # 2 ranks
+        [tensor([0.]), tensor([1.])]
+    """
     call = begin("all_gather", group, check.first_device(tensor))
     if call is None:
         return None
@@ -151,6 +260,33 @@ def all_gather(
 def all_gather_into_tensor(
     output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> Work | None:
+    """Gather every rank's ``input_tensor`` into one ``output_tensor``, rank-major.
+
+    Args:
+        output_tensor (Tensor): ``world_size`` times the elements of the input: concatenated (``(n *
+            k,)``) or stacked (``(n, k)``).
+        input_tensor (Tensor): this rank's contribution.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> output = torch.zeros(2 * dist.get_world_size())
+        >>> dist.all_gather_into_tensor(output, torch.full((2,), float(dist.get_rank())))
+        >>> output  # 2 ranks
+        tensor([0., 0., 1., 1.])
+    """
     try:
         plan = plans.get(
             (
@@ -203,6 +339,33 @@ def reduce_scatter(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
+    """Reduce ``input_list`` across ``group`` and leave chunk ``i`` of the result on group rank ``i``.
+
+    Args:
+        output (Tensor): receives this rank's reduced chunk.
+        input_list (list[Tensor]): one chunk per rank, each shaped like ``output``.
+        op (ReduceOp, optional): the reduction (SUM by default).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> output = torch.zeros(1)
+        >>> dist.reduce_scatter(output, [torch.ones(1), torch.ones(1) * 2])  # 2 ranks, same inputs
+        >>> output  # rank 1
+        tensor([4.])
+    """
     call = begin("reduce_scatter", group, check.first_device(output))
     if call is None:
         return None
@@ -233,6 +396,33 @@ def reduce_scatter_tensor(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
+    """Reduce ``input`` across ``group`` and leave chunk ``i`` (of ``output``'s size) on group rank ``i``.
+
+    Args:
+        output (Tensor): receives this rank's reduced chunk.
+        input (Tensor): ``world_size`` times the elements of ``output``, rank-major.
+        op (ReduceOp, optional): the reduction (SUM by default).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> output = torch.zeros(1)
+        >>> dist.reduce_scatter_tensor(output, torch.tensor([1.0, 2.0]))  # 2 ranks
+        >>> output  # rank 1
+        tensor([4.])
+    """
     try:
         plan = plans.get(
             (
@@ -287,6 +477,34 @@ def all_to_all_single(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
+    """Each rank sends slice ``j`` of ``input`` to rank ``j`` and receives slice ``i`` of everyone's into ``output``.
+
+    Args:
+        output (Tensor): receives the slices, in rank order, along dim 0.
+        input (Tensor): the slices to send, along dim 0.
+        output_split_sizes (list[int], optional): rows received from each rank; None splits evenly.
+        input_split_sizes (list[int], optional): rows sent to each rank; None splits evenly.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> output = torch.zeros(2)
+        >>> dist.all_to_all_single(output, torch.tensor([10.0, 11.0]) + 10 * dist.get_rank())  # 2 ranks
+        >>> output  # rank 0
+        tensor([10., 20.])
+    """
     try:
         plan = plans.get(
             (
@@ -343,6 +561,32 @@ def all_to_all(
     group: Any = None,
     async_op: bool = False,
 ) -> Work | None:
+    """Each rank sends ``input_tensor_list[j]`` to rank ``j`` and receives rank ``j``'s into ``output_tensor_list[j]``.
+
+    Args:
+        output_tensor_list (list[Tensor]): one tensor per rank, filled with what that rank sent.
+        input_tensor_list (list[Tensor]): one tensor per rank, sent to that rank.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> outputs = [torch.zeros(1), torch.zeros(1)]
+        >>> dist.all_to_all(outputs, [torch.tensor([float(dist.get_rank())])] * 2)  # 2 ranks
+        >>> outputs
+        [tensor([0.]), tensor([1.])]
+    """
     call = begin("all_to_all", group, check.first_device(input_tensor_list))
     if call is None:
         return None
@@ -371,6 +615,35 @@ def gather(
     async_op: bool = False,
     group_dst: int | None = None,
 ) -> Work | None:
+    """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
+
+    Args:
+        tensor (Tensor): this rank's contribution.
+        gather_list (list[Tensor], optional): one output per rank on ``dst``; None on the other
+            ranks.
+        dst (int): global rank that collects (default 0).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+        group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> slots = [torch.zeros(1) for _ in range(2)] if dist.get_rank() == 0 else None
+        >>> dist.gather(torch.tensor([float(dist.get_rank())]), slots, dst=0)
+        >>> slots  # rank 0
+        [tensor([0.]), tensor([1.])]
+    """
     call = begin("gather", group, check.first_device(tensor))
     if call is None:
         return None
@@ -399,6 +672,36 @@ def scatter(
     async_op: bool = False,
     group_src: int | None = None,
 ) -> Work | None:
+    """Send ``scatter_list[i]`` from rank ``src`` to group rank ``i``, into its ``tensor``.
+
+    Args:
+        tensor (Tensor): receives this rank's piece.
+        scatter_list (list[Tensor], optional): one piece per rank on ``src``; None on the other
+            ranks.
+        src (int): global rank that sends (default 0).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+        group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> pieces = [torch.zeros(1), torch.ones(1)] if dist.get_rank() == 0 else None
+        >>> received = torch.empty(1)
+        >>> dist.scatter(received, pieces, src=0)
+        >>> received  # rank 1
+        tensor([1.])
+    """
     call = begin("scatter", group, check.first_device(tensor))
     if call is None:
         return None
@@ -424,6 +727,31 @@ def barrier(
     device_ids: Sequence[int] | None = None,
     timeout: timedelta | None = None,
 ) -> Work | None:
+    """Wait until every rank of ``group`` has reached this call.
+
+    Args:
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        async_op (bool, optional): return a Work to wait on instead of waiting here.
+        device_ids (list[int], optional): accepted for torch compatibility; logged once, it has no
+            effect here.
+        timeout (timedelta, optional): how long a synchronous barrier may wait (the group's timeout
+            by default).
+
+    Returns:
+        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
+        outside ``group``, which does nothing.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> dist.barrier()  # every rank continues only once all have arrived
+    """
     call = begin("barrier", group)
     if call is None:
         return None

@@ -223,6 +223,16 @@ class group(metaclass=_GroupMeta):
 
 
 class GroupMember(metaclass=_GroupMeta):
+    """torch's ``GroupMember``: ``GroupMember.WORLD`` is the default group, and
+    ``GroupMember.NON_GROUP_MEMBER`` is what ``new_group`` returns on ranks outside the group.
+
+    Example::
+
+        >>> g = dist.new_group([0])
+        >>> g is dist.GroupMember.NON_GROUP_MEMBER  # on rank 1
+        True
+    """
+
     NON_GROUP_MEMBER = NON_GROUP_MEMBER
 
 

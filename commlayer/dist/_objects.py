@@ -27,6 +27,30 @@ __all__ = [
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    """Gather a picklable object from every rank into ``object_list`` on every rank.
+
+    Args:
+        object_list (list): one slot per rank of ``group``, filled in group rank order.
+        obj (Any): this rank's picklable object.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+
+    Returns:
+        None (``object_list`` is filled in place).
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> gathered = [None] * dist.get_world_size()
+        >>> dist.all_gather_object(gathered, {'rank': dist.get_rank()})
+        >>> gathered  # 2 ranks
+        [{'rank': 0}, {'rank': 1}]
+    """
     resolved = resolve_group("all_gather_object", group)
     if resolved is None:
         return
@@ -47,6 +71,32 @@ def gather_object(
     group: Any = None,
     group_dst: int | None = None,
 ) -> None:
+    """Collect a picklable object from every rank into ``object_gather_list`` on rank ``dst``.
+
+    Args:
+        obj (Any): this rank's picklable object.
+        object_gather_list (list, optional): one slot per rank on ``dst``; None elsewhere.
+        dst (int): global rank that collects (default 0).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        None (``object_gather_list`` is filled in place on ``dst``).
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> slots = [None, None] if dist.get_rank() == 0 else None
+        >>> dist.gather_object(dist.get_rank(), slots, dst=0)
+        >>> slots  # rank 0
+        [0, 1]
+    """
     resolved = resolve_group("gather_object", group)
     if resolved is None:
         return
@@ -71,6 +121,33 @@ def broadcast_object_list(
     device: torch.device | None = None,
     group_src: int | None = None,
 ) -> None:
+    """Replace ``object_list``'s items on every rank with rank ``src``'s (picklable objects).
+
+    Args:
+        object_list (list): the objects on ``src``; a list of the same length elsewhere.
+        src (int): global rank that sends (default 0).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        device (torch.device, optional): where the pickled bytes are staged (the backend's choice by
+            default).
+        group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        None (``object_list`` is updated in place).
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> items = ['config', 3] if dist.get_rank() == 0 else [None, None]
+        >>> dist.broadcast_object_list(items, src=0)
+        >>> items
+        ['config', 3]
+    """
     resolved = resolve_group("broadcast_object_list", group)
     if resolved is None:
         return
@@ -98,6 +175,34 @@ def scatter_object_list(
     group: Any = None,
     group_src: int | None = None,
 ) -> None:
+    """Send ``scatter_object_input_list[i]`` from rank ``src`` to group rank ``i``.
+
+    Args:
+        scatter_object_output_list (list): a list of at least one slot; slot 0 receives this rank's
+            object.
+        scatter_object_input_list (list, optional): one picklable object per rank on ``src``; None
+            elsewhere.
+        src (int): global rank that sends (default 0).
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        None (``scatter_object_output_list[0]`` is set in place).
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> received = [None]
+        >>> dist.scatter_object_list(received, ['a', 'b'] if dist.get_rank() == 0 else None, src=0)
+        >>> received  # rank 1
+        ['b']
+    """
     resolved = resolve_group("scatter_object_list", group)
     if resolved is None:
         return

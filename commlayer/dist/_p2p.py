@@ -37,6 +37,30 @@ def isend(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> Work | None:
+    """Start sending ``tensor`` to rank ``dst`` and return at once.
+
+    Args:
+        tensor (Tensor): the data; keep it unchanged until the returned Work completes.
+        dst (int): global rank of the receiver.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        tag (int, optional): matches the receive's tag.
+        group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        A :class:`~commlayer.work.Work` to wait on; None on a rank outside ``group``.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> if dist.get_rank() == 0:
+        ...     dist.isend(torch.ones(2), dst=1).wait()
+    """
     try:  # the plan lookup of _point_to_point, inlined: async p2p has no other Python to spare
         plan = plans.get(("send", group, dst, tag, tensor.dtype, tensor.device, tensor.layout))
     except (AttributeError, TypeError):
@@ -54,6 +78,33 @@ def irecv(
     tag: int = 0,
     group_src: int | None = None,
 ) -> Work | None:
+    """Start receiving into ``tensor`` from rank ``src`` (any rank when None) and return at once.
+
+    Args:
+        tensor (Tensor): receives the data once the Work completes.
+        src (int, optional): global rank of the sender; None accepts any sender, where the backend
+            declares ``recv_any_source``.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        tag (int, optional): matches the send's tag.
+        group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        A :class:`~commlayer.work.Work` to wait on (its ``source_rank()`` names the sender of a
+        receive from any source); None on a rank outside ``group``.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> if dist.get_rank() == 1:
+        ...     incoming = torch.zeros(2)
+        ...     dist.irecv(incoming, src=0).wait()
+    """
     try:  # as in isend
         plan = plans.get(("recv", group, src, tag, tensor.dtype, tensor.device, tensor.layout))
     except (AttributeError, TypeError):
@@ -71,6 +122,30 @@ def send(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> None:
+    """Send ``tensor`` to rank ``dst`` and wait until the send has completed.
+
+    Args:
+        tensor (Tensor): the data.
+        dst (int): global rank of the receiver.
+        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        tag (int, optional): matches the receive's tag.
+        group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+
+    Returns:
+        None.
+
+    Raises:
+        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
+            rejected before any communication; UnsupportedError when the backend does not declare
+            the op, dtype, device or reduce op.
+        CommTimeoutError: the op did not complete within the group's timeout.
+        PeerFailureError: a rank of the group died while the op was in flight.
+
+    Example::
+
+        >>> if dist.get_rank() == 0:
+        ...     dist.send(torch.ones(2), dst=1)
+    """
     _point_to_point("send", tensor, dst, group, tag, group_dst, False)
 
 

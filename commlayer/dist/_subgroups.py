@@ -158,22 +158,72 @@ def is_backend_available(backend: str) -> bool:
 
 
 def is_gloo_available() -> bool:
+    """Whether the ``gloo`` backend can run here (torch's spelling of ``commlayer backends``).
+
+    Returns:
+        True when a backend named ``gloo`` is installed and available.
+
+    Example::
+
+        >>> dist.is_gloo_available()
+        True
+    """
     return is_backend_available("gloo")
 
 
 def is_nccl_available() -> bool:
+    """Whether the ``nccl`` backend can run here (torch's spelling of ``commlayer backends``).
+
+    Returns:
+        True when a backend named ``nccl`` is installed and available.
+
+    Example::
+
+        >>> dist.is_nccl_available()
+        False
+    """
     return is_backend_available("nccl")
 
 
 def is_mpi_available() -> bool:
+    """Whether the ``mpi`` backend can run here (torch's spelling of ``commlayer backends``).
+
+    Returns:
+        True when a backend named ``mpi`` is installed and available.
+
+    Example::
+
+        >>> dist.is_mpi_available()
+        False
+    """
     return is_backend_available("mpi")
 
 
 def is_ucc_available() -> bool:
+    """Whether the ``ucc`` backend can run here (torch's spelling of ``commlayer backends``).
+
+    Returns:
+        True when a backend named ``ucc`` is installed and available.
+
+    Example::
+
+        >>> dist.is_ucc_available()
+        False
+    """
     return is_backend_available("ucc")
 
 
 def is_xccl_available() -> bool:
+    """Whether the ``xccl`` backend can run here (torch's spelling of ``commlayer backends``).
+
+    Returns:
+        True when a backend named ``xccl`` is installed and available.
+
+    Example::
+
+        >>> dist.is_xccl_available()
+        False
+    """
     return is_backend_available("xccl")
 
 
