@@ -78,7 +78,8 @@ class CclBackend(Backend):
     @classmethod
     def create_world(cls, spec: GroupSpec) -> CclBackend:
         native = _load_native(spec.timeout, _host_layout(spec))
-        native.set_abort(False)
+        if hasattr(native, "set_abort"):  # an extension built before set_abort existed lacks it
+            native.set_abort(False)
         health.add_listener(_stop_native_waits)
         return cls(spec, native, connect(spec, native))
 
@@ -273,7 +274,9 @@ atexit.register(_open_backends.shutdown_all)
 
 def _stop_native_waits(failure: health.PeerFailure) -> None:
     """A dead peer ends every pending oneCCL wait at once instead of at the group's timeout."""
-    _native.load_extension().set_abort(True)
+    native = _native.load_extension()
+    if hasattr(native, "set_abort"):
+        native.set_abort(True)
 
 
 def _host_layout(spec: GroupSpec) -> HostLayout:

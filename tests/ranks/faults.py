@@ -137,6 +137,12 @@ def skipped_barrier(rank: int, size: int, faulty: bool, out: Path) -> str:
     return "returned"
 
 
+def steady(rank: int, size: int, faulty: bool, out: Path) -> str:
+    """No fault: the repeated-run loop's body (benchmarks/multirank_loop.py)."""
+    _checked_ops(rank, size, 60)
+    return "returned"
+
+
 def slow_rank(rank: int, size: int, faulty: bool, out: Path) -> str:
     """Late by half the group timeout: everyone must still finish with exact results."""
     _checked_ops(rank, size, 3)
@@ -188,6 +194,7 @@ CASES: dict[str, Callable[[int, int, bool, Path], str]] = {
     "skip": skipped_collective,
     "skip_barrier": skipped_barrier,
     "slow": slow_rank,
+    "steady": steady,
     "unmatched_recv": unmatched_recv,
 }
 
