@@ -15,6 +15,7 @@ from torch.distributed import DistBackendError, DistError
 __all__ = [
     "AlreadyInitializedError",
     "BackendUnavailableError",
+    "CheckpointError",
     "CollectiveMismatchError",
     "CommError",
     "CommTimeoutError",
@@ -81,6 +82,10 @@ class CollectiveMismatchError(CommError, ValueError):
     def __init__(self, message: str, calls: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.calls = dict(calls or {})
+
+
+class CheckpointError(CommError):
+    """A checkpoint file is missing or damaged (its checksum differs from the one recorded)."""
 
 
 def describe_ranks(ranks: Sequence[int]) -> str:

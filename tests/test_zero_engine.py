@@ -115,10 +115,11 @@ def test_checkpoint_round_trip_atomic_latest_and_plain_model(world_of_one: None,
     plain = common.make_model(RECIPE, seed=7)
     plain.load_state_dict(zero.consolidated_state_dict(tmp_path))
     assert common.max_difference(plain.state_dict(), saved)[0] == 0.0
-    # Saving the same tag again replaces it whole.
+    # Saving the same tag again writes the other version, switches the link, deletes the old one.
     engine.save_checkpoint(tmp_path, tag="global_step2", client_state={"epoch": 3})
     assert fresh.load_checkpoint(tmp_path, tag="global_step2")[1] == {"epoch": 3}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".global_step3.partial", "global_step2", "latest"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [".global_step2.B", ".global_step3.partial", "global_step2", "latest"], names
 
 
 def test_checkpoint_of_another_model_is_refused(world_of_one: None, tmp_path: Path) -> None:

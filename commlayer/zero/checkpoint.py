@@ -7,9 +7,11 @@ Layout of ``save_dir``::
     <tag>/common.pt        optimizer hyperparameters, buffers, state_dict aliases, client state
     <tag>/rank_<r>.pt      rank r's fragments: parameter name, start, values, optimizer state
 
-A save goes to ``.<tag>.partial`` and is renamed into place only after every rank's file is
-complete, then ``latest`` is replaced; an interrupted save therefore leaves the previous
-checkpoint loadable. Fragments are addressed by (parameter name, element range), not by rank,
+A save goes to a new version directory beside the current one and ``<tag>`` (a symbolic link)
+is switched to it in one atomic rename only after every rank's file is complete, then ``latest``
+is replaced; the old version is deleted last. An interrupted save therefore leaves the previous
+checkpoint loadable, under any tag, and every file's checksum is verified on load
+(:mod:`commlayer.zero._versions`). Fragments are addressed by (parameter name, element range), not by rank,
 so a checkpoint loads at any world size and stage: each rank copies the overlap of its new
 fragments with the saved ones. :func:`consolidated_state_dict` assembles the plain fp32 model
 without any process group.
@@ -27,6 +29,7 @@ import torch
 
 from .. import dist
 from ..errors import InvalidArgumentError, UnsupportedError
+from . import _versions
 
 if TYPE_CHECKING:
     from .engine import ZeroEngine
@@ -47,26 +50,28 @@ def save_checkpoint(
     tag = tag or f"global_step{engine.global_steps}"
     # With hybrid sharding one replica's shards hold everything: the other replicas write nothing.
     root, rank, writer = Path(save_dir), engine.group_rank, engine.replica_rank == 0
-    partial = root / f".{tag}.partial"
+    # Every rank reads the same link here: it only changes after the last barrier below.
+    version = _versions.next_version(root, tag)
     everyone = engine.data_parallel_group
     if rank == 0 and writer:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        shutil.rmtree(version, ignore_errors=True)
+        version.mkdir(parents=True)
     dist.barrier(group=everyone)
     if writer:
-        _atomic_save(_rank_payload(engine), partial / f"rank_{rank}.pt")
+        _save_checked(_rank_payload(engine), version / f"rank_{rank}.pt")
     if engine.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
         weights = {
             k: v.to(engine.train_dtype) if v.is_floating_point() else v
             for k, v in engine.full_state_dict().items()
         }
         if rank == 0 and writer:
-            _atomic_save(weights, partial / "model_16bit.pt")
+            _save_checked(weights, version / "model_16bit.pt")
     dist.barrier(group=everyone)
     if rank == 0 and writer:
-        _atomic_save(_common_payload(engine, client_state), partial / "common.pt")
-        _atomic_write(partial / "meta.json", json.dumps(_meta(engine), indent=1))
-        _swap_into_place(partial, root / tag)
+        _save_checked(_common_payload(engine, client_state), version / "common.pt")
+        meta = {**_meta(engine), "checksums": _versions.collect_checksums(version)}
+        _atomic_write(version / "meta.json", json.dumps(meta, indent=1))
+        _versions.publish(root, tag, version)
         _atomic_write(root / "latest", tag)
     dist.barrier(group=everyone)
     return tag
@@ -140,26 +145,18 @@ def _to_cpu(value: Any) -> Any:
     return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
 
 
-def _atomic_save(payload: Any, path: Path) -> None:
+def _save_checked(payload: Any, path: Path) -> None:
+    """torch.save to ``path`` atomically, with its checksum beside it."""
     temporary = path.with_name(path.name + ".tmp")
     torch.save(payload, temporary)
     os.replace(temporary, path)
+    _versions.checksum_file(path)
 
 
 def _atomic_write(path: Path, text: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(text)
     os.replace(temporary, path)
-
-
-def _swap_into_place(partial: Path, final: Path) -> None:
-    """Rename the finished checkpoint over ``final``; an older one of the same tag goes last."""
-    previous = final.with_name(f".{final.name}.old")
-    shutil.rmtree(previous, ignore_errors=True)
-    if final.exists():
-        os.replace(final, previous)
-    os.replace(partial, final)
-    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _require_whole_world(engine: ZeroEngine, op: str) -> None:
@@ -191,20 +188,27 @@ class _Saved:
                     f"load_checkpoint: argument 'load_dir' expected a checkpoint directory with a 'latest' file, received {str(root)!r}"
                 )
             tag = latest.read_text().strip()
-        self.path = root / tag
-        if not (self.path / "meta.json").is_file():
+        found = _versions.resolve(root, tag)
+        if found is None:
             raise InvalidArgumentError(
-                f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(self.path)!r} (no meta.json)"
+                f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(root / tag)!r} (no meta.json)"
             )
+        self.path = found
         self.meta = json.loads((self.path / "meta.json").read_text())
-        self.common = torch.load(self.path / "common.pt", map_location="cpu", weights_only=False)
+        self.common = torch.load(self._checked("common.pt"), map_location="cpu", weights_only=False)
         self.pieces: dict[str, list[dict[str, Any]]] = {}
         for rank in range(self.meta["world_size"]):
-            payload = torch.load(
-                self.path / f"rank_{rank}.pt", map_location="cpu", mmap=True, weights_only=True
-            )
+            shard = self._checked(f"rank_{rank}.pt", rank)
+            payload = torch.load(shard, map_location="cpu", mmap=True, weights_only=True)
             for fragment in payload["fragments"]:
                 self.pieces.setdefault(fragment["param"], []).append(fragment)
+
+    def _checked(self, name: str, shard_rank: int | None = None) -> Path:
+        """``self.path / name`` once it exists and matches its recorded checksum."""
+        path = self.path / name
+        reader = dist.get_rank() if dist.is_initialized() else 0
+        _versions.verify(path, self.meta.get("checksums", {}).get(name), shard_rank, reader)
+        return path
 
     def assemble(self, name: str, start: int, numel: int, key: str | None) -> torch.Tensor | None:
         """Elements [start, start + numel) of a parameter's values (key None) or state ``key``."""
