@@ -19,20 +19,17 @@ def test_stages_match_single_process_and_checkpoints_reshard_from_4_to_2(tmp_pat
         "tests.ranks.zero_worlds:world4", world_size=4, backend="gloo", timeout=300, args=[str(tmp_path)]
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".stage2.A",  # the version directories the tags link to (commlayer.zero._versions)
+        ".stage3.A",
         "latest",
         "stage2",
         "stage3",
         "uninterrupted_stage2.pt",
         "uninterrupted_stage3.pt",
     ]
-    assert sorted(p.name for p in (tmp_path / "stage3").iterdir()) == [
-        "common.pt",
-        "meta.json",
-        "rank_0.pt",
-        "rank_1.pt",
-        "rank_2.pt",
-        "rank_3.pt",
-    ]
+    files = ["common.pt", "meta.json", "rank_0.pt", "rank_1.pt", "rank_2.pt", "rank_3.pt"]
+    checksums = [f"{name}.sha256" for name in files if name.endswith(".pt")]
+    assert sorted(p.name for p in (tmp_path / "stage3").iterdir()) == sorted(files + checksums)
     run_world(
         "tests.ranks.zero_worlds:world2", world_size=2, backend="gloo", timeout=300, args=[str(tmp_path)]
     )

@@ -74,6 +74,7 @@ from ._subgroups import (
 from ._torch_names import *
 from ._torch_names import OPTIONAL_NAMES, torch_submodule
 from ._torch_names import __all__ as _torch_names_all
+from ._trace import dump_flight_recorder
 from ._traceable import install as install_traceable_forms
 
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
@@ -122,6 +123,7 @@ __all__ = [  # noqa: PLE0604 - torch's names are strings too, listed at import
     "broadcast",
     "broadcast_object_list",
     "destroy_process_group",
+    "dump_flight_recorder",
     "gather",
     "gather_object",
     "get_backend",
