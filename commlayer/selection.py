@@ -3,6 +3,7 @@
 Pure functions of their arguments, so every rule is unit-tested without a device::
 
     resolve_backend_spec(None, {}, "cuda")                      -> "cpu:gloo,cuda:nccl"
+    resolve_backend_spec(None, {}, "cpu")                       -> "shm" (or "gloo" where shm is unavailable)
     resolve_backend_spec(None, {"COMMLAYER_BACKEND": "mpi"}, "cpu") -> "mpi"
     parse_backend_spec("cpu:gloo,cuda:nccl", devices_of)        -> {"cpu": "gloo", "cuda": "nccl"}
 """
@@ -18,6 +19,7 @@ from .errors import InvalidArgumentError
 __all__ = [
     "BACKEND_ENV",
     "DEFAULT_BY_ACCELERATOR",
+    "FALLBACK_BY_DEFAULT",
     "detect_accelerator",
     "parse_backend_spec",
     "resolve_backend_spec",
@@ -25,12 +27,18 @@ __all__ = [
 
 BACKEND_ENV = "COMMLAYER_BACKEND"
 
+# On CPU, shm: shared memory between the ranks of each host (a group spanning hosts runs two-level,
+# with gloo between hosts; see commlayer.backends.shm).
 DEFAULT_BY_ACCELERATOR: Mapping[str, str] = {
-    "cpu": "gloo",
+    "cpu": "shm",
     "cuda": "cpu:gloo,cuda:nccl",
     "xpu": "cpu:gloo,xpu:ccl",
     "npu": "cpu:gloo,npu:hccl",
 }
+
+#: What an automatic choice becomes when its backend cannot run here (shm built without a compiler,
+#: no /dev/shm).
+FALLBACK_BY_DEFAULT: Mapping[str, str] = {"shm": "gloo"}
 
 
 def detect_accelerator() -> str:
@@ -46,8 +54,17 @@ def detect_accelerator() -> str:
     return "cpu"
 
 
-def resolve_backend_spec(backend: str | None, environ: Mapping[str, str], accelerator: str) -> str:
-    """The backend string to use: the explicit one, else $COMMLAYER_BACKEND, else by accelerator."""
+def resolve_backend_spec(
+    backend: str | None,
+    environ: Mapping[str, str],
+    accelerator: str,
+    available: Callable[[str], bool] = lambda name: True,
+) -> str:
+    """The backend string to use: the explicit one, else $COMMLAYER_BACKEND, else by accelerator.
+
+    Only the automatic choice falls back (:data:`FALLBACK_BY_DEFAULT`) when ``available(name)`` is
+    False; a name the user gave fails loudly instead.
+    """
     if backend is not None and str(backend).lower() not in ("", "undefined"):
         return str(backend).lower()
     override = environ.get(BACKEND_ENV, "").strip().lower()
@@ -58,7 +75,10 @@ def resolve_backend_spec(backend: str | None, environ: Mapping[str, str], accele
             f"init_process_group: no default backend for accelerator '{accelerator}'; expected one "
             f"of {sorted(DEFAULT_BY_ACCELERATOR)} or an explicit backend= / ${BACKEND_ENV}"
         )
-    return DEFAULT_BY_ACCELERATOR[accelerator]
+    choice = DEFAULT_BY_ACCELERATOR[accelerator]
+    if choice in FALLBACK_BY_DEFAULT and not available(choice):
+        return FALLBACK_BY_DEFAULT[choice]
+    return choice
 
 
 def parse_backend_spec(spec: str, devices_of: Callable[[str], Iterable[str]]) -> dict[str, str]:

@@ -146,7 +146,7 @@ def test_declared_capabilities_are_the_issue_contract() -> None:
 def test_ccl_is_selected_by_the_environment_variable_and_by_xpu() -> None:
     assert resolve_backend_spec(None, {"COMMLAYER_BACKEND": "ccl"}, "cpu") == "ccl"
     assert "xpu:ccl" in resolve_backend_spec(None, {}, "xpu")
-    assert resolve_backend_spec(None, {}, "cpu") == "gloo"
+    assert resolve_backend_spec(None, {}, "cpu") == "shm"
 
 
 def test_missing_extension_is_reported_with_reason_and_install_command(

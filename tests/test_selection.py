@@ -13,7 +13,7 @@ DEVICES = {"gloo": ["cpu"], "nccl": ["cuda"], "mpi": ["cpu", "cuda"], "ccl": ["c
 @pytest.mark.parametrize(
     ("accelerator", "expected"),
     [
-        ("cpu", "gloo"),
+        ("cpu", "shm"),
         ("cuda", "cpu:gloo,cuda:nccl"),
         ("xpu", "cpu:gloo,xpu:ccl"),
         ("npu", "cpu:gloo,npu:hccl"),
@@ -28,6 +28,14 @@ def test_environment_overrides_the_automatic_choice_only() -> None:
     assert resolve_backend_spec(None, env, "cuda") == "mpi"
     assert resolve_backend_spec("gloo", env, "cuda") == "gloo"
     assert resolve_backend_spec("undefined", env, "cpu") == "mpi"
+
+
+def test_only_the_automatic_choice_falls_back_to_gloo_where_shm_cannot_run() -> None:
+    no_shm = lambda name: name != "shm"
+    assert resolve_backend_spec(None, {}, "cpu", no_shm) == "gloo"
+    assert resolve_backend_spec("shm", {}, "cpu", no_shm) == "shm"  # asked for: fails loudly later
+    assert resolve_backend_spec(None, {BACKEND_ENV: "shm"}, "cpu", no_shm) == "shm"
+    assert resolve_backend_spec(None, {}, "cuda", no_shm) == "cpu:gloo,cuda:nccl"
 
 
 def test_unknown_accelerator_is_a_clear_error() -> None:

@@ -80,7 +80,7 @@ def test_availability_and_complex_support_follow_commlayer_backends() -> None:
     assert not dist.is_backend_available("no-such-backend")
     assert dist.supports_complex(dist.ReduceOp.SUM) and not dist.supports_complex(dist.ReduceOp.MAX)
     assert dist.supports_complex(torch_dist.ReduceOp.AVG)
-    assert dist.get_default_backend_for_device("cpu") == "gloo"
+    assert dist.get_default_backend_for_device("cpu") == "shm"
     assert dist.get_default_backend_for_device("cuda") == "nccl"
 
 

@@ -12,7 +12,7 @@ import torch.distributed as torch_dist
 
 from .. import health
 from ..backend import Backend
-from ..errors import AlreadyInitializedError, InvalidArgumentError, invalid_argument
+from ..errors import AlreadyInitializedError, BackendUnavailableError, InvalidArgumentError, invalid_argument
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
@@ -100,8 +100,8 @@ def init_process_group(
     """Join the job and build the default group, exactly like ``torch.distributed``'s.
 
     ``backend=None`` picks from the accelerator (cuda -> ``"cpu:gloo,cuda:nccl"``, cpu ->
-    ``"gloo"``) unless ``$COMMLAYER_BACKEND`` names one. Backends are resolved before the
-    rendezvous, so a missing one fails fast with the list of installed backends.
+    ``"shm"``, or ``"gloo"`` where shm cannot run) unless ``$COMMLAYER_BACKEND`` names one.
+    Backends are resolved before the rendezvous, so a missing one fails fast with the list of installed backends.
     """
     if is_initialized():
         world = current_world("init_process_group")
@@ -113,7 +113,7 @@ def init_process_group(
         note_ignored("init_process_group", "device_id", device_id)
     if group_name:
         note_ignored("init_process_group", "group_name", group_name)
-    spec = resolve_backend_spec(backend, os.environ, detect_accelerator())
+    spec = resolve_backend_spec(backend, os.environ, detect_accelerator(), _available)
     device_map = _device_map(spec)
     timeout = timeout or DEFAULT_TIMEOUT
     meeting = rendezvous(init_method, store, rank, world_size, timeout)
@@ -346,6 +346,14 @@ def _member_group(op: str, group: ProcessGroup | None) -> ProcessGroup:
         world = current_world(op)
         raise InvalidArgumentError(f"{op}: rank {world.rank} is not a member of {group!r}")
     return resolved
+
+
+def _available(name: str) -> bool:
+    try:
+        get_backend_class(name)
+    except BackendUnavailableError:
+        return False
+    return True
 
 
 def _device_map(spec: str) -> dict[str, str]:

@@ -138,7 +138,7 @@ def get_backend_config(group: Any = None) -> str:
 
 
 def get_default_backend_for_device(device: str | torch.device) -> str:
-    """The backend ``init_process_group(backend=None)`` picks for ``device`` ("cpu" -> gloo)."""
+    """The backend ``init_process_group(backend=None)`` picks for ``device`` ("cpu" -> shm)."""
     device_type = torch.device(device).type
     spec = DEFAULT_BY_ACCELERATOR.get(device_type)
     if spec is None:

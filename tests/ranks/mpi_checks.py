@@ -260,9 +260,9 @@ def check_destroy_then_initialise_again() -> None:
 
 
 def gloo_through_mpi_discovery() -> None:
-    """mpirun starts the job, backend=None picks gloo, and the rendezvous address comes over MPI."""
+    """mpirun starts the job, gloo runs it, and the rendezvous address comes over MPI."""
     assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ
-    dist.init_process_group()
+    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     info = discover(os.environ)
     assert info is not None and (rank, world) == (info.rank, info.world_size), (rank, world, info)
