@@ -69,7 +69,7 @@ class Record:
 # --- inside one mpirun job -------------------------------------------------------------------
 
 
-def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
+def run_job(rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0) -> list[Record]:
     import numpy as np
     import torch
     import torch.distributed as torch_dist
@@ -83,7 +83,7 @@ def run_job(rounds: int, budget_s: float, max_bytes: int) -> list[Record]:
     requests = dist.new_group(list(range(comm.size)), pg_options=MpiOptions("requests"))
     torch_dist.init_process_group("gloo", store=_gloo_store(comm), rank=comm.rank, world_size=comm.size)
     records = []
-    for nbytes in sorted(size for size in set(SIZES) if size <= max_bytes):
+    for nbytes in sorted(size for size in set(SIZES) if min_bytes <= size <= max_bytes):
         for op in OPS:
             cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, requests)
             for _run, check in cases.values():
@@ -274,6 +274,8 @@ def launch_jobs(arguments: argparse.Namespace, scratch: Path) -> list[Record]:
                 str(arguments.budget),
                 "--max-bytes",
                 str(arguments.max_bytes),
+                "--min-bytes",
+                str(arguments.min_bytes),
             )
             options = SuperviseOptions(
                 timeout=arguments.timeout, echo=True, forward_signals=True, kill_grace=2.0
@@ -368,11 +370,12 @@ def main() -> None:
         "--budget", type=float, default=3.0, help="seconds per (op, size) across variants and rounds"
     )
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--min-bytes", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per mpirun job")
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)  # set when running inside mpirun
     arguments = parser.parse_args()
     if arguments.job is not None:
-        records = run_job(arguments.rounds, arguments.budget, arguments.max_bytes)
+        records = run_job(arguments.rounds, arguments.budget, arguments.max_bytes, arguments.min_bytes)
         if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))) == 0:
             payload = {"machine": _machine(), "records": [asdict(record) for record in records]}
             arguments.job.write_text(json.dumps(payload, indent=1))

@@ -66,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start N local ranks (leave out under torchrun, mpirun or srun)",
     )
     parser.add_argument(
-        "--backends", default="gloo", help="comma-separated backends to compare (default gloo)"
+        "--backends",
+        default="gloo",
+        help="comma-separated backends to compare (default gloo); also the references mpi4py (raw MPI, under mpirun) and memcpy",
     )
     parser.add_argument(
         "--ops",
