@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -49,3 +50,19 @@ def _no_stale_shared_memory() -> Iterator[None]:
     started = time.time()
     yield
     release_stale_regions(started)
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Give each test the environment the previous one started with.
+
+    An in-process ``init_process_group`` adds the interface variables of commlayer.netif
+    (``GLOO_SOCKET_IFNAME=lo`` for a loopback master, ...) to ``os.environ`` on purpose, since the
+    backends read them there; left behind, they steer the ranks of later tests, e.g. pinning the
+    ranks of a multi-host test to ``lo``, where they never meet.
+    """
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
