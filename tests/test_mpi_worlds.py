@@ -66,14 +66,14 @@ def test_gloo_runs_a_job_rendezvoused_over_mpi() -> None:
 
 @pytest.mark.parametrize("backend", ["mpi", ""])
 def test_torch_script_runs_unchanged_under_mpirun(backend: str) -> None:
-    """``mpirun -n 3 python examples/allreduce.py``: on the mpi backend, and with backend=None (gloo)."""
+    """``mpirun -n 3 python examples/allreduce.py``: on the mpi backend, and with backend=None (shm: one host)."""
     require_mpirun()
     plan = mpirun_plan(3, {**os.environ, "COMMLAYER_BACKEND": backend})
     result = _run_under_mpirun(plan, (sys.executable, str(REPO / "examples" / "allreduce.py")), plan.env)
     output = "\n".join(result.outcomes[0].output_tail)
     assert result.exit_code == 0, output
     assert (
-        output.count(f"on {backend or 'gloo'}: all_reduce -> [300.0, 303.0, 306.0, 309.0] (correct)") == 3
+        output.count(f"on {backend or 'shm'}: all_reduce -> [300.0, 303.0, 306.0, 309.0] (correct)") == 3
     ), output
 
 

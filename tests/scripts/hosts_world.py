@@ -28,7 +28,10 @@ def check(expected_export: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 4, world
-    if "RANK" in os.environ:  # the agent's torchrun-style variables (mpirun exports its own)
+    # The agent's torchrun-style variables. Under mpirun, commlayer's torch autoload copies only
+    # MPI's RANK/WORLD_SIZE/LOCAL_* (commlayer._torch_autoload), never torchrun's GROUP_RANK.
+    under_mpi = "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+    if "RANK" in os.environ and not under_mpi:
         assert rank == int(os.environ["RANK"]) and os.environ["WORLD_SIZE"] == "4"
         assert int(os.environ["LOCAL_RANK"]) == rank % 2 and os.environ["LOCAL_WORLD_SIZE"] == "2"
         assert os.environ["GROUP_RANK"] == str(rank // 2), os.environ.get("GROUP_RANK")
