@@ -200,6 +200,8 @@ def test_mpi_next_to_gloo_under_mpirun(tmp_path: Path) -> None:
             "2",
             "--warmup",
             "1",
+            "--repeats",
+            "2",
         ],
     )
     rows = json.loads(target.read_text())

@@ -162,6 +162,7 @@ def test_options_validate_and_round_trip_through_json() -> None:
         ({"backends": ()}, "--backends: expected"),
         ({"dtype": "complex64"}, "--dtype: expected one of"),
         ({"iters": 0}, "--iters/--warmup"),
+        ({"repeats": 0}, "--repeats: expected an int >= 1, received 0"),
         ({"min_bytes": 64, "max_bytes": 8}, "size sweep"),
     ],
 )
@@ -224,6 +225,8 @@ def test_report_has_a_table_per_op_and_backend_and_the_notes() -> None:
     assert (
         "# all_reduce | gloo | 2 ranks | cpu | float32 | 20 iters, 5 warmup | blocking, checked once" in text
     )
+    repeated = format_report(result, BenchOptions(repeats=3))
+    assert "| 20 iters x 3 repeats (best), 5 warmup |" in repeated
     assert text.splitlines()[1].split() == [
         "bytes",
         "count",

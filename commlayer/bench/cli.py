@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warmup", default=5, type=int, help="untimed iterations per size first (default 5)")
     parser.add_argument(
+        "--repeats",
+        default=1,
+        type=_positive_int,
+        help="time --iters this many times per size, ranks aligned before each, and keep the best "
+        "(the slowest rank's mean); other load on the machine only ever adds time (default 1)",
+    )
+    parser.add_argument(
         "--async",
         dest="async_op",
         action="store_true",
@@ -225,6 +232,7 @@ def _options(args: argparse.Namespace) -> BenchOptions:
         dtype=args.dtype,
         iters=args.iters,
         warmup=args.warmup,
+        repeats=args.repeats,
         async_op=args.async_op,
         check=args.check,
         device=args.device,

@@ -43,6 +43,7 @@ class BenchOptions:
     dtype: str = "float32"
     iters: int = 20
     warmup: int = 5
+    repeats: int = 1  # timed runs of `iters` per size; the best one is kept
     async_op: bool = False
     check: bool = False
     device: str = "auto"  # "auto": the backend's accelerator when there is one, else cpu
@@ -64,6 +65,8 @@ class BenchOptions:
             raise ValueError(
                 f"--iters/--warmup: expected iters >= 1 and warmup >= 0, received {self.iters} and {self.warmup}"
             )
+        if self.repeats < 1:
+            raise ValueError(f"--repeats: expected an int >= 1, received {self.repeats}")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout: expected a positive number of seconds, received {self.timeout_s}")
         size_sweep(self.min_bytes, self.max_bytes, self.step_factor)  # raises on a bad range

@@ -27,7 +27,7 @@ class BenchRecord:
     count: int  # elements in S
     dtype: str
     world_size: int
-    time_us: float  # per op, max over ranks of each rank's mean
+    time_us: float  # per op: the slowest rank's mean, in the best of the repeats
     algbw_gbps: float
     busbw_gbps: float
     wrong: int  # wrong result elements, summed over ranks and verified iterations

@@ -155,8 +155,8 @@ class _Sweep:
             shape = layout(op, requested, self.options.torch_dtype, self.world_size)
             if shape.nbytes not in measured:  # rounding to whole chunks can repeat a size
                 measured.add(shape.nbytes)
-                time_us, wrong = self._measure(make_case(context, shape), device)
-                self._record(backend, shape.op, shape.nbytes, shape.count, time_us, wrong)
+                times_us, wrong = self._measure(make_case(context, shape), device)
+                self._record(backend, shape.op, shape.nbytes, shape.count, times_us, wrong)
             self._advance(f"{backend} {op} {requested}B")
 
     def _unsupported(self, backend: str, op: str, device: torch.device) -> str | None:
@@ -176,16 +176,28 @@ class _Sweep:
 
     # --- one size --------------------------------------------------------------------------
 
-    def _measure(self, case: Any, device: torch.device) -> tuple[float, int]:
-        """This rank's mean time per op in us, and its wrong elements (see :meth:`_verify_once`)."""
+    def _measure(self, case: Any, device: torch.device) -> tuple[list[float], int]:
+        """This rank's mean time per op in us, one per repeat, and its wrong elements."""
         options = self.options
         case.fill(0)
         for _ in range(options.warmup):
             _finish(case.launch(options.async_op))
         _synchronize(device)
         if options.check:
-            return self._measure_checked(case, device)
+            timed = [self._measure_checked(case, device) for _ in range(options.repeats)]
+            return [time_us for time_us, _ in timed], sum(wrong for _, wrong in timed)
+        times = [self._time_iterations(case, device) for _ in range(options.repeats)]
+        return times, self._verify_once(case, device)
+
+    def _time_iterations(self, case: Any, device: torch.device) -> float:
+        """Mean us per op over ``iters`` launches that every rank starts together."""
+        options = self.options
         dist.barrier()
+        # The control barrier releases ranks up to a gloo round trip apart (up to ~1 ms): charged
+        # to the first timed op, that was ~10 us per op over 100 iterations. One untimed op on the
+        # measured backend itself lines the ranks up to within that backend's own latency.
+        _finish(case.launch(options.async_op))
+        _synchronize(device)
         start = time.perf_counter()
         if options.async_op:
             works = [case.launch(True) for _ in range(options.iters)]
@@ -195,8 +207,7 @@ class _Sweep:
             for _ in range(options.iters):
                 case.launch(False)
         _synchronize(device)
-        elapsed_us = (time.perf_counter() - start) / options.iters * 1e6
-        return elapsed_us, self._verify_once(case, device)
+        return (time.perf_counter() - start) / options.iters * 1e6
 
     def _verify_once(self, case: Any, device: torch.device) -> int:
         """Without --check, one untimed run on fresh values still proves the results right."""
@@ -220,15 +231,20 @@ class _Sweep:
             wrong += case.wrong(iteration)
         return elapsed / self.options.iters * 1e6, wrong
 
-    def _record(self, backend: str, op: str, nbytes: int, count: int, time_us: float, wrong: int) -> None:
-        """Gather every rank's (time, wrong) over the control group; rank 0 keeps the record."""
-        local = torch.tensor([time_us, float(wrong)], dtype=torch.float64)
-        gathered = torch.empty(2 * self.world_size, dtype=torch.float64)
+    def _record(
+        self, backend: str, op: str, nbytes: int, count: int, times_us: list[float], wrong: int
+    ) -> None:
+        """Gather every rank's (times, wrong) over the control group; rank 0 keeps the record.
+
+        A repeat lasts as long as its slowest rank; the record keeps the best repeat.
+        """
+        local = torch.tensor([*times_us, float(wrong)], dtype=torch.float64)
+        gathered = torch.empty(local.numel() * self.world_size, dtype=torch.float64)
         dist.all_gather_into_tensor(gathered, local)
         if self.rank != 0:
             return
-        per_rank = gathered.view(self.world_size, 2)
-        slowest_us = float(per_rank[:, 0].max())
+        per_rank = gathered.view(self.world_size, local.numel())
+        slowest_us = float(per_rank[:, :-1].max(dim=0).values.min())
         algbw = algbw_gbps(nbytes, slowest_us / 1e6)
         self.records.append(
             BenchRecord(
@@ -242,7 +258,7 @@ class _Sweep:
                 algbw_gbps=algbw,
                 # A copy moves S bytes whatever op its row is in: its bandwidth is S / t.
                 busbw_gbps=algbw * (1.0 if backend == "memcpy" else busbw_factor(op, self.world_size)),
-                wrong=int(per_rank[:, 1].sum()),
+                wrong=int(per_rank[:, -1].sum()),
             )
         )
 

@@ -90,9 +90,10 @@ def _header(op: str, backend: str, world_size: int, device: str, options: BenchO
     mode = "async" if options.async_op else "blocking"
     checked = "every iteration checked" if options.check else "checked once"
     ranks = f"{world_size} rank" + ("" if world_size == 1 else "s")
+    repeats = f" x {options.repeats} repeats (best)" if options.repeats > 1 else ""
     return (
         f"# {op} | {backend} | {ranks} | {device} | {options.dtype} | "
-        f"{options.iters} iters, {options.warmup} warmup | {mode}, {checked}"
+        f"{options.iters} iters{repeats}, {options.warmup} warmup | {mode}, {checked}"
     )
 
 
