@@ -16,6 +16,7 @@ import torch.distributed as torch_dist
 
 from commlayer.backend import Backend
 from commlayer.fallbacks import P2PRequest
+from commlayer.flight_recorder import Recording
 from commlayer.types import Availability, GroupSpec, ReduceOp
 from commlayer.work import TorchWork, Work, WorkList
 
@@ -112,11 +113,17 @@ class TorchBackend(Backend):
     def torch_group(self) -> Any:
         return self._pg
 
-    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
-        """Fused launchers for the hot ops."""
+    def recorded_plan(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording
+    ) -> Callable[..., Work | None] | None:
+        """Fused launchers for the hot ops, each entering its calls in the flight recorder.
+
+        ``plan`` stays the contract's default (None): without a recording (debug mode, where each
+        collective is verified across ranks first anyway) the facade's generic launcher serves.
+        """
         if op in self.generic_ops:
             return None
-        return fused_plan(self._pg, op, fixed)
+        return fused_plan(self._pg, op, fixed, recording)
 
     def _global(self, group_rank: int) -> int:
         return self.spec.ranks[group_rank]

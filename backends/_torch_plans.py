@@ -1,20 +1,25 @@
-"""Fused launchers for the torch backends' hot ops (see ``Backend.plan``).
+"""Fused launchers for the torch backends' hot ops (see ``Backend.recorded_plan``).
 
 Each launcher calls the ProcessGroup's bound method with options built once, exactly as torch's
 own Python wrapper would after its checks, which the facade has already made when it built the
-plan. Profiled on a stand-in ProcessGroup (``benchmarks/torch_vs_commlayer.py --standin``), this
+plan, and enters the call in the group's flight recorder itself (``flight_recorder.Recording``).
+Profiled on a stand-in ProcessGroup (``benchmarks/torch_vs_commlayer.py --standin``), this
 leaves one Python frame between the facade op and the C++ call, where torch's wrapper has its
-decorator, its checks and its option building.
+decorator, its checks and its option building; a separate recording wrapper would double that.
+The entry's few lines are therefore written out in each launcher rather than called.
 """
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
+from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, TorchWork, Work
 
@@ -23,6 +28,8 @@ __all__ = ["fused_plan", "options", "wrap"]
 Launcher = Callable[..., Work | None]
 
 TORCH_OPS = {op: getattr(torch_dist.ReduceOp, op.name) for op in ReduceOp}
+_monotonic_ns = time.monotonic_ns
+_weak = weakref.ref
 
 
 def options(kind: Any, async_op: bool, **fields: Any) -> Any:
@@ -39,101 +46,148 @@ def wrap(torch_work: Any, results: tuple[torch.Tensor, ...]) -> Work:
     return CompletedWork(results) if torch_work is None else TorchWork(torch_work, results)
 
 
-def fused_plan(process_group: Any, op: str, fixed: tuple[Any, ...]) -> Launcher | None:
-    """The launcher of ``op`` on ``process_group`` with trailing arguments ``fixed``, if fused."""
+def fused_plan(process_group: Any, op: str, fixed: tuple[Any, ...], recording: Recording) -> Launcher | None:
+    """The recording launcher of ``op`` on ``process_group`` with trailing arguments ``fixed``."""
     build = _BUILDERS.get(op)
-    return None if build is None else build(process_group, *fixed)
+    return None if build is None else build(recording, process_group, *fixed)
 
 
-def _listed(method: Callable[..., Any], sync_tail: tuple[Any, ...], async_tail: tuple[Any, ...]) -> Launcher:
-    """For ``method([tensor], *tail)``: allreduce, broadcast."""
+# Every launcher below starts with the same three lines (the flight recorder's entry, see
+# Recording) and ends with the same two (a blocking op marked completed); in between, one
+# ProcessGroup call. ``fail`` translates a library error inside the except block.
+
+
+def _listed(
+    recording: Recording, method: Callable[..., Any], sync_options: Any, async_options: Any
+) -> Launcher:
+    """For ``method([tensor], options)``: allreduce, broadcast."""
+    next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
-        if async_op:
-            work = method([tensor], *async_tail)  # an async op always returns a Work: no wrap()
-            return TorchWork(work, (tensor,))
-        work = method([tensor], *sync_tail)
-        if work is not None:  # NCCL may run a blocking op on the caller's stream and return none
-            work.wait()
+        seq = next_seq()
+        entry = [seq, op, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry
+        try:
+            if async_op:  # an async op always returns a Work: no wrap()
+                work = TorchWork(method([tensor], async_options), (tensor,))
+                entry[WORK] = _weak(work)
+                return work
+            torch_work = method([tensor], sync_options)
+            if torch_work is not None:  # NCCL may run a blocking op on the caller's stream: none
+                torch_work.wait()
+        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+            fail(error)
+        entry[STATE] = COMPLETED
+        entry[COMPLETED_NS] = _monotonic_ns()
         return None
 
     return run
 
 
-def _paired(method: Callable[..., Any], sync_options: Any, async_options: Any) -> Launcher:
-    """For ``method(output, input, options)``: _allgather_base, _reduce_scatter_base.
+def _paired(
+    recording: Recording, payload: int, method: Callable[..., Any], sync_options: Any, async_options: Any
+) -> Launcher:
+    """For ``method(output, input, options)``: _allgather_base, _reduce_scatter_base; the entry
+    describes tensor ``payload`` (0: the output, 1: the input).
 
     Both get 1-D views: gloo splits the larger tensor along dim 0 and compares each piece's shape
     with the smaller one, so it refuses a stacked ``(n, *shape)`` output that NCCL accepts.
     """
+    next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
-        flat_output = output if output.dim() == 1 else output.view(-1)
-        if tensor.dim() != 1:
-            tensor = tensor.view(-1)
-        if async_op:
-            return TorchWork(method(flat_output, tensor, async_options), (output,))
-        work = method(flat_output, tensor, sync_options)
-        if work is not None:
-            work.wait()
+        seq = next_seq()
+        entry = [seq, op, (output, tensor)[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry
+        try:
+            flat_output = output if output.dim() == 1 else output.view(-1)
+            flat_input = tensor if tensor.dim() == 1 else tensor.view(-1)
+            if async_op:
+                work = TorchWork(method(flat_output, flat_input, async_options), (output,))
+                entry[WORK] = _weak(work)
+                return work
+            torch_work = method(flat_output, flat_input, sync_options)
+            if torch_work is not None:
+                torch_work.wait()
+        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
+            fail(error)
+        entry[STATE] = COMPLETED
+        entry[COMPLETED_NS] = _monotonic_ns()
         return None
 
     return run
 
 
-def _all_reduce(process_group: Any, op: ReduceOp) -> Launcher:
+def _all_reduce(recording: Recording, process_group: Any, op: ReduceOp) -> Launcher:
     reduce_op = TORCH_OPS[op]
-    sync_tail = (options(torch_dist.AllreduceOptions, False, reduceOp=reduce_op),)
-    async_tail = (options(torch_dist.AllreduceOptions, True, reduceOp=reduce_op),)
-    return _listed(process_group.allreduce, sync_tail, async_tail)
+    sync_options = options(torch_dist.AllreduceOptions, False, reduceOp=reduce_op)
+    async_options = options(torch_dist.AllreduceOptions, True, reduceOp=reduce_op)
+    return _listed(recording, process_group.allreduce, sync_options, async_options)
 
 
-def _broadcast(process_group: Any, root: int) -> Launcher:
+def _broadcast(recording: Recording, process_group: Any, root: int) -> Launcher:
     # rootRank is a group rank: the ProcessGroup counts its own members.
-    sync_tail = (options(torch_dist.BroadcastOptions, False, rootRank=root),)
-    async_tail = (options(torch_dist.BroadcastOptions, True, rootRank=root),)
-    return _listed(process_group.broadcast, sync_tail, async_tail)
+    sync_options = options(torch_dist.BroadcastOptions, False, rootRank=root)
+    async_options = options(torch_dist.BroadcastOptions, True, rootRank=root)
+    return _listed(recording, process_group.broadcast, sync_options, async_options)
 
 
-def _send(process_group: Any, peer: int, tag: int) -> Launcher:
-    return _point_to_point(process_group.send, peer, tag)
+def _send(recording: Recording, process_group: Any, peer: int, tag: int) -> Launcher:
+    return _point_to_point(recording, process_group.send, peer, tag)
 
 
-def _recv(process_group: Any, peer: int, tag: int) -> Launcher:
-    return _point_to_point(process_group.recv, peer, tag)
+def _recv(recording: Recording, process_group: Any, peer: int, tag: int) -> Launcher:
+    return _point_to_point(recording, process_group.recv, peer, tag)
 
 
-def _point_to_point(method: Callable[..., Any], peer: int, tag: int) -> Launcher:
-    """send and recv take no options and always return a Work: the leanest launcher of all."""
+def _point_to_point(recording: Recording, method: Callable[..., Any], peer: int, tag: int) -> Launcher:
+    """send and recv take no options and always return a Work: the leanest launcher of all.
+
+    Their entries go to the recorder's point-to-point ring (``recording`` says which).
+    """
+    next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
-        work = method([tensor], peer, tag)
-        if async_op:
-            return TorchWork(work, (tensor,))
-        work.wait()
+        seq = next_seq()
+        entry = [seq, op, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry
+        try:
+            torch_work = method([tensor], peer, tag)
+            if async_op:
+                work = TorchWork(torch_work, (tensor,))
+                entry[WORK] = _weak(work)
+                return work
+            torch_work.wait()
+        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
+            fail(error)
+        entry[STATE] = COMPLETED
+        entry[COMPLETED_NS] = _monotonic_ns()
         return None
 
     return run
 
 
-def _all_gather_into_tensor(process_group: Any) -> Launcher:
+def _all_gather_into_tensor(recording: Recording, process_group: Any) -> Launcher:
     kind = torch_dist.distributed_c10d.AllgatherOptions
-    return _paired(process_group._allgather_base, options(kind, False), options(kind, True))
+    return _paired(recording, 0, process_group._allgather_base, options(kind, False), options(kind, True))
 
 
-def _reduce_scatter_tensor(process_group: Any, op: ReduceOp) -> Launcher:
+def _reduce_scatter_tensor(recording: Recording, process_group: Any, op: ReduceOp) -> Launcher:
     kind, reduce_op = torch_dist.ReduceScatterOptions, TORCH_OPS[op]
     return _paired(
+        recording,
+        1,
         process_group._reduce_scatter_base,
         options(kind, False, reduceOp=reduce_op),
         options(kind, True, reduceOp=reduce_op),
     )
 
 
-def _all_to_all_single(process_group: Any) -> Launcher:
+def _all_to_all_single(recording: Recording, process_group: Any) -> Launcher:
     method = process_group.alltoall_base
     sync_options = options(torch_dist.AllToAllOptions, False)
     async_options = options(torch_dist.AllToAllOptions, True)
+    next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(
         async_op: bool,
@@ -142,12 +196,22 @@ def _all_to_all_single(process_group: Any) -> Launcher:
         output_splits: list[int] | None,
         input_splits: list[int] | None,
     ) -> Work | None:
-        splits = (output_splits or [], input_splits or [])  # torch's spelling of "equal splits"
-        if async_op:
-            return TorchWork(method(output, tensor, *splits, async_options), (output,))
-        work = method(output, tensor, *splits, sync_options)
-        if work is not None:
-            work.wait()
+        seq = next_seq()
+        entry = [seq, op, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry
+        try:  # [] is torch's spelling of "equal splits"
+            if async_op:
+                torch_work = method(output, tensor, output_splits or [], input_splits or [], async_options)
+                work = TorchWork(torch_work, (output,))
+                entry[WORK] = _weak(work)
+                return work
+            torch_work = method(output, tensor, output_splits or [], input_splits or [], sync_options)
+            if torch_work is not None:
+                torch_work.wait()
+        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
+            fail(error)
+        entry[STATE] = COMPLETED
+        entry[COMPLETED_NS] = _monotonic_ns()
         return None
 
     return run

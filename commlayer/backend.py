@@ -52,6 +52,7 @@ import torch
 
 from .errors import UnsupportedError
 from .fallbacks import GenericCollectives
+from .flight_recorder import Recording
 from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
@@ -150,6 +151,17 @@ class Backend(GenericCollectives, ABC):
         ``getattr(self, op)(*tensors, *fixed)``, return its Work when ``async_op`` is true, and
         otherwise wait for it and return None. Tensors arrive contiguous but not flattened.
         None (the default) makes the facade build that launcher around the op itself.
+        """
+        return None
+
+    def recorded_plan(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording
+    ) -> Callable[..., Work | None] | None:
+        """Optional: a fused launcher like :meth:`plan`'s that also enters every call in the
+        group's flight recorder itself, as ``recording`` describes (its docstring lists the
+        steps), saving the facade's recording wrapper: the hot path's cheapest form.
+
+        Tried before :meth:`plan`; None (the default) falls back to it.
         """
         return None
 

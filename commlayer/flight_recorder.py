@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
@@ -31,6 +31,7 @@ __all__ = [
     "P2P_OPS",
     "STARTED",
     "FlightRecorder",
+    "Recording",
     "capacity_from_env",
     "describe_entry",
     "mark_completed",
@@ -60,6 +61,31 @@ def capacity_from_env(environ: dict[str, str] | os._Environ = os.environ) -> int
         return max(1, int(raw))
     except ValueError:
         raise ValueError(f"${CAPACITY_ENV} expected a positive integer, received {raw!r}") from None
+
+
+class Recording(NamedTuple):
+    """What a fused launcher needs to enter its calls in a ring itself, with no Python call.
+
+    A wrapper frame and an ``enter`` call cost a planned op more than the entry's own work, so
+    launchers that record (``Backend.recorded_plan``) inline these steps, in this order::
+
+        seq = next_seq()
+        entry = [seq, op, shape, dtype, root, STARTED, monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry   # then WORK (weakly) or STATE and COMPLETED_NS
+
+    where ``shape`` is ``payload.shape`` (a point-to-point entry's too: its dump lists it as the
+    one shape of a list, as :meth:`FlightRecorder.enter` records them). On any exception
+    the launcher calls ``fail(error)`` inside its ``except`` block: it re-raises ``error`` or
+    its typed translation (and dumps the rings, see ``commlayer.dist._trace``).
+    """
+
+    next_seq: Callable[[], int]
+    ring: list[list[Any] | None]
+    capacity: int
+    op: str  # as entered: "all_reduce", or "p2p:send" for point-to-point ops
+    dtype: torch.dtype
+    root: int
+    fail: Callable[[Exception], NoReturn]
 
 
 class FlightRecorder:
@@ -94,6 +120,17 @@ class FlightRecorder:
         if self.verify is not None:
             self.verify(entry)
         return entry
+
+    def recording(
+        self, op: str, dtype: torch.dtype, root: int, fail: Callable[[Exception], NoReturn]
+    ) -> Recording | None:
+        """How a fused launcher of ``op`` on ``dtype`` tensors records its calls; None in debug
+        mode, where every collective must go through :meth:`enter` (which verifies it)."""
+        if self.verify is not None:
+            return None
+        if op in P2P_OPS:
+            return Recording(self._p2p.__next__, self._p2p_ring, self.capacity, "p2p:" + op, dtype, -1, fail)
+        return Recording(self._collectives.__next__, self._ring, self.capacity, op, dtype, root, fail)
 
     def _enter_p2p(self, op: str, payload: torch.Tensor | Sequence[torch.Tensor]) -> list[Any]:
         seq = next(self._p2p)
@@ -136,10 +173,14 @@ def describe_entry(entry: list[Any]) -> dict[str, Any]:
         elif work.is_completed():
             state = COMPLETED if work.exception() is None else "failed"
     shape = entry[SHAPE]
+    if isinstance(shape, list):
+        described = [list(item) for item in shape]
+    else:  # a fused launcher's point-to-point entry holds its one shape bare (saves a list a call)
+        described = [list(shape)] if entry[OP].startswith("p2p:") else list(shape)
     return {
         "seq": entry[SEQ],
         "op": entry[OP],
-        "shape": [list(item) for item in shape] if isinstance(shape, list) else list(shape),
+        "shape": described,
         "dtype": str(entry[DTYPE]).replace("torch.", ""),
         "root": entry[ROOT],
         "state": state,

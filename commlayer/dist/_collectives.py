@@ -86,7 +86,7 @@ def _checked_all_reduce(tensor: torch.Tensor, op: Any, group: Any, async_op: boo
     reduce_op = check.check_reduce_op(call, op, tensor.dtype)
     key = ("all_reduce", group, op, tensor.dtype, tensor.device, tensor.layout)
     # Only commlayer's ReduceOp: torch's values equal small ints, which must still be refused.
-    plan = remember(key, isinstance(op, ReduceOp), call, "all_reduce", reduce_op)
+    plan = remember(key, isinstance(op, ReduceOp), call, "all_reduce", reduce_op, dtype=tensor.dtype)
     copy_back: CopyBack = []
     return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
@@ -202,7 +202,7 @@ def _checked_broadcast(
     check.check_tensor(call, "tensor", tensor)
     root = check.check_root(call, "src", src, group_src)
     key = ("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout)
-    plan = remember(key, group_src is None, call, "broadcast", root)
+    plan = remember(key, group_src is None, call, "broadcast", root, dtype=tensor.dtype)
     copy_back: CopyBack = []
     return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
@@ -326,7 +326,7 @@ def _checked_all_gather_into_tensor(
     check.check_numel(call, "output_tensor", output_tensor, expected, "world size {} x input", size)
     key = _paired_key("all_gather_into_tensor", group, output_tensor, input_tensor)
     # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
-    plan = remember(key, True, call, "all_gather_into_tensor", flat=True)
+    plan = remember(key, True, call, "all_gather_into_tensor", flat=True, dtype=input_tensor.dtype)
     copy_back: CopyBack = []
     output = contiguous(output_tensor, copy_back)
     return run_staged(plan, async_op, copy_back, output, input_tensor.contiguous())
@@ -463,7 +463,9 @@ def _checked_reduce_scatter_tensor(
     key = _paired_key("reduce_scatter_tensor", group, output, input, op)
     # Only commlayer's ReduceOp: torch's values equal small ints, which must still be refused.
     cacheable = isinstance(op, ReduceOp)
-    plan = remember(key, cacheable, call, "reduce_scatter_tensor", reduce_op, payload=1, flat=True)
+    plan = remember(
+        key, cacheable, call, "reduce_scatter_tensor", reduce_op, payload=1, flat=True, dtype=input.dtype
+    )
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     return run_staged(plan, async_op, copy_back, buffer, input.contiguous())
@@ -521,10 +523,18 @@ def all_to_all_single(
     except (AttributeError, TypeError):
         plan = None
     if plan is not None and output.is_contiguous() and input.is_contiguous():
-        out_splits = check.check_splits(
-            plan.call, "output_split_sizes", output_split_sizes, output, plan.size
-        )
-        in_splits = check.check_splits(plan.call, "input_split_sizes", input_split_sizes, input, plan.size)
+        size = plan.size
+        # Even splits, inline (check_splits' first branch, two calls less); 0-d tensors go on below.
+        if (
+            output_split_sizes is None
+            and input_split_sizes is None
+            and output.dim()
+            and input.dim()
+            and not (output.shape[0] % size or input.shape[0] % size)
+        ):
+            return plan.run(async_op, output, input, None, None)
+        out_splits = check.check_splits(plan.call, "output_split_sizes", output_split_sizes, output, size)
+        in_splits = check.check_splits(plan.call, "input_split_sizes", input_split_sizes, input, size)
         return plan.run(async_op, output, input, out_splits, in_splits)
     return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
 
@@ -548,7 +558,7 @@ def _checked_all_to_all_single(
     out_splits = check.check_splits(call, "output_split_sizes", output_split_sizes, output, size)
     in_splits = check.check_splits(call, "input_split_sizes", input_split_sizes, input, size)
     key = _paired_key("all_to_all_single", group, output, input)
-    plan = remember(key, True, call, "all_to_all_single", payload=1)
+    plan = remember(key, True, call, "all_to_all_single", payload=1, dtype=input.dtype)
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     return run_staged(plan, async_op, copy_back, buffer, input.contiguous(), out_splits, in_splits)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -35,11 +36,11 @@ import torch
 
 from ..backend import Backend
 from ..errors import UnsupportedError, invalid_argument
-from ..flight_recorder import COMPLETED, COMPLETED_NS, STATE, track
+from ..flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording, track
 from ..types import ReduceOp
 from ..work import CompletedWork, Work
 from ._groups import ProcessGroup, resolve_group
-from ._trace import on_failure, recorded
+from ._trace import on_failure, recorded, recording
 
 __all__ = [
     "Observer",
@@ -61,6 +62,7 @@ __all__ = [
 
 log = logging.getLogger("commlayer.dist")
 _monotonic_ns = time.monotonic_ns
+_weak = weakref.ref
 
 
 class OpCall(NamedTuple):
@@ -144,21 +146,42 @@ def forget_plans() -> None:
 atexit.register(forget_plans)  # plans refer to backends: release them before interpreter teardown
 
 
-def new_plan(call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = False) -> Plan:
+def new_plan(
+    call: OpCall, op: str, *fixed: Any, payload: int = 0, flat: bool = False, dtype: torch.dtype | None = None
+) -> Plan:
     """The plan for ``call``: ``backend.<op>(*tensors, *fixed)`` started, and waited unless async.
 
-    ``payload`` indexes the tensor whose size an observer reports; ``flat`` passes 1-D views to
-    the backend op, which the contract promises for the tensor-in/tensor-out collectives.
+    ``payload`` indexes the tensor whose size an observer reports and the flight recorder enters
+    (of dtype ``dtype``); ``flat`` passes 1-D views to the backend op, which the contract
+    promises for the tensor-in/tensor-out collectives.
     """
-    if op in _REDUCING_PLANS and _emulates_avg(call, fixed[0]):
-        run = _launcher(call.backend, op, (_SUM, *fixed[1:]), flat, divisor=call.group.size())
-    else:
-        run = call.backend.plan(op, *fixed) or _launcher(call.backend, op, fixed, flat)
+    run = _recorded_launcher(call, op, fixed, payload, flat, dtype)
     observer = _observer
     if observer is not None:
         wrap = getattr(observer, "wrap_plan", None)
         run = wrap(call, run, payload) if wrap is not None else observed(observer, call, run, payload)
-    return Plan(recorded(call, op, fixed, payload, run), call, call.group.size())
+    return Plan(run, call, call.group.size())
+
+
+def _recorded_launcher(
+    call: OpCall, op: str, fixed: tuple[Any, ...], payload: int, flat: bool, dtype: torch.dtype | None
+) -> Callable[..., Work | None]:
+    """A launcher that enters each call in the group's flight recorder: the backend's own
+    (``recorded_plan``), else the facade's (:func:`_fused_launcher`), each recording inline;
+    the recording wrapper only around a backend ``plan`` and in debug mode."""
+    backend = call.backend
+    if op in _REDUCING_PLANS and _emulates_avg(call, fixed[0]):
+        run = _launcher(backend, op, (_SUM, *fixed[1:]), flat, divisor=call.group.size())
+        return recorded(call, op, fixed, payload, run)
+    record = recording(call, op, fixed, dtype) if dtype is not None else None
+    if record is not None:
+        run = backend.recorded_plan(op, fixed, record)
+        if run is not None:
+            return run
+    own = backend.plan(op, *fixed)
+    if own is not None or record is None:
+        return recorded(call, op, fixed, payload, own or _launcher(backend, op, fixed, flat))
+    return _fused_launcher(backend, op, fixed, payload, flat, record)
 
 
 def _launcher(
@@ -181,6 +204,35 @@ def _launcher(
         if async_op:
             return work
         work.wait()
+        return None
+
+    return run
+
+
+def _fused_launcher(
+    backend: Backend, op: str, fixed: tuple[Any, ...], payload: int, flat: bool, record: Recording
+) -> Callable[..., Work | None]:
+    """``run(async_op, *tensors)`` around a backend op, entering each call in the flight recorder
+    inline (the steps ``Recording`` lists): what mpi, oneCCL and plugin backends' plans run."""
+    method = getattr(backend, op)
+    next_seq, ring, capacity, name, dtype, root, fail = record
+
+    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+        seq = next_seq()
+        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry
+        if flat:
+            tensors = tuple(_flat(tensor) for tensor in tensors)
+        try:
+            work = method(*tensors, *fixed, async_op=async_op)
+            if async_op:
+                entry[WORK] = _weak(work)
+                return work
+            work.wait()
+        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+            fail(error)
+        entry[STATE] = COMPLETED
+        entry[COMPLETED_NS] = _monotonic_ns()
         return None
 
     return run
@@ -210,6 +262,7 @@ def remember(
     *fixed: Any,
     payload: int = 0,
     flat: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Plan:
     """The plan stored under ``key`` (built by :func:`new_plan` if missing), after validation passed.
 
@@ -218,7 +271,7 @@ def remember(
     """
     plan = plans.get(key)
     if plan is None:
-        plan = new_plan(call, op, *fixed, payload=payload, flat=flat)
+        plan = new_plan(call, op, *fixed, payload=payload, flat=flat, dtype=dtype)
         if cacheable:
             plans[key] = plan
     return plan

@@ -202,7 +202,7 @@ def _point_to_point(
         )
         return _with_copy_back(work, prepared.copy_back)
     key = (kind, group, peer, tag, tensor.dtype, tensor.device, tensor.layout)
-    plan = remember(key, group_peer is None, call, kind, request.peer, tag)
+    plan = remember(key, group_peer is None, call, kind, request.peer, tag, dtype=tensor.dtype)
     return run_staged(plan, async_op, prepared.copy_back, request.tensor)
 
 

@@ -13,6 +13,7 @@ posting 8 elements where rank 0 posts 4::
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch.distributed as torch_dist
+from torch import dtype as torch_dtype
 
 from .. import health
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError, describe_ranks
@@ -42,6 +44,7 @@ from ..flight_recorder import (
     STATE,
     WORK,
     FlightRecorder,
+    Recording,
     capacity_from_env,
     write_dump,
 )
@@ -57,6 +60,7 @@ __all__ = [
     "new_recorder",
     "on_failure",
     "recorded",
+    "recording",
     "translate",
     "wait_translated",
 ]
@@ -154,6 +158,15 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
 _ROOTED_PLANS = frozenset({"broadcast"})
 # Plans launched on exactly one tensor get a wrapper without *args packing (about 0.1 us less).
 _ONE_TENSOR_PLANS = frozenset({"all_reduce", "broadcast", "send", "recv"})
+
+
+def recording(call: Any, op: str, fixed: tuple[Any, ...], dtype: torch_dtype) -> Recording | None:
+    """How a fused launcher of ``op`` records its calls in the group's flight recorder and
+    translates its failures (``Backend.recorded_plan``); None in debug mode, where every
+    collective goes through :func:`recorded` instead, to be verified across ranks first."""
+    group = call.group
+    root = fixed[0] if op in _ROOTED_PLANS else -1
+    return group.recorder.recording(op, dtype, root, functools.partial(_raise_translated, group, op))
 
 
 def recorded(

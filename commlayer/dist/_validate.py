@@ -201,7 +201,7 @@ def check_root_list(
 def check_splits(
     call: OpCall, arg: str, splits: Sequence[int] | None, tensor: torch.Tensor, size: int
 ) -> list[int] | None:
-    rows = len(tensor) if tensor.dim() else 1  # len() reads dim 0 without building a torch.Size
+    rows = tensor.shape[0] if tensor.dim() else 1  # len(tensor) goes through Python: 4x slower
     if not splits:
         if rows % size:
             raise invalid_argument(

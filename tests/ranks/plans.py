@@ -12,6 +12,7 @@ import torch
 
 from commlayer import comms_logger, dist
 from commlayer.dist import _dispatch, _p2p
+from commlayer.dist._groups import resolve_group
 from commlayer.testing.conformance import assert_equal, reduced, values
 from commlayer.types import ReduceOp
 
@@ -129,6 +130,22 @@ def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> No
         check_ring(members, group, me)
     finally:
         _p2p._prepare, _p2p._point_to_point = prepare, point_to_point
+    check_ring_recorded(group)
+
+
+def check_ring_recorded(group: object) -> None:
+    """check_ring's planned sends and receives are in the flight recorder's point-to-point ring,
+    as ``FlightRecorder.enter`` writes them (the fused launchers record inline, issue 14)."""
+    entries = [entry for entry in resolve_group("check", group).recorder.snapshot() if "p2p:" in entry["op"]]
+    last = entries[-4 * len(DTYPES) :]
+    assert [entry["op"] for entry in last] == ["p2p:send", "p2p:recv", "p2p:recv", "p2p:send"] * len(DTYPES)
+    expected_dtypes = [str(dtype).replace("torch.", "") for dtype in DTYPES for _ in range(4)]
+    assert [entry["dtype"] for entry in last] == expected_dtypes
+    assert all(entry["shape"] == [[12]] and entry["root"] == -1 for entry in last), last
+    assert [entry["seq"] for entry in last] == list(range(last[0]["seq"], last[0]["seq"] + len(last)))
+    states = [entry["state"] for entry in last]
+    assert states[1::4] == states[3::4] == ["completed"] * len(DTYPES), states  # the blocking ones
+    assert set(states) <= {"completed", "released"}, states  # async: the Work is gone or done
 
 
 def run_all(members: list[int], group: object, me: int) -> None:
