@@ -88,10 +88,15 @@ class ShmBackend(Backend):
         return self._companion.torch_group
 
     def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
-        """Fused launchers: one native call per op, a Work only for async ops (see Backend.plan)."""
-        if type(self) is not ShmBackend or op not in _FUSED:
+        """Fused launchers: one C function per op, a Work only for async ops (see Backend.plan).
+
+        The launcher reads each tensor's address, element count and dtype itself and runs the op,
+        with no Python frame in between: at 8 bytes that is most of the backend's cost.
+        """
+        # An extension built before launchers existed (a tree not rebuilt yet) plans nothing.
+        if type(self) is not ShmBackend or op not in _FUSED or not hasattr(self._comm, "launcher"):
             return None
-        return _FUSED[op](self._comm, *fixed)
+        return self._comm.launcher(op, _FUSED[op](*fixed), DTYPE_CODES, CompletedWork)
 
     # --- the mandatory core ----------------------------------------------------------------
 
@@ -209,51 +214,12 @@ class ShmBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
 
-def _fused_all_reduce(comm: Any, op: ReduceOp) -> Callable[..., Work | None]:
-    call, code = comm.all_reduce, OP_CODES[op]
-
-    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
-        call(tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], code)
-        return CompletedWork((tensor,)) if async_op else None
-
-    return run
-
-
-def _fused_broadcast(comm: Any, root: int) -> Callable[..., Work | None]:
-    call = comm.broadcast
-
-    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
-        call(tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype], root)
-        return CompletedWork((tensor,)) if async_op else None
-
-    return run
-
-
-def _fused_all_gather(comm: Any) -> Callable[..., Work | None]:
-    call = comm.all_gather
-
-    def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
-        call(output.data_ptr(), tensor.data_ptr(), tensor.numel(), DTYPE_CODES[tensor.dtype])
-        return CompletedWork((output,)) if async_op else None
-
-    return run
-
-
-def _fused_reduce_scatter(comm: Any, op: ReduceOp) -> Callable[..., Work | None]:
-    call, code = comm.reduce_scatter, OP_CODES[op]
-
-    def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
-        call(output.data_ptr(), tensor.data_ptr(), output.numel(), DTYPE_CODES[tensor.dtype], code)
-        return CompletedWork((output,)) if async_op else None
-
-    return run
-
-
-_FUSED: dict[str, Callable[..., Callable[..., Work | None]]] = {
-    "all_reduce": _fused_all_reduce,
-    "broadcast": _fused_broadcast,
-    "all_gather_into_tensor": _fused_all_gather,
-    "reduce_scatter_tensor": _fused_reduce_scatter,
+# Ops with a native launcher (csrc/shm/launcher.hpp), and what their fixed arguments become.
+_FUSED: dict[str, Callable[..., int]] = {
+    "all_reduce": lambda op: OP_CODES[op],
+    "broadcast": lambda root: root,
+    "all_gather_into_tensor": lambda: 0,
+    "reduce_scatter_tensor": lambda op: OP_CODES[op],
 }
 
 

@@ -13,6 +13,7 @@
 
 #include "comm.hpp"
 #include "kernels.hpp"
+#include "launcher.hpp"
 #include "segment.hpp"
 
 namespace py = pybind11;
@@ -61,6 +62,24 @@ private:
     Comm comm_;
 };
 
+LaunchErrors launch_errors;  // the module's exception types, set once at import
+
+LaunchKind launch_kind(const std::string& op) {
+    if (op == "all_reduce") return LaunchKind::all_reduce;
+    if (op == "broadcast") return LaunchKind::broadcast;
+    if (op == "all_gather_into_tensor") return LaunchKind::all_gather;
+    if (op == "reduce_scatter_tensor") return LaunchKind::reduce_scatter;
+    throw std::invalid_argument("shm: no fused launcher for op '" + op + "'");
+}
+
+py::object launcher(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed) {
+    Group& group = self.cast<Group&>();
+    const LaunchSpec spec{self.ptr(), &group.comm(), launch_kind(op), fixed, dtype_codes.ptr(), completed.ptr()};
+    PyObject* function = make_launcher(spec, launch_errors);
+    if (function == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(function);
+}
+
 void reduce_local(Address out, const std::vector<Address>& inputs, std::size_t count, int dtype, int op,
                   int divisor) {
     std::vector<const void*> pointers;
@@ -75,8 +94,8 @@ PYBIND11_MODULE(_C, m) {
     m.doc() = "commlayer shared-memory communicator (csrc/shm)";
     // The native errors *are* commlayer's (subclasses), so ops need no translating try/except.
     const py::module_ errors = py::module_::import("commlayer.errors");
-    py::register_exception<TimeoutError>(m, "ShmTimeout", errors.attr("CommTimeoutError"));
-    py::register_exception<PeerError>(m, "ShmPeerError", errors.attr("CommError"));
+    launch_errors.timeout = py::register_exception<TimeoutError>(m, "ShmTimeout", errors.attr("CommTimeoutError")).ptr();
+    launch_errors.peer = py::register_exception<PeerError>(m, "ShmPeerError", errors.attr("CommError")).ptr();
 
     py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping")
         .def(py::init<const std::string&, std::size_t, bool>(), py::arg("name"), py::arg("bytes"),
@@ -97,6 +116,8 @@ PYBIND11_MODULE(_C, m) {
              py::arg("small_bytes"), py::arg("chunk_bytes"), py::arg("timeout_s"), py::arg("spins"))
         .def_property_readonly("steps", [](Group& g) { return g.comm().steps(); })
         .def("barrier", [](Group& g) { g.comm().barrier(); })
+        .def("launcher", &launcher, py::arg("op"), py::arg("fixed"), py::arg("dtype_codes"), py::arg("completed"),
+             "run(async_op, *tensors) for one planned kind of call (launcher.hpp)")
         .def("all_reduce",
              [](Group& g, Address data, std::size_t count, int dtype, int op) {
                  g.comm().all_reduce(ptr(data), count, static_cast<DType>(dtype), static_cast<Op>(op));

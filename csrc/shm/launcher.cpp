@@ -1,0 +1,145 @@
+// Fused launchers of the shm backend; see launcher.hpp.
+#include "launcher.hpp"
+
+#include <cstdint>
+#include <stdexcept>
+
+namespace commlayer::shm {
+
+namespace {
+
+constexpr const char* kCapsuleName = "commlayer.shm.launcher";
+
+struct Launcher {
+    LaunchSpec spec;
+    LaunchErrors errors;
+};
+
+// What an op needs of one tensor; the facade has already checked it is a contiguous CPU tensor.
+struct TensorView {
+    void* data = nullptr;
+    std::size_t count = 0;
+    DType dtype = DType::f32;
+};
+
+struct Names {
+    PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
+    PyObject* numel = PyUnicode_InternFromString("numel");
+    PyObject* dtype = PyUnicode_InternFromString("dtype");
+};
+
+const Names& names() {
+    static const Names interned;  // first use is under the GIL, as every call is
+    return interned;
+}
+
+// A method call returning an int, as an unsigned 64-bit value; false with an exception set.
+bool call_for_integer(PyObject* tensor, PyObject* method, unsigned long long& value) {
+    PyObject* result = PyObject_CallMethodNoArgs(tensor, method);
+    if (result == nullptr) return false;
+    value = PyLong_AsUnsignedLongLong(result);
+    Py_DECREF(result);
+    return !(value == static_cast<unsigned long long>(-1) && PyErr_Occurred());
+}
+
+bool view_of(PyObject* tensor, PyObject* dtype_codes, TensorView& view) {
+    unsigned long long address = 0, count = 0;
+    if (!call_for_integer(tensor, names().data_ptr, address) || !call_for_integer(tensor, names().numel, count)) {
+        return false;
+    }
+    PyObject* dtype = PyObject_GetAttr(tensor, names().dtype);
+    if (dtype == nullptr) return false;
+    PyObject* code = PyDict_GetItemWithError(dtype_codes, dtype);  // borrowed
+    if (code == nullptr && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, dtype);
+    Py_DECREF(dtype);
+    if (code == nullptr) return false;
+    view.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+    view.count = static_cast<std::size_t>(count);
+    view.dtype = static_cast<DType>(PyLong_AsLong(code));
+    return !PyErr_Occurred();
+}
+
+// Runs the op; false with a Python exception set (the communicator's errors keep their types).
+bool launch(const Launcher& launcher, const TensorView& output, const TensorView& input) {
+    const LaunchSpec& spec = launcher.spec;
+    try {
+        switch (spec.kind) {
+            case LaunchKind::all_reduce:
+                spec.comm->all_reduce(output.data, output.count, output.dtype, static_cast<Op>(spec.fixed));
+                break;
+            case LaunchKind::broadcast: spec.comm->broadcast(output.data, output.count, output.dtype, spec.fixed); break;
+            case LaunchKind::all_gather: spec.comm->all_gather(output.data, input.data, input.count, input.dtype); break;
+            case LaunchKind::reduce_scatter:
+                spec.comm->reduce_scatter(output.data, input.data, output.count, input.dtype, static_cast<Op>(spec.fixed));
+                break;
+        }
+        return true;
+    } catch (const TimeoutError& error) {
+        PyErr_SetString(launcher.errors.timeout, error.what());
+    } catch (const PeerError& error) {
+        PyErr_SetString(launcher.errors.peer, error.what());
+    } catch (const std::invalid_argument& error) {
+        PyErr_SetString(PyExc_ValueError, error.what());
+    } catch (const std::exception& error) {
+        PyErr_SetString(PyExc_RuntimeError, error.what());
+    }
+    return false;
+}
+
+bool takes_two_tensors(LaunchKind kind) { return kind == LaunchKind::all_gather || kind == LaunchKind::reduce_scatter; }
+
+PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    const auto* launcher = static_cast<const Launcher*>(PyCapsule_GetPointer(self, kCapsuleName));
+    if (launcher == nullptr) return nullptr;
+    const LaunchSpec& spec = launcher->spec;
+    const Py_ssize_t tensors = takes_two_tensors(spec.kind) ? 2 : 1;
+    if (nargs != 1 + tensors) {
+        return PyErr_Format(PyExc_TypeError, "shm launcher: expected (async_op, %zd tensor(s)), received %zd arguments",
+                            tensors, nargs);
+    }
+    const int async_op = PyObject_IsTrue(args[0]);
+    TensorView output, input;
+    if (async_op < 0 || !view_of(args[1], spec.dtype_codes, output)) return nullptr;
+    if (tensors == 2 && !view_of(args[2], spec.dtype_codes, input)) return nullptr;
+    if (!launch(*launcher, output, input)) return nullptr;
+    if (!async_op) Py_RETURN_NONE;
+    PyObject* result = PyTuple_Pack(1, args[1]);
+    if (result == nullptr) return nullptr;
+    PyObject* work = PyObject_CallOneArg(spec.completed, result);
+    Py_DECREF(result);
+    return work;
+}
+
+PyMethodDef run_def = {"shm_launcher", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
+                       METH_FASTCALL, "run(async_op, *tensors): one shm op, completed on return"};
+
+void destroy(PyObject* capsule) {
+    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (launcher == nullptr) return;
+    Py_XDECREF(launcher->spec.owner);
+    Py_XDECREF(launcher->spec.dtype_codes);
+    Py_XDECREF(launcher->spec.completed);
+    delete launcher;
+}
+
+}  // namespace
+
+PyObject* make_launcher(const LaunchSpec& spec, const LaunchErrors& errors) {
+    auto* launcher = new Launcher{spec, errors};
+    Py_INCREF(spec.owner);
+    Py_INCREF(spec.dtype_codes);
+    Py_INCREF(spec.completed);
+    PyObject* capsule = PyCapsule_New(launcher, kCapsuleName, destroy);
+    if (capsule == nullptr) {
+        Py_DECREF(spec.owner);
+        Py_DECREF(spec.dtype_codes);
+        Py_DECREF(spec.completed);
+        delete launcher;
+        return nullptr;
+    }
+    PyObject* function = PyCFunction_NewEx(&run_def, capsule, nullptr);
+    Py_DECREF(capsule);  // the function holds it
+    return function;
+}
+
+}  // namespace commlayer::shm
