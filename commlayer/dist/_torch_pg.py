@@ -12,78 +12,29 @@ ccl, hccl, plugins) come for free, and bad input raises the facade's error, nami
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
-from torch.futures import Future
 
 from ..errors import invalid_argument
 from ..types import ReduceOp
-from ..work import Work
+from ..work import Work, WorkList
 from . import _collectives as coll
 from . import _p2p as p2p
+from ._bridge_work import BridgeWork, Completer
 from ._coalesced import all_reduce_coalesced
 from ._groups import ProcessGroup
 
-__all__ = ["BridgeWork", "CommlayerProcessGroup"]
+__all__ = ["CommlayerProcessGroup"]
 
 _TORCH_SUM = torch_dist.ReduceOp.SUM
-# torch's RedOpType by value: reading an enum's value costs a third of its name (per-op hot path).
+# torch's RedOpType (a hashable enum) -> commlayer's ReduceOp: one dict lookup per op.
 _REDUCE_OPS = {
-    int(getattr(torch_dist.ReduceOp.RedOpType, op.name).value): op
+    getattr(torch_dist.ReduceOp.RedOpType, op.name): op
     for op in ReduceOp
     if hasattr(torch_dist.ReduceOp.RedOpType, op.name)
 }
-
-
-class BridgeWork(torch_dist.Work):
-    """torch's Work over one or more commlayer Works; ``get_future`` completes them first.
-
-    The future is completed by the caller's thread when it asks for it (DDP asks right after
-    launching a bucket): MPI and oneCCL progress their requests only while someone waits on them.
-    """
-
-    def __init__(self, works: Sequence[Work], result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._works = works  # the bridge's group is one this rank belongs to: never None
-        self._result = result
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        # torch passes timedelta(0) for "no timeout of the call's own".
-        limit = timeout if timeout else None
-        for work in self._works:
-            work.wait(limit)
-        return True
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self.exception() is None
-
-    def exception(self) -> BaseException | None:
-        return next((work.exception() for work in self._works if work.exception() is not None), None)
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> Future:
-        future: Future = Future()
-        try:
-            self.wait()
-        except BaseException as error:  # noqa: BLE001 - handed to the future's consumer
-            future.set_exception(error)
-            return future
-        future.set_result(self._result)
-        return future
-
-    def _source_rank(self) -> int:
-        return int(self._works[0].source_rank())  # type: ignore[attr-defined]
-
-    source_rank = _source_rank
 
 
 class CommlayerProcessGroup(torch_dist.ProcessGroup):
@@ -92,12 +43,16 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     #: True when torch's ``init_process_group("commlayer")`` created commlayer's world for it; torch's
     #: ``destroy_process_group`` then tears that world down too.
     owns_world = False
+    #: True when torch's ``new_group(backend="commlayer")`` built commlayer's group for it (see
+    #: ``commlayer.dist._bridge``); torch's ``destroy_process_group`` then tears that group down.
+    owns_group = False
 
     def __init__(self, group: ProcessGroup, group_name: str) -> None:
         super().__init__(group.rank(), group.size())
         self.commlayer_group = group
         self._group_name = group_name
         self._group_desc = group_name
+        self._completer = Completer(group_name)
 
     # --- identity ---------------------------------------------------------------------------
 
@@ -125,18 +80,14 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         return self._group_desc
 
     def shutdown(self) -> None:
-        """Called by torch's destroy_process_group; ends commlayer's world if torch started it."""
-        if not self.owns_world:
-            return
-        from ._groups import world_or_none
-        from ._setup import destroy_process_group
-
-        self.owns_world = False
-        world = world_or_none()
-        if world is not None:
-            for group in (world.default_group, *world.groups.values()):
-                group.bridge = None  # torch is already dropping them: nothing to unregister
-            destroy_process_group()
+        """Called by torch's destroy_process_group: ends the commlayer world or group torch started."""
+        self._completer.close()
+        if self.owns_world:
+            self.owns_world = False
+            _end_world()
+        elif self.owns_group:
+            self.owns_group = False
+            _end_group(self.commlayer_group)
 
     def __repr__(self) -> str:
         return f"CommlayerProcessGroup({self._group_name!r}, over {self.commlayer_group!r})"
@@ -145,24 +96,26 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         tensor = self._single("all_reduce", "tensors", tensors)
-        work = coll.all_reduce(tensor, _reduce_op(opts), self.commlayer_group, async_op=True)
-        return BridgeWork([work], tensors)
+        # DDP's op: SUM, tested without a call (the translation is a dict lookup otherwise).
+        op = ReduceOp.SUM if opts is None or opts.reduceOp == _TORCH_SUM else _reduce_op(opts)
+        work = coll.all_reduce(tensor, op, self.commlayer_group, async_op=True)
+        return self._bridged(work, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         work = all_reduce_coalesced(tensors, _reduce_op(opts), self.commlayer_group, async_op=True)
-        return BridgeWork([work], tensors)
+        return self._bridged(work, tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         tensor = self._single("broadcast", "tensors", tensors)
         work = coll.broadcast(tensor, group=self.commlayer_group, async_op=True, group_src=_root(opts))
-        return BridgeWork([work], tensors)
+        return self._bridged(work, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         tensor = self._single("reduce", "tensors", tensors)
         work = coll.reduce(
             tensor, op=_reduce_op(opts), group=self.commlayer_group, async_op=True, group_dst=_root(opts)
         )
-        return BridgeWork([work], tensors)
+        return self._bridged(work, tensors)
 
     def allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
@@ -170,12 +123,12 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         outputs = self._single("all_gather", "output_tensors", output_tensors)
         tensor = self._single("all_gather", "input_tensors", input_tensors)
         work = coll.all_gather(outputs, tensor, self.commlayer_group, async_op=True)
-        return BridgeWork([work], outputs)
+        return self._bridged(work, outputs)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
         work = coll.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
-        return BridgeWork([work], [output])
+        return self._bridged(work, [output])
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -186,7 +139,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
             )
             for output, tensor in zip(outputs, inputs)
         ]
-        return BridgeWork(works, outputs)
+        return self._bridged(WorkList(works, outputs), outputs)
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -194,14 +147,14 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         output = self._single("reduce_scatter", "outputs", outputs)
         inputs = self._single("reduce_scatter", "input_lists", input_lists)
         work = coll.reduce_scatter(output, inputs, _reduce_op(opts), self.commlayer_group, async_op=True)
-        return BridgeWork([work], outputs)
+        return self._bridged(work, outputs)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
         work = coll.reduce_scatter_tensor(
             output, source, _reduce_op(opts), self.commlayer_group, async_op=True
         )
-        return BridgeWork([work], [output])
+        return self._bridged(work, [output])
 
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -213,7 +166,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
             )
             for output, tensor in zip(outputs, inputs)
         ]
-        return BridgeWork(works, outputs)
+        return self._bridged(WorkList(works, outputs), outputs)
 
     def alltoall_base(
         self,
@@ -231,13 +184,13 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
             self.commlayer_group,
             async_op=True,
         )
-        return BridgeWork([work], [output])
+        return self._bridged(work, [output])
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> BridgeWork:
         work = coll.all_to_all(outputs, inputs, self.commlayer_group, async_op=True)
-        return BridgeWork([work], outputs)
+        return self._bridged(work, outputs)
 
     def gather(
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
@@ -246,7 +199,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         root = _root(opts)
         outputs = output_lists[0] if output_lists and root == self.commlayer_group.rank() else None
         work = coll.gather(tensor, outputs, group=self.commlayer_group, async_op=True, group_dst=root)
-        return BridgeWork([work], outputs or [])
+        return self._bridged(work, outputs or [])
 
     def scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -255,28 +208,28 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         root = _root(opts)
         inputs = input_lists[0] if input_lists and root == self.commlayer_group.rank() else None
         work = coll.scatter(tensor, inputs, group=self.commlayer_group, async_op=True, group_src=root)
-        return BridgeWork([work], outputs)
+        return self._bridged(work, outputs)
 
     def barrier(self, opts: Any = None) -> BridgeWork:
-        return BridgeWork([coll.barrier(self.commlayer_group, async_op=True)], [])
+        return self._bridged(coll.barrier(self.commlayer_group, async_op=True), [])
 
     # --- point to point: peers are group ranks ----------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> BridgeWork:
         tensor = self._single("send", "tensors", tensors)
-        return BridgeWork(
-            [p2p.isend(tensor, group=self.commlayer_group, tag=tag, group_dst=dstRank)], tensors
+        return self._bridged(
+            p2p.isend(tensor, group=self.commlayer_group, tag=tag, group_dst=dstRank), tensors
         )
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> BridgeWork:
         tensor = self._single("recv", "tensors", tensors)
-        return BridgeWork(
-            [p2p.irecv(tensor, group=self.commlayer_group, tag=tag, group_src=srcRank)], tensors
+        return self._bridged(
+            p2p.irecv(tensor, group=self.commlayer_group, tag=tag, group_src=srcRank), tensors
         )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> BridgeWork:
         tensor = self._single("recv", "tensors", tensors)
-        return BridgeWork([p2p.irecv(tensor, group=self.commlayer_group, tag=tag)], tensors)
+        return self._bridged(p2p.irecv(tensor, group=self.commlayer_group, tag=tag), tensors)
 
     # torch 2.13's Python wrappers call these names; C++ callers use the ones above.
     all_gather_single = _allgather_base
@@ -285,16 +238,43 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     all_to_all_single = alltoall_base
 
+    def _bridged(self, work: Work, result: list[torch.Tensor]) -> BridgeWork:
+        """BridgeWork.over, inlined: one frame less on every op."""
+        bridged = BridgeWork()
+        bridged._work = work
+        bridged._result = result
+        bridged._completer = self._completer
+        return bridged
+
     def _single(self, op: str, arg: str, values: Any) -> Any:
         """torch passes one-element lists (its multi-device form); commlayer takes the element."""
-        if not isinstance(values, (list, tuple)) or len(values) != 1:
-            received = (
-                f"{len(values)} entries" if isinstance(values, (list, tuple)) else type(values).__name__
-            )
-            raise invalid_argument(
-                op, arg, "a list of exactly one entry", received, self.commlayer_group.global_rank
-            )
-        return values[0]
+        if isinstance(values, (list, tuple)) and len(values) == 1:
+            return values[0]
+        received = f"{len(values)} entries" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise invalid_argument(
+            op, arg, "a list of exactly one entry", received, self.commlayer_group.global_rank
+        )
+
+
+def _end_world() -> None:
+    from ._groups import world_or_none
+    from ._setup import destroy_process_group
+
+    world = world_or_none()
+    if world is not None:
+        for group in (world.default_group, *world.groups.values()):
+            group.bridge = None  # torch is already dropping them: nothing to unregister
+        destroy_process_group()
+
+
+def _end_group(group: ProcessGroup) -> None:
+    from ._groups import world_or_none
+    from ._setup import destroy_process_group
+
+    world = world_or_none()
+    if world is not None and world.groups.get(group.group_name) is group:  # not already torn down
+        group.bridge = None  # torch is already dropping it: nothing to unregister
+        destroy_process_group(group)
 
 
 def _reduce_op(opts: Any) -> Any:
@@ -302,9 +282,9 @@ def _reduce_op(opts: Any) -> Any:
     if opts is None:
         return ReduceOp.SUM
     torch_op = opts.reduceOp
-    if torch_op == _TORCH_SUM:  # one pybind comparison: half the cost of reading the op's value
+    if torch_op == _TORCH_SUM:  # one pybind comparison: cheaper than reading the op's type
         return ReduceOp.SUM
-    return _REDUCE_OPS.get(torch_op.op.value, torch_op.op)
+    return _REDUCE_OPS.get(torch_op.op, torch_op.op)
 
 
 def _unaliased(source: torch.Tensor, output: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,139 @@
+"""torch's Work over a commlayer Work, and the thread that completes its futures in the background.
+
+DDP asks for a bucket's future right after launching the bucket's all-reduce and only waits for
+it once backward is done. A future completed by the launching thread (waiting right there) would
+serialise every bucket with the backward pass; here a per-group :class:`Completer` thread waits
+for the backend's Work and completes the future, so buckets overlap the rest of backward::
+
+    work = BridgeWork.over(commlayer_work, [tensor], completer)
+    future = work.get_future()        # returns at once; completed by the group's completer
+    future.wait()                     # [tensor], once the backend's op finished
+
+Futures of one group complete in the order their ops were issued, as torch's own backends do.
+An op that is already complete when its future is asked for (every op of a synchronous backend
+such as shm) gets an already completed future, without a thread hand-off, unless an earlier
+future of the group is still pending.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from datetime import timedelta
+
+import torch
+import torch.distributed as torch_dist
+from torch.futures import Future
+
+from ..work import Work
+
+__all__ = ["BridgeWork", "Completer"]
+
+_JOIN_TIMEOUT_S = 5.0
+_Pending = tuple[Future, Work, list[torch.Tensor]]
+
+
+class Completer:
+    """Completes the futures of one group's Works, in issue order, on one thread started lazily."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._pending: deque[_Pending | None] = deque()  # None stops the thread
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def future_of(self, work: Work, result: list[torch.Tensor]) -> Future:
+        """A future holding ``result`` once ``work`` completes (its error if it fails)."""
+        future: Future = Future()
+        with self._changed:
+            if not self._pending and work.is_completed():
+                settle(future, work, result)  # nothing earlier to wait for: no thread hand-off
+                return future
+            self._pending.append((future, work, result))
+            self._changed.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"commlayer-bridge-{self._name}", daemon=True
+                )
+                self._thread.start()
+        return future
+
+    def close(self) -> None:
+        """Stop the thread once every pending future is completed (waits up to a few seconds)."""
+        with self._changed:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._pending.append(None)
+            self._changed.notify()
+        if thread is not threading.current_thread():
+            thread.join(_JOIN_TIMEOUT_S)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._pending:
+                    self._changed.wait()
+                head = self._pending[0]
+            if head is None:
+                with self._changed:
+                    self._pending.popleft()
+                return
+            settle(*head)
+            with self._changed:
+                self._pending.popleft()  # only now: a later op's future must not overtake this one
+
+
+def settle(future: Future, work: Work, result: list[torch.Tensor]) -> None:
+    """Wait for ``work`` (up to its group's timeout) and complete ``future`` with its outcome."""
+    try:
+        work.wait()
+    except BaseException as error:  # noqa: BLE001 - handed to the future's consumer
+        future.set_exception(error)
+        return
+    future.set_result(result)
+
+
+class BridgeWork(torch_dist.Work):
+    """torch's Work over one commlayer Work (several: a :class:`~commlayer.work.WorkList`).
+
+    It defines no ``__init__``: pybind's constructor runs alone and :meth:`over` sets the three
+    fields, which saves a Python frame and a call into torch on every op.
+    """
+
+    _work: Work
+    _result: list[torch.Tensor]
+    _completer: Completer
+
+    @classmethod
+    def over(cls, work: Work, result: list[torch.Tensor], completer: Completer) -> BridgeWork:
+        """The torch Work of ``work``, whose result is ``result``; ``completer`` completes its future."""
+        bridged = cls()
+        bridged._work = work
+        bridged._result = result
+        bridged._completer = completer
+        return bridged
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        # torch passes timedelta(0) for "no timeout of the call's own".
+        return self._work.wait(timeout if timeout else None)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self) -> BaseException | None:
+        return self._work.exception()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> Future:
+        return self._completer.future_of(self._work, self._result)
+
+    def _source_rank(self) -> int:
+        return self._work.source_rank()
+
+    source_rank = _source_rank
