@@ -169,3 +169,19 @@ def _assert_same_parameters(directory: Path, backend: str) -> None:
             for name, expected in parameters.items():
                 difference = (trained[model][name] - expected).abs().max().item()
                 assert difference <= TOLERANCE, f"{backend} rank {rank} {model}.{name}: off by {difference}"
+
+
+@pytest.mark.multirank
+@pytest.mark.mpi
+def test_torch_2d_device_mesh_dtensor_and_hsdp_on_commlayer_match_gloo() -> None:
+    """torch's new_group(backend="commlayer") under init_device_mesh("cpu", (2, 2)), 4 ranks on mpi.
+
+    Also: the bridge's futures complete in the background and in issue order, and bad input gets
+    the facade's errors (tests.ranks.torch_mesh2d).
+    """
+    require_mpirun()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    job = {"COMMLAYER_BACKEND": "mpi", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    run_world("tests.ranks.torch_mesh2d:main", 4, backend=None, launcher="mpirun", env=job, timeout=300)

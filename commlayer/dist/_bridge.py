@@ -152,18 +152,24 @@ def _register(group: ProcessGroup, name: str, world: Any) -> CommlayerProcessGro
 
 
 def _create_from_torch(options: Any, backend_options: Any) -> Any:
-    """torch's creator for the ``"commlayer"`` backend: the bridge over commlayer's world."""
-    if list(options.global_ranks_in_group):
-        raise UnsupportedError(
-            "new_group: torch's new_group cannot build a 'commlayer' subgroup (torch only asks member ranks, "
-            "commlayer builds groups on every rank); create it with commlayer.dist.new_group(ranks) and "
-            "use its .torch_group"
-        )
+    """torch's creator for the ``"commlayer"`` backend: its default group, or one of its new_groups.
+
+    torch calls it on the member ranks only, with a store of the group's own and the group's
+    global ranks (none for the default group).
+    """
     world = world_or_none()
-    if world is not None:
-        bridge = CommlayerProcessGroup(world.default_group, str(options.group_id))
-        world.default_group.bridge = bridge
-        return bridge
+    members = list(options.global_ranks_in_group)
+    if world is None:
+        return _start_world(options, members)
+    if members:
+        return _member_group(options, members)
+    bridge = CommlayerProcessGroup(world.default_group, str(options.group_id))
+    world.default_group.bridge = bridge
+    return bridge
+
+
+def _start_world(options: Any, members: list[int]) -> Any:
+    """torch's default group on the backend commlayer picks (torch's gloo served directly)."""
     spec = resolve_backend_spec(None, os.environ, detect_accelerator())
     names = set(
         parse_backend_spec(spec, lambda name: sorted(get_backend_class(name).capabilities.devices)).values()
@@ -171,7 +177,27 @@ def _create_from_torch(options: Any, backend_options: Any) -> Any:
     native = {name for name in names if getattr(get_backend_class(name), "torch_backend", None)}
     if native:
         return _torch_native_group(spec, names, native, options)
+    if members:
+        raise UnsupportedError(
+            f"new_group: the 'commlayer' backend has no world on rank {options.group_rank} to build "
+            "groups from; start it with init_process_group('commlayer') first"
+        )
     return _init_commlayer_world(spec, options)
+
+
+def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
+    """torch's ``new_group(ranks, backend="commlayer")``: a commlayer group its members build alone.
+
+    DeviceMesh builds every mesh dimension this way; torch destroys the group with the bridge.
+    """
+    from ._setup import new_member_group
+
+    name = str(options.group_id)
+    group = new_member_group(f"torch:{name}", members, options.store, options.timeout)
+    bridge = CommlayerProcessGroup(group, name)
+    bridge.owns_group = True
+    group.bridge = bridge
+    return bridge
 
 
 def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:

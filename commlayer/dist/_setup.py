@@ -12,7 +12,13 @@ import torch.distributed as torch_dist
 
 from .. import health
 from ..backend import Backend
-from ..errors import AlreadyInitializedError, BackendUnavailableError, InvalidArgumentError, invalid_argument
+from ..errors import (
+    AlreadyInitializedError,
+    BackendUnavailableError,
+    InvalidArgumentError,
+    UnsupportedError,
+    invalid_argument,
+)
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
@@ -49,6 +55,7 @@ __all__ = [
     "is_available",
     "is_initialized",
     "new_group",
+    "new_member_group",
 ]
 
 
@@ -201,6 +208,40 @@ def new_group(
     created = ProcessGroup(name, members, world.rank, backends, spec, timeout, recorder)
     world.groups[name] = created
     after_group_created(created)
+    return created
+
+
+def new_member_group(name: str, ranks: Sequence[int], store: Any, timeout: timedelta) -> ProcessGroup:
+    """A group of ``ranks`` (global ranks, in group order) built by its members alone, on ``store``.
+
+    torch's ``new_group`` asks only the members to build a group, where :func:`new_group` needs
+    every rank of the world; this is torch's way, for backends whose communicators are built by
+    their members (mpi, ccl). Backends that build on torch groups (shm's gloo companion) need every
+    world rank and are refused. Called on member ranks only.
+
+    Raises:
+        UnsupportedError: a backend of the world cannot build a group from its members alone.
+    """
+    world = current_world("new_group")
+    spec = world.default_group.backend_spec
+    device_map = _device_map(spec)
+    members = tuple(ranks)
+    communicators = {}
+    for backend_name in sorted(set(device_map.values())):
+        parent = world.world_backends[backend_name]
+        if parent.torch_group is not None:
+            raise UnsupportedError(
+                f"new_group: backend '{backend_name}' builds its groups on torch groups, which need every "
+                f"rank of the world (rank {world.rank}); create the group with commlayer.dist.new_group({list(members)}) "
+                "on every rank and use its .torch_group"
+            )
+        group_spec = GroupSpec(name, members, world.rank, store, timeout, None)
+        communicators[backend_name] = parent.new_group(group_spec)
+    backends = {device: communicators[backend_name] for device, backend_name in device_map.items()}
+    created = ProcessGroup(
+        name, members, world.rank, backends, spec, timeout, new_recorder(name, members, world.rank, timeout)
+    )
+    world.groups[name] = created
     return created
 
 

@@ -1,0 +1,177 @@
+"""torch's own 2-D DeviceMesh, DTensor and FSDP2 HSDP on a ``init_process_group("commlayer")`` world.
+
+One world of 4 ranks under mpirun (COMMLAYER_BACKEND=mpi): torch's ``init_device_mesh("cpu",
+(2, 2))`` builds each mesh dimension with torch's ``new_group(backend="commlayer")``, which the
+bridge answers with commlayer groups built by their members. The same mesh on torch's gloo
+(``backend_override``) in the same world is the reference: DTensor results must be equal and HSDP
+parameters within 1e-6. The world also checks that the bridge's futures complete in the
+background and in order, and that bad input gets the facade's errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from commlayer import dist
+from commlayer.dist._torch_pg import CommlayerProcessGroup
+
+STEPS = 3
+TOLERANCE = 1e-6
+DIMS = ("replicate", "shard")
+
+
+def main() -> None:
+    torch_dist.init_process_group("commlayer")
+    try:
+        rank = torch_dist.get_rank()
+        mesh = torch_dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=DIMS)
+        reference = torch_dist.init_device_mesh(
+            "cpu", (2, 2), mesh_dim_names=DIMS, backend_override={name: "gloo" for name in DIMS}
+        )
+        _mesh_groups_are_commlayer(mesh, rank)
+        _dtensor_matches_gloo(mesh, reference)
+        _hsdp_matches_gloo(mesh, reference)
+        _futures_complete_in_background_in_order(mesh.get_group("shard"), rank)
+        _bad_input_gets_the_facade_errors(mesh.get_group("replicate"), rank)
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def _mesh_groups_are_commlayer(mesh: torch_dist.DeviceMesh, rank: int) -> None:
+    """Each dimension's group runs on commlayer's mpi backend; its collectives are exact."""
+    for dim, name in enumerate(DIMS):
+        pg = mesh.get_group(name)
+        assert isinstance(pg, CommlayerProcessGroup), (name, pg)
+        assert pg.commlayer_group.primary_backend.name == "mpi", pg
+        ranks = torch_dist.get_process_group_ranks(pg)
+        assert rank in ranks and len(ranks) == 2, (name, ranks)
+        value = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], dtype=torch.float64)
+        torch_dist.all_reduce(value, group=pg)
+        expected = sum(torch.tensor([r + 1.0, 10.0 * (r + 1)], dtype=torch.float64) for r in ranks)
+        assert torch.equal(value, expected), (name, dim, value, expected)
+
+
+def _dtensor_matches_gloo(mesh: torch_dist.DeviceMesh, reference: torch_dist.DeviceMesh) -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    full = torch.arange(48.0).view(8, 6) / 7
+    results = []
+    for device_mesh in (mesh, reference):
+        sharded = distribute_tensor(full, device_mesh, [Shard(0), Shard(1)])
+        replicated = sharded.redistribute(device_mesh, [Replicate(), Replicate()]).to_local()
+        assert torch.equal(replicated, full), replicated
+        product = (sharded @ sharded.T).full_tensor()
+        column_sums = sharded.sum(dim=0).full_tensor()
+        results.append((product, column_sums))
+    (product, sums), (expected_product, expected_sums) = results
+    assert (product - expected_product).abs().max() <= TOLERANCE, (product, expected_product)
+    assert (sums - expected_sums).abs().max() <= TOLERANCE, (sums, expected_sums)
+
+
+def _hsdp_matches_gloo(mesh: torch_dist.DeviceMesh, reference: torch_dist.DeviceMesh) -> None:
+    """FSDP2 HSDP (replicate x shard) trains to gloo's parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    trained = []
+    for device_mesh in (mesh, reference):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=device_mesh)
+        fully_shard(model, mesh=device_mesh)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(STEPS):
+            generator = torch.Generator().manual_seed(100 * step + torch_dist.get_rank())
+            model(torch.randn(5, 8, generator=generator)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        trained.append({name: p.full_tensor().detach().clone() for name, p in model.named_parameters()})
+    ours, gloo = trained
+    for name, expected in gloo.items():
+        difference = (ours[name] - expected).abs().max().item()
+        assert difference <= TOLERANCE, f"HSDP {name}: off by {difference}"
+
+
+def _futures_complete_in_background_in_order(pg: torch_dist.ProcessGroup, rank: int) -> None:
+    """get_future returns before the op can complete, and futures complete in issue order.
+
+    The group's rank 1 joins only once rank 0 has checked that its future is still pending, so
+    a get_future that waited for the op (the old bridge) would hang here until the timeout.
+    """
+    store, group_rank = torch_dist.distributed_c10d._get_default_store(), pg.rank()
+    key = f"futures-checked-{torch_dist.get_process_group_ranks(pg)}"
+    tensors = [torch.full((3,), float(10 * index + rank)) for index in range(6)]
+    if group_rank == 1:
+        store.wait([key])
+    order: list[int] = []
+    futures = [
+        pg.allreduce([tensor]).get_future().then(_recorder(order, index))
+        for index, tensor in enumerate(tensors)
+    ]
+    if group_rank == 0:
+        assert not futures[0].done(), "get_future waited for an op its peer had not joined"
+        store.set(key, b"1")
+    torch.futures.wait_all(futures)
+    assert order == list(range(len(tensors))), order
+    ranks = torch_dist.get_process_group_ranks(pg)
+    for index, tensor in enumerate(tensors):
+        assert torch.equal(tensor, torch.full((3,), float(sum(10 * index + r for r in ranks)))), tensor
+
+
+def _recorder(order: list[int], index: int) -> Callable[[torch.futures.Future], list[torch.Tensor]]:
+    def record(future: torch.futures.Future) -> list[torch.Tensor]:
+        order.append(index)
+        return future.value()
+
+    return record
+
+
+def _bad_input_gets_the_facade_errors(pg: CommlayerProcessGroup, rank: int) -> None:
+    """Every rank passes the same bad input: the bridge raises the facade's error, nobody communicates."""
+    group = pg.commlayer_group
+    cases: list[tuple[Callable[[], object], Callable[[], object]]] = [
+        (
+            lambda: dist.all_gather_into_tensor(torch.empty(5), torch.ones(2), group=group),
+            lambda: torch_dist.all_gather_into_tensor(torch.empty(5), torch.ones(2), group=pg),
+        ),
+        (
+            lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), dist.ReduceOp.AVG, group=group),
+            lambda: pg.allreduce([torch.ones(2, dtype=torch.int32)], _options(torch_dist.ReduceOp.AVG)),
+        ),
+        (
+            lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(4), group=group),
+            lambda: torch_dist.reduce_scatter_tensor(torch.empty(3), torch.ones(4), group=pg),
+        ),
+        (
+            lambda: dist.all_gather_into_tensor(
+                torch.empty(4), torch.ones(2, dtype=torch.int64), group=group
+            ),
+            lambda: pg._allgather_base(torch.empty(4), torch.ones(2, dtype=torch.int64)),
+        ),
+    ]
+    for facade, bridge in cases:
+        expected, received = _error_of(facade), _error_of(bridge)
+        assert expected is not None and received is not None, (expected, received)
+        assert (type(received), str(received)) == (type(expected), str(expected)), (received, expected)
+        assert f"rank {rank}" in str(received), received
+    not_single = _error_of(lambda: pg.allreduce([torch.ones(1), torch.ones(1)]))
+    assert isinstance(not_single, ValueError) and "all_reduce: argument 'tensors'" in str(not_single)
+    torch_dist.barrier(group=pg)  # nobody communicated above: the group is still in step
+
+
+def _options(op: torch_dist.ReduceOp) -> torch_dist.AllreduceOptions:
+    options = torch_dist.AllreduceOptions()
+    options.reduceOp = op
+    return options
+
+
+def _error_of(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the error is what is compared
+        return error
+    return None
