@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from commlayer.backend import Backend
+from commlayer.flight_recorder import COMPLETED, STARTED, Recording
 from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -93,10 +94,21 @@ class ShmBackend(Backend):
         The launcher reads each tensor's address, element count and dtype itself and runs the op,
         with no Python frame in between: at 8 bytes that is most of the backend's cost.
         """
+        return self._launcher(op, fixed, None)
+
+    def recorded_plan(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording
+    ) -> Callable[..., Work | None] | None:
+        """:meth:`plan`'s launchers, entering every call in the flight recorder themselves."""
+        payload, _ = _FUSED.get(op, (0, None))
+        return self._launcher(op, fixed, (*recording, payload, STARTED, COMPLETED))
+
+    def _launcher(self, op: str, fixed: tuple[Any, ...], recording: tuple[Any, ...] | None) -> Any:
         # An extension built before launchers existed (a tree not rebuilt yet) plans nothing.
         if type(self) is not ShmBackend or op not in _FUSED or not hasattr(self._comm, "launcher"):
             return None
-        return self._comm.launcher(op, _FUSED[op](*fixed), DTYPE_CODES, CompletedWork)
+        code = _FUSED[op][1](*fixed)
+        return self._comm.launcher(op, code, DTYPE_CODES, CompletedWork, recording)
 
     # --- the mandatory core ----------------------------------------------------------------
 
@@ -214,12 +226,13 @@ class ShmBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
 
-# Ops with a native launcher (csrc/shm/launcher.hpp), and what their fixed arguments become.
-_FUSED: dict[str, Callable[..., int]] = {
-    "all_reduce": lambda op: OP_CODES[op],
-    "broadcast": lambda root: root,
-    "all_gather_into_tensor": lambda: 0,
-    "reduce_scatter_tensor": lambda op: OP_CODES[op],
+# Ops with a native launcher (csrc/shm/launcher.hpp): which tensor argument the flight recorder's
+# entry describes (as the facade's plans record them), and what the fixed arguments become.
+_FUSED: dict[str, tuple[int, Callable[..., int]]] = {
+    "all_reduce": (0, lambda op: OP_CODES[op]),
+    "broadcast": (0, lambda root: root),
+    "all_gather_into_tensor": (0, lambda: 0),
+    "reduce_scatter_tensor": (1, lambda op: OP_CODES[op]),
 }
 
 

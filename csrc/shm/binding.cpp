@@ -72,9 +72,31 @@ LaunchKind launch_kind(const std::string& op) {
     throw std::invalid_argument("shm: no fused launcher for op '" + op + "'");
 }
 
-py::object launcher(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed) {
+// ``recording``: None, or (next_seq, ring, capacity, op, dtype, root, fail, payload, started,
+// completed): a flight_recorder.Recording, the payload's argument index and the entry states.
+RecordingSpec recording_spec(const py::object& recording) {
+    RecordingSpec spec;
+    if (recording.is_none()) return spec;
+    const auto fields = recording.cast<py::tuple>();
+    if (fields.size() != 10 || !PyList_Check(fields[1].ptr())) {
+        throw std::invalid_argument("shm launcher: recording must be a 10-tuple whose ring is a list");
+    }
+    spec = RecordingSpec{fields[0].ptr(), fields[1].ptr(), fields[2].cast<Py_ssize_t>(), fields[3].ptr(),
+                         fields[4].ptr(), fields[5].ptr(),  fields[6].ptr(),              fields[8].ptr(),
+                         fields[9].ptr(), fields[7].cast<int>()};
+    if (spec.capacity < 1) throw std::invalid_argument("shm launcher: the ring's capacity must be positive");
+    return spec;
+}
+
+py::object launcher(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed,
+                    py::object recording) {
     Group& group = self.cast<Group&>();
-    const LaunchSpec spec{self.ptr(), &group.comm(), launch_kind(op), fixed, dtype_codes.ptr(), completed.ptr()};
+    const LaunchSpec spec{self.ptr(),      &group.comm(),    launch_kind(op),          fixed,
+                          dtype_codes.ptr(), completed.ptr(), recording_spec(recording)};
+    const int tensors = spec.kind == LaunchKind::all_gather || spec.kind == LaunchKind::reduce_scatter ? 2 : 1;
+    if (spec.recording.payload < 0 || spec.recording.payload >= tensors) {
+        throw std::invalid_argument("shm launcher: payload index out of range for op '" + op + "'");
+    }
     PyObject* function = make_launcher(spec, launch_errors);
     if (function == nullptr) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(function);
@@ -117,7 +139,7 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("steps", [](Group& g) { return g.comm().steps(); })
         .def("barrier", [](Group& g) { g.comm().barrier(); })
         .def("launcher", &launcher, py::arg("op"), py::arg("fixed"), py::arg("dtype_codes"), py::arg("completed"),
-             "run(async_op, *tensors) for one planned kind of call (launcher.hpp)")
+             py::arg("recording") = py::none(), "run(async_op, *tensors) for one planned kind of call (launcher.hpp)")
         .def("all_reduce",
              [](Group& g, Address data, std::size_t count, int dtype, int op) {
                  g.comm().all_reduce(ptr(data), count, static_cast<DType>(dtype), static_cast<Op>(op));

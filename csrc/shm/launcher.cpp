@@ -1,7 +1,9 @@
 // Fused launchers of the shm backend; see launcher.hpp.
 #include "launcher.hpp"
 
+#include <array>
 #include <cstdint>
+#include <ctime>
 #include <stdexcept>
 
 namespace commlayer::shm {
@@ -26,6 +28,7 @@ struct Names {
     PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
     PyObject* numel = PyUnicode_InternFromString("numel");
     PyObject* dtype = PyUnicode_InternFromString("dtype");
+    PyObject* shape = PyUnicode_InternFromString("shape");
 };
 
 const Names& names() {
@@ -86,7 +89,105 @@ bool launch(const Launcher& launcher, const TensorView& output, const TensorView
     return false;
 }
 
+// An entry's fields, as commlayer.flight_recorder lays them out (SEQ, OP, ... WORK = range(9)).
+enum Field : Py_ssize_t { kSeq, kOp, kShape, kDtype, kRoot, kState, kQueuedNs, kCompletedNs, kWork, kFields };
+
+// time.monotonic_ns(), which reads the same clock.
+PyObject* monotonic_ns() {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return PyLong_FromLongLong(static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec);
+}
+
+// Enters a started call in the ring; a new reference to its entry, or nullptr with an exception.
+PyObject* enter(const RecordingSpec& recording, PyObject* payload) {
+    PyObject* seq = PyObject_CallNoArgs(recording.next_seq);
+    if (seq == nullptr) return nullptr;
+    const Py_ssize_t slot = PyLong_AsSsize_t(seq) % recording.capacity;
+    PyObject* shape = PyObject_GetAttr(payload, names().shape);
+    PyObject* entry = shape == nullptr || PyErr_Occurred() ? nullptr : PyList_New(kFields);
+    if (entry == nullptr) {
+        Py_DECREF(seq);
+        Py_XDECREF(shape);
+        return nullptr;
+    }
+    PyObject* fields[kFields] = {seq, Py_NewRef(recording.op), shape, Py_NewRef(recording.dtype),
+                                 Py_NewRef(recording.root), Py_NewRef(recording.started), monotonic_ns(),
+                                 PyLong_FromLong(0), Py_NewRef(Py_None)};
+    for (Py_ssize_t field = 0; field < kFields; ++field) PyList_SET_ITEM(entry, field, fields[field]);
+    if (fields[kQueuedNs] == nullptr || fields[kCompletedNs] == nullptr ||
+        PyList_SetItem(recording.ring, slot, Py_NewRef(entry)) != 0) {
+        Py_DECREF(entry);
+        return nullptr;
+    }
+    return entry;
+}
+
+// Marks a blocking call's entry completed; false with an exception set.
+bool complete(const RecordingSpec& recording, PyObject* entry) {
+    PyObject* now = monotonic_ns();
+    if (now == nullptr) return false;
+    PyList_SetItem(entry, kState, Py_NewRef(recording.completed));
+    PyList_SetItem(entry, kCompletedNs, now);
+    return true;
+}
+
+// The pending exception, handed to ``fail``, which raises it or its typed translation.
+void fail(const RecordingSpec& recording) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+    PyObject* returned = PyObject_CallOneArg(recording.fail, value);
+    if (returned == nullptr) {  // raised, as it should: keep its exception
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return;
+    }
+    Py_DECREF(returned);
+    PyErr_Restore(type, value, traceback);
+}
+
 bool takes_two_tensors(LaunchKind kind) { return kind == LaunchKind::all_gather || kind == LaunchKind::reduce_scatter; }
+
+// An async op's completed Work, weakly referenced by its entry if there is one.
+PyObject* completed_work(const LaunchSpec& spec, PyObject* output, PyObject* entry) {
+    PyObject* results = PyTuple_Pack(1, output);
+    if (results == nullptr) return nullptr;
+    PyObject* work = PyObject_CallOneArg(spec.completed, results);
+    Py_DECREF(results);
+    if (work == nullptr || entry == nullptr) return work;
+    PyObject* reference = PyWeakref_NewRef(work, nullptr);
+    if (reference == nullptr) {
+        Py_DECREF(work);
+        return nullptr;
+    }
+    PyList_SetItem(entry, kWork, reference);
+    return work;
+}
+
+PyObject* run_recorded(const Launcher& launcher, bool async_op, PyObject* const* tensors,
+                       const TensorView& output, const TensorView& input) {
+    const LaunchSpec& spec = launcher.spec;
+    PyObject* entry = nullptr;
+    if (spec.recording.next_seq != nullptr) {
+        entry = enter(spec.recording, tensors[spec.recording.payload]);
+        if (entry == nullptr) return nullptr;
+    }
+    PyObject* result = nullptr;
+    if (launch(launcher, output, input)) {
+        if (async_op) {
+            result = completed_work(spec, tensors[0], entry);
+        } else if (entry == nullptr || complete(spec.recording, entry)) {
+            result = Py_NewRef(Py_None);
+        }
+    } else if (entry != nullptr) {
+        fail(spec.recording);
+    }
+    Py_XDECREF(entry);
+    return result;
+}
 
 PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     const auto* launcher = static_cast<const Launcher*>(PyCapsule_GetPointer(self, kCapsuleName));
@@ -101,17 +202,17 @@ PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     TensorView output, input;
     if (async_op < 0 || !view_of(args[1], spec.dtype_codes, output)) return nullptr;
     if (tensors == 2 && !view_of(args[2], spec.dtype_codes, input)) return nullptr;
-    if (!launch(*launcher, output, input)) return nullptr;
-    if (!async_op) Py_RETURN_NONE;
-    PyObject* result = PyTuple_Pack(1, args[1]);
-    if (result == nullptr) return nullptr;
-    PyObject* work = PyObject_CallOneArg(spec.completed, result);
-    Py_DECREF(result);
-    return work;
+    return run_recorded(*launcher, async_op != 0, args + 1, output, input);
 }
 
 PyMethodDef run_def = {"shm_launcher", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
                        METH_FASTCALL, "run(async_op, *tensors): one shm op, completed on return"};
+
+// The recording's references (all null when it records nothing), owned by the launcher.
+std::array<PyObject*, 8> references(const RecordingSpec& recording) {
+    return {recording.next_seq, recording.ring, recording.op,      recording.dtype,
+            recording.root,     recording.fail, recording.started, recording.completed};
+}
 
 void destroy(PyObject* capsule) {
     auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(capsule, kCapsuleName));
@@ -119,6 +220,7 @@ void destroy(PyObject* capsule) {
     Py_XDECREF(launcher->spec.owner);
     Py_XDECREF(launcher->spec.dtype_codes);
     Py_XDECREF(launcher->spec.completed);
+    for (PyObject* reference : references(launcher->spec.recording)) Py_XDECREF(reference);
     delete launcher;
 }
 
@@ -129,11 +231,13 @@ PyObject* make_launcher(const LaunchSpec& spec, const LaunchErrors& errors) {
     Py_INCREF(spec.owner);
     Py_INCREF(spec.dtype_codes);
     Py_INCREF(spec.completed);
+    for (PyObject* reference : references(spec.recording)) Py_XINCREF(reference);
     PyObject* capsule = PyCapsule_New(launcher, kCapsuleName, destroy);
     if (capsule == nullptr) {
         Py_DECREF(spec.owner);
         Py_DECREF(spec.dtype_codes);
         Py_DECREF(spec.completed);
+        for (PyObject* reference : references(spec.recording)) Py_XDECREF(reference);
         delete launcher;
         return nullptr;
     }

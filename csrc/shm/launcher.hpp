@@ -21,6 +21,21 @@ struct LaunchErrors {
     PyObject* peer = nullptr;
 };
 
+// How a launcher enters its calls in the group's flight recorder (commlayer.flight_recorder's
+// Recording, whose steps it follows); next_seq == nullptr: it records nothing.
+struct RecordingSpec {
+    PyObject* next_seq = nullptr;  // () -> the call's sequence number
+    PyObject* ring = nullptr;      // list of entries, indexed seq % capacity
+    Py_ssize_t capacity = 1;
+    PyObject* op = nullptr;        // the op's name, as entered
+    PyObject* dtype = nullptr;
+    PyObject* root = nullptr;      // int
+    PyObject* fail = nullptr;      // (error) -> raises it, or its typed translation
+    PyObject* started = nullptr;   // the entry states
+    PyObject* completed = nullptr;
+    int payload = 0;               // which tensor argument the entry describes
+};
+
 struct LaunchSpec {
     PyObject* owner;        // the Python object that owns `comm` (kept alive by the launcher)
     Comm* comm;
@@ -28,6 +43,7 @@ struct LaunchSpec {
     int fixed;              // the reduce op code (all_reduce, reduce_scatter) or the root (broadcast)
     PyObject* dtype_codes;  // dict: torch.dtype -> DType code
     PyObject* completed;    // called with (output,) to make an async op's (completed) Work
+    RecordingSpec recording;
 };
 
 // A new reference to ``run(async_op, tensor)`` (all_reduce, broadcast) or
