@@ -99,6 +99,12 @@ class TraceEvent(NamedTuple):
     group_size: int
 
 
+# What a pending entry needs of its call: (op, backend name, group name, group size, global rank).
+# A plain tuple of str and int, never a NamedTuple: the collector untracks only exact tuples.
+_Label = tuple[str, str, str, int, int]
+_OP, _BACKEND, _GROUP, _SIZE, _RANK = range(5)
+
+
 @dataclass
 class _Records:
     """What the logger has seen; survives disable() so that summary() still works after it."""
@@ -108,16 +114,19 @@ class _Records:
     events: deque[Any] = field(default_factory=deque)  # TraceEvents and raw pending entries
     dropped_events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # (call, S, perf_counter at launch, at return) of blocking host-only ops, appended by the
+    # (label, S, perf_counter at launch, at return) of blocking host-only ops, appended by the
     # plan wrappers and folded into totals and events when read (drain), not on the hot path.
-    pending: list[tuple[Any, int, float, float]] = field(default_factory=list)
+    # Only atomic values (a label is a tuple of str and int, see _label): the garbage collector
+    # untracks such tuples at its first pass instead of promoting thousands of them, whose full
+    # collections cost the hot path about 2 us a call.
+    pending: list[tuple[_Label, int, float, float]] = field(default_factory=list)
     wall_offset: float = 0.0  # time.time() - time.perf_counter(), for pending's timestamps
 
     def drain(self, max_events: int) -> None:
         """Fold every pending entry into totals and events, one pass per (op, S) group."""
         batch = self.pending[:]  # appends may race with this: only the copied ones are removed
         del self.pending[: len(batch)]
-        groups: dict[tuple[Any, int], list[tuple[Any, int, float, float]]] = {}
+        groups: dict[tuple[_Label, int], list[tuple[_Label, int, float, float]]] = {}
         for entry in batch:
             members = groups.get(entry[:2])
             if members is None:
@@ -125,13 +134,13 @@ class _Records:
             else:
                 members.append(entry)
         with self.lock:
-            for (call, nbytes), members in groups.items():
+            for (label, nbytes), members in groups.items():
                 seconds = list(map(operator.sub, map(_ENDED, members), map(_BEGAN, members)))
-                self.rank = call.group.global_rank
-                accumulator = self.totals.get((call.op, nbytes))
+                self.rank = label[_RANK]
+                accumulator = self.totals.get((label[_OP], nbytes))
                 if accumulator is None:
-                    accumulator = self.totals[(call.op, nbytes)] = _Accumulator()
-                accumulator.add_many(seconds, nbytes * busbw_factor(call.op, call.group.size()))
+                    accumulator = self.totals[(label[_OP], nbytes)] = _Accumulator()
+                accumulator.add_many(seconds, nbytes * busbw_factor(label[_OP], label[_SIZE]))
             if max_events > 0:
                 self.events.extend(batch[-max_events:])  # raw entries: made TraceEvents when read
                 for _ in range(len(self.events) - max_events):
@@ -144,11 +153,10 @@ class _Records:
         """The kept events, oldest first (call under ``lock``)."""
         return [event if isinstance(event, TraceEvent) else self._event(*event) for event in self.events]
 
-    def _event(self, call: Any, nbytes: int, began: float, ended: float) -> TraceEvent:
-        size = call.group.size()
+    def _event(self, label: _Label, nbytes: int, began: float, ended: float) -> TraceEvent:
         start_us = (began + self.wall_offset) * 1e6
         return TraceEvent(
-            call.op, nbytes, start_us, (ended - began) * 1e6, call.backend.name, call.group.name, size
+            label[_OP], nbytes, start_us, (ended - began) * 1e6, label[_BACKEND], label[_GROUP], label[_SIZE]
         )
 
 
@@ -189,13 +197,14 @@ class CommsLogger:
         if self.options.verbose or _candidates(call.backend):  # accelerators need synchronising
             return observed_run
         pending, clock, records = self.records.pending, time.perf_counter, self.records
+        label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
 
         def logged(async_op: bool, *tensors: torch.Tensor) -> Work | None:
             if async_op or self._muted_thread is not None:
                 return observed_run(async_op, *tensors)
             began = clock()
             run(False, *tensors)
-            pending.append((call, tensors[payload].nbytes, began, clock()))
+            pending.append((label, tensors[payload].nbytes, began, clock()))
             if len(pending) >= _DRAIN_AT:
                 records.drain(self.options.max_trace_events)
             return None
