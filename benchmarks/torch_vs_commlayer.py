@@ -10,6 +10,10 @@ ratio, so that drift on a shared host cancels within each pair. busbw uses nccl-
     torchrun --nproc-per-node 4 benchmarks/torch_vs_commlayer.py --backend nccl
     python benchmarks/torch_vs_commlayer.py --nproc 2 --backend gloo --max-bytes 1M
 
+``--control`` adds a third side, raw torch again, in the same rotation: the ratio of raw against
+raw at each size is the method's own noise floor, to tell a real dip in the busbw ratio from a
+noisy one; ``best`` is the ratio of each side's best round.
+
 ``--standin`` times the facade alone on this CPU: one process on torch's stand-in ProcessGroup
 ("fake": every op completes at once, no communication), raw torch, commlayer and the bare
 ProcessGroup method side by side; ``--before REF`` also runs that on the commlayer of git commit
@@ -65,14 +69,17 @@ def compare(
     )
     for call in (calls.raw, calls.commlayer):
         round_seconds(call, max(2, iters // 10), device)
-    raw, ours = [], []
+    raw, ours, control = [], [], []
+    sides = [(raw, calls.raw), (ours, calls.commlayer)]
+    if options.control:  # raw torch once more: raw against raw shows what the method's noise is
+        sides.append((control, calls.raw))
     for index in range(options.rounds):
-        order = ((raw, calls.raw), (ours, calls.commlayer))
-        for samples, call in order if index % 2 == 0 else reversed(order):
+        shift = index % len(sides)  # which side goes first rotates
+        for samples, call in sides[shift:] + sides[:shift]:
             samples.append(round_seconds(call, iters, device))
     raw_s, ours_s = statistics.median(raw), statistics.median(ours)
     family = _FAMILY.get(op, op)
-    return {
+    row = {
         "op": op,
         "mode": "async" if async_op else "sync",
         "bytes": calls.nbytes,
@@ -81,9 +88,13 @@ def compare(
         "added_us": statistics.median(b - a for a, b in zip(raw, ours)) * 1e6,
         # busbw ratio of each pair of adjacent rounds, median: drift on a shared host cancels in a pair
         "busbw_ratio": statistics.median(a / b for a, b in zip(raw, ours)),
+        "best_ratio": min(raw) / min(ours),  # best round of each: interference only ever adds time
         "raw_busbw_gbps": busbw_gbps(family, calls.nbytes, raw_s, world),
         "commlayer_busbw_gbps": busbw_gbps(family, calls.nbytes, ours_s, world),
     }
+    if control:
+        row["control_ratio"] = statistics.median(a / b for a, b in zip(raw, control))
+    return row
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -95,15 +106,17 @@ def summarise(rows: list[dict]) -> list[dict]:
     for (op, mode), members in groups.items():
         small = [row["added_us"] for row in members if row["bytes"] <= LATENCY_LIMIT]
         ratios = [_ratio(row) for row in members]
-        summary.append(
-            {
-                "op": op,
-                "mode": mode,
-                "median_added_us_to_4MiB": statistics.median(small) if small else float("nan"),
-                "min_busbw_ratio": min(ratios),
-                "min_ratio_at": format_size(members[ratios.index(min(ratios))]["bytes"]),
-            }
-        )
+        item = {
+            "op": op,
+            "mode": mode,
+            "median_added_us_to_4MiB": statistics.median(small) if small else float("nan"),
+            "min_busbw_ratio": min(ratios),
+            "min_ratio_at": format_size(members[ratios.index(min(ratios))]["bytes"]),
+            "min_best_ratio": min(row["best_ratio"] for row in members),
+        }
+        if "control_ratio" in members[0]:
+            item["min_control_ratio"] = min(row["control_ratio"] for row in members)
+        summary.append(item)
     return summary
 
 
@@ -144,6 +157,9 @@ def main() -> None:
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--modes", default="sync,async")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--control", action="store_true", help="also time raw torch against itself (the noise floor)"
+    )
     parser.add_argument("--standin", action="store_true", help="time the facade alone (see the docstring)")
     parser.add_argument("--before", default=None, help="with --standin: also time git commit REF's commlayer")
     parser.add_argument(
@@ -179,20 +195,28 @@ def _ratio(row: dict) -> float:
 def _print(rows: list[dict], summary: list[dict], backend: str, world: int) -> None:
     print(f"# commlayer vs torch.distributed, backend={backend}, world={world}, torch {torch.__version__}")
     print(
-        f"{'op':<18}{'mode':<6}{'bytes':>8}{'raw_us':>10}{'cl_us':>10}{'added':>9}{'raw_bw':>9}{'cl_bw':>9}{'ratio':>7}"
+        f"{'op':<18}{'mode':<6}{'bytes':>8}{'raw_us':>10}{'cl_us':>10}{'added':>9}{'raw_bw':>9}{'cl_bw':>9}"
+        f"{'ratio':>7}{'best':>7}{'raw/raw':>8}"
     )
     for row in rows:
+        control = row.get("control_ratio")
         print(
             f"{row['op']:<18}{row['mode']:<6}{format_size(row['bytes']):>8}{row['raw_us']:>10.1f}"
             f"{row['commlayer_us']:>10.1f}{row['added_us']:>+9.2f}{row['raw_busbw_gbps']:>9.2f}"
-            f"{row['commlayer_busbw_gbps']:>9.2f}{_ratio(row):>7.3f}",
+            f"{row['commlayer_busbw_gbps']:>9.2f}{_ratio(row):>7.3f}{row['best_ratio']:>7.3f}"
+            + ("" if control is None else f"{control:>8.3f}"),
             flush=True,
         )
-    print("\n# summary: median added us over 8 B..4 MiB (goal <= 0.5); lowest busbw ratio (goal >= 0.98)")
+    print(
+        "\n# summary: median added us over 8 B..4 MiB (goal <= 0.5); lowest busbw ratio (goal >= 0.98):"
+        " median of round pairs, best round of each side, and raw against raw (with --control)"
+    )
     for item in summary:
+        control = item.get("min_control_ratio")
         print(
             f"{item['op']:<18}{item['mode']:<6} added {item['median_added_us_to_4MiB']:+6.2f} us   "
-            f"min ratio {item['min_busbw_ratio']:.3f} at {item['min_ratio_at']}",
+            f"min ratio {item['min_busbw_ratio']:.3f} at {item['min_ratio_at']:>5}   best-of "
+            f"{item['min_best_ratio']:.3f}" + ("" if control is None else f"   raw/raw {control:.3f}"),
             flush=True,
         )
 

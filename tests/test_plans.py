@@ -19,7 +19,7 @@ import torch.distributed as torch_dist
 
 from commlayer import comms_logger, dist
 from commlayer.comms_logger import _logger
-from commlayer.dist import _collectives, _dispatch
+from commlayer.dist import _dispatch, _planned
 from commlayer.errors import InvalidArgumentError, UnsupportedError
 from commlayer.testing import run_world
 from commlayer.types import ReduceOp
@@ -73,7 +73,7 @@ def test_the_second_call_of_each_hot_op_takes_its_plan(world: None, monkeypatch:
     for call in calls.values():
         call()
     for name in calls:
-        monkeypatch.setattr(_collectives, name, lambda *args, name=name: pytest.fail(f"{name} ran again"))
+        monkeypatch.setattr(_planned, name, lambda *args, name=name: pytest.fail(f"{name} ran again"))
     for call in calls.values():
         call()
     # send/recv need a peer: tests/ranks/plans.py checks theirs the same way.

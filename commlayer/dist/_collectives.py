@@ -2,6 +2,10 @@
 
 ``src``/``dst`` are global ranks, as in torch. Example, world of 4, ``g = new_group([1, 3])``:
 ``broadcast(t, src=3, group=g)`` sends global rank 3's tensor to global rank 1 (group rank 1 -> 0).
+
+The hot ops, which run through plans (all_reduce, broadcast, all_gather_into_tensor,
+reduce_scatter_tensor, all_to_all_single), live in :mod:`._planned` and are re-exported here;
+this module holds the ops that validate and launch on every call.
 """
 
 from __future__ import annotations
@@ -16,8 +20,16 @@ from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
 from ._complex import complex_as_real
-from ._dispatch import averaged, begin, contiguous, launch, plans, remember, run_staged, wire_op
+from ._dispatch import averaged, begin, contiguous, launch, wire_op
 from ._ignored import note_ignored
+from ._planned import (
+    CopyBack,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all_single,
+    broadcast,
+    reduce_scatter_tensor,
+)
 from ._trace import wait_translated
 
 __all__ = [
@@ -34,61 +46,6 @@ __all__ = [
     "reduce_scatter_tensor",
     "scatter",
 ]
-
-CopyBack = list  # list[tuple[original, contiguous buffer]]
-
-
-def all_reduce(
-    tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
-) -> Work | None:
-    """Reduce ``tensor`` across every rank of ``group``, in place, so each rank holds the result.
-
-    Args:
-        tensor (Tensor): input and output of the collective, the same shape on every rank.
-        op (ReduceOp, optional): how to combine: SUM (default), AVG, PRODUCT, MIN, MAX, BAND, BOR,
-            BXOR; torch.distributed.ReduceOp values are accepted too.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-
-    Returns:
-        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
-
-    Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
-
-    Example::
-
-        >>> tensor = torch.ones(2) * (dist.get_rank() + 1)  # 2 ranks: [1, 1] and [2, 2]
-        >>> dist.all_reduce(tensor)
-        >>> tensor
-        tensor([3., 3.])
-    """
-    try:
-        plan = plans.get(("all_reduce", group, op, tensor.dtype, tensor.device, tensor.layout))
-    except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked below
-        plan = None
-    if plan is not None and tensor.is_contiguous():
-        return plan.run(async_op, tensor)
-    return _checked_all_reduce(tensor, op, group, async_op)
-
-
-@complex_as_real("all_reduce", reduction=True)
-def _checked_all_reduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Work | None:
-    call = begin("all_reduce", group, check.first_device(tensor))
-    if call is None:
-        return None
-    check.check_tensor(call, "tensor", tensor)
-    reduce_op = check.check_reduce_op(call, op, tensor.dtype)
-    key = ("all_reduce", group, op, tensor.dtype, tensor.device, tensor.layout)
-    # Only commlayer's ReduceOp: torch's values equal small ints, which must still be refused.
-    plan = remember(key, isinstance(op, ReduceOp), call, "all_reduce", reduce_op, dtype=tensor.dtype)
-    copy_back: CopyBack = []
-    return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
 
 def reduce(
@@ -148,65 +105,6 @@ def reduce(
     )
 
 
-def broadcast(
-    tensor: torch.Tensor,
-    src: int | None = None,
-    group: Any = None,
-    async_op: bool = False,
-    group_src: int | None = None,
-) -> Work | None:
-    """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank of ``group``.
-
-    Args:
-        tensor (Tensor): the data on ``src``; overwritten on every other rank.
-        src (int): global rank that sends (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
-
-    Returns:
-        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
-
-    Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
-
-    Example::
-
-        >>> tensor = torch.arange(2.0) if dist.get_rank() == 0 else torch.zeros(2)
-        >>> dist.broadcast(tensor, src=0)
-        >>> tensor
-        tensor([0., 1.])
-    """
-    try:
-        plan = plans.get(("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout))
-    except (AttributeError, TypeError):
-        plan = None
-    # An int src only: True and 1.0 equal 1 as keys, and they must still be refused.
-    if plan is not None and src.__class__ is int and group_src is None and tensor.is_contiguous():
-        return plan.run(async_op, tensor)
-    return _checked_broadcast(tensor, src, group, async_op, group_src)
-
-
-@complex_as_real("broadcast")
-def _checked_broadcast(
-    tensor: torch.Tensor, src: int | None, group: Any, async_op: bool, group_src: int | None
-) -> Work | None:
-    call = begin("broadcast", group, check.first_device(tensor))
-    if call is None:
-        return None
-    check.check_tensor(call, "tensor", tensor)
-    root = check.check_root(call, "src", src, group_src)
-    key = ("broadcast", group, src, tensor.dtype, tensor.device, tensor.layout)
-    plan = remember(key, group_src is None, call, "broadcast", root, dtype=tensor.dtype)
-    copy_back: CopyBack = []
-    return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
-
-
 @complex_as_real("all_gather")
 def all_gather(
     tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
@@ -255,81 +153,6 @@ def all_gather(
         payload=outputs,
         copy_back=copy_back,
     )
-
-
-def all_gather_into_tensor(
-    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False
-) -> Work | None:
-    """Gather every rank's ``input_tensor`` into one ``output_tensor``, rank-major.
-
-    Args:
-        output_tensor (Tensor): ``world_size`` times the elements of the input: concatenated (``(n *
-            k,)``) or stacked (``(n, k)``).
-        input_tensor (Tensor): this rank's contribution.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-
-    Returns:
-        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
-
-    Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
-
-    Example::
-
-        >>> output = torch.zeros(2 * dist.get_world_size())
-        >>> dist.all_gather_into_tensor(output, torch.full((2,), float(dist.get_rank())))
-        >>> output  # 2 ranks
-        tensor([0., 0., 1., 1.])
-    """
-    try:
-        plan = plans.get(
-            (
-                "all_gather_into_tensor",
-                group,
-                output_tensor.dtype,
-                output_tensor.device,
-                output_tensor.layout,
-                input_tensor.dtype,
-                input_tensor.device,
-                input_tensor.layout,
-            )
-        )
-    except (AttributeError, TypeError):
-        plan = None
-    if (
-        plan is not None
-        and output_tensor.numel() == plan.size * input_tensor.numel()
-        and output_tensor.is_contiguous()
-        and input_tensor.is_contiguous()
-    ):
-        return plan.run(async_op, output_tensor, input_tensor)
-    return _checked_all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
-
-
-@complex_as_real("all_gather_into_tensor")
-def _checked_all_gather_into_tensor(
-    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool
-) -> Work | None:
-    call = begin("all_gather_into_tensor", group, check.first_device(input_tensor))
-    if call is None:
-        return None
-    check.check_tensor(call, "input_tensor", input_tensor)
-    check.check_output_like(call, "output_tensor", output_tensor, input_tensor)
-    size = call.group.size()
-    expected = size * input_tensor.numel()
-    check.check_numel(call, "output_tensor", output_tensor, expected, "world size {} x input", size)
-    key = _paired_key("all_gather_into_tensor", group, output_tensor, input_tensor)
-    # Backends see flat buffers: stacked (n, *shape) and concatenated outputs are the same bytes.
-    plan = remember(key, True, call, "all_gather_into_tensor", flat=True, dtype=input_tensor.dtype)
-    copy_back: CopyBack = []
-    output = contiguous(output_tensor, copy_back)
-    return run_staged(plan, async_op, copy_back, output, input_tensor.contiguous())
 
 
 def reduce_scatter(
@@ -387,181 +210,6 @@ def reduce_scatter(
         copy_back=copy_back,
         average=averaged(call, reduce_op, (buffer,)),
     )
-
-
-def reduce_scatter_tensor(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: Any = ReduceOp.SUM,
-    group: Any = None,
-    async_op: bool = False,
-) -> Work | None:
-    """Reduce ``input`` across ``group`` and leave chunk ``i`` (of ``output``'s size) on group rank ``i``.
-
-    Args:
-        output (Tensor): receives this rank's reduced chunk.
-        input (Tensor): ``world_size`` times the elements of ``output``, rank-major.
-        op (ReduceOp, optional): the reduction (SUM by default).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-
-    Returns:
-        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
-
-    Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
-
-    Example::
-
-        >>> output = torch.zeros(1)
-        >>> dist.reduce_scatter_tensor(output, torch.tensor([1.0, 2.0]))  # 2 ranks
-        >>> output  # rank 1
-        tensor([4.])
-    """
-    try:
-        plan = plans.get(
-            (
-                "reduce_scatter_tensor",
-                group,
-                op,
-                output.dtype,
-                output.device,
-                output.layout,
-                input.dtype,
-                input.device,
-                input.layout,
-            )
-        )
-    except (AttributeError, TypeError):
-        plan = None
-    if (
-        plan is not None
-        and input.numel() == plan.size * output.numel()
-        and output.is_contiguous()
-        and input.is_contiguous()
-    ):
-        return plan.run(async_op, output, input)
-    return _checked_reduce_scatter_tensor(output, input, op, group, async_op)
-
-
-def _checked_reduce_scatter_tensor(
-    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool
-) -> Work | None:
-    call = begin("reduce_scatter_tensor", group, check.first_device(input))
-    if call is None:
-        return None
-    check.check_tensor(call, "input", input)
-    check.check_output_like(call, "output", output, input)
-    size = call.group.size()
-    check.check_numel(call, "input", input, size * output.numel(), "world size {} x output", size)
-    reduce_op = check.check_reduce_op(call, op, input.dtype)
-    key = _paired_key("reduce_scatter_tensor", group, output, input, op)
-    # Only commlayer's ReduceOp: torch's values equal small ints, which must still be refused.
-    cacheable = isinstance(op, ReduceOp)
-    plan = remember(
-        key, cacheable, call, "reduce_scatter_tensor", reduce_op, payload=1, flat=True, dtype=input.dtype
-    )
-    copy_back: CopyBack = []
-    buffer = contiguous(output, copy_back)
-    return run_staged(plan, async_op, copy_back, buffer, input.contiguous())
-
-
-def all_to_all_single(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    output_split_sizes: Sequence[int] | None = None,
-    input_split_sizes: Sequence[int] | None = None,
-    group: Any = None,
-    async_op: bool = False,
-) -> Work | None:
-    """Each rank sends slice ``j`` of ``input`` to rank ``j`` and receives slice ``i`` of everyone's into ``output``.
-
-    Args:
-        output (Tensor): receives the slices, in rank order, along dim 0.
-        input (Tensor): the slices to send, along dim 0.
-        output_split_sizes (list[int], optional): rows received from each rank; None splits evenly.
-        input_split_sizes (list[int], optional): rows sent to each rank; None splits evenly.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-
-    Returns:
-        A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
-
-    Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
-
-    Example::
-
-        >>> output = torch.zeros(2)
-        >>> dist.all_to_all_single(output, torch.tensor([10.0, 11.0]) + 10 * dist.get_rank())  # 2 ranks
-        >>> output  # rank 0
-        tensor([10., 20.])
-    """
-    try:
-        plan = plans.get(
-            (
-                "all_to_all_single",
-                group,
-                output.dtype,
-                output.device,
-                output.layout,
-                input.dtype,
-                input.device,
-                input.layout,
-            )
-        )
-    except (AttributeError, TypeError):
-        plan = None
-    if plan is not None and output.is_contiguous() and input.is_contiguous():
-        size = plan.size
-        # Even splits, inline (check_splits' first branch, two calls less); 0-d tensors go on below.
-        if (
-            output_split_sizes is None
-            and input_split_sizes is None
-            and output.dim()
-            and input.dim()
-            and not (output.shape[0] % size or input.shape[0] % size)
-        ):
-            return plan.run(async_op, output, input, None, None)
-        out_splits = check.check_splits(plan.call, "output_split_sizes", output_split_sizes, output, size)
-        in_splits = check.check_splits(plan.call, "input_split_sizes", input_split_sizes, input, size)
-        return plan.run(async_op, output, input, out_splits, in_splits)
-    return _checked_all_to_all_single(output, input, output_split_sizes, input_split_sizes, group, async_op)
-
-
-@complex_as_real("all_to_all_single")
-def _checked_all_to_all_single(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    output_split_sizes: Sequence[int] | None,
-    input_split_sizes: Sequence[int] | None,
-    group: Any,
-    async_op: bool,
-) -> Work | None:
-    call = begin("all_to_all_single", group, check.first_device(input))
-    if call is None:
-        return None
-    check.check_tensor(call, "input", input)
-    check.check_tensor(call, "output", output)
-    check.check_dtype_match(call, "output", output, input)
-    size = call.group.size()
-    out_splits = check.check_splits(call, "output_split_sizes", output_split_sizes, output, size)
-    in_splits = check.check_splits(call, "input_split_sizes", input_split_sizes, input, size)
-    key = _paired_key("all_to_all_single", group, output, input)
-    plan = remember(key, True, call, "all_to_all_single", payload=1, dtype=input.dtype)
-    copy_back: CopyBack = []
-    buffer = contiguous(output, copy_back)
-    return run_staged(plan, async_op, copy_back, buffer, input.contiguous(), out_splits, in_splits)
 
 
 @complex_as_real("all_to_all")
@@ -772,22 +420,3 @@ def barrier(
         return work
     wait_translated(work, "barrier", group, timeout)
     return None
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def _paired_key(op: str, group: Any, output: torch.Tensor, tensor: torch.Tensor, *scalars: Any) -> tuple:
-    """The plan key of a two-tensor op: what its validation depended on (each op's fast path
-    spells the same tuple out, saving this frame; tests/test_plans.py checks that they agree)."""
-    return (
-        op,
-        group,
-        *scalars,
-        output.dtype,
-        output.device,
-        output.layout,
-        tensor.dtype,
-        tensor.device,
-        tensor.layout,
-    )
