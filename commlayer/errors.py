@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torch.distributed import DistBackendError, DistError
+from torch.distributed import DistBackendError, DistError, DistNetworkError
 
 __all__ = [
     "AlreadyInitializedError",
@@ -23,6 +23,7 @@ __all__ = [
     "InvalidTypeError",
     "NotInitializedError",
     "PeerFailureError",
+    "RendezvousError",
     "UnsupportedError",
     "invalid_argument",
 ]
@@ -42,6 +43,10 @@ class AlreadyInitializedError(CommError, ValueError):
 
 class CommTimeoutError(CommError, DistBackendError, TimeoutError):
     """A wait or a rendezvous did not finish within its timeout (torch: DistBackendError)."""
+
+
+class RendezvousError(CommError, DistNetworkError):
+    """The rendezvous store could not be hosted (e.g. MASTER_PORT held by another program)."""
 
 
 class BackendUnavailableError(CommError):

@@ -5,18 +5,26 @@ which knows torchrun, Open MPI, MPICH / Intel MPI / PMI(x) and SLURM. Under an M
 MASTER_ADDR, rank 0's address and a free port are exchanged over MPI itself. ``tcp://`` and
 ``file://`` go through torch's own rendezvous handlers. First, every backend is told which network
 interface to use (:mod:`commlayer.netif`: ``COMMLAYER_SOCKET_IFNAME``, else the route to MASTER_ADDR).
+
+Reaching the store is bounded by the init timeout. torch's TCPStore client waits forever on a
+server that accepts and never answers (another program holding MASTER_PORT, a hung store), so it
+connects on a helper thread and the caller gives up at the timeout with CommTimeoutError; a
+MASTER_PORT that rank 0 cannot listen on raises RendezvousError naming the port.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as torch_dist
 
-from ..errors import invalid_argument
+from ..errors import CommTimeoutError, RendezvousError, invalid_argument
 from ..netif import apply_interface_environment
 from ..registry import get_backend_class
 from ..rendezvous import RendezvousInfo, discover
@@ -42,8 +50,13 @@ def rendezvous(
         _require_explicit(rank, world_size, "store")
         return Rendezvous(store, rank, world_size)
     if init_method and not init_method.startswith("env://"):
-        found_store, found_rank, found_size = next(
-            torch_dist.rendezvous(init_method, rank=rank, world_size=world_size, timeout=timeout)
+        found_store, found_rank, found_size = _bounded(
+            lambda: next(
+                torch_dist.rendezvous(init_method, rank=rank, world_size=world_size, timeout=timeout)
+            ),
+            f"the store of {init_method}",
+            rank,
+            timeout,
         )
         return Rendezvous(found_store, found_rank, found_size)
     return _from_environment(rank, world_size, timeout)
@@ -82,13 +95,48 @@ def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timede
         )
     # torchrun's agent already hosts the store at MASTER_PORT; its workers only connect.
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return torch_dist.TCPStore(
-        info.master_addr,
-        info.master_port,
-        world_size,
-        is_master=rank == 0 and not agent_hosts_store,
-        timeout=timeout,
+    hosts = rank == 0 and not agent_hosts_store
+    address = f"MASTER_ADDR:MASTER_PORT {info.master_addr}:{info.master_port}"
+    return _bounded(
+        lambda: torch_dist.TCPStore(
+            info.master_addr, info.master_port, world_size, is_master=hosts, timeout=timeout
+        ),
+        f"the store at {address}",
+        rank,
+        timeout,
     )
+
+
+_ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
+
+
+def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedelta) -> Any:
+    """``connect()`` run on a helper thread, abandoned at ``timeout``: a store that accepts the
+    connection and never answers would otherwise block this rank forever."""
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def attempt() -> None:
+        try:
+            outcome.append(connect())
+        except BaseException as error:  # noqa: BLE001 - re-raised on the caller's thread
+            outcome.append(error)
+        done.set()
+
+    threading.Thread(target=attempt, name="commlayer-store-connect", daemon=True).start()
+    if not done.wait(timeout.total_seconds()):
+        raise CommTimeoutError(
+            f"init_process_group: {store} did not answer within the timeout of {timeout} (rank {rank}); "
+            "another program may hold MASTER_PORT, or the store's host (rank 0) failed or hangs"
+        )
+    if not isinstance(outcome[0], BaseException):
+        return outcome[0]
+    if _ADDRESS_IN_USE.search(str(outcome[0])):
+        raise RendezvousError(
+            f"init_process_group: cannot host {store} (rank {rank}): the port is already in use by "
+            "another program; choose a free MASTER_PORT"
+        ) from outcome[0]
+    raise outcome[0]
 
 
 def _master_over_mpi(info: RendezvousInfo) -> RendezvousInfo:
