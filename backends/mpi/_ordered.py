@@ -11,14 +11,18 @@ blocking call, in the order the ops were called, satisfies both, and keeps MPI's
   calls one after another (mpi4py releases the GIL inside them); its Work waits for that;
 - a synchronous op behind queued ones is queued too, and waited for, so order is kept.
 
-As torch's ProcessGroupMPI does. The price: a blocking call has no deadline, so a synchronous op
-whose peer never comes blocks (async ones still raise at the group's timeout, see OrderedWork).
+As torch's ProcessGroupMPI does. A blocking call has no deadline and cannot be cancelled, so a
+synchronous op is bounded by a watchdog thread instead: the caller stamps the time before the call
+and clears it after (two attribute writes); a watchdog that finds one call in progress for longer
+than the group's timeout reports it (op, group, rank) and ends the job with MPI_Abort, as torch's
+NCCL watchdog does. Async ops raise at the group's timeout in their wait (see OrderedWork).
 Ops issued on one communicator from several threads at once are ordered only per thread.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,9 +31,14 @@ import torch
 
 from commlayer.work import DeadlineWork, WaitLimit
 
+from ._runtime import abandon
+
 __all__ = ["OrderedExecutor", "OrderedWork"]
 
 _JOIN_TIMEOUT_S = 5.0
+# How often the watchdog looks, as a share of the group's timeout (and within these bounds).
+_WATCH_SHARE, _WATCH_MIN_S, _WATCH_MAX_S = 0.1, 0.05, 1.0
+_monotonic = time.monotonic
 
 
 class _Call:
@@ -50,18 +59,27 @@ _STOP = _Call(lambda: None, ())
 class OrderedExecutor:
     """The worker thread of one communicator; started by the first queued call."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, end_job: Callable[[str], None]) -> None:
         self._name = name
         self._queue: deque[_Call] = deque()  # a call stays queued until it has finished
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._watchdog = _Watchdog(name, end_job)
 
     def run(self, call: Callable[..., Any], arguments: tuple[Any, ...], op: str, limit: WaitLimit) -> None:
         """A synchronous op: call now if nothing is queued, else after everything queued."""
         with self._changed:
             queued = self._enqueue(call, arguments) if self._queue else None
         if queued is None:
-            call(*arguments)
+            watchdog = self._watchdog
+            if watchdog.thread is None:
+                watchdog.start()
+            watchdog.op, watchdog.limit = op, limit
+            watchdog.started = _monotonic()
+            try:
+                call(*arguments)
+            finally:
+                watchdog.started = 0.0
             return
         _wait(queued, None, op, limit)
         if queued.error is not None:
@@ -74,6 +92,7 @@ class OrderedExecutor:
 
     def close(self) -> bool:
         """Stop the worker after the queued calls; False if it is still stuck in one."""
+        self._watchdog.stop()
         if self._thread is None:
             return True
         with self._changed:
@@ -109,6 +128,52 @@ class OrderedExecutor:
             queued.done.set()
 
 
+class _Watchdog:
+    """Ends the job when one synchronous blocking call outlives the group's timeout.
+
+    ``started`` is the monotonic time the call in progress began (0: none); the thread starts
+    with the first synchronous call and looks a few times per timeout, so a stuck call ends the job
+    within about 1.1 times the timeout.
+    """
+
+    __slots__ = ("_stopped", "end_job", "limit", "name", "op", "started", "thread")
+
+    def __init__(self, name: str, end_job: Callable[[str], None]) -> None:
+        self.name = name
+        self.end_job = end_job
+        self.started = 0.0
+        self.op = ""
+        self.limit: WaitLimit | None = None
+        self._stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(
+            target=self._watch, name=f"commlayer-mpi-watchdog-{self.name}", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while True:
+            limit = self.limit
+            timeout_s = limit.group_timeout_s if limit is not None else _WATCH_MAX_S
+            if self._stopped.wait(min(_WATCH_MAX_S, max(_WATCH_MIN_S, timeout_s * _WATCH_SHARE))):
+                return
+            started = self.started
+            if (
+                limit is not None
+                and started
+                and _monotonic() - started > timeout_s
+                and started == self.started
+            ):
+                error = limit.expired(self.op)
+                self.end_job(f"{type(error).__name__}: {error}")
+                return
+
+
 class OrderedWork(DeadlineWork):
     """An asynchronous collective queued on the worker; the core's deadline-bounded wait applies."""
 
@@ -130,6 +195,9 @@ class OrderedWork(DeadlineWork):
     def _wait_until(self, limit_s: float) -> bool:
         return self._queued.done.wait(limit_s)
 
+    def _on_expired(self, message: str) -> None:
+        abandon(message, lambda: not self._queued.done.is_set())
+
     def _on_complete(self) -> None:
         if self._queued.error is not None:
             self._keep_alive = ()
@@ -143,4 +211,6 @@ def _wait(queued: _Call, timeout_s: float | None, op: str, limit: WaitLimit) -> 
         return True
     if timeout_s is not None:
         return False
-    raise limit.expired(op)
+    error = limit.expired(op)
+    abandon(f"{type(error).__name__}: {error}", lambda: not queued.done.is_set())
+    raise error

@@ -25,12 +25,13 @@ import os
 import site
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from commlayer.errors import BackendUnavailableError
+from commlayer.shm_regions import release_regions_of
 
 if TYPE_CHECKING:
     from commlayer.types import GroupSpec
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 __all__ = [
     "INSTALL_HINT",
     "MpiLoadError",
+    "abandon",
     "check_launched_by_mpi",
     "choose_library",
+    "end_job",
     "first_version_line",
     "launcher_family",
     "library_candidates",
@@ -184,14 +187,46 @@ def _python_prefixes() -> list[str]:
     return prefixes
 
 
+# Ops given up at the group's timeout (or a peer's death), each with a test of whether it is still
+# pending. MPI cannot cancel a started collective, so MPI_Finalize could wait on one forever: a
+# process that still has one pending at exit ends the job with MPI_Abort instead.
+_abandoned: list[tuple[str, Callable[[], bool]]] = []
+
+
+def abandon(error: str, still_pending: Callable[[], bool]) -> None:
+    """Remember an op whose wait gave up; ``still_pending()`` is asked again at exit."""
+    _abandoned.append((error, still_pending))
+
+
+def _still_pending() -> list[str]:
+    return [error for error, still_pending in _abandoned if still_pending()]
+
+
+def end_job(reason: str) -> None:
+    """Print ``reason`` and MPI_Abort the job: a blocking MPI call that outlived the group's
+    timeout cannot be cancelled (torch's NCCL watchdog tears its process down likewise)."""
+    sys.stdout.flush()
+    sys.stderr.write(
+        f"commlayer: {reason}\ncommlayer: MPI cannot cancel a started blocking call; ending the job "
+        "with MPI_Abort\n"
+    )
+    sys.stderr.flush()
+    release_regions_of([os.getpid()])  # libfabric's, which an aborted process leaves behind
+    if _mpi is not None:
+        _mpi.COMM_WORLD.Abort(1)
+    os._exit(1)  # a world of one, or an MPI whose Abort returned
+
+
 def _install_abort_on_uncaught_exception(mpi: ModuleType) -> None:
-    """Make an uncaught exception on one rank end the whole job instead of hanging it.
+    """Make an uncaught exception, or an abandoned collective, end the whole job instead of hanging it.
 
     Without this, the failing rank runs MPI_Finalize at exit, which waits for every other rank,
     while they wait inside a collective for the failed one: the job hangs until a timeout.
-    MPI_Abort makes the launcher kill every rank and exit non-zero. The abort runs at exit, not
-    inside the hook: torch's own excepthook (installed later, around this one) buffers the
-    traceback and prints it only after the hook it wraps returns.
+    After a collective was abandoned at the group's timeout, MPI_Finalize may itself wait on it
+    (about one run in five did) even when the error was caught. MPI_Abort makes the launcher kill
+    every rank and exit non-zero. The abort runs at exit, not inside the hook: torch's own
+    excepthook (installed later, around this one) buffers the traceback and prints it only after
+    the hook it wraps returns.
     """
     if mpi.COMM_WORLD.Get_size() == 1:
         return
@@ -203,10 +238,20 @@ def _install_abort_on_uncaught_exception(mpi: ModuleType) -> None:
         previous(kind, error, trace)
 
     def abort_if_an_exception_escaped() -> None:
-        if uncaught and mpi.Is_initialized() and not mpi.Is_finalized():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            mpi.COMM_WORLD.Abort(1)
+        if not mpi.Is_initialized() or mpi.Is_finalized():
+            return
+        pending = _still_pending() if not uncaught else []
+        if not (uncaught or pending):
+            return
+        sys.stdout.flush()
+        if pending:
+            sys.stderr.write(
+                f"commlayer: an abandoned op is still pending ({pending[0].splitlines()[0]}); MPI cannot "
+                "cancel it, so this job ends with MPI_Abort instead of MPI_Finalize\n"
+            )
+        sys.stderr.flush()
+        release_regions_of([os.getpid()])
+        mpi.COMM_WORLD.Abort(1)
 
     sys.excepthook = remember_and_report
     # Registered after mpi4py's own finalizer, so it runs before it (atexit is last-in, first-out).

@@ -8,12 +8,17 @@ from typing import Any
 
 import torch
 
-from commlayer.work import DeadlineWork, WaitLimit
+from commlayer.errors import CommError
+from commlayer.work import DeadlineWork, WaitLimit, wait_or_expire
 
-__all__ = ["CANNOT_CANCEL", "MpiWork"]
+from ._runtime import abandon
 
-# MPI cannot cancel a started collective; uncaught, the timeout error aborts every rank (_runtime).
-CANNOT_CANCEL = "MPI cannot cancel it: end the job (an uncaught exception aborts every rank)"
+__all__ = ["CANNOT_CANCEL", "MpiWork", "wait_in_place"]
+
+# MPI cannot cancel a started collective: a process that abandoned one never finalizes (_runtime).
+CANNOT_CANCEL = (
+    "MPI cannot cancel it, so at exit this process ends the job with MPI_Abort instead of MPI_Finalize"
+)
 
 
 class MpiWork(DeadlineWork):
@@ -43,9 +48,22 @@ class MpiWork(DeadlineWork):
         with self._request_lock:
             return bool(self._request.Test(self._status))
 
+    def _on_expired(self, message: str) -> None:
+        abandon(message, lambda: not self._test())
+
     def source_rank(self) -> int:
         """The group rank that sent a receive-from-any-source."""
         if self._status is None:
             return super().source_rank()
         self.wait()
         return int(self._status.Get_source())
+
+
+def wait_in_place(request: Any, op: str, limit: WaitLimit, keep_alive: Sequence[Any]) -> None:
+    """Wait for a request no Work wraps until the group's timeout; an expired one is remembered
+    as abandoned (see :func:`._runtime.abandon`)."""
+    try:
+        wait_or_expire(request.Test, op, limit, (request, keep_alive))
+    except CommError as error:
+        abandon(f"{type(error).__name__}: {error}", lambda: not request.Test())
+        raise

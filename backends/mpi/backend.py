@@ -36,20 +36,22 @@ from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, invalid_argument
 from commlayer.rendezvous import RendezvousInfo
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
-from commlayer.work import CompletedWork, WaitLimit, Work, wait_or_expire
+from commlayer.work import CompletedWork, WaitLimit, Work
 
-from . import _cuda
+from . import _cuda, _layouts
 from ._datatypes import MpiTypes
 from ._ordered import OrderedExecutor, OrderedWork
 from ._runtime import (
     INSTALL_HINT,
     MpiLoadError,
     check_launched_by_mpi,
+    end_job,
     library_version,
     load_mpi,
     mpi4py_missing_reason,
 )
-from ._work import CANNOT_CANCEL, MpiWork
+from ._signature import SignatureCheck, verified_call
+from ._work import CANNOT_CANCEL, MpiWork, wait_in_place
 from .options import MODE_ENV, MpiOptions
 
 __all__ = ["MODE_ENV", "MpiBackend", "MpiOptions"]
@@ -89,7 +91,7 @@ class MpiBackend(Backend):
         super().__init__(spec)
         self.options = options
         self._mode = options.mode
-        self._ordered = OrderedExecutor(spec.name) if options.mode == "ordered" else None
+        self._ordered = OrderedExecutor(spec.name, end_job) if options.mode == "ordered" else None
         self._comm = comm
         self._mpi = mpi
         types = _types_of(mpi)
@@ -100,6 +102,11 @@ class MpiBackend(Backend):
         self._from_address = mpi.buffer.fromaddress
         self._limit = WaitLimit(
             spec.timeout.total_seconds(), spec.global_rank, "MPI", CANNOT_CANCEL, spec.name
+        )
+        self._check = (
+            SignatureCheck.over(comm, mpi, self._datatypes, spec.name, spec.global_rank)
+            if options.verify and spec.size > 1
+            else None
         )
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -163,7 +170,8 @@ class MpiBackend(Backend):
         message, mpi_op = self._message(tensor), self._reductions[op][tensor.dtype]
         calls = (self._comm.Allreduce, self._comm.Iallreduce)
         arguments = (self._in_place, message, mpi_op)
-        return self._collective("all_reduce", async_op, calls, arguments, [tensor], (tensor,))
+        signature = self._signature("all_reduce", tensor, tensor.numel(), reduce_op=op)
+        return self._collective("all_reduce", async_op, calls, arguments, [tensor], (tensor,), signature)
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
@@ -172,8 +180,9 @@ class MpiBackend(Backend):
             return self._via_host("all_gather_into_tensor", output, tensor, async_op=async_op)
         mine, gathered = self._message(tensor), self._message(output)
         calls = (self._comm.Allgather, self._comm.Iallgather)
+        signature = self._signature("all_gather_into_tensor", tensor, tensor.numel())
         return self._collective(
-            "all_gather_into_tensor", async_op, calls, (mine, gathered), [output], (tensor, output)
+            "all_gather_into_tensor", async_op, calls, (mine, gathered), [output], (tensor, output), signature
         )
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
@@ -181,10 +190,12 @@ class MpiBackend(Backend):
             return self._via_host("broadcast", tensor, root, async_op=async_op)
         message = self._message(tensor)
         calls = (self._comm.Bcast, self._comm.Ibcast)
-        return self._collective("broadcast", async_op, calls, (message, root), [tensor], (tensor,))
+        signature = self._signature("broadcast", tensor, tensor.numel(), root)
+        return self._collective("broadcast", async_op, calls, (message, root), [tensor], (tensor,), signature)
 
     def barrier(self, *, async_op: bool = True) -> Work:
-        return self._collective("barrier", async_op, (self._comm.Barrier, self._comm.Ibarrier), (), (), ())
+        calls = (self._comm.Barrier, self._comm.Ibarrier)
+        return self._collective("barrier", async_op, calls, (), (), (), self._signature("barrier", None, 0))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool = True) -> Work:
         self._check_tag("send", tag)
@@ -218,7 +229,8 @@ class MpiBackend(Backend):
         send, receive = (self._in_place, message) if self.rank == root else (message, None)
         calls = (self._comm.Reduce, self._comm.Ireduce)
         arguments = (send, receive, mpi_op, root)
-        return self._collective("reduce", async_op, calls, arguments, [tensor], (tensor,))
+        signature = self._signature("reduce", tensor, tensor.numel(), root, op)
+        return self._collective("reduce", async_op, calls, arguments, [tensor], (tensor,), signature)
 
     def all_gather(
         self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
@@ -227,10 +239,13 @@ class MpiBackend(Backend):
             return self._via_host("all_gather", outputs, tensor, async_op=async_op)
         landing = tensor.new_empty(self.size * tensor.numel())
         mine, gathered = self._message(tensor), self._message(landing)
-        unpack = functools.partial(_unpack, landing, outputs)
+        unpack = functools.partial(_layouts.unpack, landing, outputs)
         calls = (self._comm.Allgather, self._comm.Iallgather)
         keep_alive = (tensor, landing)
-        return self._collective("all_gather", async_op, calls, (mine, gathered), outputs, keep_alive, unpack)
+        signature = self._signature("all_gather", tensor, tensor.numel())
+        return self._collective(
+            "all_gather", async_op, calls, (mine, gathered), outputs, keep_alive, signature, unpack
+        )
 
     def reduce_scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
@@ -247,7 +262,10 @@ class MpiBackend(Backend):
         mpi_op = self._reductions[op][tensor.dtype]
         calls = (self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block)
         arguments, keep_alive = (send, receive, mpi_op), (tensor, output)
-        return self._collective("reduce_scatter_tensor", async_op, calls, arguments, [output], keep_alive)
+        signature = self._signature("reduce_scatter_tensor", output, output.numel(), reduce_op=op)
+        return self._collective(
+            "reduce_scatter_tensor", async_op, calls, arguments, [output], keep_alive, signature
+        )
 
     def all_to_all_single(
         self,
@@ -262,15 +280,20 @@ class MpiBackend(Backend):
             return self._via_host(
                 "all_to_all_single", output, tensor, output_splits, input_splits, async_op=async_op
             )
+        # Uneven splits differ between ranks by design: only op and dtype are compared then.
+        signature = self._signature("all_to_all_single", tensor, tensor.numel())
         if not output_splits and not input_splits:
             send, receive = self._message(tensor), self._message(output)
             calls = (self._comm.Alltoall, self._comm.Ialltoall)
         else:
-            send = self._message(tensor, _counts_and_displacements(tensor, input_splits, self.size))
-            receive = self._message(output, _counts_and_displacements(output, output_splits, self.size))
+            signature = self._signature("all_to_all_single", tensor, 0)
+            send = self._message(tensor, _layouts.counts_and_displacements(tensor, input_splits, self.size))
+            receive = self._message(
+                output, _layouts.counts_and_displacements(output, output_splits, self.size)
+            )
             calls = (self._comm.Alltoallv, self._comm.Ialltoallv)
         return self._collective(
-            "all_to_all_single", async_op, calls, (send, receive), [output], (tensor, output)
+            "all_to_all_single", async_op, calls, (send, receive), [output], (tensor, output), signature
         )
 
     def all_to_all(
@@ -281,12 +304,15 @@ class MpiBackend(Backend):
         # One packed buffer per side: MPI's vector all-to-all needs a single base address.
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs])
         landing = packed.new_empty(sum(output.numel() for output in outputs))
-        send = self._message(packed, _layout([chunk.numel() for chunk in inputs]))
-        receive = self._message(landing, _layout([output.numel() for output in outputs]))
-        unpack = functools.partial(_unpack, landing, outputs)
+        send = self._message(packed, _layouts.layout([chunk.numel() for chunk in inputs]))
+        receive = self._message(landing, _layouts.layout([output.numel() for output in outputs]))
+        unpack = functools.partial(_layouts.unpack, landing, outputs)
         calls = (self._comm.Alltoallv, self._comm.Ialltoallv)
         keep_alive = (packed, landing)
-        return self._collective("all_to_all", async_op, calls, (send, receive), outputs, keep_alive, unpack)
+        signature = self._signature("all_to_all", packed, 0)
+        return self._collective(
+            "all_to_all", async_op, calls, (send, receive), outputs, keep_alive, signature, unpack
+        )
 
     def gather(
         self,
@@ -300,10 +326,13 @@ class MpiBackend(Backend):
             return self._via_host("gather", tensor, outputs, root, async_op=async_op)
         landing = tensor.new_empty(self.size * tensor.numel()) if outputs is not None else None
         receive = self._message(landing) if landing is not None else None
-        unpack = functools.partial(_unpack, landing, outputs) if outputs is not None else None
+        unpack = functools.partial(_layouts.unpack, landing, outputs) if outputs is not None else None
         calls, arguments = (self._comm.Gather, self._comm.Igather), (self._message(tensor), receive, root)
         keep_alive = (tensor, landing)
-        return self._collective("gather", async_op, calls, arguments, outputs or (), keep_alive, unpack)
+        signature = self._signature("gather", tensor, tensor.numel(), root)
+        return self._collective(
+            "gather", async_op, calls, arguments, outputs or (), keep_alive, signature, unpack
+        )
 
     def scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
@@ -313,7 +342,8 @@ class MpiBackend(Backend):
         packed = torch.cat([chunk.reshape(-1) for chunk in inputs]) if inputs is not None else None
         send = self._message(packed) if packed is not None else None
         calls, arguments = (self._comm.Scatter, self._comm.Iscatter), (send, self._message(output), root)
-        return self._collective("scatter", async_op, calls, arguments, [output], (packed, output))
+        signature = self._signature("scatter", output, output.numel(), root)
+        return self._collective("scatter", async_op, calls, arguments, [output], (packed, output), signature)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -325,6 +355,7 @@ class MpiBackend(Backend):
         arguments: tuple[Any, ...],
         result: Sequence[torch.Tensor],
         keep_alive: Sequence[Any],
+        signature: tuple[int, int] | None,
         epilogue: Callable[[], Any] | None = None,
     ) -> Work:
         """Run one collective given its (blocking, non-blocking) MPI calls, both taking ``arguments``.
@@ -332,8 +363,15 @@ class MpiBackend(Backend):
         Ordered mode: the blocking call, here or on the worker (see :mod:`._ordered`). Otherwise a
         synchronous op makes the blocking call in "blocking" mode, else waits for the request here:
         on a request no other thread has seen, that skips building a Work and its locks.
+        ``signature`` (None when the check is off): checked across ranks first (:mod:`._signature`),
+        in the same thread and order as the call itself.
         """
         blocking, nonblocking = calls
+        if signature is not None:
+            if self._ordered is not None:
+                blocking = functools.partial(verified_call, self._check.verify, op, signature, blocking)
+            else:
+                self._check.verify_within(op, *signature, self._limit)
         if self._ordered is not None:
             if async_op:
                 queued = self._ordered.submit(blocking, arguments)
@@ -346,8 +384,16 @@ class MpiBackend(Backend):
         request = nonblocking(*arguments)
         if async_op:
             return MpiWork(request, op, self._limit, result, keep_alive, epilogue)
-        wait_or_expire(request.Test, op, self._limit, (request, keep_alive))
+        wait_in_place(request, op, self._limit, keep_alive)
         return _completed(result, epilogue)
+
+    def _signature(
+        self, op: str, tensor: torch.Tensor | None, count: int, root: int = -1, reduce_op: Any = None
+    ) -> tuple[int, int] | None:
+        """What the ranks must agree on for this call, or None when the check is off."""
+        if self._check is None:
+            return None
+        return self._check.key(op, tensor, root, reduce_op), count
 
     def _message(self, tensor: torch.Tensor, layout: tuple[list[int], list[int]] | None = None) -> list[Any]:
         """``[buffer, datatype]`` (or ``[buffer, (counts, displacements), datatype]``) over the tensor's memory."""
@@ -386,33 +432,6 @@ def _completed(result: Sequence[torch.Tensor], epilogue: Callable[[], Any] | Non
     if epilogue is not None:
         epilogue()
     return CompletedWork(result)
-
-
-def _unpack(landing: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
-    """Copy consecutive slices of ``landing`` into ``outputs``."""
-    offset = 0
-    for output in outputs:
-        output.view(-1).copy_(landing[offset : offset + output.numel()])
-        offset += output.numel()
-
-
-def _layout(counts: list[int]) -> tuple[list[int], list[int]]:
-    """``[2, 3, 1]`` -> ``([2, 3, 1], [0, 2, 5])``: element counts and where each block starts."""
-    displacements, start = [], 0
-    for count in counts:
-        displacements.append(start)
-        start += count
-    return counts, displacements
-
-
-def _counts_and_displacements(
-    tensor: torch.Tensor, splits: Sequence[int] | None, parts: int
-) -> tuple[list[int], list[int]]:
-    """Row splits along dim 0 (None: equal parts) as element counts and displacements."""
-    rows = tensor.shape[0] if tensor.dim() else 1
-    row_elements = tensor.numel() // rows if rows else 0
-    row_splits = list(splits) if splits else [rows // parts] * parts
-    return _layout([split * row_elements for split in row_splits])
 
 
 @functools.cache

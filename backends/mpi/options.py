@@ -8,9 +8,11 @@ from typing import Any
 
 from commlayer.errors import invalid_argument
 
-__all__ = ["BLOCKING_SYNC_ENV", "MODES", "MODE_ENV", "MpiOptions"]
+__all__ = ["BLOCKING_SYNC_ENV", "MODES", "MODE_ENV", "VERIFY_ENV", "MpiOptions"]
 
 MODE_ENV = "COMMLAYER_MPI_MODE"
+# "0" turns off the check that ranks agree on each collective's signature (see _signature).
+VERIFY_ENV = "COMMLAYER_MPI_VERIFY"
 # Kept from before modes existed: "1" means mode "blocking".
 BLOCKING_SYNC_ENV = "COMMLAYER_MPI_BLOCKING_SYNC"
 
@@ -25,10 +27,14 @@ MODES = ("ordered", "requests", "blocking")
 class MpiOptions:
     """``pg_options`` of the mpi backend, e.g. ``init_process_group("mpi", pg_options=MpiOptions("requests"))``.
 
-    A subgroup created without options keeps its parent's.
+    A subgroup created without options keeps its parent's. ``verify`` (default on, or
+    ``$COMMLAYER_MPI_VERIFY``) checks before each collective that every rank called the same op
+    with the same dtype, element count, root and reduce op (one 32-byte Allreduce), raising
+    CollectiveMismatchError instead of letting MPI return garbage.
     """
 
     mode: str = "ordered"
+    verify: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -52,4 +58,5 @@ class MpiOptions:
             mode = "blocking"
         if mode and mode not in MODES:
             raise invalid_argument("mpi backend", f"${MODE_ENV}", f"one of {MODES}", repr(mode), rank)
-        return cls(mode or "ordered")
+        verify = environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        return cls(mode or "ordered", verify)
