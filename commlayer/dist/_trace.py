@@ -81,6 +81,10 @@ _PEER_LOSS = re.compile(
     re.IGNORECASE,
 )
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+# What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited").
+_PEER_EXITED = re.compile(r"peer rank \d+ .*exited")
+# commlayer errors that already say everything: passed on as they are.
+_FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 # Longest a survivor waits for the peer monitor to name the rank whose connection dropped.
 _IDENTIFY_DEAD_PEER_S = 15.0
 
@@ -233,12 +237,15 @@ def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> 
 
 
 def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
-    """A typed, named error for ``error``; commlayer's own errors and bad arguments pass as they are."""
-    if isinstance(error, CommError) or not isinstance(error, RuntimeError):
+    """A typed, named error for ``error``; commlayer's own errors and bad arguments pass as they are,
+    but a backend's CommError that saw a peer exit becomes a PeerFailureError naming the dead rank."""
+    if not isinstance(error, RuntimeError) or isinstance(error, _FINAL_ERRORS):
+        return error
+    if isinstance(error, CommError) and not _PEER_EXITED.search(str(error)):
         return error
     where = f"{op} on group '{group.name}'"
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    if _PEER_LOSS.search(str(error)) or health.current() is not None:
+    if _PEER_LOSS.search(str(error)) or _PEER_EXITED.search(str(error)) or health.current() is not None:
         failure = health.current() or _await_failure(group.timeout)
         if failure is not None:
             return health.peer_failure_error(op, group.name, group.global_rank, failure)

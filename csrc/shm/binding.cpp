@@ -118,6 +118,8 @@ PYBIND11_MODULE(_C, m) {
     const py::module_ errors = py::module_::import("commlayer.errors");
     launch_errors.timeout = py::register_exception<TimeoutError>(m, "ShmTimeout", errors.attr("CommTimeoutError")).ptr();
     launch_errors.peer = py::register_exception<PeerError>(m, "ShmPeerError", errors.attr("CommError")).ptr();
+    launch_errors.mismatch =
+        py::register_exception<MismatchError>(m, "ShmMismatch", errors.attr("CollectiveMismatchError")).ptr();
 
     py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping")
         .def(py::init<const std::string&, std::size_t, bool>(), py::arg("name"), py::arg("bytes"),

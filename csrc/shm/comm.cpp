@@ -47,6 +47,35 @@ bool process_gone(pid_t pid) {
     return read == 1 && (state == 'Z' || state == 'X');
 }
 
+// Signature layout: kind (4 bits) | dtype (4) | reduce op (4) | root + 1 (12) | element count (40).
+enum Kind : int { kBarrier = 0, kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll };
+constexpr const char* kKindNames[] = {"barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"};
+constexpr const char* kDTypeNames[] = {"float32", "float64", "bfloat16", "float16", "int8",
+                                       "uint8",   "int32",   "int64",    "bool"};
+constexpr const char* kOpNames[] = {"sum", "avg", "product", "min", "max", "band", "bor", "bxor"};
+constexpr std::uint64_t kCountMask = (std::uint64_t{1} << 40) - 1;
+
+std::uint64_t pack_signature(int kind, std::size_t count, DType dtype, int reduce_op, int root) {
+    return (std::uint64_t(kind) << 60) | (std::uint64_t(static_cast<int>(dtype) & 15) << 56) |
+           (std::uint64_t((reduce_op + 1) & 15) << 52) | (std::uint64_t((root + 1) & 0xfff) << 40) |
+           (std::uint64_t(count) & kCountMask);
+}
+
+// "all_reduce(float32[8], op sum)", "broadcast(int64[4], root 1)", "barrier()".
+std::string describe_signature(std::uint64_t signature) {
+    const int kind = static_cast<int>(signature >> 60);
+    if (kind > kAllToAll) return "an unknown op";
+    if (kind == kBarrier) return "barrier()";
+    const int dtype = static_cast<int>((signature >> 56) & 15);
+    const int reduce_op = static_cast<int>((signature >> 52) & 15) - 1;
+    const int root = static_cast<int>((signature >> 40) & 0xfff) - 1;
+    std::string text = std::string(kKindNames[kind]) + "(" + (dtype < 9 ? kDTypeNames[dtype] : "?") + "[" +
+                       std::to_string(signature & kCountMask) + "]";
+    if (reduce_op >= 0 && reduce_op < 8) text += std::string(", op ") + kOpNames[reduce_op];
+    if (root >= 0) text += ", root " + std::to_string(root);
+    return text + ")";
+}
+
 // [lo, hi) of slice `index` when `count` elements are split over `parts` ranks.
 struct Slice {
     std::size_t lo, len;
@@ -78,7 +107,8 @@ private:
 
 struct alignas(64) Comm::Control {
     std::atomic<std::uint64_t> step;
-    char pad_step[56];
+    std::atomic<std::uint64_t> signature[2];  // of the op at step s, in slot s & 1
+    char pad_step[40];
     std::atomic<std::uint32_t> failed;  // set by a rank that gave up: its peers stop waiting at once
     char pad_failed[60];
 };
@@ -130,12 +160,31 @@ void Comm::fail(const std::string& message, bool timeout) {
     throw PeerError(message);
 }
 
+void Comm::begin(const char* op, int kind, std::size_t count, DType dtype, int reduce_op, int root) {
+    check_usable(op);
+    signature_ = pack_signature(kind, count, dtype, reduce_op, root);
+}
+
 void Comm::arrive_and_wait(const char* op) {
     ++step_;
-    control(rank_)->step.store(step_, std::memory_order_release);
+    Control* mine = control(rank_);
+    mine->signature[step_ & 1u].store(signature_, std::memory_order_relaxed);
+    mine->step.store(step_, std::memory_order_release);  // publishes the signature too
     for (int peer = 0; peer < size_; ++peer) {
-        if (peer != rank_) wait_for(peer, step_, op);
+        if (peer == rank_) continue;
+        wait_for(peer, step_, op);
+        check_signature(peer, step_, op);
     }
+}
+
+// The peer's slot for `step` is rewritten only at step + 2, which needs this rank at step + 1.
+void Comm::check_signature(int peer, std::uint64_t step, const char* op) const {
+    const std::uint64_t theirs = control(peer)->signature[step & 1u].load(std::memory_order_relaxed);
+    if (theirs == signature_) return;
+    throw MismatchError(std::string(op) + ": " + label_ + ": the ranks called different collectives: rank " +
+                        std::to_string(rank_) + " called " + describe_signature(signature_) + ", peer rank " +
+                        std::to_string(peer) + " called " + describe_signature(theirs) + " (rank " +
+                        std::to_string(rank_) + "); checked before any data was exchanged");
 }
 
 void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
@@ -173,14 +222,14 @@ void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
 }
 
 void Comm::barrier() {
-    check_usable("barrier");
+    begin("barrier", kBarrier, 0, DType::f32, -1, -1);
     arrive_and_wait("barrier");
 }
 
 // --- all_reduce ----------------------------------------------------------------------------
 
 void Comm::all_reduce(void* data, std::size_t count, DType dtype, Op op) {
-    check_usable("all_reduce");
+    begin("all_reduce", kAllReduce, count, dtype, static_cast<int>(op), -1);
     const std::size_t esz = element_size(dtype);
     char* bytes = static_cast<char*>(data);
     if (count * esz <= layout_.small_bytes) return all_reduce_small(bytes, count, dtype, op);
@@ -225,7 +274,7 @@ void Comm::all_reduce_round(char* data, std::size_t count, DType dtype, Op op) {
 // --- broadcast and all_gather --------------------------------------------------------------
 
 void Comm::broadcast(void* data, std::size_t count, DType dtype, int root) {
-    check_usable("broadcast");
+    begin("broadcast", kBroadcast, count, dtype, -1, root);
     char* bytes = static_cast<char*>(data);
     const std::size_t total = count * element_size(dtype);
     if (total <= layout_.small_bytes) {
@@ -244,7 +293,7 @@ void Comm::broadcast(void* data, std::size_t count, DType dtype, int root) {
 }
 
 void Comm::all_gather(void* output, const void* input, std::size_t count, DType dtype) {
-    check_usable("all_gather");
+    begin("all_gather", kAllGather, count, dtype, -1, -1);
     char* out = static_cast<char*>(output);
     const char* in = static_cast<const char*>(input);
     const std::size_t total = count * element_size(dtype);
@@ -267,7 +316,7 @@ void Comm::all_gather(void* output, const void* input, std::size_t count, DType 
 // --- reduce_scatter and all_to_all ---------------------------------------------------------
 
 void Comm::reduce_scatter(void* output, const void* input, std::size_t count, DType dtype, Op op) {
-    check_usable("reduce_scatter");
+    begin("reduce_scatter", kReduceScatter, count, dtype, static_cast<int>(op), -1);
     const std::size_t esz = element_size(dtype);
     const bool fits_small = count * esz * size_ <= layout_.small_bytes;
     const std::size_t per_round = fits_small ? std::max<std::size_t>(count, 1) : layout_.chunk_bytes / (esz * size_);
@@ -296,7 +345,7 @@ void Comm::reduce_scatter_round(char* out, const char* in, std::size_t stride, s
 }
 
 void Comm::all_to_all(void* output, const void* input, std::size_t count, DType dtype) {
-    check_usable("all_to_all");
+    begin("all_to_all", kAllToAll, count, dtype, -1, -1);
     char* out = static_cast<char*>(output);
     const char* in = static_cast<const char*>(input);
     const std::size_t esz = element_size(dtype);

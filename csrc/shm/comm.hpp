@@ -11,6 +11,13 @@
 // - small messages use small[step parity]: one step per op, no "done reading" step, because a
 //   buffer is rewritten only two steps later, after every peer has arrived at the step between;
 // - large messages go in rounds through `stage` (and `result` for all_reduce), two steps a round.
+//
+// Mismatch check, always on: each op packs its signature (op, dtype, reduce op, root, element
+// count) into 64 bits that a rank stores beside its step counter (one slot per step parity, so a
+// peer one step ahead never overwrites the slot being read) before arriving. After seeing a peer
+// arrive, a rank compares the peer's signature with its own and throws MismatchError before
+// touching any peer data. Cost: one store and one load per peer, on cache lines the step already
+// pulls in.
 #pragma once
 
 #include <atomic>
@@ -44,6 +51,10 @@ class TimeoutError : public std::runtime_error {
 };
 // A peer's process is gone, or the communicator already failed.
 class PeerError : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// A peer called a different collective (op, dtype, reduce op, root or element count) at this step.
+class MismatchError : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
@@ -83,7 +94,9 @@ private:
     char* result(int peer) const;
 
     void check_usable(const char* op) const;
+    void begin(const char* op, int kind, std::size_t count, DType dtype, int reduce_op, int root);
     void arrive_and_wait(const char* op);
+    void check_signature(int peer, std::uint64_t step, const char* op) const;
     void wait_for(int peer, std::uint64_t step, const char* op);
     void fail(const std::string& message, bool timeout);
 
@@ -101,6 +114,7 @@ private:
     WaitPolicy policy_;
     SlowWaitHooks hooks_;
     std::uint64_t step_ = 0;
+    std::uint64_t signature_ = 0;  // of the op in progress, published at each of its steps
     std::string failure_;
     std::vector<const void*> inputs_;  // scratch for the reduction inputs (no allocation per op)
 };

@@ -81,6 +81,8 @@ bool launch(const Launcher& launcher, const TensorView& output, const TensorView
         PyErr_SetString(launcher.errors.timeout, error.what());
     } catch (const PeerError& error) {
         PyErr_SetString(launcher.errors.peer, error.what());
+    } catch (const MismatchError& error) {
+        PyErr_SetString(launcher.errors.mismatch, error.what());
     } catch (const std::invalid_argument& error) {
         PyErr_SetString(PyExc_ValueError, error.what());
     } catch (const std::exception& error) {

@@ -19,6 +19,7 @@ enum class LaunchKind { all_reduce, broadcast, all_gather, reduce_scatter };
 struct LaunchErrors {
     PyObject* timeout = nullptr;
     PyObject* peer = nullptr;
+    PyObject* mismatch = nullptr;
 };
 
 // How a launcher enters its calls in the group's flight recorder (commlayer.flight_recorder's
