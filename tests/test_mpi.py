@@ -19,6 +19,8 @@ import torch
 
 from commlayer import dist, list_backends
 from commlayer.backends.mpi import MpiBackend, MpiOptions, _runtime, discovery
+from commlayer.backends.mpi._layouts import counts_and_displacements as _counts_and_displacements
+from commlayer.backends.mpi._layouts import layout as _layout
 from commlayer.backends.mpi._runtime import (
     choose_library,
     first_version_line,
@@ -26,7 +28,6 @@ from commlayer.backends.mpi._runtime import (
     library_candidates,
     mpi4py_version_problem,
 )
-from commlayer.backends.mpi.backend import _counts_and_displacements, _layout
 from commlayer.backends.mpi.discovery import local_layout, master_address
 from commlayer.errors import BackendUnavailableError, InvalidArgumentError
 from commlayer.testing import run_world

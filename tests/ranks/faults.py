@@ -7,7 +7,9 @@ mpi), never through run_world, whose supervisor would stop the survivors at the 
 
 The last rank is the faulty one. Every rank writes ``OUT_DIR/rank<N>.json`` (outcome, error type
 and bases, message, the rank the error names, when it happened); a dying rank first writes
-``OUT_DIR/fault.json`` with the time of its fault, so the test can measure time to error.
+``OUT_DIR/fault.json`` with the time of its fault, so the test can measure time to error. Case
+``init`` only initialises: with a MASTER_PORT held by another program or a store that never
+answers, each rank records its init error and when init began (``t_init``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ MISMATCHES = ("mismatch_size", "mismatch_dtype", "mismatch_op")
 
 def main(backend: str, case: str, out_dir: str) -> None:
     out = Path(out_dir)
-    dist.init_process_group(backend, timeout=GROUP_TIMEOUT)
+    started_init = time.time()
+    try:
+        dist.init_process_group(backend, timeout=GROUP_TIMEOUT)
+    except Exception as error:  # noqa: BLE001 - the record is what the test checks
+        record = {"case": case, "pid": os.getpid(), "t_init": started_init, **_describe(error)}
+        _write(out / f"rank{os.environ.get('RANK', 'unknown')}.json", record)
+        return
     rank, size = dist.get_rank(), dist.get_world_size()
     faulty = rank == size - 1
     record: dict[str, Any] = {"rank": rank, "case": case, "backend": backend, "faulty": faulty}
@@ -196,6 +204,7 @@ CASES: dict[str, Callable[[int, int, bool, Path], str]] = {
     "slow": slow_rank,
     "steady": steady,
     "unmatched_recv": unmatched_recv,
+    "init": lambda rank, size, faulty, out: "returned",
 }
 
 

@@ -1,0 +1,114 @@
+"""Pure logic and wiring of the default-mode reliability checks: the mpi signature packing and its
+comparison, the ordered-mode watchdog, the bounded store connection, shm's peer-exit translation."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from array import array
+from datetime import timedelta
+
+import pytest
+import torch
+
+from commlayer import health
+from commlayer.backends.mpi._ordered import OrderedExecutor
+from commlayer.backends.mpi._signature import SignatureCheck, describe
+from commlayer.dist._groups import ProcessGroup
+from commlayer.dist._rendezvous import _bounded
+from commlayer.dist._trace import translate
+from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from commlayer.types import ReduceOp
+from commlayer.work import WaitLimit
+
+DTYPES = (torch.float32, torch.int32, torch.float64, torch.int64, torch.bfloat16)
+
+
+def _check(rank: int = 0) -> SignatureCheck:
+    def unused(values: array) -> None:
+        raise AssertionError("no communication in these tests")
+
+    codes = {dtype: code + 1 for code, dtype in enumerate(sorted(DTYPES, key=str))}
+    return SignatureCheck(unused, unused, codes, "dp", rank)
+
+
+def _group_max(*contributions: tuple[int, int]) -> array:
+    """What Allreduce(MAX) of each rank's ``[key, -key, count, -count]`` leaves on every rank."""
+    rows = [(key, -key, count, -count) for key, count in contributions]
+    return array("q", (max(column) for column in zip(*rows)))
+
+
+def test_every_difference_ranks_can_make_changes_the_key() -> None:
+    check, tensor = _check(), torch.zeros(4)
+    keys = {
+        check.key("all_reduce", tensor, reduce_op=ReduceOp.SUM),
+        check.key("all_reduce", tensor, reduce_op=ReduceOp.MAX),
+        check.key("all_reduce", tensor.int(), reduce_op=ReduceOp.SUM),
+        check.key("broadcast", tensor, root=0),
+        check.key("broadcast", tensor, root=1),
+        check.key("barrier", None),
+    }
+    assert len(keys) == 6
+    key = check.key("broadcast", torch.zeros(2, dtype=torch.int64), root=3)
+    assert describe(key, {code: dtype for dtype, code in check.dtype_codes.items()}) == (
+        "broadcast(int64, reduce op -, root 3)"
+    )
+
+
+def test_equal_calls_pass_and_any_difference_raises_the_same_on_every_rank() -> None:
+    key = _check().key("all_reduce", torch.zeros(4), reduce_op=ReduceOp.SUM)
+    _check()._compare("all_reduce", key, 4, _group_max((key, 4), (key, 4), (key, 4)))
+    messages = []
+    for rank, count in enumerate((4, 8, 4)):
+        with pytest.raises(CollectiveMismatchError) as raised:
+            _check(rank)._compare("all_reduce", key, count, _group_max((key, 4), (key, 8), (key, 4)))
+        messages.append(str(raised.value))
+        assert f"(rank {rank})" in messages[-1] and "element counts 4 to 8" in messages[-1]
+    int_key = _check().key("all_reduce", torch.zeros(4, dtype=torch.int32), reduce_op=ReduceOp.SUM)
+    with pytest.raises(
+        CollectiveMismatchError, match=r"all_reduce\(float32.*all_reduce\(int32|int32.*float32"
+    ):
+        _check()._compare("all_reduce", key, 4, _group_max((key, 4), (int_key, 4)))
+
+
+def test_watchdog_ends_the_job_naming_op_group_and_rank_when_a_blocking_call_outlives_the_timeout() -> None:
+    ended: list[str] = []
+    released = threading.Event()
+    executor = OrderedExecutor("dp", lambda reason: (ended.append(reason), released.set()))
+    limit = WaitLimit(0.2, 3, "MPI", group="dp")
+    started = time.monotonic()
+    executor.run(lambda: released.wait(5.0), (), "all_reduce", limit)  # a call that never completes
+    assert time.monotonic() - started < 2.0
+    assert len(ended) == 1 and ended[0].startswith("CommTimeoutError: all_reduce"), ended
+    assert "(rank 3) on group 'dp'" in ended[0]
+    executor.run(lambda: None, (), "broadcast", limit)  # a prompt call is not reported
+    time.sleep(0.4)
+    assert len(ended) == 1
+    assert executor.close()
+
+
+def test_a_store_that_never_answers_fails_at_the_timeout() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        started = time.monotonic()
+        with pytest.raises(CommTimeoutError, match=r"did not answer within .* \(rank 2\)"):
+            _bounded(lambda: time.sleep(3), "the store at 127.0.0.1", 2, timedelta(seconds=0.3))
+        assert time.monotonic() - started < 2.0
+
+
+def test_a_backend_error_that_saw_a_peer_exit_becomes_a_peer_failure_naming_it() -> None:
+    group = ProcessGroup("dp", (0, 1, 2), 1, {}, "shm", timedelta(seconds=5))
+    health.clear()
+    try:
+        health.report(2, "rank 2 exited without calling destroy_process_group")
+        shm_error = CommError(
+            "all_reduce: shm group 'dp', rank 1: peer rank 2 (pid 7) exited while this rank waited"
+        )
+        failure = translate(group, "all_reduce", shm_error)
+        assert isinstance(failure, PeerFailureError) and failure.failed_rank == 2
+        other = CommError("all_reduce: shm group 'dp' is unusable after an earlier failure")
+        assert translate(group, "all_reduce", other) is other
+    finally:
+        health.clear()
