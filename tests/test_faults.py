@@ -253,9 +253,7 @@ def test_mpi_rank_death_ends_the_job_within_seconds(tmp_path: Path) -> None:
         assert outcome.seconds_to_error() < DEATH_LIMIT_S
 
 
-# Not mpi: the timeout itself is raised (seen in runs), but MPI cannot cancel the started
-# collective, and MPI_Finalize at the end of the world may then wait on it (one hang in ~5 runs):
-# after an MPI group timeout the job must end (benchmarks/RESULTS.md, "Reliability").
+# mpi's skipped collective ends its job (MPI cannot cancel it): tests/test_faults_defaults.py.
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("ccl", marks=CCL)])
 def test_skipped_collective_times_out_with_the_op_and_group_named(backend: str, tmp_path: Path) -> None:
     outcome = run_fault_world(backend, "skip", tmp_path)
