@@ -32,6 +32,10 @@ def test_size_paths_stress_mixed_async_op_and_no_segment_left() -> None:
     run_world("tests.ranks.shm_checks:everything", 3, backend="shm", timeout=300, args=["1500"])
 
 
+def test_ranks_placed_on_one_cpu_spread_out() -> None:
+    run_world("tests.ranks.shm_checks:placement", 2, backend=None, timeout=120)
+
+
 @pytest.mark.slow
 def test_two_level_across_simulated_hosts() -> None:
     run_world("tests.ranks.shm_checks:two_level", 4, backend=None, timeout=240, args=["2"])
@@ -112,7 +116,7 @@ def test_thread_sanitizer_finds_no_race_in_the_communicator(tmp_path: Path) -> N
         pytest.skip("no g++ to build the ThreadSanitizer check")
     source = REPO / "csrc" / "shm"
     binary = tmp_path / "race_check"
-    sources = [str(source / name) for name in ("race_check.cpp", "comm.cpp", "kernels.cpp")]
+    sources = [str(source / name) for name in ("race_check.cpp", "comm.cpp", "kernels.cpp", "placement.cpp")]
     flags = ["-std=c++17", "-O1", "-g", "-fsanitize=thread", "-pthread"]
     subprocess.run([compiler, *flags, *sources, "-o", str(binary)], check=True, timeout=300)
     for ranks in (2, 3, 4):

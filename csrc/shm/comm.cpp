@@ -9,6 +9,8 @@
 #include <cstring>
 #include <sched.h>
 
+#include "placement.hpp"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -20,6 +22,8 @@ namespace {
 constexpr std::size_t kAlignElements = 16;  // slice boundaries, so each slice starts vector-aligned
 constexpr int kPollsPerClockCheck = 64;
 constexpr double kLivenessPeriodS = 0.02;
+constexpr int kSharedCpuSpins = 16;              // a peer on this CPU cannot arrive while this rank spins
+constexpr std::int64_t kMoveIntervalNs = 10000000;  // at most one move to another CPU per 10 ms
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -110,7 +114,8 @@ struct alignas(64) Comm::Control {
     std::atomic<std::uint64_t> signature[2];  // of the op at step s, in slot s & 1
     char pad_step[40];
     std::atomic<std::uint32_t> failed;  // set by a rank that gave up: its peers stop waiting at once
-    char pad_failed[60];
+    std::atomic<std::int32_t> cpu;      // 1 + the CPU the rank last waited on; 0: not known yet
+    char pad_failed[56];
 };
 
 std::size_t Layout::region_bytes() const {
@@ -189,10 +194,12 @@ void Comm::check_signature(int peer, std::uint64_t step, const char* op) const {
 
 void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
     const std::atomic<std::uint64_t>& counter = control(peer)->step;
-    for (int i = 0; i < policy_.spins; ++i) {
+    const int spins = sharing_cpu_ ? std::min(kSharedCpuSpins, policy_.spins) : policy_.spins;
+    for (int i = 0; i < spins; ++i) {
         if (counter.load(std::memory_order_acquire) >= step) return;
         cpu_relax();
     }
+    sharing_cpu_ = settle_placement(peer);
     HookScope released(hooks_);
     const Clock::time_point start = Clock::now();
     double next_liveness_check = kLivenessPeriodS;
@@ -219,6 +226,25 @@ void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
                  true);
         }
     }
+}
+
+// Publishes this rank's CPU; true if `peer` was last seen on it and this rank stays there (the
+// higher rank of the pair moves, to a CPU no rank of the group was seen on, if there is one).
+bool Comm::settle_placement(int peer) {
+    const int cpu = current_cpu();
+    if (cpu < 0) return false;
+    control(rank_)->cpu.store(cpu + 1, std::memory_order_relaxed);
+    if (control(peer)->cpu.load(std::memory_order_relaxed) != cpu + 1) return false;
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 Clock::now().time_since_epoch()).count();
+    if (rank_ < peer || now - last_move_ns_ < kMoveIntervalNs) return true;
+    last_move_ns_ = now;
+    std::vector<int> taken;  // slow path only: this rank is about to yield anyway
+    for (int rank = 0; rank < size_; ++rank) taken.push_back(control(rank)->cpu.load(std::memory_order_relaxed) - 1);
+    const int target = free_cpu(taken);
+    if (target < 0 || !move_to_cpu(target)) return true;
+    control(rank_)->cpu.store(target + 1, std::memory_order_relaxed);
+    return false;
 }
 
 void Comm::barrier() {

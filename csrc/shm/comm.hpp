@@ -43,6 +43,7 @@ struct Layout {
 struct WaitPolicy {
     double timeout_s = 1800.0;  // the group's timeout: the deadline of every wait
     int spins = 256;            // busy polls before a waiting rank starts yielding the core
+                                // (16 while it shares its CPU with a peer, see placement.hpp)
 };
 
 // A peer missed the deadline (maybe a different op order, maybe just slow).
@@ -98,6 +99,7 @@ private:
     void arrive_and_wait(const char* op);
     void check_signature(int peer, std::uint64_t step, const char* op) const;
     void wait_for(int peer, std::uint64_t step, const char* op);
+    bool settle_placement(int peer);
     void fail(const std::string& message, bool timeout);
 
     void all_reduce_small(char* data, std::size_t count, DType dtype, Op op);
@@ -117,6 +119,8 @@ private:
     std::uint64_t signature_ = 0;  // of the op in progress, published at each of its steps
     std::string failure_;
     std::vector<const void*> inputs_;  // scratch for the reduction inputs (no allocation per op)
+    bool sharing_cpu_ = false;         // a peer was last seen on this rank's CPU (placement.hpp)
+    std::int64_t last_move_ns_ = 0;    // when this rank last moved to another CPU
 };
 
 }  // namespace commlayer::shm

@@ -2,7 +2,7 @@
 // block of memory, so ThreadSanitizer sees every cross-rank access (in a real job the ranks are
 // processes, which no race detector can watch together).
 //
-//   g++ -std=c++17 -O1 -g -fsanitize=thread -pthread race_check.cpp comm.cpp kernels.cpp -o race_check
+//   g++ -std=c++17 -O1 -g -fsanitize=thread -pthread race_check.cpp comm.cpp kernels.cpp placement.cpp -o race_check
 //   ./race_check RANKS OPS        # exit 0 and "race_check: N ops on R ranks: all results exact"
 //
 // Each thread runs the same pseudo-random sequence of ops (all sizes, both paths, tiny buffers so

@@ -162,3 +162,30 @@ def _launch(kind, group, members, me, numel, dtype, root, salt, rng):
     out = torch.empty(numel, dtype=dtype)
     expected = torch.cat([e[rank * block : (rank + 1) * block] for e in everyone])
     return dist.all_to_all_single(out, mine, group=group, async_op=async_op), out, expected
+
+
+def placement() -> None:
+    """Two ranks put on one CPU (as the scheduler does after sleeping waits) spread out within a
+    few ops: the waiting higher rank moves itself (csrc/shm/placement.hpp), keeping its mask."""
+    dist.init_process_group("shm")
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2 or (os.cpu_count() or 1) < 2:
+        print("placement: fewer than 2 CPUs allowed, nothing to check")
+        return
+    os.sched_setaffinity(0, {min(allowed)})  # both ranks onto one CPU, then their own mask back
+    os.sched_setaffinity(0, allowed)
+    rank, expected = dist.get_rank(), torch.full((4,), 3.0)
+    for _ in range(200):  # far fewer ops than the scheduler's own balancing takes to move a rank
+        tensor = torch.full((4,), float(rank + 1))
+        dist.all_reduce(tensor)
+        assert_equal(tensor, expected, "all_reduce while placed on one CPU")
+    cpus: list[object] = [None, None]
+    dist.all_gather_object(cpus, _current_cpu())
+    assert cpus[0] != cpus[1], f"both ranks still on CPU {cpus[0]} after 200 ops"
+    assert os.sched_getaffinity(0) == allowed, "the rank's affinity mask changed"
+    dist.destroy_process_group()
+
+
+def _current_cpu() -> int:
+    stat = Path("/proc/thread-self/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[36])
