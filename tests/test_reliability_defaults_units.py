@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as torch_dist
 
 from commlayer import health
 from commlayer.backends.mpi._ordered import OrderedExecutor
@@ -112,3 +113,24 @@ def test_a_backend_error_that_saw_a_peer_exit_becomes_a_peer_failure_naming_it()
         assert translate(group, "all_reduce", other) is other
     finally:
         health.clear()
+
+
+def test_an_op_on_a_destroyed_group_names_op_group_and_rank() -> None:
+    from commlayer import dist
+    from commlayer.errors import InvalidArgumentError
+
+    dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.new_group([0])
+        dist.all_reduce(torch.ones(2), group=group)
+        dist.destroy_process_group(group)
+        for op, call in {
+            "all_reduce": lambda: dist.all_reduce(torch.ones(2), group=group),
+            "barrier": lambda: dist.barrier(group=group),
+        }.items():
+            with pytest.raises(
+                InvalidArgumentError, match=rf"^{op}: argument 'group' .*'{group.name}', destroyed"
+            ):
+                call()
+    finally:
+        dist.destroy_process_group()

@@ -36,7 +36,7 @@ from ._groups import (
 from ._health import start_monitor, stop_monitor
 from ._ignored import note_ignored
 from ._rendezvous import Rendezvous, rendezvous
-from ._trace import dump_flight_recorder, install_handlers, new_recorder
+from ._trace import dump_flight_recorder, install_handlers, mark_destroyed, new_recorder
 
 log = logging.getLogger("commlayer.dist")
 
@@ -157,6 +157,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         release([*world.groups.values(), world.default_group])
         for member in list(world.groups.values()):
             member.forget_calls()
+            mark_destroyed(member)
             _shutdown(member.unique_backends())
         world.default_group.forget_calls()
         stop_monitor()
@@ -167,6 +168,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
         release([group])
         group.forget_calls()
+        mark_destroyed(group)
         _shutdown(group.unique_backends())
 
 

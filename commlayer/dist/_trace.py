@@ -32,7 +32,14 @@ import torch.distributed as torch_dist
 from torch import dtype as torch_dtype
 
 from .. import health
-from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError, describe_ranks
+from ..errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    PeerFailureError,
+    describe_ranks,
+    invalid_argument,
+)
 from ..flight_recorder import (
     COMPLETED,
     COMPLETED_NS,
@@ -48,6 +55,7 @@ from ..flight_recorder import (
     capacity_from_env,
     write_dump,
 )
+from ..work import set_wait_error_hook
 from ._groups import ProcessGroup, World, resolve_group, world_or_none
 from ._health import request_dumps
 
@@ -295,6 +303,31 @@ class _AbortedCalls(dict):  # type: ignore[type-arg]
         raise CommError(message)
 
 
+def mark_destroyed(group: ProcessGroup) -> None:
+    """Make every later op on a destroyed group raise a typed error naming op, group and rank
+    (its backends are shut down: mpi's communicator is freed, gloo's would still run)."""
+    group.op_calls = _DestroyedCalls(group.name, group.global_rank)
+
+
+class _DestroyedCalls(dict):  # type: ignore[type-arg]
+    """Stands in for a destroyed group's resolved-call cache: every lookup raises."""
+
+    def __init__(self, group_name: str, rank: int) -> None:
+        super().__init__()
+        self.group_name = group_name
+        self.rank = rank
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        op = key[0] if isinstance(key, tuple) else str(key)
+        raise invalid_argument(
+            op,
+            "group",
+            "a process group that has not been destroyed",
+            f"group '{self.group_name}', destroyed by destroy_process_group",
+            self.rank,
+        )
+
+
 def _await_failure(timeout: timedelta) -> health.PeerFailure | None:
     """Give the peer monitor time to name the peer whose connection dropped (bounded)."""
     deadline = time.monotonic() + min(timeout.total_seconds(), _IDENTIFY_DEAD_PEER_S)
@@ -307,12 +340,27 @@ def _await_failure(timeout: timedelta) -> health.PeerFailure | None:
 
 
 def install_handlers() -> None:
-    """SIGUSR1 dumps the rings (when nobody else handles it); an uncaught CommError dumps at exit."""
+    """SIGUSR1 dumps the rings (when nobody else handles it); an uncaught CommError dumps at exit;
+    a torch Work's failed wait raises a typed error naming op, group and rank."""
+    set_wait_error_hook(_typed_wait_error)
     on_main_thread = threading.current_thread() is threading.main_thread()
     if on_main_thread and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGUSR1, _on_sigusr1)
     if not isinstance(sys.excepthook, _DumpingExceptHook):
         sys.excepthook = _DumpingExceptHook(sys.excepthook)
+
+
+def _typed_wait_error(work: Any, error: Exception) -> Exception:
+    """The typed error for a raw one raised by ``work.wait()`` (gloo's "Connection reset by
+    peer", a torch timeout): the op and group come from the flight-recorder entry tracking it."""
+    world = world_or_none()
+    if world is None:
+        return error
+    for group in (world.default_group, *world.groups.values()):
+        op = group.recorder.op_of(work)
+        if op is not None:
+            return on_failure(group, op, error)
+    return translate(world.default_group, "wait", error)
 
 
 def _on_sigusr1(signum: int, frame: Any) -> None:

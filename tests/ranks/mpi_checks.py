@@ -88,6 +88,26 @@ def check_every_mode_gives_exact_results_sync_and_async() -> None:
         check_ranks_may_disagree_on_async_op(groups[mode])
     for group in (*groups.values(), inherited):
         dist.destroy_process_group(group)
+    check_a_destroyed_group_is_refused(inherited)
+
+
+def check_a_destroyed_group_is_refused(group: Any) -> None:
+    """Its communicator is freed: ops raise a typed error naming op, group and rank (they raised
+    AttributeError: 'NoneType' object has no attribute 'Allreduce')."""
+    rank = dist.get_rank()
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(torch.ones(2), group=group, async_op=True),
+        "broadcast": lambda: dist.broadcast(torch.ones(2), src=0, group=group),
+        "barrier": lambda: dist.barrier(group=group),
+    }
+    for op, call in calls.items():
+        try:
+            call()
+        except InvalidArgumentError as error:
+            for words in (f"{op}: argument 'group'", f"group '{group.name}', destroyed", f"(rank {rank})"):
+                assert words in str(error), (words, str(error))
+        else:
+            raise AssertionError(f"{op} on a destroyed group did not raise")
 
 
 def check_ranks_may_disagree_on_async_op(group: Any) -> None:
