@@ -132,6 +132,13 @@ class FlightRecorder:
             return Recording(self._p2p.__next__, self._p2p_ring, self.capacity, "p2p:" + op, dtype, -1, fail)
         return Recording(self._collectives.__next__, self._ring, self.capacity, op, dtype, root, fail)
 
+    def op_of(self, work: Any) -> str | None:
+        """The op (``recv``, not ``p2p:recv``) whose entry tracks ``work``, if still in the rings."""
+        for entry in (*self._ring, *self._p2p_ring):
+            if entry is not None and isinstance(entry[WORK], weakref.ref) and entry[WORK]() is work:
+                return entry[OP].removeprefix("p2p:")
+        return None
+
     def _enter_p2p(self, op: str, payload: torch.Tensor | Sequence[torch.Tensor]) -> list[Any]:
         seq = next(self._p2p)
         entry = _list_entry(seq, "p2p:" + op, [payload] if type(payload) is _Tensor else payload, -1)

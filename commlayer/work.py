@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -29,6 +29,7 @@ __all__ = [
     "Work",
     "WorkList",
     "poll_until",
+    "set_wait_error_hook",
     "to_seconds",
     "wait_or_expire",
 ]
@@ -155,8 +156,27 @@ class CompletedWork(Work):
         return True
 
 
+# Installed by the facade: turns a library's raw error raised by a wait into a typed one naming the
+# op, group and rank, which this layer does not know (the facade finds them in its flight recorder).
+_wait_error_hook: Callable[[Work, Exception], Exception] | None = None
+
+
+def set_wait_error_hook(hook: Callable[[Work, Exception], Exception] | None) -> None:
+    """Set the translation of errors raised by a torch Work's wait (None: raise them as they are)."""
+    global _wait_error_hook
+    _wait_error_hook = hook
+
+
+def _raise_typed(work: Work, error: Exception) -> NoReturn:
+    """Called inside an ``except`` block: re-raise ``error``, or its typed translation."""
+    typed = error if _wait_error_hook is None else _wait_error_hook(work, error)
+    if typed is error:
+        raise error
+    raise typed from error
+
+
 class TorchWork(Work):
-    """Adapter for a ``torch.distributed`` Work."""
+    """Adapter for a ``torch.distributed`` Work; a failed wait raises the facade's typed error."""
 
     def __init__(self, work: Any, result: Sequence[torch.Tensor] = ()) -> None:
         # Built once per async op on the hot path: assignments only, no super() frame.
@@ -166,7 +186,10 @@ class TorchWork(Work):
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Untimed, not yet done: torch's own wait is all there is to do (no epilogue here)."""
         if timeout is None and not self._done:
-            self.torch_work.wait()  # raises on failure, and on the group's timeout, as torch does
+            try:
+                self.torch_work.wait()  # raises on failure, and on the group's timeout, as torch does
+            except RuntimeError as error:
+                _raise_typed(self, error)
             self._done = True  # never wait twice: a second wait on a finished gloo recv blocks
             return True
         return super().wait(timeout)
@@ -175,14 +198,15 @@ class TorchWork(Work):
         return bool(self.torch_work.is_completed())
 
     def _block(self, timeout_s: float | None) -> bool:
-        if timeout_s is None:
-            return bool(self.torch_work.wait())
         try:
+            if timeout_s is None:
+                return bool(self.torch_work.wait())
             return bool(self.torch_work.wait(timedelta(seconds=timeout_s)))
         except RuntimeError as error:
-            if "timed out" in str(error).lower() or "timeout" in str(error).lower():
+            lowered = str(error).lower()
+            if timeout_s is not None and ("timed out" in lowered or "timeout" in lowered):
                 return False
-            raise
+            _raise_typed(self, error)
 
     def source_rank(self) -> int:
         return int(self.torch_work._source_rank())

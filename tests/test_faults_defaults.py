@@ -73,6 +73,17 @@ def test_shm_slow_rank_is_neither_dead_nor_wrong(tmp_path: Path) -> None:
     assert all(outcome.survivor(rank)["outcome"] == "returned" for rank in range(WORLD_SIZE)), outcome.records
 
 
+# --- gloo -----------------------------------------------------------------------------------------
+
+
+def test_gloo_async_wait_after_a_death_names_the_op_group_and_dead_rank(tmp_path: Path) -> None:
+    """A torch Work's wait raised gloo's raw text ("Connection reset by peer ... GLHF!", or its
+    recv timeout); the facade now finds the op and group in its flight recorder."""
+    outcome = run_fault_world("gloo", "sigkill_async", tmp_path)
+    assert_peer_failure(outcome)
+    assert "all_reduce on group 'world'" in outcome.survivor(0)["message"], outcome.survivor(0)
+
+
 # --- mpi -----------------------------------------------------------------------------------------
 
 

@@ -75,13 +75,16 @@ def _write(path: Path, record: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def _checked_ops(rank: int, size: int, count: int) -> None:
-    """``count`` collectives with distinct values per rank and element, each checked exactly."""
+def _checked_ops(rank: int, size: int, count: int, async_op: bool = False) -> None:
+    """``count`` collectives with distinct values per rank and element, each checked exactly
+    (``async_op``: the all_reduces are asynchronous, waited for at once)."""
     for step in range(count):
         tensor = torch.arange(4, dtype=torch.float64) + 100 * rank + step
-        kind = step % 3
+        kind = 0 if async_op else step % 3
         if kind == 0:
-            dist.all_reduce(tensor)
+            work = dist.all_reduce(tensor, async_op=async_op)
+            if async_op:
+                work.wait()
             expected = (torch.arange(4, dtype=torch.float64) + step) * size + 100 * sum(range(size))
         elif kind == 1:
             dist.broadcast(tensor, src=step % size)
@@ -95,12 +98,12 @@ def _checked_ops(rank: int, size: int, count: int) -> None:
             raise AssertionError(f"silent garbage at step {step}: {tensor.tolist()} != {expected.tolist()}")
 
 
-def _death(how: str) -> Callable[[int, int, bool, Path], str]:
+def _death(how: str, async_op: bool = False) -> Callable[[int, int, bool, Path], str]:
     def case(rank: int, size: int, faulty: bool, out: Path) -> str:
         if not faulty:
-            _checked_ops(rank, size, 10**9)  # until the error
+            _checked_ops(rank, size, 10**9, async_op)  # until the error
             return "returned"
-        _checked_ops(rank, size, random.Random(os.environ.get("FAULT_SEED")).randint(2, 30))
+        _checked_ops(rank, size, random.Random(os.environ.get("FAULT_SEED")).randint(2, 30), async_op)
         _write(out / "fault.json", {"rank": rank, "how": how, "t_fault": time.time(), "pid": os.getpid()})
         if how == "exit":
             sys.exit(3)
@@ -198,6 +201,7 @@ def _mismatch(kind: str) -> Callable[[int, int, bool, Path], str]:
 
 CASES: dict[str, Callable[[int, int, bool, Path], str]] = {
     **{how: _death(how) for how in DEATHS},
+    "sigkill_async": _death("sigkill", async_op=True),
     **{kind: _mismatch(kind) for kind in MISMATCHES},
     "skip": skipped_collective,
     "skip_barrier": skipped_barrier,
