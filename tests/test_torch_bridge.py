@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,11 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
+from commlayer.dist._bridge_work import FUTURES_ENV, Completer, inline_futures
 from commlayer.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
 from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import mpirun_plan, require_mpirun, run_world
+from commlayer.work import CompletedWork, Work
 
 # Names of torch.distributed that commlayer.dist deliberately does not provide, with the reason.
 NOT_PROVIDED = {
@@ -104,6 +107,56 @@ def test_group_handle_answers_process_group_methods(world_of_one: None) -> None:
     assert t.item() == 3.0
     with pytest.raises(AttributeError, match="no attribute 'allreduse'"):
         world.allreduse  # noqa: B018 - typos still fail
+
+
+class _GateWork(Work):
+    """A Work that completes when its gate opens (or fails with ``error``): drives the completer."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self._failure = error
+
+    def _test(self) -> bool:
+        return self.gate.is_set()
+
+    def _block(self, timeout_s: float | None) -> bool:
+        return self.gate.wait(timeout_s)
+
+    def _on_complete(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+def test_bridge_futures_complete_in_the_background_in_issue_order() -> None:
+    completer = Completer("test")
+    first, second, failing = _GateWork(), _GateWork(), _GateWork(CommTimeoutError("late"))
+    futures = [
+        completer.future_of(work, [torch.tensor([float(i)])]) for i, work in enumerate((first, second))
+    ]
+    failed = completer.future_of(failing, [])
+    assert not any(future.done() for future in (*futures, failed)), "a future completed before its op"
+    second.gate.set()
+    failing.gate.set()
+    assert not futures[1].done() or futures[0].done(), "the second future overtook the first"
+    first.gate.set()
+    assert [future.wait()[0].item() for future in futures] == [0.0, 1.0]
+    with pytest.raises(CommTimeoutError, match="late"):
+        failed.wait()
+    done = completer.future_of(CompletedWork(), [torch.ones(1)])
+    assert done.done() and torch.equal(done.value()[0], torch.ones(1)), "a finished op waited for the thread"
+    completer.close()
+
+
+def test_bridge_futures_inline_mode_completes_in_the_asking_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    work = _GateWork()
+    work.gate.set()
+    assert Completer("test", inline=True).future_of(work, []).done()
+    monkeypatch.setenv(FUTURES_ENV, "inline")
+    assert inline_futures(os.environ)
+    monkeypatch.setenv(FUTURES_ENV, "sometimes")
+    with pytest.raises(ValueError, match=r"torch bridge: argument '\$COMMLAYER_BRIDGE_FUTURES'.*'sometimes'"):
+        inline_futures(os.environ)
 
 
 @pytest.fixture(scope="module")

@@ -13,31 +13,55 @@ Futures of one group complete in the order their ops were issued, as torch's own
 An op that is already complete when its future is asked for (every op of a synchronous backend
 such as shm) gets an already completed future, without a thread hand-off, unless an earlier
 future of the group is still pending.
+
+``COMMLAYER_BRIDGE_FUTURES=inline`` makes the thread that asks for a future wait for the op and
+complete it (the bridge's behaviour before): on a machine without a spare core per rank, a
+library that spins while it waits (MPI's blocking calls do) takes that core from backward, and
+DDP runs faster without overlap (see benchmarks/RESULTS.md). Read when a bridge is created.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Mapping
 from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
 from torch.futures import Future
 
+from ..errors import invalid_argument
 from ..work import Work
 
-__all__ = ["BridgeWork", "Completer"]
+__all__ = ["FUTURES_ENV", "BridgeWork", "Completer", "inline_futures"]
+
+FUTURES_ENV = "COMMLAYER_BRIDGE_FUTURES"
+_FUTURES_MODES = ("background", "inline")
 
 _JOIN_TIMEOUT_S = 5.0
 _Pending = tuple[Future, Work, list[torch.Tensor]]
 
 
-class Completer:
-    """Completes the futures of one group's Works, in issue order, on one thread started lazily."""
+def inline_futures(environ: Mapping[str, str]) -> bool:
+    """Whether ``$COMMLAYER_BRIDGE_FUTURES`` asks for futures completed by the asking thread."""
+    mode = environ.get(FUTURES_ENV, "").strip().lower() or "background"
+    if mode not in _FUTURES_MODES:
+        raise invalid_argument(
+            "torch bridge", f"${FUTURES_ENV}", f"one of {_FUTURES_MODES}", repr(mode), None
+        )
+    return mode == "inline"
 
-    def __init__(self, name: str) -> None:
+
+class Completer:
+    """Completes the futures of one group's Works, in issue order, on one thread started lazily.
+
+    ``inline``: the thread asking for a future waits for the op and completes it itself.
+    """
+
+    def __init__(self, name: str, inline: bool = False) -> None:
         self._name = name
+        self._inline = inline
         self._pending: deque[_Pending | None] = deque()  # None stops the thread
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -45,10 +69,16 @@ class Completer:
     def future_of(self, work: Work, result: list[torch.Tensor]) -> Future:
         """A future holding ``result`` once ``work`` completes (its error if it fails)."""
         future: Future = Future()
+        # Without the lock: the thread removes a future only once it is complete, so an empty
+        # queue means no earlier future of this group is pending.
+        if self._inline:
+            settle(future, work, result)
+            return future
+        if not self._pending and work.is_completed():
+            error = work.exception()
+            future.set_result(result) if error is None else future.set_exception(error)
+            return future
         with self._changed:
-            if not self._pending and work.is_completed():
-                settle(future, work, result)  # nothing earlier to wait for: no thread hand-off
-                return future
             self._pending.append((future, work, result))
             self._changed.notify()
             if self._thread is None:

@@ -12,6 +12,7 @@ ccl, hccl, plugins) come for free, and bad input raises the facade's error, nami
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from ..types import ReduceOp
 from ..work import Work, WorkList
 from . import _collectives as coll
 from . import _p2p as p2p
-from ._bridge_work import BridgeWork, Completer
+from ._bridge_work import BridgeWork, Completer, inline_futures
 from ._coalesced import all_reduce_coalesced
 from ._groups import ProcessGroup
 
@@ -52,7 +53,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         self.commlayer_group = group
         self._group_name = group_name
         self._group_desc = group_name
-        self._completer = Completer(group_name)
+        self._completer = Completer(group_name, inline_futures(os.environ))
 
     # --- identity ---------------------------------------------------------------------------
 
