@@ -1,10 +1,13 @@
-"""The torch bridge's cost, as ratios measured in one run (issue 9).
+"""The torch bridge's cost, as ratios and differences measured in one run (issue 9).
 
-1. DDP through the bridge on mpi against DDP on torch's gloo: 2 CPU ranks, a model of many small
-   buckets (one 32x32 layer per bucket), steps/s of each and their ratio.
-2. The bridge's added cost per op: on a 1-rank mpi world, a 4-byte all_reduce through
-   ``pg.allreduce([t], opts).wait()`` (the bridge, as DDP and functional collectives call it)
-   against the commlayer backend called directly and against the facade.
+1. DDP, 2 CPU ranks (one compute thread each), a model of many small buckets (48 Linear layers,
+   one bucket each), steps/s of: torch's gloo; mpi through the bridge; and mpi through the bridge
+   with ``COMMLAYER_BRIDGE_FUTURES=inline`` (each bucket's future completed by DDP's thread when it
+   asks for it: buckets cannot overlap backward). ``in_flight`` is the share of buckets whose
+   future was still pending when DDP got it: the buckets that overlapped the rest of backward.
+2. The bridge's added cost per 4-byte all_reduce against the commlayer backend called directly
+   and against the facade, with the bridge's own steps timed one by one (see ``_bridge_costs``):
+   on a null backend in this process (Python only) and on a 1-rank mpi world.
 
     .venv/bin/python benchmarks/torch_bridge_bench.py [--json benchmarks/torch_bridge_results.json]
 """
@@ -20,30 +23,42 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as torch_dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bridge_costs import stand_in_costs
 
 from commlayer import dist
+from commlayer.dist import _bridge_work
 from commlayer.testing import run_world
-from commlayer.types import ReduceOp
+from commlayer.work import Work
 
 LAYERS = 48
 WARMUP_STEPS = 5
 STEPS = 30
 OP_CALLS = 5000
-REPEATS = 5
+REPEATS = 7
+# name -> (backend, launcher, how the bridge completes futures)
+DDP_RUNS = {
+    "gloo": ("gloo", "local", "background"),
+    "bridge_mpi": ("mpi", "mpirun", "background"),
+    "bridge_mpi_futures_inline": ("mpi", "mpirun", "inline"),
+}
 
 
-def ddp_rank(out_path: str) -> None:
-    """One rank of the DDP run: steps/s over STEPS steps, written by rank 0."""
+def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
+    """One rank of a DDP run: steps/s over STEPS steps, written by rank 0."""
+    pending = _count_pending_futures()
+    torch.set_num_threads(1)  # two ranks on two cores: one compute thread each, for every variant
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(32, 32) for _ in range(LAYERS)]
+    layers = [torch.nn.Linear(int(width), int(width)) for _ in range(LAYERS)]
+    bucket_cap_mb = int(width) ** 2 * 4 / 2**20  # one bucket per layer
     model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(*layers), process_group=dist.group.WORLD.torch_group, bucket_cap_mb=0.004
+        torch.nn.Sequential(*layers), process_group=dist.group.WORLD.torch_group, bucket_cap_mb=bucket_cap_mb
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    batch = torch.randn(8, 32)
+    batch = torch.randn(int(batch_size), int(width))
     for step in range(WARMUP_STEPS + STEPS):
         if step == WARMUP_STEPS:
             dist.barrier()
@@ -53,65 +68,72 @@ def ddp_rank(out_path: str) -> None:
         optimizer.zero_grad()
     elapsed = time.perf_counter() - started
     if dist.get_rank() == 0:
-        Path(out_path).write_text(json.dumps({"steps_per_s": STEPS / elapsed}))
+        in_flight = pending[0] / pending[1] if pending[1] else None
+        Path(out_path).write_text(json.dumps({"steps_per_s": STEPS / elapsed, "in_flight": in_flight}))
 
 
-def overhead_rank(out_path: str) -> None:
-    """Per-op cost of the bridge, the facade and the backend on one rank (best of REPEATS)."""
-    group = dist.group.WORLD
-    backend, pg, tensor = group.primary_backend, group.torch_group, torch.ones(1)
-    options = torch_dist.AllreduceOptions()
-    paths = {
-        "backend_direct": lambda: backend.all_reduce(tensor, ReduceOp.SUM).wait(),
-        "facade": lambda: dist.all_reduce(tensor),
-        "bridge_pg_allreduce": lambda: pg.allreduce([tensor], options).wait(),
-        "torch_dist_all_reduce_on_bridge": lambda: torch_dist.all_reduce(tensor, group=pg),
+def _count_pending_futures() -> list[int]:
+    """[pending, total] of the futures the bridge hands out, counted as DDP gets them."""
+    counts = [0, 0]
+    future_of = _bridge_work.Completer.future_of
+
+    def counted(completer: _bridge_work.Completer, work: Work, result: list) -> torch.futures.Future:
+        future = future_of(completer, work, result)
+        counts[0] += not future.done()
+        counts[1] += 1
+        return future
+
+    _bridge_work.Completer.future_of = counted  # type: ignore[method-assign]
+    return counts
+
+
+def _ddp(out: Path, width: int, batch_size: int) -> dict:
+    runs = {}
+    for name, (backend, launcher, futures) in DDP_RUNS.items():
+        path = out / f"{name}.json"
+        target = "benchmarks.torch_bridge_bench:ddp_rank"
+        args = [str(path), str(width), str(batch_size)]
+        env = {_bridge_work.FUTURES_ENV: futures}
+        run_world(target, 2, backend=backend, launcher=launcher, timeout=600, env=env, args=args)
+        runs[name] = json.loads(path.read_text())
+    gloo = runs["gloo"]["steps_per_s"]
+    summary = {
+        "ranks": 2,
+        "layers": f"{LAYERS} x Linear({width}, {width}), one bucket each",
+        "batch": batch_size,
+        **{f"{name}_steps_per_s": round(run["steps_per_s"], 1) for name, run in runs.items()},
+        "bridge_mpi_in_flight": runs["bridge_mpi"]["in_flight"],
+        "bridge_mpi_over_gloo": round(runs["bridge_mpi"]["steps_per_s"] / gloo, 2),
+        "bridge_mpi_over_futures_inline": round(
+            runs["bridge_mpi"]["steps_per_s"] / runs["bridge_mpi_futures_inline"]["steps_per_s"], 2
+        ),
     }
-    results = {name: _best_us(call) for name, call in paths.items()}
-    Path(out_path).write_text(json.dumps(results))
+    return summary
 
 
-def _best_us(call: object) -> float:
-    for _ in range(1000):
-        call()  # type: ignore[operator]
-    times = []
-    for _ in range(REPEATS):
-        started = time.perf_counter()
-        for _ in range(OP_CALLS):
-            call()  # type: ignore[operator]
-        times.append((time.perf_counter() - started) / OP_CALLS * 1e6)
-    return round(min(times), 3)
+def _mpi_costs(out: Path) -> dict:
+    path = out / "op.json"
+    target = "_bridge_costs:mpi_rank"
+    args = [str(path), str(OP_CALLS), str(REPEATS)]
+    run_world(target, 1, backend="mpi", launcher="mpirun", timeout=600, args=args)
+    return json.loads(path.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--skip-ddp", action="store_true", help="only the per-op part")
+    parser.add_argument("--width", type=int, default=32, help="DDP: features of each Linear layer")
+    parser.add_argument("--batch", type=int, default=8, help="DDP: rows per batch")
     options = parser.parse_args()
+    results: dict = {"machine": os.environ.get("BENCH_MACHINE", "2-core VM, shared with other builds")}
+    results["load_average_before"] = round(os.getloadavg()[0], 1)
+    results["per_op_stand_in"] = stand_in_costs(OP_CALLS * 4, REPEATS)
     with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch)
-        target = "benchmarks.torch_bridge_bench"
-        runs = [("ddp_rank", 2, "gloo", "local", "gloo"), ("ddp_rank", 2, "mpi", "mpirun", "mpi")]
-        for function, ranks, backend, launcher, name in [*runs, ("overhead_rank", 1, "mpi", "mpirun", "op")]:
-            args = [str(out / f"{name}.json")]
-            run_world(
-                f"{target}:{function}", ranks, backend=backend, launcher=launcher, timeout=600, args=args
-            )
-        gloo, mpi = (json.loads((out / f"{name}.json").read_text()) for name in ("gloo", "mpi"))
-        per_op = json.loads((out / "op.json").read_text())
-    results = {
-        "machine": os.environ.get("BENCH_MACHINE", "2-core VM, shared with other builds"),
-        "ddp": {
-            "ranks": 2,
-            "layers": LAYERS,
-            "bucket_cap_mb": 0.004,
-            "gloo_steps_per_s": round(gloo["steps_per_s"], 1),
-            "bridge_mpi_steps_per_s": round(mpi["steps_per_s"], 1),
-            "bridge_mpi_over_gloo": round(mpi["steps_per_s"] / gloo["steps_per_s"], 2),
-        },
-        "per_op_us": per_op,
-        "bridge_added_us_vs_backend": round(per_op["bridge_pg_allreduce"] - per_op["backend_direct"], 2),
-        "bridge_added_us_vs_facade": round(per_op["bridge_pg_allreduce"] - per_op["facade"], 2),
-    }
+        results["per_op_mpi"] = _mpi_costs(Path(scratch))
+        if not options.skip_ddp:
+            results["ddp"] = _ddp(Path(scratch), options.width, options.batch)
+    results["load_average_after"] = round(os.getloadavg()[0], 1)
     print(json.dumps(results, indent=1))
     if options.json:
         options.json.write_text(json.dumps(results, indent=1) + "\n")
