@@ -96,11 +96,17 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     # --- collectives ------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
-        tensor = self._single("all_reduce", "tensors", tensors)
-        # DDP's op: SUM, tested without a call (the translation is a dict lookup otherwise).
+        # DDP's op, once per bucket: the common case is written out here, without helper frames.
+        if type(tensors) is list and len(tensors) == 1:
+            tensor = tensors[0]
+        else:
+            tensor = self._single("all_reduce", "tensors", tensors)
         op = ReduceOp.SUM if opts is None or opts.reduceOp == _TORCH_SUM else _reduce_op(opts)
-        work = coll.all_reduce(tensor, op, self.commlayer_group, async_op=True)
-        return self._bridged(work, tensors)
+        bridged = BridgeWork()
+        bridged._work = coll.all_reduce(tensor, op, self.commlayer_group, True)
+        bridged._result = tensors
+        bridged._completer = self._completer
+        return bridged
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         work = all_reduce_coalesced(tensors, _reduce_op(opts), self.commlayer_group, async_op=True)

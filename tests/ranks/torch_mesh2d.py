@@ -1,6 +1,6 @@
 """torch's own 2-D DeviceMesh, DTensor and FSDP2 HSDP on a ``init_process_group("commlayer")`` world.
 
-One world of 4 ranks under mpirun (COMMLAYER_BACKEND=mpi): torch's ``init_device_mesh("cpu",
+One world of 4 ranks under mpirun (COMMLAYER_BACKEND=mpi; ccl runs it too): torch's ``init_device_mesh("cpu",
 (2, 2))`` builds each mesh dimension with torch's ``new_group(backend="commlayer")``, which the
 bridge answers with commlayer groups built by their members. The same mesh on torch's gloo
 (``backend_override``) in the same world is the reference: DTensor results must be equal and HSDP
@@ -10,6 +10,7 @@ background and in order, and that bad input gets the facade's errors.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -42,11 +43,11 @@ def main() -> None:
 
 
 def _mesh_groups_are_commlayer(mesh: torch_dist.DeviceMesh, rank: int) -> None:
-    """Each dimension's group runs on commlayer's mpi backend; its collectives are exact."""
+    """Each dimension's group runs on $COMMLAYER_BACKEND through commlayer; its collectives are exact."""
     for dim, name in enumerate(DIMS):
         pg = mesh.get_group(name)
         assert isinstance(pg, CommlayerProcessGroup), (name, pg)
-        assert pg.commlayer_group.primary_backend.name == "mpi", pg
+        assert pg.commlayer_group.primary_backend.name == os.environ["COMMLAYER_BACKEND"], pg
         ranks = torch_dist.get_process_group_ranks(pg)
         assert rank in ranks and len(ranks) == 2, (name, ranks)
         value = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], dtype=torch.float64)
