@@ -14,6 +14,8 @@ drift hits every variant alike:
                   (the reference: MPI's blocking calls)
     mpi           commlayer.dist on the mpi backend, CPU tensors, synchronous, default options
                   (ordered mode: MPI's blocking call, made in place)
+    mpi-unchecked the same on a group with MpiOptions(verify=False): no cross-rank mismatch check
+                  (one small Allreduce before each collective by default), i.e. the dispatch alone
     mpi-requests  the same on a group with MpiOptions("requests"): MPI's non-blocking collective
                   (Iallreduce, ...) and the backend's wait, the default before ordered mode
     gloo          torch.distributed on gloo, rendezvoused in the same job
@@ -81,11 +83,12 @@ def run_job(rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0) ->
     dist.init_process_group("mpi", timeout=timedelta(minutes=10), pg_options=MpiOptions())
     comm, backend = MPI.COMM_WORLD.Dup(), dist.group.WORLD.primary_backend
     requests = dist.new_group(list(range(comm.size)), pg_options=MpiOptions("requests"))
+    unchecked = dist.new_group(list(range(comm.size)), pg_options=MpiOptions(verify=False))
     torch_dist.init_process_group("gloo", store=_gloo_store(comm), rank=comm.rank, world_size=comm.size)
     records = []
     for nbytes in sorted(size for size in set(SIZES) if min_bytes <= size <= max_bytes):
         for op in OPS:
-            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, requests)
+            cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, requests, unchecked)
             for _run, check in cases.values():
                 check()
             samples = _measure(cases, comm, MPI, rounds, budget_s)
@@ -101,7 +104,16 @@ def run_job(rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0) ->
 
 
 def _cases(
-    op: str, nbytes: int, comm: Any, np: Any, torch: Any, torch_dist: Any, dist: Any, mpi: Any, requests: Any
+    op: str,
+    nbytes: int,
+    comm: Any,
+    np: Any,
+    torch: Any,
+    torch_dist: Any,
+    dist: Any,
+    mpi: Any,
+    requests: Any,
+    unchecked: Any,
 ) -> dict[str, tuple[Callable[[], Any], Callable[[], None]]]:
     """variant -> (one timed op, one exact check); every variant has its own buffers."""
     count, size, rank = nbytes // 4, comm.size, comm.rank
@@ -133,6 +145,7 @@ def _cases(
     variants = {"raw": (raw, _checker(op, raw_in, raw_out, lambda i, o: raw(), rank, size, count))}
     for name, call in (
         ("mpi", facade),
+        ("mpi-unchecked", functools.partial(facade, group=unchecked)),
         ("mpi-requests", functools.partial(facade, group=requests)),
         ("gloo", gloo),
     ):
@@ -317,7 +330,10 @@ def render(records: list[Record]) -> str:
         lines += [
             f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"
         ]
-        header = "| op | bytes | raw | mpi | mpi-requests | gloo | raw/mpi | mpi - raw (us) | raw/mpi-requests | mpi-requests - raw (us) | gloo/mpi |"
+        header = (
+            "| op | bytes | raw | mpi | mpi-unchecked | mpi-requests | gloo | raw/mpi | mpi - raw (us) "
+            "| raw/mpi-unchecked | raw/mpi-requests | mpi-requests - raw (us) | gloo/mpi |"
+        )
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for op in OPS:
             for nbytes in sorted({r.nbytes for r in chosen if r.op == op}):
@@ -327,10 +343,12 @@ def render(records: list[Record]) -> str:
 
 def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float]) -> str:
     """raw/mpi is mpi's share of raw bandwidth; gloo/mpi > 1 means mpi is that many times faster."""
-    us = {variant: table[(op, nbytes, variant)] * 1e6 for variant in ("raw", "mpi", "mpi-requests", "gloo")}
-    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in ("raw", "mpi", "mpi-requests", "gloo")]
+    variants = ("raw", "mpi", "mpi-unchecked", "mpi-requests", "gloo")
+    us = {variant: table.get((op, nbytes, variant), float("nan")) * 1e6 for variant in variants}
+    cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in variants]
     cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
     cells += [
+        f"{us['raw'] / us['mpi-unchecked']:.2f}",
         f"{us['raw'] / us['mpi-requests']:.2f}",
         f"{us['mpi-requests'] - us['raw']:+.1f}",
         f"{us['gloo'] / us['mpi']:.2f}",

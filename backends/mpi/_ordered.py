@@ -68,8 +68,10 @@ class OrderedExecutor:
 
     def run(self, call: Callable[..., Any], arguments: tuple[Any, ...], op: str, limit: WaitLimit) -> None:
         """A synchronous op: call now if nothing is queued, else after everything queued."""
-        with self._changed:
-            queued = self._enqueue(call, arguments) if self._queue else None
+        queued = None
+        if self._queue:  # an empty queue needs no lock: a call leaves it only once it has finished
+            with self._changed:
+                queued = self._enqueue(call, arguments) if self._queue else None
         if queued is None:
             watchdog = self._watchdog
             if watchdog.thread is None:
