@@ -7,6 +7,8 @@ process, world size 2, rank 0; each (op, mode) is timed in rounds that rotate th
 round per call. ``--before REF`` lays git commit REF's commlayer out in a temporary folder (as
 ``gpu_site.sh`` does on the GPU machine) and runs this measurement on it and on the current tree in
 alternating child processes, ``--repeats`` times each, so both sides share the machine's state.
+``--backend mpi`` or ``--backend ccl`` times those backends' facade cost instead, in a world of one
+on the real library: the backend's own op (the floor) against the facade's, both waited.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from _ops import trio
 
 import commlayer
 from commlayer import dist
-from commlayer.types import Capabilities
+from commlayer.types import Capabilities, ReduceOp
 
 STANDIN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "send", "recv")
 REPO = Path(__file__).resolve().parent.parent
@@ -81,6 +83,75 @@ def measure(iters: int, rounds: int) -> list[dict]:
     return rows
 
 
+LIBRARY_OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all_single")
+
+
+def measure_library(backend: str, iters: int, rounds: int) -> list[dict]:
+    """Rows of (op, mode, bare_us, commlayer_us) in a world of one on ``backend`` (mpi, ccl): the
+    backend's own op called directly (the floor) against the facade's, both waited. These
+    backends have no torch wrapper to compare with: ``raw_us`` is NaN."""
+    from commlayer import comms_logger
+    from commlayer.dist._groups import resolve_group
+
+    dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
+    rows = []
+    try:
+        library = resolve_group("bench", None).primary_backend
+        for op in LIBRARY_OPS:
+            for async_op in (False, True):
+                timed = dict(zip(("bare", "commlayer"), _library_pair(op, library, async_op)))
+                row = {"op": op, "mode": "async" if async_op else "sync", "raw_us": float("nan")}
+                rows.append(row | {f"{k}_us": v for k, v in per_call_us(timed, iters, rounds).items()})
+        comms_logger.enable()
+        try:
+            timed = dict(zip(("bare", "commlayer"), _library_pair("all_reduce", library, False)))
+            row = {"op": "all_reduce+logger", "mode": "sync", "raw_us": float("nan")}
+            rows.append(row | {f"{k}_us": v for k, v in per_call_us(timed, iters, rounds).items()})
+        finally:
+            comms_logger.disable()
+            comms_logger.reset()
+    finally:
+        dist.destroy_process_group()
+    return rows
+
+
+def _library_pair(op: str, library: object, async_op: bool) -> tuple[object, object]:
+    """(the backend's op, the facade's) on 8-float buffers of a world of one, each waited."""
+    small, large, out = torch.ones(8), torch.ones(8), torch.empty(8)
+    lib = library  # the Backend object of the world
+
+    def waited(start: object) -> object:
+        def call() -> None:
+            work = start()  # type: ignore[operator]
+            if work is not None:
+                work.wait()
+
+        return call
+
+    mode = {"async_op": async_op}
+    pairs = {
+        "all_reduce": (
+            lambda: lib.all_reduce(small, ReduceOp.SUM, **mode),
+            lambda: dist.all_reduce(small, **mode),
+        ),
+        "broadcast": (lambda: lib.broadcast(small, 0, **mode), lambda: dist.broadcast(small, 0, **mode)),
+        "all_gather": (
+            lambda: lib.all_gather_into_tensor(large, small, **mode),
+            lambda: dist.all_gather_into_tensor(large, small, **mode),
+        ),
+        "reduce_scatter": (
+            lambda: lib.reduce_scatter_tensor(small, large, ReduceOp.SUM, **mode),
+            lambda: dist.reduce_scatter_tensor(small, large, **mode),
+        ),
+        "all_to_all_single": (
+            lambda: lib.all_to_all_single(out, small, None, None, **mode),
+            lambda: dist.all_to_all_single(out, small, **mode),
+        ),
+    }
+    bare, ours = pairs[op]
+    return waited(bare), waited(ours)
+
+
 def _with_logger(iters: int, rounds: int) -> dict:
     """all_reduce with the comms logger enabled: its "added" is the logger's cost plus the facade's."""
     from commlayer import comms_logger
@@ -98,8 +169,9 @@ def _with_logger(iters: int, rounds: int) -> dict:
 
 def standin_main(options: argparse.Namespace) -> None:
     iters, rounds = options.iters * 50, options.rounds
+    library = options.backend if options.backend in ("mpi", "ccl") else None
     if options.before is None:
-        rows = measure(iters, rounds)
+        rows = measure(iters, rounds) if library is None else measure_library(library, iters, rounds)
         _print_rows(rows)
         if options.json:
             Path(options.json).write_text(json.dumps(rows, indent=1))
@@ -109,17 +181,18 @@ def standin_main(options: argparse.Namespace) -> None:
         runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
         for index in range(options.repeats):
             for side in ("before", "after") if index % 2 == 0 else ("after", "before"):
-                runs[side].append(_child(side, site, iters, rounds))
+                runs[side].append(_child(side, site, iters, rounds, options.backend))
     _print_comparison(options.before, runs)
 
 
-def _child(side: str, site: str, iters: int, rounds: int) -> list[dict]:
+def _child(side: str, site: str, iters: int, rounds: int, backend: str) -> list[dict]:
     env = dict(os.environ)
     if side == "before":
         env["PYTHONPATH"] = site + os.pathsep + env.get("PYTHONPATH", "")
     with tempfile.NamedTemporaryFile(suffix=".json") as output:
         command = [sys.executable, __file__.replace("_standin.py", "torch_vs_commlayer.py"), "--standin"]
         command += ["--iters", str(iters // 50), "--rounds", str(rounds), "--json", output.name]
+        command += ["--backend", backend]
         subprocess.run(command, env=env, check=True, cwd=tempfile.gettempdir())
         return json.loads(Path(output.name).read_text())
 
