@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -206,6 +207,11 @@ def _lay_out(ref: str, site: Path) -> None:
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(site)], input=archive, check=True)
     (site / "backends").rename(site / "commlayer" / "backends")
+    # Built extensions are not in git: the oneCCL binding's build serves REF too where its
+    # sources are the same (when they are unchanged).
+    if _same_sources(ref, "csrc/ccl"):
+        for built in (REPO / "backends" / "ccl").glob("_C*.so"):
+            shutil.copy2(built, site / "commlayer" / "backends" / "ccl" / built.name)
     project = tomllib.loads((site / "pyproject.toml").read_text())["project"]
     info = site / "commlayer-0.0.0.dist-info"
     info.mkdir()
@@ -214,6 +220,12 @@ def _lay_out(ref: str, site: Path) -> None:
     for group, points in project["entry-points"].items():
         lines += [f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), ""]
     (info / "entry_points.txt").write_text("\n".join(lines))
+
+
+def _same_sources(ref: str, path: str) -> bool:
+    """Whether ``path`` is the same at git commit ``ref`` as in the working tree."""
+    command = ["git", "-C", str(REPO), "diff", "--quiet", ref, "--", path]
+    return subprocess.run(command, check=False).returncode == 0
 
 
 def _print_rows(rows: list[dict]) -> None:

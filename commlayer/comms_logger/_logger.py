@@ -114,9 +114,9 @@ class _Records:
     events: deque[Any] = field(default_factory=deque)  # TraceEvents and raw pending entries
     dropped_events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # (label, S, perf_counter at launch, at return) of blocking host-only ops, appended by the
+    # (label, S, perf_counter at launch, at return) of blocking ops on CPU tensors, appended by the
     # plan wrappers and folded into totals and events when read (drain), not on the hot path.
-    # Only atomic values (a label is a tuple of str and int, see _label): the garbage collector
+    # Only atomic values (a label is a tuple of str and int, see _Label): the garbage collector
     # untracks such tuples at its first pass instead of promoting thousands of them, whose full
     # collections cost the hot path about 2 us a call.
     pending: list[tuple[_Label, int, float, float]] = field(default_factory=list)
@@ -189,13 +189,13 @@ class CommsLogger:
     def wrap_plan(
         self, call: _dispatch.OpCall, run: Callable[..., Work | None], payload: int
     ) -> Callable[..., Work | None]:
-        """The per-plan hook (see ``_dispatch.Observer``): a blocking op on a host-only backend
+        """The per-plan hook (see ``_dispatch.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""
         if not self.options.wants(call.op):
             return run
         observed_run = _dispatch.observed(self, call, run, payload)
-        if self.options.verbose or _candidates(call.backend):  # accelerators need synchronising
-            return observed_run
+        if self.options.verbose or (call.device_type != "cpu" and _candidates(call.backend)):
+            return observed_run  # an accelerator's ops are timed between device synchronisations
         pending, clock, records = self.records.pending, time.perf_counter, self.records
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
 

@@ -71,6 +71,7 @@ class OpCall(NamedTuple):
     op: str
     group: ProcessGroup
     backend: Backend
+    device_type: str | None = None  # of the call's tensors ("cpu", "cuda"); None for tensorless ops
 
     @property
     def rank(self) -> int:
@@ -324,7 +325,7 @@ def _new_call(op: str, group: ProcessGroup, device: torch.device | None) -> OpCa
         raise UnsupportedError(
             f"{op}: backend '{backend.name}' does not support this op (rank {group.global_rank})"
         )
-    return OpCall(op, group, backend)
+    return OpCall(op, group, backend, None if device is None else device_type(device))
 
 
 def contiguous(tensor: torch.Tensor, copy_back: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
