@@ -21,5 +21,5 @@ run() {  # name, then the benchmark's arguments
 run standin_vs_f329029 benchmarks/torch_vs_commlayer.py --standin --rounds 61 --iters 10 --before f329029 --repeats 3
 run standin_vs_c3ce9eb benchmarks/torch_vs_commlayer.py --standin --rounds 61 --iters 10 --before c3ce9eb --repeats 3
 run mpi_vs_f329029 benchmarks/torch_vs_commlayer.py --standin --backend mpi --iters 4 --rounds 61 --before f329029 --repeats 3
-run ccl_vs_f329029 benchmarks/torch_vs_commlayer.py --standin --backend ccl --iters 4 --rounds 61 --before f329029 --repeats 3
+run ccl_vs_f329029 benchmarks/torch_vs_commlayer.py --standin --backend ccl --iters 2 --rounds 31 --before f329029 --repeats 1
 run recorder_null benchmarks/reliability_overhead.py --iters 20000 --debug-iters 100
