@@ -19,7 +19,8 @@ class ShmOptions:
     ``n`` ranks maps ``n * 2.2 MiB`` on each of them.
 
     - ``small_bytes``: messages up to this size take the latency path (one synchronisation per op,
-      double-buffered); larger ones the bandwidth path.
+      double-buffered); larger ones the bandwidth path. all_reduce takes the latency path only up
+      to 4 KiB (or ``small_bytes`` if smaller): above, splitting the reduction across ranks wins.
     - ``chunk_bytes``: the bandwidth path moves data in rounds of this many bytes per rank.
     - ``spins``: busy polls of a waiting rank before it yields its core (and releases the GIL).
     """

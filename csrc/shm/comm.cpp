@@ -22,6 +22,10 @@ namespace {
 constexpr std::size_t kAlignElements = 16;  // slice boundaries, so each slice starts vector-aligned
 constexpr int kPollsPerClockCheck = 64;
 constexpr double kLivenessPeriodS = 0.02;
+// all_reduce splits the reduction across ranks (two steps) above this size, not just above
+// small_bytes: from 8 KiB on that beat one step in which every rank reduces every copy (2 ranks,
+// 64 KiB: 3.8 against 6.1 us; 4 ranks on 2 cores: no worse).
+constexpr std::size_t kAllReduceSmallBytes = 4096;
 constexpr int kSharedCpuSpins = 16;              // a peer on this CPU cannot arrive while this rank spins
 constexpr std::int64_t kMoveIntervalNs = 10000000;  // at most one move to another CPU per 10 ms
 
@@ -258,7 +262,9 @@ void Comm::all_reduce(void* data, std::size_t count, DType dtype, Op op) {
     begin("all_reduce", kAllReduce, count, dtype, static_cast<int>(op), -1);
     const std::size_t esz = element_size(dtype);
     char* bytes = static_cast<char*>(data);
-    if (count * esz <= layout_.small_bytes) return all_reduce_small(bytes, count, dtype, op);
+    if (count * esz <= std::min(layout_.small_bytes, kAllReduceSmallBytes)) {
+        return all_reduce_small(bytes, count, dtype, op);
+    }
     const std::size_t per_round = layout_.chunk_bytes / esz;
     for (std::size_t done = 0; done < count; done += per_round) {
         all_reduce_round(bytes + done * esz, std::min(per_round, count - done), dtype, op);
