@@ -238,3 +238,14 @@ def test_torch_2d_device_mesh_dtensor_and_hsdp_on_commlayer_match_gloo() -> None
         port = probe.getsockname()[1]
     job = {"COMMLAYER_BACKEND": "mpi", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     run_world("tests.ranks.torch_mesh2d:main", 4, backend=None, launcher="mpirun", env=job, timeout=300)
+
+
+@pytest.mark.multirank
+def test_torch_new_group_on_shm_is_refused_with_a_clear_error() -> None:
+    run_world(
+        "tests.ranks.torch_mesh2d:refused_on_shm",
+        2,
+        backend=None,
+        env={"COMMLAYER_BACKEND": "shm"},
+        timeout=180,
+    )

@@ -176,3 +176,24 @@ def _error_of(call: Callable[[], object]) -> BaseException | None:
     except Exception as error:  # noqa: BLE001 - the error is what is compared
         return error
     return None
+
+
+def refused_on_shm() -> None:
+    """On shm (whose gloo companion needs every world rank) torch's new_group is refused, clearly."""
+    from commlayer.errors import UnsupportedError
+
+    torch_dist.init_process_group("commlayer")
+    try:
+        rank = torch_dist.get_rank()
+        try:
+            torch_dist.init_device_mesh("cpu", (2, 1))
+        except UnsupportedError as error:
+            assert "new_group: backend 'shm' builds its groups on torch groups" in str(error), error
+            assert f"(rank {rank})" in str(error) and "commlayer.dist.new_group" in str(error), error
+        else:
+            raise AssertionError("torch's new_group built a shm group from its members alone")
+        value = torch.tensor([rank + 1.0])
+        torch_dist.all_reduce(value)  # the world is still in step: nothing was communicated
+        assert value.item() == 3.0, value
+    finally:
+        torch_dist.destroy_process_group()
