@@ -18,7 +18,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.dist._bridge_work import FUTURES_ENV, Completer, inline_futures
+from commlayer.dist._bridge_work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
 from commlayer.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
 from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import mpirun_plan, require_mpirun, run_world
@@ -143,9 +143,9 @@ def test_bridge_futures_complete_in_the_background_in_issue_order() -> None:
     assert [future.wait()[0].item() for future in futures] == [0.0, 1.0]
     with pytest.raises(CommTimeoutError, match="late"):
         failed.wait()
-    done = completer.future_of(CompletedWork(), [torch.ones(1)])
-    assert done.done() and torch.equal(done.value()[0], torch.ones(1)), "a finished op waited for the thread"
-    completer.close()
+    completer.close()  # returns once the thread has let go of every future
+    done = Completer("idle").future_of(CompletedWork(), [torch.ones(1)])
+    assert done.done() and torch.equal(done.value()[0], torch.ones(1)), "a finished op waited for a thread"
 
 
 def test_bridge_futures_inline_mode_completes_in_the_asking_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,9 +154,29 @@ def test_bridge_futures_inline_mode_completes_in_the_asking_thread(monkeypatch: 
     assert Completer("test", inline=True).future_of(work, []).done()
     monkeypatch.setenv(FUTURES_ENV, "inline")
     assert inline_futures(os.environ)
+    monkeypatch.setenv(FUTURES_ENV, "background")
+    assert not inline_futures(os.environ)
+    monkeypatch.setenv(FUTURES_ENV, "auto")
+    assert inline_futures(os.environ) in (True, False)
     monkeypatch.setenv(FUTURES_ENV, "sometimes")
     with pytest.raises(ValueError, match=r"torch bridge: argument '\$COMMLAYER_BRIDGE_FUTURES'.*'sometimes'"):
         inline_futures(os.environ)
+
+
+@pytest.mark.parametrize(
+    ("usable", "host", "local_ranks", "spare"),
+    [
+        (1, 2, 2, False),  # pinned to one core by mpirun: backward and MPI's spin would take turns
+        (2, 2, 2, False),  # two unpinned ranks on two cores: one each
+        (2, 2, 1, True),  # one rank, two cores
+        (4, 64, 16, True),  # pinned to four cores of its own
+        (64, 64, 8, True),  # unpinned, eight cores a rank
+    ],
+)
+def test_futures_go_to_the_background_only_where_a_rank_has_a_spare_cpu(
+    usable: int, host: int, local_ranks: int, spare: bool
+) -> None:
+    assert has_spare_cpu(usable, host, local_ranks) is spare
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +256,12 @@ def test_torch_2d_device_mesh_dtensor_and_hsdp_on_commlayer_match_gloo() -> None
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    job = {"COMMLAYER_BACKEND": "mpi", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    job = {
+        "COMMLAYER_BACKEND": "mpi",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        FUTURES_ENV: "background",
+    }
     run_world("tests.ranks.torch_mesh2d:main", 4, backend=None, launcher="mpirun", env=job, timeout=300)
 
 

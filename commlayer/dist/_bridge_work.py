@@ -14,14 +14,17 @@ An op that is already complete when its future is asked for (every op of a synch
 such as shm) gets an already completed future, without a thread hand-off, unless an earlier
 future of the group is still pending.
 
-``COMMLAYER_BRIDGE_FUTURES=inline`` makes the thread that asks for a future wait for the op and
-complete it (the bridge's behaviour before): on a machine without a spare core per rank, a
-library that spins while it waits (MPI's blocking calls do) takes that core from backward, and
-DDP runs faster without overlap (see benchmarks/RESULTS.md). Read when a bridge is created.
+Overlap needs a core for the library while backward computes: MPI's blocking calls spin while
+they wait, and on a rank with one core that spin takes turns with backward (DDP ran 0.16-0.9x the
+steps/s of completing futures inline on the 2-core VM, see benchmarks/RESULTS.md).
+``COMMLAYER_BRIDGE_FUTURES`` picks: ``background`` (the completer thread), ``inline`` (the thread
+that asks for a future waits for the op and completes it), or ``auto`` (the default): background
+when this rank has at least two CPUs of its own, else inline. Read when a bridge is created.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -32,25 +35,48 @@ import torch.distributed as torch_dist
 from torch.futures import Future
 
 from ..errors import invalid_argument
+from ..rendezvous import RendezvousEnvError, discover
 from ..work import Work
 
-__all__ = ["FUTURES_ENV", "BridgeWork", "Completer", "inline_futures"]
+__all__ = ["FUTURES_ENV", "BridgeWork", "Completer", "has_spare_cpu", "inline_futures"]
 
 FUTURES_ENV = "COMMLAYER_BRIDGE_FUTURES"
-_FUTURES_MODES = ("background", "inline")
+_FUTURES_MODES = ("auto", "background", "inline")
 
 _JOIN_TIMEOUT_S = 5.0
 _Pending = tuple[Future, Work, list[torch.Tensor]]
 
 
 def inline_futures(environ: Mapping[str, str]) -> bool:
-    """Whether ``$COMMLAYER_BRIDGE_FUTURES`` asks for futures completed by the asking thread."""
-    mode = environ.get(FUTURES_ENV, "").strip().lower() or "background"
+    """Whether ``$COMMLAYER_BRIDGE_FUTURES`` (and, for ``auto``, this rank's CPUs) asks for inline futures."""
+    mode = environ.get(FUTURES_ENV, "").strip().lower() or "auto"
     if mode not in _FUTURES_MODES:
         raise invalid_argument(
             "torch bridge", f"${FUTURES_ENV}", f"one of {_FUTURES_MODES}", repr(mode), None
         )
+    if mode == "auto":
+        return not has_spare_cpu(len(os.sched_getaffinity(0)), os.cpu_count() or 1, _local_ranks(environ))
     return mode == "inline"
+
+
+def has_spare_cpu(usable_cpus: int, host_cpus: int, local_ranks: int) -> bool:
+    """Whether a rank has two CPUs or more of its own: one to compute on, one for the library.
+
+    A rank its launcher pinned to fewer CPUs than the host has owns them; one that may run on
+    every CPU shares them with the host's other ranks.
+    """
+    sharing = local_ranks if usable_cpus >= host_cpus else 1
+    return usable_cpus >= 2 * max(1, sharing)
+
+
+def _local_ranks(environ: Mapping[str, str]) -> int:
+    try:
+        info = discover(environ)
+    except RendezvousEnvError:
+        info = None
+    if info is not None:
+        return info.local_world_size
+    return int(environ.get("LOCAL_WORLD_SIZE", "1") or 1)
 
 
 class Completer:

@@ -5,7 +5,8 @@ One world of 4 ranks under mpirun (COMMLAYER_BACKEND=mpi; ccl runs it too): torc
 bridge answers with commlayer groups built by their members. The same mesh on torch's gloo
 (``backend_override``) in the same world is the reference: DTensor results must be equal and HSDP
 parameters within 1e-6. The world also checks that the bridge's futures complete in the
-background and in order, and that bad input gets the facade's errors.
+background (COMMLAYER_BRIDGE_FUTURES=background: on a rank without a spare core "auto" completes
+them inline) and in order, and that bad input gets the facade's errors.
 """
 
 from __future__ import annotations
