@@ -3,7 +3,7 @@
 1. DDP, 2 CPU ranks (one compute thread each), a model of many small buckets (48 Linear layers,
    one bucket each), steps/s of: torch's gloo; mpi through the bridge; and mpi through the bridge
    with ``COMMLAYER_BRIDGE_FUTURES=inline`` (each bucket's future completed by DDP's thread when it
-   asks for it: buckets cannot overlap backward). ``in_flight`` is the share of buckets whose
+   asks for it: buckets cannot overlap backward); ``auto_mode`` is what the default picks there. ``in_flight`` is the share of buckets whose
    future was still pending when DDP got it: the buckets that overlapped the rest of backward.
 2. The bridge's added cost per 4-byte all_reduce against the commlayer backend called directly
    and against the facade, with the bridge's own steps timed one by one (see ``_bridge_costs``):
@@ -69,7 +69,9 @@ def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
     elapsed = time.perf_counter() - started
     if dist.get_rank() == 0:
         in_flight = pending[0] / pending[1] if pending[1] else None
-        Path(out_path).write_text(json.dumps({"steps_per_s": STEPS / elapsed, "in_flight": in_flight}))
+        auto_inline = _bridge_work.inline_futures({**os.environ, _bridge_work.FUTURES_ENV: "auto"})
+        result = {"steps_per_s": STEPS / elapsed, "in_flight": in_flight, "auto_picks_inline": auto_inline}
+        Path(out_path).write_text(json.dumps(result))
 
 
 def _count_pending_futures() -> list[int]:
@@ -103,6 +105,7 @@ def _ddp(out: Path, width: int, batch_size: int) -> dict:
         "batch": batch_size,
         **{f"{name}_steps_per_s": round(run["steps_per_s"], 1) for name, run in runs.items()},
         "bridge_mpi_in_flight": runs["bridge_mpi"]["in_flight"],
+        "bridge_mpi_auto_mode": "inline" if runs["bridge_mpi"]["auto_picks_inline"] else "background",
         "bridge_mpi_over_gloo": round(runs["bridge_mpi"]["steps_per_s"] / gloo, 2),
         "bridge_mpi_over_futures_inline": round(
             runs["bridge_mpi"]["steps_per_s"] / runs["bridge_mpi_futures_inline"]["steps_per_s"], 2
