@@ -1,15 +1,17 @@
 """The torch bridge's cost, as ratios and differences measured in one run (issue 9).
 
 1. DDP, 2 CPU ranks (one compute thread each), a model of many small buckets (48 Linear layers,
-   one bucket each), steps/s of: torch's gloo; mpi through the bridge; and mpi through the bridge
-   with ``COMMLAYER_BRIDGE_FUTURES=inline`` (each bucket's future completed by DDP's thread when it
-   asks for it: buckets cannot overlap backward); ``auto_mode`` is what the default picks there. ``in_flight`` is the share of buckets whose
-   future was still pending when DDP got it: the buckets that overlapped the rest of backward.
+   one bucket each), steps/s of: torch's gloo; mpi through the bridge with futures completed in
+   the background; and with ``COMMLAYER_BRIDGE_FUTURES=inline`` (each bucket's future completed by
+   DDP's thread when it asks for it: buckets cannot overlap backward). ``auto_mode`` is what the
+   default picks on this machine; ``in_flight`` is the share of buckets whose future was still
+   pending when DDP got it: the buckets that overlapped the rest of backward.
 2. The bridge's added cost per 4-byte all_reduce against the commlayer backend called directly
    and against the facade, with the bridge's own steps timed one by one (see ``_bridge_costs``):
    on a null backend in this process (Python only) and on a 1-rank mpi world.
 
     .venv/bin/python benchmarks/torch_bridge_bench.py [--json benchmarks/torch_bridge_results.json]
+    .venv/bin/python benchmarks/torch_bridge_bench.py --width 256 --batch 64  # more compute per bucket
 """
 
 from __future__ import annotations

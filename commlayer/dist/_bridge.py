@@ -7,6 +7,8 @@
 * ``torch.distributed.init_process_group("commlayer")`` (the ``"commlayer"`` backend registered
   with ``Backend.register_backend``) runs an unmodified torch script on the backend commlayer's
   ``init_process_group(backend=None)`` would pick (``$COMMLAYER_BACKEND``, else the accelerator's).
+  torch's ``new_group(ranks, backend="commlayer")`` (every mesh dimension of torch's
+  ``init_device_mesh``) gets a commlayer group built by its members alone, on torch's store.
 """
 
 from __future__ import annotations
