@@ -1,10 +1,11 @@
 """torch's own 2-D DeviceMesh, DTensor and FSDP2 HSDP on a ``init_process_group("commlayer")`` world.
 
-One world of 4 ranks under mpirun (COMMLAYER_BACKEND=mpi; ccl runs it too): torch's ``init_device_mesh("cpu",
-(2, 2))`` builds each mesh dimension with torch's ``new_group(backend="commlayer")``, which the
-bridge answers with commlayer groups built by their members. The same mesh on torch's gloo
-(``backend_override``) in the same world is the reference: DTensor results must be equal and HSDP
-parameters within 1e-6. The world also checks that the bridge's futures complete in the
+One world of 4 ranks under mpirun (COMMLAYER_BACKEND=mpi; ccl runs it too): torch's
+``init_device_mesh("cpu", (2, 2))`` builds each mesh dimension with torch's
+``new_group(backend="commlayer")``, which the bridge answers with commlayer groups built by their
+members. The same mesh on torch's gloo (``backend_override``) in the same world is the reference:
+DTensor results must be equal and HSDP parameters within 1e-6, as DDP's over the world's bridge
+against a gloo group's. The world also checks that the bridge's futures complete in the
 background (COMMLAYER_BRIDGE_FUTURES=background: on a rank without a spare core "auto" completes
 them inline) and in order, and that bad input gets the facade's errors.
 """
@@ -37,6 +38,7 @@ def main() -> None:
         _mesh_groups_are_commlayer(mesh, rank)
         _dtensor_matches_gloo(mesh, reference)
         _hsdp_matches_gloo(mesh, reference)
+        _ddp_with_background_futures_matches_gloo()
         _futures_complete_in_background_in_order(mesh.get_group("shard"), rank)
         _bad_input_gets_the_facade_errors(mesh.get_group("replicate"), rank)
     finally:
@@ -96,6 +98,31 @@ def _hsdp_matches_gloo(mesh: torch_dist.DeviceMesh, reference: torch_dist.Device
     for name, expected in gloo.items():
         difference = (ours[name] - expected).abs().max().item()
         assert difference <= TOLERANCE, f"HSDP {name}: off by {difference}"
+
+
+def _ddp_with_background_futures_matches_gloo() -> None:
+    """DDP over the world's bridge (many small buckets, futures completed in the background)."""
+    gloo = torch_dist.new_group(backend="gloo")
+    trained = []
+    for pg in (torch_dist.group.WORLD, gloo):
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)),
+            process_group=pg,
+            bucket_cap_mb=0.0001,
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(STEPS):
+            generator = torch.Generator().manual_seed(100 * step + torch_dist.get_rank())
+            model(torch.randn(5, 8, generator=generator)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        trained.append({name: p.detach().clone() for name, p in model.module.named_parameters()})
+    assert isinstance(torch_dist.group.WORLD, CommlayerProcessGroup), torch_dist.group.WORLD
+    ours, expected = trained
+    for name, value in expected.items():
+        difference = (ours[name] - value).abs().max().item()
+        assert difference <= TOLERANCE, f"DDP {name}: off by {difference}"
 
 
 def _futures_complete_in_background_in_order(pg: torch_dist.ProcessGroup, rank: int) -> None:
