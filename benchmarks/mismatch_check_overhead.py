@@ -41,7 +41,7 @@ def launch(args: argparse.Namespace) -> None:
     body = [sys.executable, str(Path(__file__).resolve()), "--rank-body", str(args.iters), str(args.repeats)]
     subprocess.run([*plan.argv, *body], env=dict(plan.env), check=True)
     result = json.loads(OUT.read_text())
-    print(f"{result['library']}; load average {result['load']}; median of {args.repeats} repeats")
+    print(f"{result['library']}; load average {result['load']:.1f}; median of {args.repeats} repeats")
     print(
         f"{'bytes':>9} {'checked us':>11} {'unchecked':>10} {'raw mpi4py':>11} {'check adds':>11} {'vs raw':>7}"
     )
@@ -80,7 +80,7 @@ def rank_body(iters: int, repeats: int) -> None:
         rows.append({"bytes": size, **{f"{name}_us": statistics.median(v) for name, v in timings.items()}})
     if dist.get_rank() == 0:
         document = {
-            "library": MPI.Get_library_version().splitlines()[0],
+            "library": MPI.Get_library_version().replace("\x00", "").splitlines()[0],
             "load": os.getloadavg()[0],
             "rows": rows,
         }

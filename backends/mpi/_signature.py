@@ -8,8 +8,8 @@ two int64 values ``key`` and ``count``, as ``[key, -key, count, -count]`` to one
 ``Allreduce(MAX)``. Afterwards each rank holds the group's maximum and (negated) minimum of both:
 they are equal everywhere exactly when every rank made the same call, so every rank decides alike
 and raises :class:`~commlayer.errors.CollectiveMismatchError` before the real collective moves a
-byte. It is one more collective of latency (a few microseconds on one host: benchmarks/
-mpi_check_overhead.py), negligible next to a 1 MiB collective.
+byte. It is one more collective of latency (a few microseconds on one host:
+benchmarks/mismatch_check_overhead.py), negligible next to a 1 MiB collective.
 
 Vector all-to-alls pass a count of 0: their per-rank sizes differ legitimately.
 Example: world of 2, rank 0 ``all_reduce(float32[4])``, rank 1 ``all_reduce(float32[8])``: the
