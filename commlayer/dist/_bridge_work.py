@@ -55,7 +55,11 @@ def inline_futures(environ: Mapping[str, str]) -> bool:
             "torch bridge", f"${FUTURES_ENV}", f"one of {_FUTURES_MODES}", repr(mode), None
         )
     if mode == "auto":
-        return not has_spare_cpu(len(os.sched_getaffinity(0)), os.cpu_count() or 1, _local_ranks(environ))
+        host_cpus = os.cpu_count() or 1
+        usable = (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else host_cpus
+        )  # not on macOS
+        return not has_spare_cpu(usable, host_cpus, _local_ranks(environ))
     return mode == "inline"
 
 
