@@ -9,7 +9,7 @@ repeat and each figure is the median over repeats of the mean time per call (the
 
     python benchmarks/mismatch_check_overhead.py [--iters 2000] [--repeats 7] [--mpi openmpi]
 
-writes benchmarks/data/mismatch_check_overhead.json and prints a table.
+writes benchmarks/data/mismatch_check_overhead_<mpi or default>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 1024, 65536, 1 << 20, 4 << 20)
-OUT = ROOT / "benchmarks" / "data" / "mismatch_check_overhead.json"
+DATA = ROOT / "benchmarks" / "data"
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -38,9 +38,17 @@ def launch(args: argparse.Namespace) -> None:
     if args.mpi:
         env["COMMLAYER_MPI"] = args.mpi
     plan = mpirun_plan(2, env)
-    body = [sys.executable, str(Path(__file__).resolve()), "--rank-body", str(args.iters), str(args.repeats)]
+    out = DATA / f"mismatch_check_overhead_{args.mpi or 'default'}.json"
+    body = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--rank-body",
+        str(args.iters),
+        str(args.repeats),
+        str(out),
+    ]
     subprocess.run([*plan.argv, *body], env=dict(plan.env), check=True)
-    result = json.loads(OUT.read_text())
+    result = json.loads(out.read_text())
     print(f"{result['library']}; load average {result['load']:.1f}; median of {args.repeats} repeats")
     print(
         f"{'bytes':>9} {'checked us':>11} {'unchecked':>10} {'raw mpi4py':>11} {'check adds':>11} {'vs raw':>7}"
@@ -53,7 +61,7 @@ def launch(args: argparse.Namespace) -> None:
         )
 
 
-def rank_body(iters: int, repeats: int) -> None:
+def rank_body(iters: int, repeats: int, out: Path) -> None:
     import torch
     from mpi4py import MPI
 
@@ -84,8 +92,8 @@ def rank_body(iters: int, repeats: int) -> None:
             "load": os.getloadavg()[0],
             "rows": rows,
         }
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(document, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(document, indent=1))
     dist.destroy_process_group()
 
 
@@ -108,7 +116,7 @@ def _per_call(call: Any, iters: int, comm: Any, mpi: Any) -> float:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-body":
-        rank_body(int(sys.argv[2]), int(sys.argv[3]))
+        rank_body(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
