@@ -102,7 +102,13 @@ class TorchBackend(Backend):
 
     @classmethod
     def _torch_new_group(cls, spec: GroupSpec) -> Any:
-        return torch_dist.new_group(ranks=list(spec.ranks), timeout=spec.timeout, backend=cls.torch_backend)
+        # Members only: torch synchronises just them (its group name then comes from their ranks).
+        return torch_dist.new_group(
+            ranks=list(spec.ranks),
+            timeout=spec.timeout,
+            backend=cls.torch_backend,
+            use_local_synchronization=spec.members_only,
+        )
 
     def shutdown(self) -> None:
         _retired_process_groups.append(self._pg)

@@ -112,7 +112,9 @@ class Backend(GenericCollectives, ABC):
         """Build a subgroup over ``spec.ranks`` (global ranks).
 
         Called on the world communicator by *every* world rank, as torch's ``new_group`` is;
-        returns None on ranks outside ``spec.ranks``.
+        returns None on ranks outside ``spec.ranks``. When ``spec.members_only`` is set, only the
+        members call it (torch's own ``new_group`` on a ``"commlayer"`` world): a backend that
+        cannot build a group from its members alone raises UnsupportedError.
         """
 
     @classmethod

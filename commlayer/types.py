@@ -139,7 +139,9 @@ class GroupSpec:
     ``i``. For ``new_group([1, 3])`` in a world of 4, global rank 3 gets ``ranks=(1, 3)`` and
     ``group_rank == 1``; global ranks 0 and 2 are not members. ``store`` is the world's rendezvous
     store; a backend namespaces its keys with ``name``, which is unique per group and equal on
-    every member.
+    every member. ``members_only`` marks a group that only its members build (torch's
+    ``new_group(backend="commlayer")``, which torch asks of the members alone; see
+    :meth:`commlayer.backend.Backend.new_group`).
     """
 
     name: str
@@ -149,6 +151,7 @@ class GroupSpec:
     timeout: timedelta = DEFAULT_TIMEOUT
     options: Any = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    members_only: bool = False
 
     @property
     def size(self) -> int:

@@ -195,11 +195,29 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
     from ._setup import new_member_group
 
     name = str(options.group_id)
+    if not name.isdigit():
+        _refuse_hashed_name_over_torch_groups(name, options.group_rank)
     group = new_member_group(f"torch:{name}", members, options.store, options.timeout)
     bridge = CommlayerProcessGroup(group, name)
     bridge.owns_group = True
     group.bridge = bridge
     return bridge
+
+
+def _refuse_hashed_name_over_torch_groups(name: str, group_rank: int) -> None:
+    """torch names a ``use_local_synchronization`` group by a hash of its ranks and its count of
+    groups; a torch group built underneath it (shm's gloo companion) would get the very same name
+    and collide in torch's registry, so such worlds refuse it up front."""
+    world = current_world("new_group")
+    over_torch = sorted(
+        name for name, backend in world.world_backends.items() if backend.torch_group is not None
+    )
+    if over_torch:
+        raise UnsupportedError(
+            f"new_group: use_local_synchronization=True is not supported on backend '{over_torch[0]}' "
+            f"(group rank {group_rank}, global rank {world.rank}), whose groups stand on torch groups; "
+            "call new_group on every rank instead"
+        )
 
 
 def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:

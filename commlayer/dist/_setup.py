@@ -16,7 +16,6 @@ from ..errors import (
     AlreadyInitializedError,
     BackendUnavailableError,
     InvalidArgumentError,
-    UnsupportedError,
     invalid_argument,
 )
 from ..registry import get_backend_class
@@ -217,9 +216,9 @@ def new_member_group(name: str, ranks: Sequence[int], store: Any, timeout: timed
     """A group of ``ranks`` (global ranks, in group order) built by its members alone, on ``store``.
 
     torch's ``new_group`` asks only the members to build a group, where :func:`new_group` needs
-    every rank of the world; this is torch's way, for backends whose communicators are built by
-    their members (mpi, ccl). Backends that build on torch groups (shm's gloo companion) need every
-    world rank and are refused. Called on member ranks only.
+    every rank of the world: each backend builds it from the members alone (``members_only``;
+    torch groups underneath, such as shm's gloo companion, synchronise only the members too).
+    Called on member ranks only.
 
     Raises:
         UnsupportedError: a backend of the world cannot build a group from its members alone.
@@ -231,13 +230,7 @@ def new_member_group(name: str, ranks: Sequence[int], store: Any, timeout: timed
     communicators = {}
     for backend_name in sorted(set(device_map.values())):
         parent = world.world_backends[backend_name]
-        if parent.torch_group is not None:
-            raise UnsupportedError(
-                f"new_group: backend '{backend_name}' builds its groups on torch groups, which need every "
-                f"rank of the world (rank {world.rank}); create the group with commlayer.dist.new_group({list(members)}) "
-                "on every rank and use its .torch_group"
-            )
-        group_spec = GroupSpec(name, members, world.rank, store, timeout, None)
+        group_spec = GroupSpec(name, members, world.rank, store, timeout, None, members_only=True)
         communicators[backend_name] = parent.new_group(group_spec)
     backends = {device: communicators[backend_name] for device, backend_name in device_map.items()}
     created = ProcessGroup(

@@ -206,22 +206,35 @@ def _error_of(call: Callable[[], object]) -> BaseException | None:
     return None
 
 
-def refused_on_shm() -> None:
-    """On shm (whose gloo companion needs every world rank) torch's new_group is refused, clearly."""
-    from commlayer.errors import UnsupportedError
-
+def on_shm() -> None:
+    """The same mesh on shm, whose groups stand on gloo companions: torch asks only each group's
+    members to build it, and the companions synchronise only them.
+    """
     torch_dist.init_process_group("commlayer")
     try:
         rank = torch_dist.get_rank()
-        try:
-            torch_dist.init_device_mesh("cpu", (2, 1))
-        except UnsupportedError as error:
-            assert "new_group: backend 'shm' builds its groups on torch groups" in str(error), error
-            assert f"(rank {rank})" in str(error) and "commlayer.dist.new_group" in str(error), error
-        else:
-            raise AssertionError("torch's new_group built a shm group from its members alone")
-        value = torch.tensor([rank + 1.0])
-        torch_dist.all_reduce(value)  # the world is still in step: nothing was communicated
-        assert value.item() == 3.0, value
+        mesh = torch_dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=DIMS)
+        reference = torch_dist.init_device_mesh(
+            "cpu", (2, 2), mesh_dim_names=DIMS, backend_override={name: "gloo" for name in DIMS}
+        )
+        _mesh_groups_are_commlayer(mesh, rank)
+        _dtensor_matches_gloo(mesh, reference)
+        _hsdp_matches_gloo(mesh, reference)
+        _bad_input_gets_the_facade_errors(mesh.get_group("replicate"), rank)
+        _members_only_new_group_is_refused(rank)
     finally:
         torch_dist.destroy_process_group()
+
+
+def _members_only_new_group_is_refused(rank: int) -> None:
+    """``use_local_synchronization`` (only the members call torch's new_group): torch would give the
+    gloo companion the group's own hashed name, so shm refuses it clearly, and nothing hangs."""
+    from commlayer.errors import UnsupportedError
+
+    if rank in (0, 1):
+        error = _error_of(lambda: torch_dist.new_group([0, 1], use_local_synchronization=True))
+        assert isinstance(error, UnsupportedError), error
+        assert "use_local_synchronization=True" in str(error) and f"global rank {rank}" in str(error), error
+    value = torch.tensor([rank + 1.0])
+    torch_dist.all_reduce(value)  # the world is still in step
+    assert value.item() == 10.0, value
