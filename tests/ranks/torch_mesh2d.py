@@ -28,6 +28,19 @@ DIMS = ("replicate", "shard")
 
 
 def main() -> None:
+    _on_commlayer_meshes(_ddp_and_futures)
+
+
+def on_shm() -> None:
+    """The same mesh on shm, whose groups stand on gloo companions: torch asks only each group's
+    members to build it, and the companions synchronise only them.
+    """
+    _on_commlayer_meshes(lambda mesh, rank: _members_only_new_group_is_refused(rank))
+
+
+def _on_commlayer_meshes(more_checks: Callable[[torch_dist.DeviceMesh, int], None]) -> None:
+    """A ``"commlayer"`` world with torch's 2-D mesh on it and the same mesh on gloo: the checks
+    every backend passes, then ``more_checks(mesh, rank)``."""
     torch_dist.init_process_group("commlayer")
     try:
         rank = torch_dist.get_rank()
@@ -38,11 +51,15 @@ def main() -> None:
         _mesh_groups_are_commlayer(mesh, rank)
         _dtensor_matches_gloo(mesh, reference)
         _hsdp_matches_gloo(mesh, reference)
-        _ddp_with_background_futures_matches_gloo()
-        _futures_complete_in_background_in_order(mesh.get_group("shard"), rank)
         _bad_input_gets_the_facade_errors(mesh.get_group("replicate"), rank)
+        more_checks(mesh, rank)
     finally:
         torch_dist.destroy_process_group()
+
+
+def _ddp_and_futures(mesh: torch_dist.DeviceMesh, rank: int) -> None:
+    _ddp_with_background_futures_matches_gloo()
+    _futures_complete_in_background_in_order(mesh.get_group("shard"), rank)
 
 
 def _mesh_groups_are_commlayer(mesh: torch_dist.DeviceMesh, rank: int) -> None:
@@ -204,26 +221,6 @@ def _error_of(call: Callable[[], object]) -> BaseException | None:
     except Exception as error:  # noqa: BLE001 - the error is what is compared
         return error
     return None
-
-
-def on_shm() -> None:
-    """The same mesh on shm, whose groups stand on gloo companions: torch asks only each group's
-    members to build it, and the companions synchronise only them.
-    """
-    torch_dist.init_process_group("commlayer")
-    try:
-        rank = torch_dist.get_rank()
-        mesh = torch_dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=DIMS)
-        reference = torch_dist.init_device_mesh(
-            "cpu", (2, 2), mesh_dim_names=DIMS, backend_override={name: "gloo" for name in DIMS}
-        )
-        _mesh_groups_are_commlayer(mesh, rank)
-        _dtensor_matches_gloo(mesh, reference)
-        _hsdp_matches_gloo(mesh, reference)
-        _bad_input_gets_the_facade_errors(mesh.get_group("replicate"), rank)
-        _members_only_new_group_is_refused(rank)
-    finally:
-        torch_dist.destroy_process_group()
 
 
 def _members_only_new_group_is_refused(rank: int) -> None:
