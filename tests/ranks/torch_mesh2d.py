@@ -100,21 +100,13 @@ def _hsdp_matches_gloo(mesh: torch_dist.DeviceMesh, reference: torch_dist.Device
     trained = []
     for device_mesh in (mesh, reference):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        model = _model()
         for layer in (model[0], model[2]):
             fully_shard(layer, mesh=device_mesh)
         fully_shard(model, mesh=device_mesh)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(STEPS):
-            generator = torch.Generator().manual_seed(100 * step + torch_dist.get_rank())
-            model(torch.randn(5, 8, generator=generator)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        _train(model)
         trained.append({name: p.full_tensor().detach().clone() for name, p in model.named_parameters()})
-    ours, gloo = trained
-    for name, expected in gloo.items():
-        difference = (ours[name] - expected).abs().max().item()
-        assert difference <= TOLERANCE, f"HSDP {name}: off by {difference}"
+    _assert_close("HSDP", *trained)
 
 
 def _ddp_with_background_futures_matches_gloo() -> None:
@@ -123,23 +115,31 @@ def _ddp_with_background_futures_matches_gloo() -> None:
     trained = []
     for pg in (torch_dist.group.WORLD, gloo):
         torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(
-            nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)),
-            process_group=pg,
-            bucket_cap_mb=0.0001,
-        )
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(STEPS):
-            generator = torch.Generator().manual_seed(100 * step + torch_dist.get_rank())
-            model(torch.randn(5, 8, generator=generator)).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        model = nn.parallel.DistributedDataParallel(_model(), process_group=pg, bucket_cap_mb=0.0001)
+        _train(model)
         trained.append({name: p.detach().clone() for name, p in model.module.named_parameters()})
     assert isinstance(torch_dist.group.WORLD, CommlayerProcessGroup), torch_dist.group.WORLD
-    ours, expected = trained
+    _assert_close("DDP", *trained)
+
+
+def _model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _train(model: nn.Module) -> None:
+    """STEPS of SGD on data seeded by step and rank: the same on every backend."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        generator = torch.Generator().manual_seed(100 * step + torch_dist.get_rank())
+        model(torch.randn(5, 8, generator=generator)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _assert_close(label: str, ours: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     for name, value in expected.items():
         difference = (ours[name] - value).abs().max().item()
-        assert difference <= TOLERANCE, f"DDP {name}: off by {difference}"
+        assert difference <= TOLERANCE, f"{label} {name}: off by {difference}"
 
 
 def _futures_complete_in_background_in_order(pg: torch_dist.ProcessGroup, rank: int) -> None:
