@@ -196,7 +196,7 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
 
     name = str(options.group_id)
     if not name.isdigit():
-        _refuse_hashed_name_over_torch_groups(name, options.group_rank)
+        _refuse_hashed_name_over_torch_groups(options.group_rank)
     group = new_member_group(f"torch:{name}", members, options.store, options.timeout)
     bridge = CommlayerProcessGroup(group, name)
     bridge.owns_group = True
@@ -204,13 +204,15 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
     return bridge
 
 
-def _refuse_hashed_name_over_torch_groups(name: str, group_rank: int) -> None:
+def _refuse_hashed_name_over_torch_groups(group_rank: int) -> None:
     """torch names a ``use_local_synchronization`` group by a hash of its ranks and its count of
     groups; a torch group built underneath it (shm's gloo companion) would get the very same name
     and collide in torch's registry, so such worlds refuse it up front."""
     world = current_world("new_group")
     over_torch = sorted(
-        name for name, backend in world.world_backends.items() if backend.torch_group is not None
+        backend_name
+        for backend_name, backend in world.world_backends.items()
+        if backend.torch_group is not None
     )
     if over_torch:
         raise UnsupportedError(
