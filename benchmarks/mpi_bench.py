@@ -23,6 +23,14 @@ drift hits every variant alike:
 Times are the slowest rank's, per op, in the best of the rounds (load from other processes on a
 shared host only ever adds time); the JSON also keeps the median. Before timing, each variant's
 result is checked exactly once per op and size.
+
+Ratios against raw are paired: every round times each variant right beside a batch of raw (raw
+first in even rounds, second in odd ones), and a variant's ratio is the median over rounds of
+raw's time over its own in the same round. On a 2-core host a preemption, or the hypervisor moving
+a virtual CPU, slows one batch several-fold for milliseconds; best-of times taken from different
+rounds then compare different machine states, and a single-run ratio moved by up to 0.3 between
+two runs. A paired ratio sees both sides under the same state, and the median drops the rounds a
+preemption hit on one side only.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ class Record:
     median_seconds: float  # the same, median over rounds
     world_size: int
     library: str
+    raw_ratio: float = float("nan")  # median over rounds of raw's time / this variant's, same round
 
 
 # --- inside one mpirun job -------------------------------------------------------------------
@@ -91,9 +100,18 @@ def run_job(rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0) ->
             cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, requests, unchecked)
             for _run, check in cases.values():
                 check()
-            samples = _measure(cases, comm, MPI, rounds, budget_s)
+            samples, ratios = _measure(cases, comm, MPI, rounds, budget_s)
             records += [
-                Record(op, nbytes, name, min(values), statistics.median(values), comm.size, backend.library)
+                Record(
+                    op,
+                    nbytes,
+                    name,
+                    min(values),
+                    statistics.median(values),
+                    comm.size,
+                    backend.library,
+                    statistics.median(ratios[name]),
+                )
                 for name, values in samples.items()
             ]
         if comm.rank == 0:
@@ -213,26 +231,33 @@ def _expected(np: Any, op: str, rank: int, size: int, count: int) -> Any:
 
 def _measure(
     cases: dict[str, Any], comm: Any, mpi: Any, rounds: int, budget_s: float
-) -> dict[str, list[float]]:
-    """Per variant, one time per round: seconds per op of the slowest rank."""
-    share = budget_s / (rounds * len(cases))
-    iterations = {}
-    for name, (run, _check) in cases.items():
-        iterations[name] = _iterations(run, comm, mpi, share)
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per variant and round: seconds per op of the slowest rank, and raw's over it in that round."""
+    others = [name for name in cases if name != "raw"]
+    share = budget_s / (rounds * 2 * len(others))
+    iterations = {name: _iterations(run, comm, mpi, share) for name, (run, _check) in cases.items()}
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
+    ratios: dict[str, list[float]] = {name: [] for name in cases}
     for round_index in range(rounds):
         # Rotate the order, so no variant always runs right after the same other one.
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            run = cases[name][0]
-            comm.Barrier()
-            start = time.perf_counter()
-            for _ in range(iterations[name]):
-                run()
-            elapsed = (time.perf_counter() - start) / iterations[name]
-            samples[name].append(comm.allreduce(elapsed, op=mpi.MAX))
-    return samples
+        shift = round_index % len(others)
+        for name in others[shift:] + others[:shift]:
+            pair = ("raw", name) if round_index % 2 == 0 else (name, "raw")
+            timed = {side: _timed_batch(cases[side][0], iterations[side], comm, mpi) for side in pair}
+            samples["raw"].append(timed["raw"])
+            samples[name].append(timed[name])
+            ratios[name].append(timed["raw"] / timed[name])
+    ratios["raw"] = [1.0]
+    return samples, ratios
+
+
+def _timed_batch(run: Callable[[], Any], iterations: int, comm: Any, mpi: Any) -> float:
+    """Seconds per op of the slowest rank over one batch, ranks lined up by a barrier first."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        run()
+    return comm.allreduce((time.perf_counter() - start) / iterations, op=mpi.MAX)
 
 
 def _iterations(run: Callable[[], Any], comm: Any, mpi: Any, budget_s: float) -> int:
@@ -326,10 +351,13 @@ def render(records: list[Record]) -> str:
     groups = sorted({(record.library, record.world_size) for record in records})
     for library, world_size in groups:
         chosen = [r for r in records if (r.library, r.world_size) == (library, world_size)]
-        table = {(r.op, r.nbytes, r.variant): r.seconds for r in chosen}
-        lines += [
-            f"\n**{library.split(',')[0]}, {world_size} ranks** (us per op, slowest rank, best of the rounds)\n"
-        ]
+        table = {(r.op, r.nbytes, r.variant): r for r in chosen}
+        title = f"**{library.split(',')[0]}, {world_size} ranks**"
+        caption = (
+            f"\n{title} (us per op, slowest rank, best of the rounds; raw/x: median over rounds of the "
+            "paired ratio, best-of ratio in brackets)\n"
+        )
+        lines.append(caption)
         header = (
             "| op | bytes | raw | mpi | mpi-unchecked | mpi-requests | gloo | raw/mpi | mpi - raw (us) "
             "| raw/mpi-unchecked | raw/mpi-requests | mpi-requests - raw (us) | gloo/mpi |"
@@ -341,15 +369,21 @@ def render(records: list[Record]) -> str:
     return "\n".join(lines)
 
 
-def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], float]) -> str:
+def _row(op: str, nbytes: int, table: dict[tuple[str, int, str], Record]) -> str:
     """raw/mpi is mpi's share of raw bandwidth; gloo/mpi > 1 means mpi is that many times faster."""
     variants = ("raw", "mpi", "mpi-unchecked", "mpi-requests", "gloo")
-    us = {variant: table.get((op, nbytes, variant), float("nan")) * 1e6 for variant in variants}
+    found = {variant: table.get((op, nbytes, variant)) for variant in variants}
+    us = {variant: record.seconds * 1e6 if record else float("nan") for variant, record in found.items()}
+
+    def against_raw(variant: str) -> str:
+        paired = found[variant].raw_ratio if found[variant] else float("nan")
+        return f"{paired:.2f} ({us['raw'] / us[variant]:.2f})"
+
     cells = [op, _size(nbytes)] + [f"{us[variant]:.1f}" for variant in variants]
-    cells += [f"{us['raw'] / us['mpi']:.2f}", f"{us['mpi'] - us['raw']:+.1f}"]
+    cells += [against_raw("mpi"), f"{us['mpi'] - us['raw']:+.1f}"]
     cells += [
-        f"{us['raw'] / us['mpi-unchecked']:.2f}",
-        f"{us['raw'] / us['mpi-requests']:.2f}",
+        against_raw("mpi-unchecked"),
+        against_raw("mpi-requests"),
         f"{us['mpi-requests'] - us['raw']:+.1f}",
         f"{us['gloo'] / us['mpi']:.2f}",
     ]
