@@ -19,6 +19,7 @@ from torch import nn
 from commlayer.errors import InvalidArgumentError
 from commlayer.mesh import init_mesh
 from commlayer.parallel import GateOptions, MoE, UlyssesAttention, capacity_for, route, shard_sequence
+from commlayer.parallel._routes import RouteMap, combine, dispatch
 from commlayer.testing import require_mpirun, run_world
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,6 +63,27 @@ def test_routing_follows_the_dropping_rules(policy: str, k: int) -> None:
     assert routing.load.tolist() == torch.bincount(probs.indices.reshape(-1), minlength=5).tolist()
     first = torch.nn.functional.one_hot(probs.indices[:, 0], 5).float().mean(0)
     assert torch.allclose(routing.aux_loss, 5 * (torch.softmax(logits, -1).mean(0) * first).sum())
+
+
+def test_dispatch_and_combine_equal_a_loop_over_choices_and_their_gradients_check() -> None:
+    logits = torch.randn(16, 4, generator=torch.Generator().manual_seed(3))
+    routing = route(logits, GateOptions(k=2, min_capacity=1), capacity=5)
+    assert not bool(routing.kept.all())  # some choices dropped, some slots empty
+    routes = RouteMap.build(routing.expert, routing.slot, 5, 4)
+    tokens = torch.randn(16, 3, dtype=torch.double, requires_grad=True)
+    weight = routing.weight.double().requires_grad_()
+    slots = dispatch(tokens, routes)
+    expected_slots = torch.zeros(20, 3, dtype=torch.double)
+    expected_out = torch.zeros(16, 3, dtype=torch.double)
+    for token, choice in zip(*torch.nonzero(routing.kept, as_tuple=True)):
+        slot = int(routing.expert[token, choice]) * 5 + int(routing.slot[token, choice])
+        expected_slots[slot] = tokens[token]
+        expected_out[token] += weight[token, choice] * (tokens[token] * 2 + 1)
+    assert torch.equal(slots, expected_slots)
+    assert torch.allclose(combine(slots * 2 + 1, weight, routes), expected_out)
+    assert torch.autograd.gradcheck(
+        lambda x, w: combine(dispatch(x, routes) * 2 + 1, w, routes), (tokens, weight)
+    )
 
 
 def test_layers_in_a_world_of_one_equal_plain_computation(world_of_one: None) -> None:

@@ -63,7 +63,11 @@ def _exchange_same_shape(
     ndim = tensors[0].dim()
     scatter_dim, gather_dim = scatter_dim % ndim, gather_dim % ndim
     # (P, n, ...): chunk p of every tensor lies contiguous at send[p], ready for an even split.
-    send = torch.stack([t.unflatten(scatter_dim, (size, -1)).movedim(scatter_dim, 0) for t in tensors], dim=1)
+    chunks = [t.unflatten(scatter_dim, (size, -1)).movedim(scatter_dim, 0) for t in tensors]
+    if len(chunks) == 1 and chunks[0].is_contiguous():  # already in send order: no copy
+        send = chunks[0].unsqueeze(1)
+    else:
+        send = torch.stack(chunks, dim=1)
     received = torch.empty_like(send)
     dist.all_to_all_single(received, send, group=group)
     # received[p] came from group rank p: it is chunk p of the gathered dim.

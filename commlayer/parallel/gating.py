@@ -68,7 +68,8 @@ def route(logits: torch.Tensor, options: GateOptions, capacity: int) -> Routing:
     probs = torch.softmax(logits.float(), dim=-1)
     top_probs, top_experts = probs.topk(options.k, dim=-1)
     slot = _slots(top_experts, top_probs, experts, options.drop_policy)
-    load = torch.bincount(top_experts.reshape(-1), minlength=experts)
+    # A one-hot sum, not bincount: bincount reads its input's maximum back to the host (a sync).
+    load = F.one_hot(top_experts.reshape(-1), experts).sum(dim=0)
     kept = slot < capacity
     weight = top_probs * kept
     if options.normalize_weights and options.k > 1:
@@ -88,8 +89,21 @@ def _slots(top_experts: torch.Tensor, top_probs: torch.Tensor, experts: int, pol
     else:
         order = torch.arange(flat_experts.numel(), device=flat_experts.device)
     ordered = flat_experts[order]
-    counts = torch.cumsum(F.one_hot(ordered, experts), dim=0)
-    position_in_order = counts.gather(1, ordered[:, None]).squeeze(1) - 1
+    position_in_order = _queue_positions(ordered, experts)
     slots = torch.empty_like(position_in_order)
     slots[order] = position_in_order
     return slots.view(k, tokens).t()
+
+
+def _queue_positions(ordered: torch.Tensor, experts: int) -> torch.Tensor:
+    """For each entry of ``ordered`` (expert ids), how many earlier entries chose the same expert.
+
+    One scan over the expert-major one-hot flattened to 1-D: a column-wise cumsum of the
+    ``[choices, experts]`` one-hot runs only ``experts`` threads wide on CUDA (about 6 ms per
+    call at 32k choices), a 1-D scan is one fast device-wide pass.
+    """
+    choices = ordered.shape[0]
+    running = F.one_hot(ordered, experts).t().reshape(-1).cumsum(0).view(experts, choices)
+    before_expert = F.pad(running[:-1, -1], (1, 0))  # choices of all lower experts
+    inclusive = running - before_expert[:, None]
+    return inclusive.gather(0, ordered[None, :]).squeeze(0) - 1

@@ -7,8 +7,8 @@ forward pass routes every token (:mod:`.gating`), packs the kept choices into an
 tokens of its own experts from every rank, runs its experts, all-to-alls the results back and
 combines them with the gate weights. Backward runs the same exchanges in reverse.
 
-Packing uses index copies rather than one-hot ``[tokens, experts, capacity]`` einsums, so no
-tensor grows with ``tokens * experts * capacity``.
+Packing and combining are row gathers whose gradients are gathers too (:mod:`._routes`): no
+one-hot ``[tokens, experts, capacity]`` einsum, no atomic adds and no device-to-host sync.
 
 Gradients: expert weights differ across the "ep" group, so they are summed over ``mesh["edp"]``
 (the ranks holding the same experts); dense weights (the gate, and everything outside the MoE)
@@ -31,6 +31,7 @@ from ..errors import invalid_argument
 from ..mesh import Mesh
 from ._checks import mesh_dim_group, require_divisible
 from ._exchange import exchange
+from ._routes import RouteMap, combine, dispatch
 from .gating import GateOptions, Routing, capacity_for, route
 
 __all__ = ["MoE", "is_expert_parameter", "reduce_gradients"]
@@ -110,23 +111,11 @@ class MoE(nn.Module):
 
     def _dispatch_and_combine(self, tokens: torch.Tensor, routing: Routing) -> torch.Tensor:
         experts, capacity, width = self.num_experts, routing.capacity, tokens.shape[1]
-        # Dropped choices go to one spare row past the buffers (and come back with weight 0), so
-        # no boolean mask -- and no device-to-host sync -- decides the shapes.
-        spare = experts * capacity
-        slot_index = torch.where(routing.kept, routing.expert * capacity + routing.slot, spare).reshape(-1)
-        token_index = torch.arange(tokens.shape[0], device=tokens.device).repeat_interleave(
-            routing.slot.shape[1]
-        )
-        packed = tokens.new_zeros(spare + 1, width).index_copy(
-            0, slot_index, tokens.index_select(0, token_index)
-        )
-        received = self._exchange(packed[:spare].view(experts, capacity, width))
+        routes = RouteMap.build(routing.expert, routing.slot, capacity, experts)
+        received = self._exchange(dispatch(tokens, routes).view(experts, capacity, width))
         results = self._run_experts(received.view(-1, self.num_local_experts, capacity, width))
-        returned = self._exchange(results.view(experts, capacity, -1)).view(spare, -1)
-        returned = torch.cat([returned, returned.new_zeros(1, returned.shape[1])])
-        weights = routing.weight.reshape(-1, 1).to(returned.dtype)
-        picked = returned.index_select(0, slot_index) * weights
-        return picked.new_zeros(tokens.shape[0], picked.shape[1]).index_add(0, token_index, picked)
+        returned = self._exchange(results.reshape(experts, capacity, -1))
+        return combine(returned.view(experts * capacity, -1), routing.weight, routes)
 
     def _exchange(self, buffer: torch.Tensor) -> torch.Tensor:
         return buffer if self.group is None else exchange(self.group, (buffer,), 0, 0)[0]
@@ -134,11 +123,11 @@ class MoE(nn.Module):
     def _run_experts(self, received: torch.Tensor) -> torch.Tensor:
         """``received[p, i]``: the tokens rank ``p`` sent to local expert ``i``; same layout back."""
         sources, _, capacity, width = received.shape
-        outputs = [
-            expert(received[:, index].reshape(sources * capacity, width)).view(sources, capacity, -1)
-            for index, expert in enumerate(self.experts)
-        ]
-        return torch.stack(outputs, dim=1)
+        # Expert-major once, so each expert reads one contiguous block (and its gradient is one
+        # stack, not a zero-filled full-size tensor per expert summed up).
+        per_expert = received.transpose(0, 1).reshape(self.num_local_experts, sources * capacity, width)
+        outputs = [expert(rows) for rows, expert in zip(per_expert.unbind(0), self.experts)]
+        return torch.stack(outputs).view(self.num_local_experts, sources, capacity, -1).transpose(0, 1)
 
 
 def _autocast(tokens: torch.Tensor) -> torch.Tensor:
