@@ -15,10 +15,9 @@ blocking calls for synchronous ops and requests for async ones (ranks must then 
 ``async_op``). ``COMMLAYER_MPI_MODE`` picks the mode when no options are given. Sends and receives
 are non-blocking in every mode, so a batch of them is posted before anything waits.
 
-Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are.
-World of 4, ``new_group([1, 3])``: global ranks 1 and 3 build a two-rank communicator with
-``MPI_Comm_create_group``; on global rank 3, ``broadcast(t, root=0)`` is ``Bcast(t, root=0)`` on
-that communicator, i.e. global rank 1 sends. Global ranks 0 and 2 get None without any MPI call.
+Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are
+(``new_group([1, 3])``: ``broadcast(t, root=0)`` on global rank 3 is ``Bcast(t, root=0)`` on a
+two-rank communicator, where global rank 1 sends). Planned ops run fused launchers (:mod:`._plans`).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from commlayer.work import CompletedWork, WaitLimit, Work
 from . import _cuda, _layouts
 from ._datatypes import MpiTypes
 from ._ordered import OrderedExecutor, OrderedWork
+from ._plans import ordered_launcher
 from ._runtime import (
     INSTALL_HINT,
     MpiLoadError,
@@ -161,6 +161,9 @@ class MpiBackend(Backend):
     def library(self) -> str:
         """The MPI library serving this communicator, e.g. ``Open MPI v5.0.11, ...``."""
         return library_version(self._mpi)
+
+    # Ordered mode's fused launchers of the planned collectives (see Backend.recorded_plan).
+    recorded_plan = ordered_launcher
 
     # --- the mandatory core ----------------------------------------------------------------
 
