@@ -31,11 +31,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ordered_launcher"]
 
-# op -> index of the tensor the flight recorder enters (the facade's ``payload``).
+# op -> index of the tensor the flight recorder enters: the facade's ``payload`` (commlayer.dist._planned).
 _PAYLOAD = {
     "all_reduce": 0,
     "broadcast": 0,
-    "all_gather_into_tensor": 1,
+    "all_gather_into_tensor": 0,
     "reduce_scatter_tensor": 1,
     "all_to_all_single": 1,
 }

@@ -36,6 +36,7 @@ def main(*options: str) -> None:
     assert dist.get_backend() == "mpi" and backend.name == "mpi", dist.get_backend()
     assert backend.library, "the backend reports its MPI library"
     check_tag_range_is_validated()
+    check_planned_ops_run_the_fused_launchers_and_are_recorded()
     check_every_mode_gives_exact_results_sync_and_async()
     check_wait_with_timeout_then_completion()
     check_untimed_wait_ends_at_the_group_timeout()
@@ -47,6 +48,41 @@ def main(*options: str) -> None:
     check_destroy_then_initialise_again()
     if "compat" in options:
         conformance.main()
+
+
+def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
+    """Ordered mode's planned ops run backends/mpi/_plans.py's launchers (the other modes the
+    facade's): exact results, sync and async, and each call in the flight recorder with its op,
+    shape, dtype, root and completed state."""
+    from commlayer.dist import _dispatch
+    from commlayer.dist._groups import resolve_group
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    base = torch.arange(6, dtype=torch.float64)
+    tensor = base + 1000 * rank
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, base * size + 1000 * sum(range(size))), tensor
+    pending = dist.broadcast(tensor := base + 1000 * rank, src=size - 1, async_op=True)
+    gathered = torch.zeros(6 * size, dtype=torch.float64)
+    dist.all_gather_into_tensor(gathered, base + 1000 * rank)
+    pending.wait()
+    assert torch.equal(tensor, base + 1000 * (size - 1)), tensor
+    assert torch.equal(gathered, torch.cat([base + 1000 * peer for peer in range(size)])), gathered
+    launchers = {plan.run.__module__ for key, plan in _dispatch.plans.items() if key[0] == "all_reduce"}
+    ordered = dist.group.WORLD.primary_backend.options.mode == "ordered"  # else the facade's launcher
+    assert launchers and all(module.endswith("mpi._plans") == ordered for module in launchers), launchers
+    collectives = [
+        entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]
+    ]
+    entries = collectives[-3:]
+    seen = [(entry["op"], entry["shape"], entry["dtype"], entry["root"], entry["state"]) for entry in entries]
+    completed = "completed"
+    expected = [
+        ("all_reduce", [6], "float64", -1, completed),
+        ("broadcast", [6], "float64", size - 1, completed),
+        ("all_gather_into_tensor", [6 * size], "float64", -1, completed),
+    ]
+    assert seen == expected, seen
 
 
 def check_tag_range_is_validated() -> None:
