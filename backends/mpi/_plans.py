@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -26,8 +26,8 @@ from commlayer.work import Work
 
 from ._ordered import OrderedWork
 
-if TYPE_CHECKING:
-    from .backend import MpiBackend
+# The backend these launchers serve (backend.MpiBackend, which imports this module).
+MpiBackend = Any
 
 __all__ = ["ordered_launcher"]
 
