@@ -101,5 +101,17 @@ def _shm_extensions() -> list[Extension]:
     ]
 
 
+def _torch_launcher_extensions() -> list[Extension]:
+    """The torch backends' C launchers commlayer.backends._torch_launcher: the Python C API only
+    (no torch or pybind11 headers), so one build serves every torch version."""
+    return [
+        Extension(
+            "commlayer.backends._torch_launcher",
+            sources=["csrc/torch_launcher/launcher.c"],
+            extra_compile_args=["-O2", "-fvisibility=hidden"],
+        )
+    ]
+
+
 if __name__ == "__main__":  # packaging/commlayer-ccl/setup.py imports this file for ccl_extensions
-    setup(packages=_packages(), ext_modules=_shm_extensions() + ccl_extensions())
+    setup(packages=_packages(), ext_modules=_shm_extensions() + _torch_launcher_extensions() + ccl_extensions())

@@ -7,10 +7,17 @@ Profiled on a stand-in ProcessGroup (``benchmarks/torch_vs_commlayer.py --standi
 leaves one Python frame between the facade op and the C++ call, where torch's wrapper has its
 decorator, its checks and its option building; a separate recording wrapper would double that.
 The entry's few lines are therefore written out in each launcher rather than called.
+
+Where the C extension ``commlayer.backends._torch_launcher`` is built (setup.py builds it), the
+five hottest launchers (all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
+send/recv) are its ``Launcher`` objects instead: the same steps with no Python frame, an async
+op's Work built without its ``__init__`` and waited on in C (``LaunchedWork``). The Python
+launchers below stay the reference and the fallback (``COMMLAYER_C_LAUNCHER=0`` selects them).
 """
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -21,9 +28,16 @@ import torch.distributed as torch_dist
 
 from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording
 from commlayer.types import ReduceOp
-from commlayer.work import CompletedWork, TorchWork, Work
+from commlayer.work import CompletedWork, TorchWork, Work, _raise_typed
 
-__all__ = ["fused_plan", "options", "wrap"]
+try:
+    from commlayer.backends import _torch_launcher as native
+except ImportError:  # a checkout laid out without building (the GPU scripts' site): Python launchers
+    native = None
+
+__all__ = ["C_LAUNCHER_ENV", "LaunchedWork", "fused_plan", "native_enabled", "options", "wrap"]
+
+C_LAUNCHER_ENV = "COMMLAYER_C_LAUNCHER"
 
 Launcher = Callable[..., Work | None]
 
@@ -40,6 +54,39 @@ def options(kind: Any, async_op: bool, **fields: Any) -> Any:
     if hasattr(built, "asyncOp"):  # torch >= 2.8: a blocking op may run on the caller's stream
         built.asyncOp = async_op
     return built
+
+
+class LaunchedWork(TorchWork):
+    """The Work of a C launcher's async op: a TorchWork whose untimed wait runs in C."""
+
+
+if native is not None:  # replaces the inherited Python wait; timed and repeated waits still use it
+    LaunchedWork.wait = native.wait_method(LaunchedWork, TorchWork.wait, _raise_typed)
+
+
+def native_enabled() -> bool:
+    """Whether new plans get the C launchers: built, and not turned off by ``$COMMLAYER_C_LAUNCHER=0``."""
+    return native is not None and os.environ.get(C_LAUNCHER_ENV, "1") != "0"
+
+
+def _native_launcher(
+    recording: Recording,
+    shape: int,
+    method: Callable[..., Any],
+    options_pair: tuple[Any, Any],
+    peer_tag: tuple[int, int] = (-1, 0),
+    payload: int = 0,
+) -> Launcher | None:
+    """The C launcher of ``shape`` (0: ``method([t], options)``, 1: ``method(out, in, options)``
+    on 1-D views, 2: ``method([t], peer, tag)``), or None where the Python one must serve."""
+    next_seq, ring, _, op, dtype, root, fail = recording
+    counter = getattr(next_seq, "__self__", None)  # itertools.count.__next__ -> the count
+    if not native_enabled() or not hasattr(counter, "__next__"):
+        return None
+    return native.Launcher(
+        shape, method, *options_pair, *peer_tag, payload, counter, ring, op, dtype, root,
+        STARTED, COMPLETED, fail, LaunchedWork,
+    )  # fmt: skip
 
 
 def wrap(torch_work: Any, results: tuple[torch.Tensor, ...]) -> Work:
@@ -61,6 +108,9 @@ def _listed(
     recording: Recording, method: Callable[..., Any], sync_options: Any, async_options: Any
 ) -> Launcher:
     """For ``method([tensor], options)``: allreduce, broadcast."""
+    compiled = _native_launcher(recording, 0, method, (sync_options, async_options))
+    if compiled is not None:
+        return compiled
     next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
@@ -93,6 +143,9 @@ def _paired(
     Both get 1-D views: gloo splits the larger tensor along dim 0 and compares each piece's shape
     with the smaller one, so it refuses a stacked ``(n, *shape)`` output that NCCL accepts.
     """
+    compiled = _native_launcher(recording, 1, method, (sync_options, async_options), payload=payload)
+    if compiled is not None:
+        return compiled
     next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
@@ -145,6 +198,9 @@ def _point_to_point(recording: Recording, method: Callable[..., Any], peer: int,
 
     Their entries go to the recorder's point-to-point ring (``recording`` says which).
     """
+    compiled = _native_launcher(recording, 2, method, (None, None), (peer, tag))
+    if compiled is not None:
+        return compiled
     next_seq, ring, capacity, op, dtype, root, fail = recording
 
     def run(async_op: bool, tensor: torch.Tensor) -> Work | None:

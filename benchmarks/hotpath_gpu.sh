@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 14's GPU figures in one command: commlayer against raw torch.distributed on NCCL, every
-# hot op, sync and async, 8 B to 4 MiB in steps of 2 (the added-latency range) and on to 256 MiB
-# (busbw), raw torch also timed against itself in the same rotation (--control: the noise floor
-# of each size's busbw ratio), then the facade's own cost on this host's CPU with torch's
-# stand-in ProcessGroup (STANDIN=0 skips it).
+# hot op, sync and async, 8 B to 4 MiB in steps of 4 (FACTOR; the added-latency range) and on to
+# 256 MiB (busbw), 61 rounds (ROUNDS), each rank pinned to a core of its own, raw torch also timed
+# against itself in the same rotation (--control: the noise floor of each size's busbw ratio),
+# then the facade's own cost on this host's CPU with torch's stand-in ProcessGroup, C launchers
+# and Python ones (STANDIN=0 skips it).
 #
 #   NPROC=2 bash benchmarks/hotpath_gpu.sh      (from the repository root; NPROC 2 or 4)
 set -uo pipefail
@@ -12,11 +13,23 @@ NPROC=${NPROC:-2}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source benchmarks/gpu_site.sh
+# gpu_site.sh lays commlayer out without building: compile the torch C launchers (Python C API
+# only) for this python3, or take a prebuilt one from $PREBUILT; without either, Python launchers.
+SUFFIX=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+INCLUDE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+gcc -O2 -fPIC -shared -fvisibility=hidden -I"$INCLUDE" csrc/torch_launcher/launcher.c \
+  -o "$SITE/commlayer/backends/_torch_launcher$SUFFIX" 2>>"$OUT/machine.txt" \
+  || cp "${PREBUILT:-.prebuilt}/_torch_launcher$SUFFIX" "$SITE/commlayer/backends/" \
+  || echo "=== no C launcher: the Python launchers run" | tee -a "$OUT/machine.txt"
+(cd /tmp && python3 -c 'from commlayer.backends import _torch_plans as p; print("C launchers:", p.native_enabled())') \
+  | tee -a "$OUT/machine.txt"
 nvidia-smi topo -m | head -n $((NPROC + 1)) >> "$OUT/machine.txt"
 lscpu | grep -E '^Model name|^CPU\(s\)' >> "$OUT/machine.txt"
 timeout -k 5 "${PER_RUN:-330}" python3 benchmarks/torch_vs_commlayer.py --nproc "$NPROC" --backend nccl \
-  --min-bytes 8 --max-bytes 256M --factor 2 --rounds "${ROUNDS:-15}" --control --json "$OUT/nccl_${NPROC}gpu.json" \
+  --min-bytes 8 --max-bytes 256M --factor "${FACTOR:-4}" --rounds "${ROUNDS:-61}" --control --pin --json "$OUT/nccl_${NPROC}gpu.json" \
   2>&1 | tee "$OUT/nccl_${NPROC}gpu.txt" || echo "=== nccl sweep FAILED or timed out"
 [ "${STANDIN:-1}" = 1 ] || exit 0
-timeout -k 5 "${STANDIN_RUN:-60}" python3 benchmarks/torch_vs_commlayer.py --standin --rounds 9 \
-  2>&1 | tee "$OUT/standin_${NPROC}gpu_host.txt" || echo "=== stand-in FAILED or timed out"
+for launcher in 1 0; do  # the C launchers, then the Python ones (COMMLAYER_C_LAUNCHER=0), same host
+  COMMLAYER_C_LAUNCHER=$launcher timeout -k 5 "${STANDIN_RUN:-60}" python3 benchmarks/torch_vs_commlayer.py \
+    --standin --rounds 9 2>&1 | tee "$OUT/standin_${NPROC}gpu_host_c$launcher.txt" || echo "=== stand-in FAILED"
+done

@@ -14,6 +14,14 @@ ratio, so that drift on a shared host cancels within each pair. busbw uses nccl-
 raw at each size is the method's own noise floor, to tell a real dip in the busbw ratio from a
 noisy one; ``best`` is the ratio of each side's best round.
 
+How noise is kept from deciding the busbw ratio (issue 14: raw torch timed against itself with
+15 rounds dipped below 0.98 at 0-7 of 26 sizes per op on the GPU hosts): ``--pin`` binds each rank
+to its own CPU core (the host-side launch path of a small op is what varies most, and a rank that
+the scheduler migrates or shares a core pays microseconds at random), more and shorter rounds
+(``--rounds 61``: the median of 61 pair ratios has about half the spread of 15's), and the ratio
+is read as the median of adjacent-round pair ratios, so drift cancels within each pair; the
+``--control`` column shows what this method's noise floor is at every size.
+
 ``--standin`` times the facade alone on this CPU: one process on torch's stand-in ProcessGroup
 ("fake": every op completes at once, no communication), raw torch, commlayer and the bare
 ProcessGroup method side by side; ``--before REF`` also runs that on the commlayer of git commit
@@ -114,13 +122,27 @@ def summarise(rows: list[dict]) -> list[dict]:
             "min_ratio_at": format_size(members[ratios.index(min(ratios))]["bytes"]),
             "min_best_ratio": min(row["best_ratio"] for row in members),
         }
+        item["sizes_below_0.98"] = sum(ratio < 0.98 for ratio in ratios)
         if "control_ratio" in members[0]:
             item["min_control_ratio"] = min(row["control_ratio"] for row in members)
+            item["control_sizes_below_0.98"] = sum(row["control_ratio"] < 0.98 for row in members)
         summary.append(item)
     return summary
 
 
+def pin_rank(local_rank: int, local_world: int) -> None:
+    """Bind this rank to one CPU core of its own, spread over the cores this process may use."""
+    cores = sorted(os.sched_getaffinity(0))
+    stride = max(1, len(cores) // max(1, local_world))
+    os.sched_setaffinity(0, {cores[(local_rank * stride) % len(cores)]})
+
+
 def run(options: argparse.Namespace) -> None:
+    if options.pin:
+        pin_rank(
+            int(os.environ.get("LOCAL_RANK", "0")),
+            int(os.environ.get("LOCAL_WORLD_SIZE", options.nproc or 1)),
+        )
     dist.init_process_group(options.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = _device(options.backend)
@@ -160,6 +182,7 @@ def main() -> None:
     parser.add_argument(
         "--control", action="store_true", help="also time raw torch against itself (the noise floor)"
     )
+    parser.add_argument("--pin", action="store_true", help="bind each rank to a CPU core of its own")
     parser.add_argument("--standin", action="store_true", help="time the facade alone (see the docstring)")
     parser.add_argument("--before", default=None, help="with --standin: also time git commit REF's commlayer")
     parser.add_argument(
@@ -216,9 +239,18 @@ def _print(rows: list[dict], summary: list[dict], backend: str, world: int) -> N
         print(
             f"{item['op']:<18}{item['mode']:<6} added {item['median_added_us_to_4MiB']:+6.2f} us   "
             f"min ratio {item['min_busbw_ratio']:.3f} at {item['min_ratio_at']:>5}   best-of "
-            f"{item['min_best_ratio']:.3f}" + ("" if control is None else f"   raw/raw {control:.3f}"),
+            f"{item['min_best_ratio']:.3f}   below 0.98 at {item['sizes_below_0.98']}/{len(sizes_of(rows, item))}"
+            + (
+                ""
+                if control is None
+                else f"   raw/raw {control:.3f} ({item['control_sizes_below_0.98']} below)"
+            ),
             flush=True,
         )
+
+
+def sizes_of(rows: list[dict], item: dict) -> list[int]:
+    return [row["bytes"] for row in rows if (row["op"], row["mode"]) == (item["op"], item["mode"])]
 
 
 def _sizes(low: int, high: int, factor: int) -> list[int]:

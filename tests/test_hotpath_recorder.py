@@ -18,13 +18,18 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
+from commlayer.backends import _torch_plans
 from commlayer.dist import _dispatch
 from commlayer.dist._groups import resolve_group
 from commlayer.flight_recorder import FlightRecorder, describe_entry
 
 
-@pytest.fixture
-def world() -> Iterator[None]:
+@pytest.fixture(params=["C", "Python"])
+def world(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A world of one, once with the C launchers (where built) and once with the Python ones."""
+    if request.param == "C" and not _torch_plans.native_enabled():
+        pytest.skip("the C launcher extension is not built")
+    monkeypatch.setenv(_torch_plans.C_LAUNCHER_ENV, "1" if request.param == "C" else "0")
     dist.init_process_group(
         "gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20)
     )
@@ -76,8 +81,12 @@ def test_the_torch_backend_plans_record_themselves(world: None) -> None:
     for _ in range(2):
         dist.all_reduce(torch.ones(2))
         dist.all_to_all_single(torch.zeros(2), torch.ones(2))
+    native = _torch_plans.native_enabled()
     for plan in _dispatch.plans.values():
-        assert plan.run.__module__ == "commlayer.backends._torch_plans", plan.run
+        if native and plan.call.op == "all_reduce":
+            assert isinstance(plan.run, _torch_plans.native.Launcher), plan.run
+        else:
+            assert plan.run.__module__ == "commlayer.backends._torch_plans", plan.run
 
 
 def test_an_async_entry_tracks_its_work_weakly(world: None) -> None:

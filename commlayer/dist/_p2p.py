@@ -19,6 +19,11 @@ from ._dispatch import OpCall, begin, contiguous, launch, plans, remember, run_s
 from ._groups import resolve_group
 from ._trace import wait_translated
 
+try:  # the C lookup of planned calls; backends/_torch_launcher has no commlayer imports
+    from ..backends import _torch_launcher as native
+except ImportError:  # a checkout laid out without building: the same lookup in Python
+    native = None
+
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
 
 
@@ -61,12 +66,9 @@ def isend(
         >>> if dist.get_rank() == 0:
         ...     dist.isend(torch.ones(2), dst=1).wait()
     """
-    try:  # the plan lookup of _point_to_point, inlined: async p2p has no other Python to spare
-        plan = plans.get(("send", group, dst, tag, tensor.dtype, tensor.device, tensor.layout))
-    except (AttributeError, TypeError):
-        plan = None
-    if plan is not None and dst.__class__ is int and group_dst is None and tensor.is_contiguous():
-        return plan.run(True, tensor)
+    work = _planned_isend(tensor, dst, group, tag, group_dst)
+    if work is not NO_PLAN:
+        return work
     work = _point_to_point("send", tensor, dst, group, tag, group_dst, True)
     return None if work is NOT_MEMBER else work
 
@@ -105,12 +107,9 @@ def irecv(
         ...     incoming = torch.zeros(2)
         ...     dist.irecv(incoming, src=0).wait()
     """
-    try:  # as in isend
-        plan = plans.get(("recv", group, src, tag, tensor.dtype, tensor.device, tensor.layout))
-    except (AttributeError, TypeError):
-        plan = None
-    if plan is not None and src.__class__ is int and group_src is None and tensor.is_contiguous():
-        return plan.run(True, tensor)
+    work = _planned_irecv(tensor, src, group, tag, group_src)
+    if work is not NO_PLAN:
+        return work
     work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
     return None if work is NOT_MEMBER else work
 
@@ -146,7 +145,8 @@ def send(
         >>> if dist.get_rank() == 0:
         ...     dist.send(torch.ones(2), dst=1)
     """
-    _point_to_point("send", tensor, dst, group, tag, group_dst, False)
+    if _planned_send(tensor, dst, group, tag, group_dst) is NO_PLAN:
+        _point_to_point("send", tensor, dst, group, tag, group_dst, False)
 
 
 def recv(
@@ -158,6 +158,8 @@ def recv(
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 on a non-member)."""
     if src.__class__ is int and group_src is None:  # the common case: its own answer
+        if _planned_recv(tensor, src, group, tag, None) is not NO_PLAN:
+            return src
         done = _point_to_point("recv", tensor, src, group, tag, None, False)
         return -1 if done is NOT_MEMBER else src
     work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
@@ -173,6 +175,38 @@ def recv(
 
 
 NOT_MEMBER: Any = object()
+NO_PLAN: Any = object()  # what a planned_* lookup returns when the call has no plan to run
+
+
+def _python_planned(kind: str, async_op: bool) -> Callable[..., Any]:
+    """The planned call of ``kind`` in Python, where the C one is not built (see PlannedP2P)."""
+
+    def planned(tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any) -> Any:
+        try:
+            plan = plans.get((kind, group, peer, tag, tensor.dtype, tensor.device, tensor.layout))
+        except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked later
+            return NO_PLAN
+        # An int peer only: True and 1.0 equal 1 as keys, and they must still be refused.
+        if plan is not None and peer.__class__ is int and group_peer is None and tensor.is_contiguous():
+            return plan.run(async_op, tensor)
+        return NO_PLAN
+
+    return planned
+
+
+def _planned(kind: str, async_op: bool) -> Callable[..., Any]:
+    """``planned(tensor, peer, group, tag, group_peer)``: the call run through its plan, else
+    NO_PLAN (no plan yet, or an argument the plan's key cannot vouch for): the C lookup of
+    ``commlayer.backends._torch_launcher`` where built (~0.2-0.4 us less per call), else Python's."""
+    if native is None:
+        return _python_planned(kind, async_op)
+    return native.PlannedP2P(plans, kind, async_op, NO_PLAN)
+
+
+_planned_isend = _planned("send", True)
+_planned_irecv = _planned("recv", True)
+_planned_send = _planned("send", False)
+_planned_recv = _planned("recv", False)
 
 
 def _point_to_point(

@@ -1,0 +1,558 @@
+// Fused launchers for the torch backends' hot ops, in C: commlayer.backends._torch_launcher.
+//
+// One call does what backends/_torch_plans.py's Python launchers do (and what they stay the
+// reference for): enter the call in the group's flight recorder ring, call the ProcessGroup's
+// bound method with options built once, wrap an async op's torch Work in commlayer's Work (or
+// wait for a blocking one) and mark the entry. On the GPU hosts' CPUs the Python version of
+// this cost async point-to-point ~1 us more than torch's own wrapper: a Python frame, the
+// entry's list, the Work's __init__ frame and its wait frame. Here the launcher is the callable
+// itself (vectorcall, no frame), the Work is allocated without running __init__, and the
+// Work's untimed wait is a C method (``fast_wait``) that calls torch's wait directly.
+//
+// Only the Python C API is used (no torch headers): the extension is independent of the torch
+// version and calls the ProcessGroup's methods through their Python bindings, as torch's own
+// Python wrapper does.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+enum Shape { LISTED = 0, PAIRED = 1, POINT_TO_POINT = 2 };
+
+// Entry slots, as commlayer.flight_recorder numbers them (SEQ, OP, ..., WORK).
+enum { SEQ, OP, SHAPE, DTYPE, ROOT, STATE, QUEUED_NS, COMPLETED_NS, WORK, ENTRY_SLOTS };
+
+static PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done, *minus_one,
+    *zero, *empty_tuple;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int shape;    // enum Shape
+    int payload;  // PAIRED: which tensor the entry describes (0 output, 1 input)
+    Py_ssize_t capacity;
+    PyObject *method, *sync_options, *async_options, *peer, *tag;
+    PyObject *counter, *ring, *op, *dtype, *root, *started, *completed, *fail, *work_type;
+} Launcher;
+
+static PyObject *now_ns(void) {
+    struct timespec now;  // CLOCK_MONOTONIC: what time.monotonic_ns reads on Linux
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+}
+
+// A 1-D view of tensor (a new reference): the tensor itself when already 1-D (a view costs ~1 us).
+// dims < 0: not known yet, asked of the tensor.
+static PyObject *flat(PyObject *tensor, Py_ssize_t dims) {
+    if (dims < 0) {
+        PyObject *counted = PyObject_CallMethodNoArgs(tensor, str_dim);
+        if (counted == NULL) return NULL;
+        dims = PyLong_AsSsize_t(counted);
+        Py_DECREF(counted);
+        if (dims < 0 && PyErr_Occurred()) return NULL;
+    }
+    if (dims == 1) {
+        Py_INCREF(tensor);
+        return tensor;
+    }
+    return PyObject_CallMethodOneArg(tensor, str_view, minus_one);
+}
+
+static void untrack(PyObject *object) {
+    if (PyObject_IS_GC(object) && PyObject_GC_IsTracked(object)) PyObject_GC_UnTrack(object);
+}
+
+// The recorder entry [seq, op, shape, dtype, root, started, now, 0, None], stored in the ring.
+static PyObject *enter(Launcher *self, PyObject *described, Py_ssize_t *dims) {
+    PyObject *seq = PyIter_Next(self->counter);
+    if (seq == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "flight recorder counter ended");
+        return NULL;
+    }
+    Py_ssize_t slot = PyLong_AsSsize_t(seq) % self->capacity;
+    PyObject *shape = PyObject_GetAttr(described, str_shape);
+    PyObject *queued = now_ns();
+    PyObject *entry = PyList_New(ENTRY_SLOTS);
+    if (shape == NULL || queued == NULL || entry == NULL || (slot < 0 && PyErr_Occurred())) {
+        Py_DECREF(seq);
+        Py_XDECREF(shape);
+        Py_XDECREF(queued);
+        Py_XDECREF(entry);
+        return NULL;
+    }
+    *dims = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1;  // torch.Size is a tuple
+    PyObject *items[ENTRY_SLOTS] = {seq,          self->op, shape, self->dtype, self->root,
+                                    self->started, queued,  zero,  Py_None};
+    for (int index = 0; index < ENTRY_SLOTS; index++) {
+        if (index != SEQ && index != SHAPE && index != QUEUED_NS) Py_INCREF(items[index]);
+        PyList_SET_ITEM(entry, index, items[index]);
+    }
+    // The entry outlives thousands of calls in the ring: tracked, it would add one long-lived
+    // object per call to the cyclic collector's count, and so a full collection of the whole heap
+    // (a large one in a CUDA process) every ~100k calls, amortised ~1 us per call on the GPU
+    // hosts. Nothing in it can refer back to it (ints, strs, a dtype, a shape of ints, a weak
+    // reference without callback), so it and its shape can never be part of a cycle.
+    PyObject_GC_UnTrack(entry);
+    untrack(shape);
+    Py_INCREF(entry);
+    PyList_SetItem(self->ring, slot, entry);  // steals the new reference; drops the old entry
+    return entry;
+}
+
+// The ProcessGroup call (a new reference to torch's Work, or None, or NULL with an error set).
+static PyObject *call_group(Launcher *self, PyObject *options, PyObject *const *tensors, Py_ssize_t dims) {
+    if (self->shape == PAIRED) {
+        PyObject *other = tensors[1 - self->payload];
+        PyObject *views[2] = {NULL, NULL};
+        views[self->payload] = flat(tensors[self->payload], dims);
+        views[1 - self->payload] = flat(other, -1);
+        PyObject *result = NULL;
+        if (views[0] != NULL && views[1] != NULL) {
+            PyObject *call_args[3] = {views[0], views[1], options};
+            result = PyObject_Vectorcall(self->method, call_args, 3, NULL);
+        }
+        Py_XDECREF(views[0]);
+        Py_XDECREF(views[1]);
+        return result;
+    }
+    PyObject *listed = PyList_New(1);
+    if (listed == NULL) return NULL;
+    Py_INCREF(tensors[0]);
+    PyList_SET_ITEM(listed, 0, tensors[0]);
+    PyObject *result;
+    if (self->shape == POINT_TO_POINT) {
+        PyObject *call_args[3] = {listed, self->peer, self->tag};
+        result = PyObject_Vectorcall(self->method, call_args, 3, NULL);
+    } else {
+        PyObject *call_args[2] = {listed, options};
+        result = PyObject_Vectorcall(self->method, call_args, 2, NULL);
+    }
+    Py_DECREF(listed);
+    return result;
+}
+
+// commlayer's Work around torch's, built without its __init__ frame (two attribute stores).
+static PyObject *new_work(PyTypeObject *type, PyObject *torch_work, PyObject *result_tensor) {
+    PyObject *work = type->tp_new(type, empty_tuple, NULL);
+    if (work == NULL) return NULL;
+    PyObject *results = PyTuple_Pack(1, result_tensor);
+    if (results == NULL || PyObject_SetAttr(work, str_result, results) < 0 ||
+        PyObject_SetAttr(work, str_torch_work, torch_work) < 0) {
+        Py_XDECREF(results);
+        Py_DECREF(work);
+        return NULL;
+    }
+    Py_DECREF(results);
+    return work;
+}
+
+// With an exception set: hand it to fail(error), which raises it or its typed translation, as
+// the Python launchers do inside their except block. Other BaseExceptions pass through.
+static PyObject *translate_failure(Launcher *self) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL) PyException_SetTraceback(value, traceback);
+    PyObject *handled = PyErr_GetHandledException();  // fail() runs as if in an except block
+    PyErr_SetHandledException(value);
+    PyObject *returned = PyObject_CallOneArg(self->fail, value);
+    PyErr_SetHandledException(handled);
+    Py_XDECREF(handled);
+    if (returned != NULL) {  // fail() must raise; if it did not, the original error stands
+        Py_DECREF(returned);
+        PyErr_Restore(type, value, traceback);
+        return NULL;
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return NULL;
+}
+
+static PyObject *finish(Launcher *self, PyObject *entry, PyObject *torch_work, int async_op, PyObject *result_tensor) {
+    if (async_op) {
+        PyObject *work = new_work((PyTypeObject *)self->work_type, torch_work, result_tensor);
+        PyObject *weak = work == NULL ? NULL : PyWeakref_NewRef(work, NULL);
+        if (weak == NULL) {
+            Py_XDECREF(work);
+            return NULL;
+        }
+        untrack(weak);  // as the entry: it has no callback and refers to the Work weakly
+        PyList_SetItem(entry, WORK, weak);
+        return work;
+    }
+    if (torch_work != Py_None) {  // NCCL may run a blocking op on the caller's stream: no Work
+        PyObject *waited = PyObject_CallMethodNoArgs(torch_work, str_wait);
+        if (waited == NULL) return translate_failure(self);
+        Py_DECREF(waited);
+    }
+    PyObject *completed_ns = now_ns();
+    if (completed_ns == NULL) return NULL;
+    Py_INCREF(self->completed);
+    PyList_SetItem(entry, STATE, self->completed);
+    PyList_SetItem(entry, COMPLETED_NS, completed_ns);
+    Py_RETURN_NONE;
+}
+
+// run(async_op, tensor) or, PAIRED, run(async_op, output, input): the launcher's whole call.
+static PyObject *launcher_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Launcher *self = (Launcher *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), tensors = self->shape == PAIRED ? 2 : 1;
+    if (nargs != 1 + tensors || kwnames != NULL) {
+        PyErr_Format(PyExc_TypeError, "launcher of %U: expected (async_op, %zd tensor(s)), received %zd arguments",
+                     self->op, tensors, nargs);
+        return NULL;
+    }
+    int async_op = PyObject_IsTrue(args[0]);
+    if (async_op < 0) return NULL;
+    PyObject *const *operands = args + 1;
+    Py_ssize_t dims = -1;
+    PyObject *entry = enter(self, operands[self->shape == PAIRED ? self->payload : 0], &dims);
+    if (entry == NULL) return NULL;
+    PyObject *options = async_op ? self->async_options : self->sync_options;
+    PyObject *torch_work = call_group(self, options, operands, dims);
+    PyObject *result = torch_work == NULL ? translate_failure(self) : finish(self, entry, torch_work, async_op, operands[0]);
+    Py_XDECREF(torch_work);
+    Py_DECREF(entry);
+    return result;
+}
+
+static int launcher_init(Launcher *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"shape", "method", "sync_options", "async_options", "peer", "tag", "payload",
+                               "counter", "ring", "op", "dtype", "root", "started", "completed", "fail",
+                               "work_type", NULL};
+    PyObject *fields[14];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOOOOiOO!OOOOOOO!", keywords, &self->shape, &fields[0],
+                                     &fields[1], &fields[2], &fields[3], &fields[4], &self->payload,
+                                     &fields[5], &PyList_Type, &fields[6], &fields[7], &fields[8], &fields[9],
+                                     &fields[10], &fields[11], &fields[12], &PyType_Type, &fields[13])) {
+        return -1;
+    }
+    if (self->shape < LISTED || self->shape > POINT_TO_POINT || self->payload < 0 || self->payload > 1 ||
+        PyList_GET_SIZE(fields[6]) == 0) {
+        PyErr_SetString(PyExc_ValueError, "Launcher: shape in 0..2, payload 0 or 1 and a non-empty ring expected");
+        return -1;
+    }
+    PyObject **slots[14] = {&self->method, &self->sync_options, &self->async_options, &self->peer, &self->tag,
+                            &self->counter, &self->ring,   &self->op,      &self->dtype, &self->root,
+                            &self->started, &self->completed, &self->fail, &self->work_type};
+    for (int index = 0; index < 14; index++) {
+        Py_INCREF(fields[index]);
+        Py_XSETREF(*slots[index], fields[index]);
+    }
+    self->capacity = PyList_GET_SIZE(self->ring);  // the ring never changes size
+    self->vectorcall = launcher_vectorcall;
+    return 0;
+}
+
+static int launcher_traverse(Launcher *self, visitproc visit, void *arg) {
+    Py_VISIT(self->method);
+    Py_VISIT(self->sync_options);
+    Py_VISIT(self->async_options);
+    Py_VISIT(self->peer);
+    Py_VISIT(self->tag);
+    Py_VISIT(self->counter);
+    Py_VISIT(self->ring);
+    Py_VISIT(self->op);
+    Py_VISIT(self->dtype);
+    Py_VISIT(self->root);
+    Py_VISIT(self->started);
+    Py_VISIT(self->completed);
+    Py_VISIT(self->fail);
+    Py_VISIT(self->work_type);
+    return 0;
+}
+
+static int launcher_clear(Launcher *self) {
+    Py_CLEAR(self->method);
+    Py_CLEAR(self->sync_options);
+    Py_CLEAR(self->async_options);
+    Py_CLEAR(self->peer);
+    Py_CLEAR(self->tag);
+    Py_CLEAR(self->counter);
+    Py_CLEAR(self->ring);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->dtype);
+    Py_CLEAR(self->root);
+    Py_CLEAR(self->started);
+    Py_CLEAR(self->completed);
+    Py_CLEAR(self->fail);
+    Py_CLEAR(self->work_type);
+    return 0;
+}
+
+static void launcher_dealloc(Launcher *self) {
+    PyObject_GC_UnTrack(self);
+    launcher_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *launcher_repr(Launcher *self) {
+    return PyUnicode_FromFormat("<commlayer C launcher of %R>", self->op);
+}
+
+static PyMemberDef launcher_members[] = {
+    {"op", T_OBJECT, offsetof(Launcher, op), READONLY, "the op as the flight recorder enters it"},
+    {NULL},
+};
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_launcher.Launcher",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Launcher(shape, method, sync_options, async_options, peer, tag, payload, counter, ring, op, "
+              "dtype, root, started, completed, fail, work_type): run(async_op, *tensors), recorded.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)launcher_init,
+    .tp_dealloc = (destructor)launcher_dealloc,
+    .tp_traverse = (traverseproc)launcher_traverse,
+    .tp_clear = (inquiry)launcher_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Launcher, vectorcall),
+    .tp_repr = (reprfunc)launcher_repr,
+    .tp_members = launcher_members,
+};
+
+// --- the planned point-to-point call ------------------------------------------------------
+
+// PlannedP2P(plans, kind, async_op, no_plan): called as (tensor, peer, group, tag, group_peer),
+// it runs the plan of commlayer.dist._p2p's key (kind, group, peer, tag, dtype, device, layout)
+// when one exists, the peer is an int, group_peer is None and the tensor is contiguous, and
+// returns no_plan otherwise (the Python path then validates, plans or refuses the call). The
+// Python lookup it replaces cost isend ~0.45 us of its ~0.8 us on the project VM.
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *plans, *kind, *async_op, *no_plan;
+} PlannedP2P;
+
+static PyObject *str_dtype, *str_device, *str_layout, *str_is_contiguous;
+
+static PyObject *plan_key(PlannedP2P *self, PyObject *tensor, PyObject *peer, PyObject *group, PyObject *tag) {
+    PyObject *dtype = PyObject_GetAttr(tensor, str_dtype);
+    PyObject *device = dtype == NULL ? NULL : PyObject_GetAttr(tensor, str_device);
+    PyObject *layout = device == NULL ? NULL : PyObject_GetAttr(tensor, str_layout);
+    if (layout == NULL) {
+        Py_XDECREF(dtype);
+        Py_XDECREF(device);
+        return NULL;
+    }
+    PyObject *key = PyTuple_New(7);
+    if (key == NULL) {
+        Py_DECREF(dtype);
+        Py_DECREF(device);
+        Py_DECREF(layout);
+        return NULL;
+    }
+    PyObject *items[7] = {self->kind, group, peer, tag, dtype, device, layout};
+    for (int index = 0; index < 7; index++) {
+        if (index < 4) Py_INCREF(items[index]);
+        PyTuple_SET_ITEM(key, index, items[index]);
+    }
+    return key;
+}
+
+static PyObject *planned_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PlannedP2P *self = (PlannedP2P *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 5 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "PlannedP2P: expected (tensor, peer, group, tag, group_peer)");
+        return NULL;
+    }
+    PyObject *tensor = args[0], *peer = args[1];
+    // An int peer only: True and 1.0 equal 1 as keys, and they must still be refused.
+    if (!PyLong_CheckExact(peer) || args[4] != Py_None) return Py_NewRef(self->no_plan);
+    PyObject *key = plan_key(self, tensor, peer, args[2], args[3]);
+    if (key == NULL) {  // not a tensor: the Python path names the argument
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        return Py_NewRef(self->no_plan);
+    }
+    PyObject *plan = PyDict_GetItemWithError(self->plans, key);  // borrowed
+    Py_DECREF(key);
+    if (plan == NULL) {
+        if (PyErr_Occurred()) {  // an unhashable group or tag: the Python path refuses it
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
+            PyErr_Clear();
+        }
+        return Py_NewRef(self->no_plan);
+    }
+    Py_INCREF(plan);  // a concurrent forget_plans() must not free it under us
+    PyObject *contiguous = PyObject_CallMethodNoArgs(tensor, str_is_contiguous);
+    PyObject *result = NULL;
+    if (contiguous == Py_True) {
+        PyObject *run = PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) > 0 ? PyTuple_GET_ITEM(plan, 0) : NULL;
+        PyObject *call_args[2] = {self->async_op, tensor};
+        result = run == NULL ? Py_NewRef(self->no_plan) : PyObject_Vectorcall(run, call_args, 2, NULL);
+    } else if (contiguous != NULL) {
+        result = Py_NewRef(self->no_plan);  // staged by the Python path
+    }
+    Py_XDECREF(contiguous);
+    Py_DECREF(plan);
+    return result;
+}
+
+static int planned_init(PlannedP2P *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"plans", "kind", "async_op", "no_plan", NULL};
+    PyObject *plans, *kind, *async_op, *no_plan;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!UO!O", keywords, &PyDict_Type, &plans, &kind, &PyBool_Type,
+                                     &async_op, &no_plan)) {
+        return -1;
+    }
+    Py_XSETREF(self->plans, Py_NewRef(plans));
+    Py_XSETREF(self->kind, Py_NewRef(kind));
+    Py_XSETREF(self->async_op, Py_NewRef(async_op));
+    Py_XSETREF(self->no_plan, Py_NewRef(no_plan));
+    self->vectorcall = planned_vectorcall;
+    return 0;
+}
+
+static int planned_traverse(PlannedP2P *self, visitproc visit, void *arg) {
+    Py_VISIT(self->plans);
+    Py_VISIT(self->kind);
+    Py_VISIT(self->async_op);
+    Py_VISIT(self->no_plan);
+    return 0;
+}
+
+static int planned_clear(PlannedP2P *self) {
+    Py_CLEAR(self->plans);
+    Py_CLEAR(self->kind);
+    Py_CLEAR(self->async_op);
+    Py_CLEAR(self->no_plan);
+    return 0;
+}
+
+static void planned_dealloc(PlannedP2P *self) {
+    PyObject_GC_UnTrack(self);
+    planned_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject PlannedP2PType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_launcher.PlannedP2P",
+    .tp_basicsize = sizeof(PlannedP2P),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "PlannedP2P(plans, kind, async_op, no_plan)(tensor, peer, group, tag, group_peer): a planned "
+              "send or recv, or no_plan.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)planned_init,
+    .tp_dealloc = (destructor)planned_dealloc,
+    .tp_traverse = (traverseproc)planned_traverse,
+    .tp_clear = (inquiry)planned_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(PlannedP2P, vectorcall),
+};
+
+// --- the Work's untimed wait ---------------------------------------------------------------
+
+// The Python wait (timed waits, a second wait, errors) and the error translation it uses.
+static PyObject *python_wait, *on_wait_error;
+
+// work.wait(timeout=None): untimed and not yet done -> torch's wait, then _done; else Python's.
+static PyObject *fast_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t given = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    int finished = 1;  // a timeout (or odd arguments) takes the Python path, which checks them
+    if (given == 0 || (given == 1 && args[0] == Py_None)) {
+        PyObject *done = PyObject_GetAttr(self, str_done);
+        if (done == NULL) return NULL;
+        finished = PyObject_IsTrue(done);
+        Py_DECREF(done);
+        if (finished < 0) return NULL;
+    }
+    if (finished) {  // a timeout or a second wait: the Python path
+        PyObject *forwarded[4] = {self, NULL, NULL, NULL};
+        if (given > 3) {
+            PyErr_Format(PyExc_TypeError, "wait() takes at most 1 argument (%zd given)", given);
+            return NULL;
+        }
+        for (Py_ssize_t index = 0; index < given; index++) forwarded[index + 1] = args[index];
+        return PyObject_Vectorcall(python_wait, forwarded, 1 + nargs, kwnames);
+    }
+    PyObject *torch_work = PyObject_GetAttr(self, str_torch_work);
+    if (torch_work == NULL) return NULL;
+    PyObject *waited = PyObject_CallMethodNoArgs(torch_work, str_wait);
+    Py_DECREF(torch_work);
+    if (waited == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return NULL;
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL) PyException_SetTraceback(value, traceback);
+        PyObject *raised = PyObject_CallFunctionObjArgs(on_wait_error, self, value, NULL);
+        Py_XDECREF(raised);  // it raises; should it not, the original error stands
+        if (raised != NULL) PyErr_Restore(type, value, traceback);
+        else {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+        }
+        return NULL;
+    }
+    Py_DECREF(waited);
+    if (PyObject_SetAttr(self, str_done, Py_True) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef fast_wait_def = {
+    "wait", (PyCFunction)(void (*)(void))fast_wait, METH_FASTCALL | METH_KEYWORDS,
+    "wait(timeout=None): block until done (torch's own wait when untimed); see commlayer.work.Work.wait."};
+
+// wait_method(cls, python_wait, on_wait_error): a method descriptor of cls for fast_wait.
+static PyObject *wait_method(PyObject *module, PyObject *args) {
+    PyObject *cls, *fallback, *on_error;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyType_Type, &cls, &fallback, &on_error)) return NULL;
+    if (python_wait != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "wait_method: already made (one Work class uses it)");
+        return NULL;
+    }
+    Py_INCREF(fallback);
+    Py_INCREF(on_error);
+    python_wait = fallback;
+    on_wait_error = on_error;
+    return PyDescr_NewMethod((PyTypeObject *)cls, &fast_wait_def);
+}
+
+static PyMethodDef module_methods[] = {
+    {"wait_method", wait_method, METH_VARARGS, "wait_method(cls, python_wait, on_wait_error) -> descriptor"},
+    {NULL},
+};
+
+static struct PyModuleDef launcher_module = {
+    PyModuleDef_HEAD_INIT, "_torch_launcher", "Fused C launchers for the torch backends' hot ops.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__torch_launcher(void) {
+    str_shape = PyUnicode_InternFromString("shape");
+    str_dim = PyUnicode_InternFromString("dim");
+    str_view = PyUnicode_InternFromString("view");
+    str_wait = PyUnicode_InternFromString("wait");
+    str_result = PyUnicode_InternFromString("_result");
+    str_torch_work = PyUnicode_InternFromString("torch_work");
+    str_done = PyUnicode_InternFromString("_done");
+    minus_one = PyLong_FromLong(-1);
+    zero = PyLong_FromLong(0);
+    empty_tuple = PyTuple_New(0);
+    str_dtype = PyUnicode_InternFromString("dtype");
+    str_device = PyUnicode_InternFromString("device");
+    str_layout = PyUnicode_InternFromString("layout");
+    str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlannedP2PType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&launcher_module);
+    if (module == NULL) return NULL;
+    Py_INCREF(&LauncherType);
+    if (PyModule_AddObject(module, "Launcher", (PyObject *)&LauncherType) < 0) {
+        Py_DECREF(&LauncherType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&PlannedP2PType);
+    if (PyModule_AddObject(module, "PlannedP2P", (PyObject *)&PlannedP2PType) < 0) {
+        Py_DECREF(&PlannedP2PType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
