@@ -11,7 +11,7 @@ The entry's few lines are therefore written out in each launcher rather than cal
 Where the C extension ``commlayer.backends._torch_launcher`` is built (setup.py builds it), the
 five hottest launchers (all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
 send/recv) are its ``Launcher`` objects instead: the same steps with no Python frame, an async
-op's Work built without its ``__init__`` and waited on in C (``LaunchedWork``). The Python
+op's Work a C object waited on in C (``LaunchedWork``, a virtual subclass of Work). The Python
 launchers below stay the reference and the fallback (``COMMLAYER_C_LAUNCHER=0`` selects them).
 """
 
@@ -56,12 +56,11 @@ def options(kind: Any, async_op: bool, **fields: Any) -> Any:
     return built
 
 
-class LaunchedWork(TorchWork):
-    """The Work of a C launcher's async op: a TorchWork whose untimed wait runs in C."""
-
-
-if native is not None:  # replaces the inherited Python wait; timed and repeated waits still use it
-    LaunchedWork.wait = native.wait_method(LaunchedWork, TorchWork.wait, _raise_typed)
+if native is not None:  # the C launchers' Work: a virtual commlayer Work, TorchWork for the rest
+    LaunchedWork: type = native.work_support(TorchWork, _raise_typed)
+    Work.register(LaunchedWork)
+else:
+    LaunchedWork = TorchWork
 
 
 def native_enabled() -> bool:

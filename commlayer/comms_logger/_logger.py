@@ -199,14 +199,30 @@ class CommsLogger:
         pending, clock, records = self.records.pending, time.perf_counter, self.records
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
 
+        drain_at, max_events = _DRAIN_AT, self.options.max_trace_events
+
+        if call.op in _ONE_TENSOR_OPS:  # no *tensors packing: ~0.1 us of the logger's ~0.4 us
+
+            def logged_one(async_op: bool, tensor: torch.Tensor) -> Work | None:
+                if async_op or self._muted_thread is not None:
+                    return observed_run(async_op, tensor)
+                began = clock()
+                run(False, tensor)
+                pending.append((label, tensor.nbytes, began, clock()))
+                if len(pending) >= drain_at:
+                    records.drain(max_events)
+                return None
+
+            return logged_one
+
         def logged(async_op: bool, *tensors: torch.Tensor) -> Work | None:
             if async_op or self._muted_thread is not None:
                 return observed_run(async_op, *tensors)
             began = clock()
             run(False, *tensors)
             pending.append((label, tensors[payload].nbytes, began, clock()))
-            if len(pending) >= _DRAIN_AT:
-                records.drain(self.options.max_trace_events)
+            if len(pending) >= drain_at:
+                records.drain(max_events)
             return None
 
         return logged
@@ -238,6 +254,7 @@ _records = _Records()
 _active: CommsLogger | None = None
 _last: CommsLogger | None = None  # the latest enabled logger, which left any pending entries
 _DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the lock
+_ONE_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "send", "recv"})  # plans run(async_op, tensor)
 
 
 # --- public API --------------------------------------------------------------------------------

@@ -6,8 +6,9 @@
 // wait for a blocking one) and mark the entry. On the GPU hosts' CPUs the Python version of
 // this cost async point-to-point ~1 us more than torch's own wrapper: a Python frame, the
 // entry's list, the Work's __init__ frame and its wait frame. Here the launcher is the callable
-// itself (vectorcall, no frame), the Work is allocated without running __init__, and the
-// Work's untimed wait is a C method (``fast_wait``) that calls torch's wait directly.
+// itself (vectorcall, no frame), the Work is a C object (``Work`` below, a virtual subclass of
+// commlayer's) whose untimed wait calls torch's directly, and the recorder entry is kept out of
+// the cyclic garbage collector.
 //
 // Only the Python C API is used (no torch headers): the extension is independent of the torch
 // version and calls the ProcessGroup's methods through their Python bindings, as torch's own
@@ -16,6 +17,10 @@
 #include <Python.h>
 #include <structmember.h>
 #include <time.h>
+
+typedef struct CWork CWork;
+static PyTypeObject CWorkType;
+static PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);
 
 enum Shape { LISTED = 0, PAIRED = 1, POINT_TO_POINT = 2 };
 
@@ -172,7 +177,9 @@ static PyObject *translate_failure(Launcher *self) {
 
 static PyObject *finish(Launcher *self, PyObject *entry, PyObject *torch_work, int async_op, PyObject *result_tensor) {
     if (async_op) {
-        PyObject *work = new_work((PyTypeObject *)self->work_type, torch_work, result_tensor);
+        PyObject *work = self->work_type == (PyObject *)&CWorkType
+                             ? cwork_new(torch_work, result_tensor)
+                             : new_work((PyTypeObject *)self->work_type, torch_work, result_tensor);
         PyObject *weak = work == NULL ? NULL : PyWeakref_NewRef(work, NULL);
         if (weak == NULL) {
             Py_XDECREF(work);
@@ -444,46 +451,81 @@ static PyTypeObject PlannedP2PType = {
     .tp_vectorcall_offset = offsetof(PlannedP2P, vectorcall),
 };
 
-// --- the Work's untimed wait ---------------------------------------------------------------
+// --- the Work of an async op ---------------------------------------------------------------
 
-// The Python wait (timed waits, a second wait, errors) and the error translation it uses.
-static PyObject *python_wait, *on_wait_error;
+// Work(torch_work, result): what an async launch returns, a virtual subclass of commlayer's Work
+// (registered by backends/_torch_plans.py). Building a Python Work and its instance dict, and a
+// Python frame for its wait, cost isend(...).wait() ~0.3 us on the GPU hosts' CPUs; this one is
+// three pointers, and its untimed wait calls torch's directly. Anything else (a timed wait,
+// then(), get_future(), is_completed(), ...) is answered by a Python TorchWork built on first
+// use ("materialised"), which is told if torch's wait already ran: a second wait on a finished
+// gloo recv would block.
+struct CWork {
+    PyObject_HEAD
+    PyObject *torch_work, *result, *full, *weakrefs;
+    int done;
+};
 
-// work.wait(timeout=None): untimed and not yet done -> torch's wait, then _done; else Python's.
-static PyObject *fast_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t given = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
-    int finished = 1;  // a timeout (or odd arguments) takes the Python path, which checks them
-    if (given == 0 || (given == 1 && args[0] == Py_None)) {
-        PyObject *done = PyObject_GetAttr(self, str_done);
-        if (done == NULL) return NULL;
-        finished = PyObject_IsTrue(done);
-        Py_DECREF(done);
-        if (finished < 0) return NULL;
+// commlayer.work.TorchWork (the materialised form) and _raise_typed (a failed wait's error).
+static PyObject *python_work_type, *on_wait_error;
+
+static PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor) {
+    CWork *work = PyObject_GC_New(CWork, &CWorkType);
+    if (work == NULL) return NULL;
+    work->result = PyTuple_Pack(1, result_tensor);
+    work->torch_work = Py_NewRef(torch_work);
+    work->full = work->weakrefs = NULL;
+    work->done = 0;
+    if (work->result == NULL) {
+        Py_DECREF(work);
+        return NULL;
     }
-    if (finished) {  // a timeout or a second wait: the Python path
-        PyObject *forwarded[4] = {self, NULL, NULL, NULL};
-        if (given > 3) {
-            PyErr_Format(PyExc_TypeError, "wait() takes at most 1 argument (%zd given)", given);
+    PyObject_GC_Track(work);
+    return (PyObject *)work;
+}
+
+static PyObject *materialised(CWork *self) {
+    if (self->full == NULL) {
+        if (python_work_type == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "commlayer C Work: work_support() was not called");
             return NULL;
         }
-        for (Py_ssize_t index = 0; index < given; index++) forwarded[index + 1] = args[index];
-        return PyObject_Vectorcall(python_wait, forwarded, 1 + nargs, kwnames);
+        PyObject *full = PyObject_CallFunctionObjArgs(python_work_type, self->torch_work, self->result, NULL);
+        if (full == NULL) return NULL;
+        if (self->done && PyObject_SetAttr(full, str_done, Py_True) < 0) {
+            Py_DECREF(full);
+            return NULL;
+        }
+        self->full = full;
     }
-    PyObject *torch_work = PyObject_GetAttr(self, str_torch_work);
-    if (torch_work == NULL) return NULL;
-    PyObject *waited = PyObject_CallMethodNoArgs(torch_work, str_wait);
-    Py_DECREF(torch_work);
+    return self->full;
+}
+
+// wait(timeout=None): untimed and first -> torch's wait; otherwise the materialised Work's.
+static PyObject *cwork_wait(CWork *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t given = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    if (self->full != NULL || self->done || !(given == 0 || (given == 1 && args[0] == Py_None))) {
+        PyObject *full = materialised(self);
+        if (full == NULL) return NULL;
+        PyObject *wait = PyObject_GetAttr(full, str_wait);
+        if (wait == NULL) return NULL;
+        PyObject *waited = PyObject_Vectorcall(wait, args, nargs, kwnames);
+        Py_DECREF(wait);
+        return waited;
+    }
+    PyObject *waited = PyObject_CallMethodNoArgs(self->torch_work, str_wait);
     if (waited == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return NULL;
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) || on_wait_error == NULL) return NULL;
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyErr_NormalizeException(&type, &value, &traceback);
         if (traceback != NULL) PyException_SetTraceback(value, traceback);
-        PyObject *raised = PyObject_CallFunctionObjArgs(on_wait_error, self, value, NULL);
-        Py_XDECREF(raised);  // it raises; should it not, the original error stands
-        if (raised != NULL) PyErr_Restore(type, value, traceback);
-        else {
+        PyObject *raised = PyObject_CallFunctionObjArgs(on_wait_error, (PyObject *)self, value, NULL);
+        if (raised != NULL) {  // it must raise; should it not, the original error stands
+            Py_DECREF(raised);
+            PyErr_Restore(type, value, traceback);
+        } else {
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(traceback);
@@ -491,31 +533,77 @@ static PyObject *fast_wait(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     Py_DECREF(waited);
-    if (PyObject_SetAttr(self, str_done, Py_True) < 0) return NULL;
+    self->done = 1;
     Py_RETURN_TRUE;
 }
 
-static PyMethodDef fast_wait_def = {
-    "wait", (PyCFunction)(void (*)(void))fast_wait, METH_FASTCALL | METH_KEYWORDS,
-    "wait(timeout=None): block until done (torch's own wait when untimed); see commlayer.work.Work.wait."};
+// Every other attribute: the type's own first (wait, torch_work), else the materialised Work's.
+static PyObject *cwork_getattro(CWork *self, PyObject *name) {
+    PyObject *found = PyObject_GenericGetAttr((PyObject *)self, name);
+    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
+    PyErr_Clear();
+    PyObject *full = materialised(self);
+    return full == NULL ? NULL : PyObject_GetAttr(full, name);
+}
 
-// wait_method(cls, python_wait, on_wait_error): a method descriptor of cls for fast_wait.
-static PyObject *wait_method(PyObject *module, PyObject *args) {
-    PyObject *cls, *fallback, *on_error;
-    if (!PyArg_ParseTuple(args, "O!OO", &PyType_Type, &cls, &fallback, &on_error)) return NULL;
-    if (python_wait != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "wait_method: already made (one Work class uses it)");
-        return NULL;
-    }
-    Py_INCREF(fallback);
-    Py_INCREF(on_error);
-    python_wait = fallback;
-    on_wait_error = on_error;
-    return PyDescr_NewMethod((PyTypeObject *)cls, &fast_wait_def);
+static int cwork_traverse(CWork *self, visitproc visit, void *arg) {
+    Py_VISIT(self->torch_work);
+    Py_VISIT(self->result);
+    Py_VISIT(self->full);
+    return 0;
+}
+
+static int cwork_clear(CWork *self) {
+    Py_CLEAR(self->torch_work);
+    Py_CLEAR(self->result);
+    Py_CLEAR(self->full);
+    return 0;
+}
+
+static void cwork_dealloc(CWork *self) {
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+    cwork_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyMethodDef cwork_methods[] = {
+    {"wait", (PyCFunction)(void (*)(void))cwork_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait(timeout=None): block until done, as commlayer.work.Work.wait."},
+    {NULL},
+};
+
+static PyMemberDef cwork_members[] = {
+    {"torch_work", T_OBJECT, offsetof(CWork, torch_work), READONLY, "torch's Work"},
+    {NULL},
+};
+
+static PyTypeObject CWorkType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_launcher.Work",
+    .tp_basicsize = sizeof(CWork),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The Work of a C launcher's async op (a virtual commlayer.work.Work).",
+    .tp_dealloc = (destructor)cwork_dealloc,
+    .tp_traverse = (traverseproc)cwork_traverse,
+    .tp_clear = (inquiry)cwork_clear,
+    .tp_getattro = (getattrofunc)cwork_getattro,
+    .tp_methods = cwork_methods,
+    .tp_members = cwork_members,
+    .tp_weaklistoffset = offsetof(CWork, weakrefs),
+};
+
+// work_support(TorchWork, raise_typed): set once, before any launch, by backends/_torch_plans.py.
+static PyObject *work_support(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *work_type, *on_error;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &work_type, &on_error)) return NULL;
+    Py_XSETREF(python_work_type, Py_NewRef(work_type));
+    Py_XSETREF(on_wait_error, Py_NewRef(on_error));
+    return Py_NewRef((PyObject *)&CWorkType);
 }
 
 static PyMethodDef module_methods[] = {
-    {"wait_method", wait_method, METH_VARARGS, "wait_method(cls, python_wait, on_wait_error) -> descriptor"},
+    {"work_support", work_support, METH_VARARGS, "work_support(TorchWork, raise_typed) -> the C Work type"},
     {NULL},
 };
 
@@ -539,7 +627,9 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     str_device = PyUnicode_InternFromString("device");
     str_layout = PyUnicode_InternFromString("layout");
     str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlannedP2PType) < 0) return NULL;
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlannedP2PType) < 0 || PyType_Ready(&CWorkType) < 0) {
+        return NULL;
+    }
     PyObject *module = PyModule_Create(&launcher_module);
     if (module == NULL) return NULL;
     Py_INCREF(&LauncherType);
