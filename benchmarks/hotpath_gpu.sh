@@ -28,6 +28,15 @@ lscpu | grep -E '^Model name|^CPU\(s\)' >> "$OUT/machine.txt"
 timeout -k 5 "${PER_RUN:-330}" python3 benchmarks/torch_vs_commlayer.py --nproc "$NPROC" --backend nccl \
   --min-bytes 8 --max-bytes 256M --factor "${FACTOR:-4}" --rounds "${ROUNDS:-61}" --control --pin --json "$OUT/nccl_${NPROC}gpu.json" \
   2>&1 | tee "$OUT/nccl_${NPROC}gpu.txt" || echo "=== nccl sweep FAILED or timed out"
+if [ "${DIAG:-0}" = 1 ]; then  # async send/recv alone: unpinned, then with the Python launchers
+  for variant in nopin python; do
+    flags=(--pin); [ "$variant" = nopin ] && flags=()
+    COMMLAYER_C_LAUNCHER=$([ "$variant" = python ] && echo 0 || echo 1) timeout -k 5 120 python3 \
+      benchmarks/torch_vs_commlayer.py --nproc "$NPROC" --backend nccl --ops send_recv --modes async \
+      --min-bytes 8 --max-bytes 2M --factor 16 --rounds 41 --control "${flags[@]}" \
+      2>&1 | tee "$OUT/diag_send_recv_${variant}_${NPROC}gpu.txt" || echo "=== diag $variant FAILED"
+  done
+fi
 [ "${STANDIN:-1}" = 1 ] || exit 0
 for launcher in 1 0; do  # the C launchers, then the Python ones (COMMLAYER_C_LAUNCHER=0), same host
   COMMLAYER_C_LAUNCHER=$launcher timeout -k 5 "${STANDIN_RUN:-60}" python3 benchmarks/torch_vs_commlayer.py \
