@@ -114,4 +114,6 @@ def _torch_launcher_extensions() -> list[Extension]:
 
 
 if __name__ == "__main__":  # packaging/commlayer-ccl/setup.py imports this file for ccl_extensions
-    setup(packages=_packages(), ext_modules=_shm_extensions() + _torch_launcher_extensions() + ccl_extensions())
+    setup(
+        packages=_packages(), ext_modules=_shm_extensions() + _torch_launcher_extensions() + ccl_extensions()
+    )

@@ -148,7 +148,7 @@ def test_the_c_work_answers_the_rest_of_work_through_torch_work() -> None:
     future = launcher(True, tensor).get_future()
     assert future.wait()[0] is tensor
     with pytest.raises(AttributeError):
-        work.no_such_attribute
+        _ = work.no_such_attribute
 
 
 def test_bad_launcher_arguments_are_refused() -> None:
