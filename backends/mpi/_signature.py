@@ -25,43 +25,15 @@ from typing import Any
 
 import torch
 
-from commlayer.errors import CollectiveMismatchError
-from commlayer.types import ReduceOp
 from commlayer.work import WaitLimit
 
+from .._signature import agree, describe, mismatch, pack
+from .._signature import dtype_codes as number_dtypes
 from ._work import wait_in_place
 
 __all__ = ["SignatureCheck", "describe", "verified_call"]
 
-_OPS = (
-    "all_reduce",
-    "broadcast",
-    "barrier",
-    "reduce",
-    "all_gather_into_tensor",
-    "all_gather",
-    "reduce_scatter_tensor",
-    "all_to_all_single",
-    "all_to_all",
-    "gather",
-    "scatter",
-)
-_OP_CODES = {name: code for code, name in enumerate(_OPS)}
-_REDUCE_CODES = {reduce_op: code + 1 for code, reduce_op in enumerate(ReduceOp)}
-_NO_DTYPE = 0
-# key = (((op * 64 + dtype) * 16 + reduce op) << 24) + root + 1: fields never overlap.
-_DTYPE_SLOTS, _REDUCE_SLOTS, _ROOT_BITS = 64, 16, 24
-
-
-def describe(key: int, dtypes: dict[int, torch.dtype]) -> str:
-    """``all_reduce(float32, reduce op SUM, root -1)``: the call a packed key stands for."""
-    rest, root = divmod(key, 1 << _ROOT_BITS)
-    rest, reduce_code = divmod(rest, _REDUCE_SLOTS)
-    op_code, dtype_code = divmod(rest, _DTYPE_SLOTS)
-    op = _OPS[op_code] if 0 <= op_code < len(_OPS) else f"op #{op_code}"
-    dtype = str(dtypes.get(dtype_code, "no tensor")).replace("torch.", "")
-    reduce_op = next((r.name for r, code in _REDUCE_CODES.items() if code == reduce_code), "-")
-    return f"{op}({dtype}, reduce op {reduce_op}, root {root - 1})"
+_CHECKED_BY = "Checked by the mpi backend before communicating; COMMLAYER_MPI_VERIFY=0 turns the check off."
 
 
 @dataclass(frozen=True)
@@ -85,16 +57,10 @@ class SignatureCheck:
         def iallreduce_max(values: array) -> Any:
             return iallreduce(in_place, [values, int64], maximum)
 
-        # Sorted by name, so every rank numbers the dtypes alike.
-        codes = {dtype: code + 1 for code, dtype in enumerate(sorted(dtypes, key=str))}
-        return cls(allreduce_max, iallreduce_max, codes, group, rank)
+        return cls(allreduce_max, iallreduce_max, number_dtypes(dtypes), group, rank)
 
     def key(self, op: str, tensor: torch.Tensor | None, root: int = -1, reduce_op: Any = None) -> int:
-        dtype = _NO_DTYPE if tensor is None else self.dtype_codes.get(tensor.dtype, _NO_DTYPE)
-        reduce_code = 0 if reduce_op is None else _REDUCE_CODES.get(reduce_op, 0)
-        return (
-            (((_OP_CODES[op] * _DTYPE_SLOTS + dtype) * _REDUCE_SLOTS + reduce_code) << _ROOT_BITS) + root + 1
-        )
+        return pack(op, None if tensor is None else tensor.dtype, self.dtype_codes, root, reduce_op)
 
     def verify(self, op: str, key: int, count: int) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks passed this key and count."""
@@ -111,22 +77,8 @@ class SignatureCheck:
         self._compare(op, key, count, values)
 
     def _compare(self, op: str, key: int, count: int, values: array) -> None:
-        if values[0] == key == -values[1] and values[2] == count == -values[3]:
-            return
-        raise self._mismatch(op, key, count, values)
-
-    def _mismatch(self, op: str, key: int, count: int, values: array) -> CollectiveMismatchError:
-        dtypes = {code: dtype for dtype, code in self.dtype_codes.items()}
-        mine = f"{describe(key, dtypes)} of {count} elements"
-        calls = sorted({describe(values[0], dtypes), describe(-values[1], dtypes)})
-        seen = [f"calls {' and '.join(calls)}" if len(calls) > 1 else f"every call {calls[0]}"]
-        seen.append(f"element counts {-values[3]} to {values[2]}")
-        return CollectiveMismatchError(
-            f"{op} on group '{self.group}': the ranks called different collectives ({'; '.join(seen)} "
-            f"across the group); this rank called {mine} (rank {self.rank}). Checked by the mpi backend "
-            "before communicating; COMMLAYER_MPI_VERIFY=0 turns the check off.",
-            {self.rank: mine},
-        )
+        if not agree(key, count, values):
+            raise mismatch(op, key, count, values, self.dtype_codes, (self.group, self.rank), _CHECKED_BY)
 
 
 def verified_call(
