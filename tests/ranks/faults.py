@@ -175,7 +175,7 @@ def unmatched_recv(rank: int, size: int, faulty: bool, out: Path) -> str:
     return "returned"
 
 
-def _mismatch(kind: str) -> Callable[[int, int, bool, Path], str]:
+def _mismatch(kind: str, async_op: bool = False) -> Callable[[int, int, bool, Path], str]:
     def case(rank: int, size: int, faulty: bool, out: Path) -> str:
         _checked_ops(rank, size, 3)
         if faulty:
@@ -190,6 +190,8 @@ def _mismatch(kind: str) -> Callable[[int, int, bool, Path], str]:
             tensor = tensor.to(torch.int32)
         if faulty and kind == "mismatch_op":
             dist.broadcast(tensor, src=0)
+        elif async_op:
+            dist.all_reduce(tensor, async_op=True).wait()
         else:
             dist.all_reduce(tensor)
         if tensor.numel() == 4 and not torch.equal(tensor.float(), expected):
@@ -203,6 +205,7 @@ CASES: dict[str, Callable[[int, int, bool, Path], str]] = {
     **{how: _death(how) for how in DEATHS},
     "sigkill_async": _death("sigkill", async_op=True),
     **{kind: _mismatch(kind) for kind in MISMATCHES},
+    "mismatch_dtype_async": _mismatch("mismatch_dtype", async_op=True),
     "skip": skipped_collective,
     "skip_barrier": skipped_barrier,
     "slow": slow_rank,
