@@ -22,7 +22,6 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.errors import CollectiveMismatchError
-from commlayer.types import GroupSpec
 from commlayer.work import Work
 
 from ._signature import agree, dtype_codes, mismatch, pack
@@ -88,8 +87,8 @@ class Signer:
 
     __slots__ = ("group", "process_group", "rank")
 
-    def __init__(self, process_group: Any, spec: GroupSpec) -> None:
-        self.process_group, self.group, self.rank = process_group, spec.name, spec.global_rank
+    def __init__(self, process_group: Any, group: str, rank: int) -> None:
+        self.process_group, self.group, self.rank = process_group, group, rank
 
     def start(
         self, op: str, dtype: torch.dtype, count: int, root: int = -1, reduce_op: Any = None

@@ -29,7 +29,8 @@ class GlooBackend(TorchBackend):
 
     def __init__(self, spec: GroupSpec, process_group: Any) -> None:
         super().__init__(spec, process_group)
-        self._signer = Signer(process_group, spec) if spec.size > 1 and verify_enabled() else None
+        checked = spec.size > 1 and verify_enabled()
+        self._signer = Signer(process_group, spec.name, spec.global_rank) if checked else None
 
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording

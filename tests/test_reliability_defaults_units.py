@@ -14,6 +14,8 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import health
+from commlayer.backends._gloo_check import SignedProcessGroup, SignedWork, Signer, verify_enabled
+from commlayer.backends._signature import dtype_codes, mismatch, pack
 from commlayer.backends.mpi._ordered import OrderedExecutor
 from commlayer.backends.mpi._signature import SignatureCheck, describe
 from commlayer.dist._groups import ProcessGroup
@@ -21,7 +23,7 @@ from commlayer.dist._rendezvous import _bounded
 from commlayer.dist._trace import translate
 from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
 from commlayer.types import ReduceOp
-from commlayer.work import WaitLimit
+from commlayer.work import TorchWork, WaitLimit
 
 DTYPES = (torch.float32, torch.int32, torch.float64, torch.int64, torch.bfloat16)
 
@@ -71,6 +73,34 @@ def test_equal_calls_pass_and_any_difference_raises_the_same_on_every_rank() -> 
         CollectiveMismatchError, match=r"all_reduce\(float32.*all_reduce\(int32|int32.*float32"
     ):
         _check()._compare("all_reduce", key, 4, _group_max((key, 4), (int_key, 4)))
+
+
+def test_gloo_check_is_on_unless_its_variable_says_off() -> None:
+    assert verify_enabled({}) and verify_enabled({"COMMLAYER_GLOO_VERIFY": "1"})
+    assert not any(verify_enabled({"COMMLAYER_GLOO_VERIFY": off}) for off in ("0", "false", "OFF", " no "))
+
+
+def test_gloo_mismatch_names_both_calls_and_the_switch() -> None:
+    codes = dtype_codes(DTYPES)
+    floats, ints = (pack("all_reduce", dtype, codes, reduce_op=ReduceOp.SUM) for dtype in DTYPES[:2])
+    error = mismatch("all_reduce", ints, 4, _group_max((floats, 4), (ints, 4)), codes, ("dp", 1), "(gloo)")
+    assert "all_reduce(float32, reduce op SUM, root -1) and all_reduce(int32, reduce op SUM" in str(error)
+    assert "this rank called all_reduce(int32" in str(error) and "(rank 1). (gloo)" in str(error)
+    assert error.calls == {1: "all_reduce(int32, reduce op SUM, root -1) of 4 elements"}
+
+
+def test_signed_ops_on_a_real_gloo_group_of_one_pass_and_keep_their_data() -> None:
+    """Wiring: the signature reduction and the data op both run on the ProcessGroup (a group of one
+    agrees with itself); the fused launchers' proxy and the Work wrapper return the data op's result."""
+    process_group = torch_dist.ProcessGroupGloo(torch_dist.HashStore(), 0, 1, timedelta(seconds=10))
+    signer = Signer(process_group, "solo", 0)
+    proxy = SignedProcessGroup(signer, process_group, "all_reduce", (ReduceOp.SUM,))
+    tensor = torch.arange(4.0)
+    assert proxy.allreduce([tensor], torch_dist.AllreduceOptions()).wait()
+    assert torch.equal(tensor, torch.arange(4.0)) and proxy.send == process_group.send
+    signature = signer.start("broadcast", torch.float32, 4, root=0)
+    work = SignedWork(signature, TorchWork(process_group.broadcast([tensor]), (tensor,)))
+    assert work.wait() and work.is_completed() and work.result() == [tensor]
 
 
 def test_watchdog_ends_the_job_naming_op_group_and_rank_when_a_blocking_call_outlives_the_timeout() -> None:
