@@ -1,7 +1,8 @@
 """Gloo through torch.distributed: the default CPU backend.
 
-Every collective is signed by default (:mod:`._gloo_check`): gloo itself refuses differing byte
-sizes only, so a dtype, reduce-op or root mismatch would otherwise return garbage.
+Every collective is verified across the group by default (:mod:`._gloo_check`): without it, gloo
+returns garbage for a dtype or reduce-op mismatch, and aborts a rank or returns garbage for a
+count mismatch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from commlayer.flight_recorder import Recording
 from commlayer.types import Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
-from ._gloo_check import SignedProcessGroup, SignedWork, Signer, verify_enabled
+from ._gloo_check import SignedProcessGroup, Signer, verify_enabled
 from ._torch import TorchBackend
 from ._torch_plans import fused_plan
 
@@ -39,46 +40,49 @@ class GlooBackend(TorchBackend):
             return super().recorded_plan(op, fixed, recording)
         return fused_plan(SignedProcessGroup(self._signer, self._pg, op, fixed), op, fixed, recording)
 
-    def _sign(self, op: str, tensor: torch.Tensor, count: int, root: int = -1, reduce_op: Any = None) -> Any:
-        return None if self._signer is None else self._signer.start(op, tensor.dtype, count, root, reduce_op)
+    def _verify(
+        self, op: str, tensor: torch.Tensor, count: int, root: int = -1, reduce_op: Any = None
+    ) -> None:
+        if self._signer is not None:
+            self._signer.verify(op, tensor.dtype, count, root, reduce_op)
 
-    # Each op starts its signature reduction first, so every rank issues the two in the same order.
+    # Each op is verified before it is issued (on every rank alike, so the reductions pair up).
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
-        signature = self._sign("all_reduce", tensor, tensor.numel(), reduce_op=op)
-        return _checked(signature, super().all_reduce(tensor, op, async_op=async_op))
+        self._verify("all_reduce", tensor, tensor.numel(), reduce_op=op)
+        return super().all_reduce(tensor, op, async_op=async_op)
 
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
-        signature = self._sign("all_gather_into_tensor", tensor, tensor.numel())
-        return _checked(signature, super().all_gather_into_tensor(output, tensor, async_op=async_op))
+        self._verify("all_gather_into_tensor", tensor, tensor.numel())
+        return super().all_gather_into_tensor(output, tensor, async_op=async_op)
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
-        signature = self._sign("broadcast", tensor, tensor.numel(), root)
-        return _checked(signature, super().broadcast(tensor, root, async_op=async_op))
+        self._verify("broadcast", tensor, tensor.numel(), root)
+        return super().broadcast(tensor, root, async_op=async_op)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
-        signature = self._sign("reduce", tensor, tensor.numel(), root, op)
-        return _checked(signature, super().reduce(tensor, root, op, async_op=async_op))
+        self._verify("reduce", tensor, tensor.numel(), root, op)
+        return super().reduce(tensor, root, op, async_op=async_op)
 
     def all_gather(
         self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
-        signature = self._sign("all_gather", tensor, tensor.numel())
-        return _checked(signature, super().all_gather(outputs, tensor, async_op=async_op))
+        self._verify("all_gather", tensor, tensor.numel())
+        return super().all_gather(outputs, tensor, async_op=async_op)
 
     def reduce_scatter_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
-        signature = self._sign("reduce_scatter_tensor", tensor, output.numel(), reduce_op=op)
-        return _checked(signature, super().reduce_scatter_tensor(output, tensor, op, async_op=async_op))
+        self._verify("reduce_scatter_tensor", tensor, output.numel(), reduce_op=op)
+        return super().reduce_scatter_tensor(output, tensor, op, async_op=async_op)
 
     def reduce_scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
     ) -> Work:
-        signature = self._sign("reduce_scatter", output, output.numel(), reduce_op=op)
-        return _checked(signature, super().reduce_scatter(output, inputs, op, async_op=async_op))
+        self._verify("reduce_scatter", output, output.numel(), reduce_op=op)
+        return super().reduce_scatter(output, inputs, op, async_op=async_op)
 
     def all_to_all_single(
         self,
@@ -91,15 +95,14 @@ class GlooBackend(TorchBackend):
     ) -> Work:
         # Uneven splits differ between ranks legitimately: only the dtype is compared then.
         count = 0 if output_splits or input_splits else tensor.numel()
-        signature = self._sign("all_to_all_single", tensor, count)
-        work = super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
-        return _checked(signature, work)
+        self._verify("all_to_all_single", tensor, count)
+        return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
 
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
-        signature = self._sign("all_to_all", inputs[0], 0)  # per-peer sizes may differ: dtype only
-        return _checked(signature, super().all_to_all(outputs, inputs, async_op=async_op))
+        self._verify("all_to_all", inputs[0], 0)  # per-peer sizes may differ: dtype only
+        return super().all_to_all(outputs, inputs, async_op=async_op)
 
     def gather(
         self,
@@ -109,15 +112,11 @@ class GlooBackend(TorchBackend):
         *,
         async_op: bool = True,
     ) -> Work:
-        signature = self._sign("gather", tensor, tensor.numel(), root)
-        return _checked(signature, super().gather(tensor, outputs, root, async_op=async_op))
+        self._verify("gather", tensor, tensor.numel(), root)
+        return super().gather(tensor, outputs, root, async_op=async_op)
 
     def scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
-        signature = self._sign("scatter", output, output.numel(), root)
-        return _checked(signature, super().scatter(output, inputs, root, async_op=async_op))
-
-
-def _checked(signature: Any, work: Work) -> Work:
-    return work if signature is None else SignedWork(signature, work)
+        self._verify("scatter", output, output.numel(), root)
+        return super().scatter(output, inputs, root, async_op=async_op)

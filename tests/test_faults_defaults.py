@@ -6,7 +6,7 @@ Debug mode's fingerprints are the facade's, the same on every backend: tests/tes
 them on gloo, ccl and mpi, and they were run on shm by hand (benchmarks/RESULTS.md).
 Without debug mode, a mismatched collective must still never return garbage: shm compares each
 op's packed signature beside its step counter, mpi runs one 32-byte Allreduce(MAX) of it first,
-gloo one beside the op (backends/_gloo_check.py).
+gloo one small allreduce(MAX) of it first (backends/_gloo_check.py).
 """
 
 from __future__ import annotations
@@ -85,15 +85,18 @@ def test_gloo_async_wait_after_a_death_names_the_op_group_and_dead_rank(tmp_path
     assert "all_reduce on group 'world'" in outcome.survivor(0)["message"], outcome.survivor(0)
 
 
-@pytest.mark.parametrize("kind", ["mismatch_dtype", "mismatch_dtype_async", "mismatch_op"])
-def test_gloo_mismatch_without_debug_mode_raises_instead_of_returning_garbage(
-    kind: str, tmp_path: Path
-) -> None:
-    """gloo refuses differing byte sizes itself, but float32 against int32 of one count returned
-    garbage with exit code 0 (as plain torch does); the signature reduction beside each op now
-    raises on every rank, synchronous or through the Work's wait."""
+@pytest.mark.parametrize("kind", ["mismatch_dtype", "mismatch_dtype_async", "mismatch_size", "mismatch_op"])
+def test_gloo_mismatch_without_debug_mode_is_caught_before_the_collective(kind: str, tmp_path: Path) -> None:
+    """Without the check, float32 against int32 returned garbage with exit code 0 (as plain torch
+    does), 4 against 8 elements made gloo abort rank 0, all_reduce against broadcast timed out
+    (benchmarks/gloo_mismatch_probe.py). Now every rank raises, sync or async, naming both calls."""
     outcome = run_fault_world("gloo", kind, tmp_path)
-    rank1_call = "broadcast(float32, reduce op -, root 0)" if kind == "mismatch_op" else "all_reduce(int32"
+    rank1_call = {
+        "mismatch_dtype": "all_reduce(int32, reduce op SUM",
+        "mismatch_dtype_async": "all_reduce(int32, reduce op SUM",
+        "mismatch_size": "element counts 4 to 8",
+        "mismatch_op": "broadcast(float32, reduce op -, root 0)",
+    }[kind]
     words = ("all_reduce(float32, reduce op SUM", rank1_call, "'world'", "COMMLAYER_GLOO_VERIFY=0")
     assert_mismatch_on_every_rank(outcome, words)
 

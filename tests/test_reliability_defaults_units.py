@@ -14,7 +14,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import health
-from commlayer.backends._gloo_check import SignedProcessGroup, SignedWork, Signer, verify_enabled
+from commlayer.backends._gloo_check import SignedProcessGroup, Signer, verify_enabled
 from commlayer.backends._signature import dtype_codes, mismatch, pack
 from commlayer.backends.mpi._ordered import OrderedExecutor
 from commlayer.backends.mpi._signature import SignatureCheck, describe
@@ -23,7 +23,7 @@ from commlayer.dist._rendezvous import _bounded
 from commlayer.dist._trace import translate
 from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
 from commlayer.types import ReduceOp
-from commlayer.work import TorchWork, WaitLimit
+from commlayer.work import WaitLimit
 
 DTYPES = (torch.float32, torch.int32, torch.float64, torch.int64, torch.bfloat16)
 
@@ -89,18 +89,16 @@ def test_gloo_mismatch_names_both_calls_and_the_switch() -> None:
     assert error.calls == {1: "all_reduce(int32, reduce op SUM, root -1) of 4 elements"}
 
 
-def test_signed_ops_on_a_real_gloo_group_of_one_pass_and_keep_their_data() -> None:
-    """Wiring: the signature reduction and the data op both run on the ProcessGroup (a group of one
-    agrees with itself); the fused launchers' proxy and the Work wrapper return the data op's result."""
+def test_verified_ops_on_a_real_gloo_group_of_one_run_and_keep_their_data() -> None:
+    """Wiring: the signature reduction runs on the ProcessGroup (a group of one agrees with itself)
+    before the fused launchers' proxy issues the data op, whose torch Work it returns."""
     process_group = torch_dist.ProcessGroupGloo(torch_dist.HashStore(), 0, 1, timedelta(seconds=10))
     signer = Signer(process_group, "solo", 0)
     proxy = SignedProcessGroup(signer, process_group, "all_reduce", (ReduceOp.SUM,))
     tensor = torch.arange(4.0)
     assert proxy.allreduce([tensor], torch_dist.AllreduceOptions()).wait()
     assert torch.equal(tensor, torch.arange(4.0)) and proxy.send == process_group.send
-    signature = signer.start("broadcast", torch.float32, 4, root=0)
-    work = SignedWork(signature, TorchWork(process_group.broadcast([tensor]), (tensor,)))
-    assert work.wait() and work.is_completed() and work.result() == [tensor]
+    signer.verify("broadcast", torch.float32, 4, root=0)
 
 
 def test_watchdog_ends_the_job_naming_op_group_and_rank_when_a_blocking_call_outlives_the_timeout() -> None:
