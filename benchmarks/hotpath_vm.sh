@@ -14,6 +14,9 @@ PYTHON=${PYTHON:-.venv/bin/python}
 mkdir -p "$OUT"
 uptime | tee "$OUT/machine.txt"
 lscpu | grep -E '^Model name|^CPU\(s\)' | tee -a "$OUT/machine.txt"
+# "after" needs the built C launchers (pip install -e . builds them); False: rebuild first.
+"$PYTHON" -c 'from commlayer.backends import _torch_plans as p; print("C launchers:", p.native_enabled())' \
+  | tee -a "$OUT/machine.txt"
 run() {  # name, then the benchmark's arguments
   local name=$1
   shift
