@@ -107,7 +107,8 @@ def _torch_launcher_extensions() -> list[Extension]:
     return [
         Extension(
             "commlayer.backends._torch_launcher",
-            sources=["csrc/torch_launcher/launcher.c"],
+            sources=[f"csrc/torch_launcher/{name}.c" for name in ("module", "launcher", "planned", "work")],
+            depends=["csrc/torch_launcher/launcher.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         )
     ]

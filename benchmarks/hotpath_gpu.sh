@@ -17,7 +17,7 @@ source benchmarks/gpu_site.sh
 # only) for this python3, or take a prebuilt one from $PREBUILT; without either, Python launchers.
 SUFFIX=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 INCLUDE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-gcc -O2 -fPIC -shared -fvisibility=hidden -I"$INCLUDE" csrc/torch_launcher/launcher.c \
+gcc -O2 -fPIC -shared -fvisibility=hidden -I"$INCLUDE" csrc/torch_launcher/*.c \
   -o "$SITE/commlayer/backends/_torch_launcher$SUFFIX" 2>>"$OUT/machine.txt" \
   || cp "${PREBUILT:-.prebuilt}/_torch_launcher$SUFFIX" "$SITE/commlayer/backends/" \
   || echo "=== no C launcher: the Python launchers run" | tee -a "$OUT/machine.txt"

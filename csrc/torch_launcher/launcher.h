@@ -1,0 +1,17 @@
+// Shared by the files of commlayer.backends._torch_launcher (see launcher.c for what it is).
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+// Interned names and constants, made once by the module's init (module.c).
+extern PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done,
+    *str_dtype, *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
+
+extern PyTypeObject LauncherType, PlannedP2PType, CWorkType;
+
+// A new C Work (work.c) around torch's Work, its result the one tensor given.
+PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);
+// work_support(TorchWork, raise_typed) -> the C Work type (work.c).
+PyObject *work_support(PyObject *module, PyObject *args);
