@@ -6,9 +6,9 @@
 // wait for a blocking one) and mark the entry. On the GPU hosts' CPUs the Python version of
 // this cost async point-to-point ~1 us more than torch's own wrapper: a Python frame, the
 // entry's list, the Work's __init__ frame and its wait frame. Here the launcher is the callable
-// itself (vectorcall, no frame), the Work is a C object (``Work`` below, a virtual subclass of
-// commlayer's) whose untimed wait calls torch's directly, and the recorder entry is kept out of
-// the cyclic garbage collector.
+// itself (vectorcall, no frame), the Work is a C object (work.c: a virtual subclass of
+// commlayer's Work) whose untimed wait calls torch's directly, and the recorder entry is built in
+// C. planned.c looks isend/irecv/send/recv's plans up; module.c makes the module.
 //
 // Only the Python C API is used (no torch headers): the extension is independent of the torch
 // version and calls the ProcessGroup's methods through their Python bindings, as torch's own
@@ -84,11 +84,11 @@ static PyObject *enter(Launcher *self, PyObject *described, Py_ssize_t *dims) {
         if (index != SEQ && index != SHAPE && index != QUEUED_NS) Py_INCREF(items[index]);
         PyList_SET_ITEM(entry, index, items[index]);
     }
-    // The entry outlives thousands of calls in the ring: tracked, it would add one long-lived
-    // object per call to the cyclic collector's count, and so a full collection of the whole heap
-    // (a large one in a CUDA process) every ~100k calls, amortised ~1 us per call on the GPU
-    // hosts. Nothing in it can refer back to it (ints, strs, a dtype, a shape of ints, a weak
-    // reference without callback), so it and its shape can never be part of a cycle.
+    // Nothing in the entry can refer back to it (ints, strs, a dtype, a shape of ints, a weak
+    // reference without callback), so neither it nor its shape can be part of a cycle: untracked,
+    // the ring's thousands of objects stay out of every collection's traversal. (Once the ring
+    // is full each call frees an entry as it makes one, so tracked entries would not trigger
+    // collections either: this only makes those the program triggers a little cheaper.)
     PyObject_GC_UnTrack(entry);
     untrack(shape);
     Py_INCREF(entry);
