@@ -60,14 +60,23 @@ class GradientReducer:
         self._in_flight: deque[_InFlight] = deque()
         self._replicating: deque[_InFlight] = deque()
 
-    def launch(self, segment: Segment, buffer: torch.Tensor) -> None:
+    def stage(self, destination: torch.Tensor, grad: torch.Tensor) -> None:
+        """Write ``grad`` into a scratch buffer's slice already divided, in one pass instead of
+        a copy and a division of the whole buffer (launch it with ``prescaled=True``)."""
+        source = grad.reshape(-1)
+        if self.divisor > 1:
+            torch.div(source, self.divisor, out=destination)
+        else:
+            destination.copy_(source)
+
+    def launch(self, segment: Segment, buffer: torch.Tensor, *, prescaled: bool = False) -> None:
         """Start averaging ``buffer`` (the segment's whole padded gradient) over the group.
 
-        The buffer is overwritten (divided, and summed into by all_reduce), so pass a scratch
-        buffer or one that is zeroed afterwards.
+        The buffer is overwritten (divided unless ``prescaled`` -- filled through :meth:`stage`
+        --, and summed into by all_reduce), so pass a scratch buffer or one zeroed afterwards.
         """
         source = buffer if buffer.dtype == self.reduce_dtype else buffer.to(self.reduce_dtype)
-        if self.divisor > 1:
+        if self.divisor > 1 and not prescaled:
             source.div_(self.divisor)
         if self.master.layout.shards == 1:
             piece = source

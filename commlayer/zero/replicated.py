@@ -150,7 +150,7 @@ class ReplicatedParams:
         if not self.full_grads:
             slot = self.slot_of[index]
             staging = self._staging_for(segment)
-            staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
+            self.reducer.stage(staging[slot.offset : slot.offset + slot.numel], param.grad)
             param.grad = None
         self._arrived[segment.index].add(index)
         if self.overlap:
@@ -180,7 +180,7 @@ class ReplicatedParams:
             for slot in segment.slots:
                 if slot.param not in self._arrived[segment.index]:  # unused this time: no gradient
                     buffer[slot.offset : slot.offset + slot.numel].zero_()
-            self.reducer.launch(segment, self._staging.pop(segment.index))
+            self.reducer.launch(segment, self._staging.pop(segment.index), prescaled=True)
         else:
             assert self.grad_flat is not None
             self.reducer.launch(

@@ -224,10 +224,8 @@ class PartitionedParams:
             unit = self.unit_of[index]
             slot = self.slot_of[index]
             if unit.staging is None:
-                unit.staging = torch.zeros(
-                    unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=param.device
-                )
-            unit.staging[slot.offset : slot.offset + slot.numel].copy_(param.grad.reshape(-1))
+                unit.staging = self._new_staging(unit)
+            self.reducer.stage(unit.staging[slot.offset : slot.offset + slot.numel], param.grad)
             param.grad = None
             unit.arrived.add(index)
             if unit.arrived == unit.expected:
@@ -235,14 +233,22 @@ class PartitionedParams:
 
         return on_grad
 
+    def _new_staging(self, unit: _Unit) -> torch.Tensor:
+        """Uninitialised but for the padding: the gradients overwrite the rest (one pass, not two)."""
+        staging = torch.empty(
+            unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=unit.full.device
+        )
+        staging[unit.segment.numel :].zero_()
+        return staging
+
     def _reduce(self, unit: _Unit) -> None:
-        staging = unit.staging
-        if staging is None:  # no gradient reached this unit: it still takes part, with zeros
-            staging = torch.zeros(
-                unit.segment.padded_numel, dtype=self.reducer.reduce_dtype, device=unit.full.device
-            )
+        # A unit that got no gradient (or lacks some) still takes part, with zeros for the missing.
+        staging = self._new_staging(unit) if unit.staging is None else unit.staging
+        for slot in unit.segment.slots:
+            if slot.param not in unit.arrived:
+                staging[slot.offset : slot.offset + slot.numel].zero_()
         unit.staging, unit.reduced = None, True
-        self.reducer.launch(unit.segment, staging)
+        self.reducer.launch(unit.segment, staging, prescaled=True)
         self._free(unit)
 
     # --- engine interface --------------------------------------------------------------------
