@@ -20,6 +20,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 source benchmarks/gpu_site.sh
 
 BIG=(--width 2560 --layers 32 --heads 20 --mb 4 --steps 10 --warmup 3)
+# commlayer's 2.68B runs use fused AdamW, the optimizer of the FSDP2 anchor they are held against.
 for run in "${RUNS[@]}"; do
   case "$run" in
     ds_ulysses) command=("$ANCHORS/ulysses_anchor.py" --seq "$SEQ" --steps 6 --warmup 2) ;;
@@ -27,8 +28,8 @@ for run in "${RUNS[@]}"; do
     cl_ulysses_bf16) command=(benchmarks/parallel_gpu.py --layer ulysses --seq "$SEQ" --precision bf16 --steps 6 --warmup 2) ;;
     ds_moe) command=("$ANCHORS/moe_anchor.py") ;;
     cl_moe) command=(benchmarks/parallel_gpu.py --layer moe) ;;
-    cl1_big) command=(benchmarks/zero_gpu.py --stage 1 --anchor "$ANCHORS/zero_anchor.py" "${BIG[@]}") ;;
-    cl3_big) command=(benchmarks/zero_gpu.py --stage 3 --anchor "$ANCHORS/zero_anchor.py" "${BIG[@]}") ;;
+    cl1_big) command=(benchmarks/zero_gpu.py --stage 1 --fused --anchor "$ANCHORS/zero_anchor.py" "${BIG[@]}") ;;
+    cl3_big) command=(benchmarks/zero_gpu.py --stage 3 --fused --anchor "$ANCHORS/zero_anchor.py" "${BIG[@]}") ;;
     fsdp2_big) command=("$ANCHORS/zero_anchor.py" --mode fsdp2 "${BIG[@]}") ;;
     *) echo "unknown run $run"; continue ;;
   esac

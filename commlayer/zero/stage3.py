@@ -8,7 +8,8 @@ the tensors that forward saved for backward.
 
 - forward pre-hook: gather the unit (or wait for its prefetch), then prefetch the next units of
   the recorded forward order, up to ``stage3_prefetch_bucket_size`` elements;
-- forward post-hook: free the unit (the root unit stays until its gradients are done), and hook
+- forward post-hook: free the unit (the root unit, and the last one to run, stay until their
+  gradients are done: backward starts with the latter), and hook
   the outputs so that backward gathers the unit again before its gradient computation, then
   prefetches along the reverse order;
 - grad hooks: copy each gradient into the unit's scratch buffer; once a unit has all of them,
@@ -197,7 +198,7 @@ class PartitionedParams:
                 for tensor in _tensors(output):
                     if tensor.requires_grad:
                         tensor.register_hook(self._pre_backward_hook(unit))
-            if unit.index != 0:
+            if unit.index != 0 and not (grad_enabled and self._runs_last(unit)):
                 self._free(unit)
             elif not grad_enabled:
                 self.free_all()
@@ -207,10 +208,15 @@ class PartitionedParams:
 
         return post_forward
 
+    def _runs_last(self, unit: _Unit) -> bool:
+        """The last unit of the forward pass is the first of backward: it stays gathered between
+        the two (FSDP2 keeps its root likewise) instead of being freed and gathered again at once."""
+        return self._forward_order is not None and unit.index == self._forward_order[-1]
+
     def _pre_backward_hook(self, unit: _Unit):
         def pre_backward(grad: torch.Tensor) -> torch.Tensor:
-            if unit.state is not _State.READY and not unit.reduced:
-                self._ensure_gathered(unit)
+            if not unit.reduced:
+                self._ensure_gathered(unit)  # already gathered: prefetched, or kept since forward
                 if unit.index in self._backward_order:
                     self._prefetch(self._backward_order, self._backward_order.index(unit.index))
             return grad
