@@ -53,6 +53,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 SIZES = [8 << (2 * step) for step in range(12)] + [1 << 20, 64 << 20]  # 8 B, 32 B, ... 32 MiB, 1 MiB, 64 MiB
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+VARIANTS = ("raw", "mpi", "mpi-unchecked", "mpi-requests", "gloo")
 PAIRS = {"default": {}, "openmpi": {"COMMLAYER_MPI": "openmpi"}}
 _JOB_DEFAULTS = {
     # Unpinned ranks, as Open MPI's plan already runs them (--bind-to none): Intel MPI pins each
@@ -80,7 +81,9 @@ class Record:
 # --- inside one mpirun job -------------------------------------------------------------------
 
 
-def run_job(rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0) -> list[Record]:
+def run_job(
+    rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0, variants: tuple[str, ...] = VARIANTS
+) -> list[Record]:
     import numpy as np
     import torch
     import torch.distributed as torch_dist
@@ -98,6 +101,7 @@ def run_job(rounds: int, budget_s: float, max_bytes: int, min_bytes: int = 0) ->
     for nbytes in sorted(size for size in set(SIZES) if min_bytes <= size <= max_bytes):
         for op in OPS:
             cases = _cases(op, nbytes, comm, np, torch, torch_dist, dist, MPI, requests, unchecked)
+            cases = {name: case for name, case in cases.items() if name == "raw" or name in variants}
             for _run, check in cases.values():
                 check()
             samples, ratios = _measure(cases, comm, MPI, rounds, budget_s)
@@ -314,6 +318,8 @@ def launch_jobs(arguments: argparse.Namespace, scratch: Path) -> list[Record]:
                 str(arguments.max_bytes),
                 "--min-bytes",
                 str(arguments.min_bytes),
+                "--variants",
+                arguments.variants,
             )
             options = SuperviseOptions(
                 timeout=arguments.timeout, echo=True, forward_signals=True, kill_grace=2.0
@@ -423,11 +429,19 @@ def main() -> None:
     )
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--min-bytes", type=int, default=0)
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="which to time beside raw (gloo and mpi-requests take most of a large-message run)",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per mpirun job")
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)  # set when running inside mpirun
     arguments = parser.parse_args()
     if arguments.job is not None:
-        records = run_job(arguments.rounds, arguments.budget, arguments.max_bytes, arguments.min_bytes)
+        variants = tuple(arguments.variants.split(","))
+        records = run_job(
+            arguments.rounds, arguments.budget, arguments.max_bytes, arguments.min_bytes, variants
+        )
         if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0"))) == 0:
             payload = {"machine": _machine(), "records": [asdict(record) for record in records]}
             arguments.job.write_text(json.dumps(payload, indent=1))
