@@ -16,7 +16,7 @@ from commlayer.flight_recorder import Recording
 from commlayer.types import Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
-from ._gloo_check import SignedProcessGroup, Signer, verify_enabled
+from ._gloo_check import SignedProcessGroup, Signer, split_counts, verify_enabled
 from ._torch import TorchBackend
 from ._torch_plans import fused_plan
 
@@ -31,7 +31,9 @@ class GlooBackend(TorchBackend):
     def __init__(self, spec: GroupSpec, process_group: Any) -> None:
         super().__init__(spec, process_group)
         checked = spec.size > 1 and verify_enabled()
-        self._signer = Signer(process_group, spec.name, spec.global_rank) if checked else None
+        self._signer = (
+            Signer(process_group, spec.name, spec.global_rank, spec.group_rank) if checked else None
+        )
 
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
@@ -93,15 +95,19 @@ class GlooBackend(TorchBackend):
         *,
         async_op: bool = True,
     ) -> Work:
-        # Uneven splits differ between ranks legitimately: only the dtype is compared then.
-        count = 0 if output_splits or input_splits else tensor.numel()
-        self._verify("all_to_all_single", tensor, count)
+        if self._signer is not None and (output_splits or input_splits):  # uneven: each pair's count
+            counts = split_counts(output, tensor, output_splits or [], input_splits or [])
+            self._signer.verify_exchange("all_to_all_single", tensor.dtype, *counts)
+        else:
+            self._verify("all_to_all_single", tensor, tensor.numel())
         return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
 
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
-        self._verify("all_to_all", inputs[0], 0)  # per-peer sizes may differ: dtype only
+        if self._signer is not None:  # per-peer sizes may differ: each pair's count is compared
+            sends, receives = [t.numel() for t in inputs], [t.numel() for t in outputs]
+            self._signer.verify_exchange("all_to_all", inputs[0].dtype, sends, receives)
         return super().all_to_all(outputs, inputs, async_op=async_op)
 
     def gather(

@@ -3,10 +3,11 @@
 For every op the facade sends to gloo (all_reduce, reduce, broadcast, all_gather,
 all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single,
 gather, scatter) and every difference one rank can make (element count, dtype of the same element
-size, root, reduce op), a fresh 2-rank gloo world (group timeout 3 s) in which rank 1 makes the
-difference, once with ``COMMLAYER_GLOO_VERIFY=0`` (gloo alone, as in plain torch) and once with
-the default check. Each rank records what its call did: returned (with no error: garbage or a
-meaningless result), raised (type, seconds), or died (exit code).
+size, root, reduce op; uneven all_to_all_single splits that do not pair up), a fresh 2-rank gloo
+world (group timeout 3 s) in which rank 1 makes the difference, once with
+``COMMLAYER_GLOO_VERIFY=0`` (gloo alone, as in plain torch) and once with the default check. Each
+rank records what its call did: returned (with no error: garbage or a meaningless result), raised
+(type, seconds), or died (exit code).
 
     python benchmarks/gloo_mismatch_probe.py [--modes off,on]
 
@@ -51,7 +52,7 @@ def cases() -> list[tuple[str, str]]:
     """(op, difference) pairs: count and dtype for every op, root and reduce op where they exist."""
     listed = [(op, kind) for op in OPS for kind in ("count", "dtype")]
     listed += [(op, "root") for op in ROOTED] + [(op, "reduce_op") for op in REDUCING]
-    return listed
+    return [*listed, ("all_to_all_single", "splits")]
 
 
 def _call(op: str, kind: str, rank: int) -> Callable[[], Any]:
@@ -66,6 +67,9 @@ def _call(op: str, kind: str, rank: int) -> Callable[[], Any]:
     root = 1 if odd and kind == "root" else 0
     reduce_op = dist.ReduceOp.MAX if odd and kind == "reduce_op" else dist.ReduceOp.SUM
 
+    # "splits": rank 1 sends 3 elements to rank 0 and 5 to itself; rank 0 expects 4 from each.
+    splits = ([4, 4], [3, 5] if odd else [4, 4]) if kind == "splits" else (None, None)
+
     def tensor(count: int = n) -> Any:
         return (torch.arange(count) + 100 * rank).to(dtype)
 
@@ -78,7 +82,7 @@ def _call(op: str, kind: str, rank: int) -> Callable[[], Any]:
         "reduce_scatter": lambda: dist.reduce_scatter(tensor(), [tensor(), tensor()], op=reduce_op),
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(tensor(), tensor(2 * n), op=reduce_op),
         "all_to_all": lambda: dist.all_to_all([tensor(), tensor()], [tensor(), tensor()]),
-        "all_to_all_single": lambda: dist.all_to_all_single(tensor(2 * n), tensor(2 * n)),
+        "all_to_all_single": lambda: dist.all_to_all_single(tensor(2 * n), tensor(2 * n), *splits),
         "gather": lambda: dist.gather(tensor(), [tensor(), tensor()] if rank == root else None, dst=root),
         "scatter": lambda: dist.scatter(tensor(), [tensor(), tensor()] if rank == root else None, src=root),
     }

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import health
-from commlayer.backends._gloo_check import SignedProcessGroup, Signer, verify_enabled
+from commlayer.backends._gloo_check import SignedProcessGroup, Signer, split_counts, verify_enabled
 from commlayer.backends._signature import dtype_codes, mismatch, pack
 from commlayer.backends.mpi._ordered import OrderedExecutor
 from commlayer.backends.mpi._signature import SignatureCheck, describe
@@ -99,6 +99,17 @@ def test_verified_ops_on_a_real_gloo_group_of_one_run_and_keep_their_data() -> N
     assert proxy.allreduce([tensor], torch_dist.AllreduceOptions()).wait()
     assert torch.equal(tensor, torch.arange(4.0)) and proxy.send == process_group.send
     signer.verify("broadcast", torch.float32, 4, root=0)
+    signer.verify_exchange("all_to_all", torch.float32, [4], [4])
+    with pytest.raises(
+        CollectiveMismatchError, match=r"group ranks 0 and 0 disagree .* \(4 and 5\) \(rank 0\)"
+    ):
+        signer.verify_exchange("all_to_all", torch.float32, [4], [5])
+
+
+def test_split_counts_are_elements_per_peer_and_empty_splits_are_even() -> None:
+    output, tensor = torch.zeros(5, 3), torch.zeros(4, 3)
+    assert split_counts(output, tensor, [2, 3], [1, 3]) == ([3, 9], [6, 9])
+    assert split_counts(output[:4], tensor, [], [1, 3]) == ([3, 9], [6, 6])
 
 
 def test_watchdog_ends_the_job_naming_op_group_and_rank_when_a_blocking_call_outlives_the_timeout() -> None:
