@@ -138,6 +138,17 @@ def test_a_store_that_never_answers_fails_at_the_timeout() -> None:
         assert time.monotonic() - started < 2.0
 
 
+def test_the_store_hosts_own_timeout_is_the_same_typed_error() -> None:
+    """Found by the 200-run loop: rank 0's TCPStore gave up waiting for its clients a moment before
+    the bounded wait did, and its raw DistStoreError reached the caller."""
+
+    def host_gives_up() -> None:
+        raise torch_dist.DistStoreError("Timed out after 3 seconds waiting for clients. 1/2 clients joined.")
+
+    with pytest.raises(CommTimeoutError, match=r"did not answer .* \(rank 0\).* did not join"):
+        _bounded(host_gives_up, "the store at 127.0.0.1:1", 0, timedelta(seconds=5))
+
+
 def test_a_backend_error_that_saw_a_peer_exit_becomes_a_peer_failure_naming_it() -> None:
     group = ProcessGroup("dp", (0, 1, 2), 1, {}, "shm", timedelta(seconds=5))
     health.clear()

@@ -107,6 +107,7 @@ def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timede
     )
 
 
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 
 
@@ -124,13 +125,18 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
         done.set()
 
     threading.Thread(target=attempt, name="commlayer-store-connect", daemon=True).start()
+    expired = CommTimeoutError(
+        f"init_process_group: {store} did not answer within the timeout of {timeout} (rank {rank}); "
+        "another program may hold MASTER_PORT, or the store's host (rank 0) failed or hangs, or "
+        "another rank did not join"
+    )
     if not done.wait(timeout.total_seconds()):
-        raise CommTimeoutError(
-            f"init_process_group: {store} did not answer within the timeout of {timeout} (rank {rank}); "
-            "another program may hold MASTER_PORT, or the store's host (rank 0) failed or hangs"
-        )
+        raise expired
     if not isinstance(outcome[0], BaseException):
         return outcome[0]
+    if isinstance(outcome[0], RuntimeError) and _TIMED_OUT.search(str(outcome[0])):
+        # The store's own timeout (the host waiting for its clients) may fire just before ours.
+        raise expired from outcome[0]
     if _ADDRESS_IN_USE.search(str(outcome[0])):
         raise RendezvousError(
             f"init_process_group: cannot host {store} (rank {rank}): the port is already in use by "

@@ -32,10 +32,12 @@ from commlayer import dist
 GROUP_TIMEOUT = timedelta(seconds=float(os.environ.get("FAULT_GROUP_TIMEOUT", "3")))
 DEATHS = ("exit", "abort", "sigkill", "sigterm")
 MISMATCHES = ("mismatch_size", "mismatch_dtype", "mismatch_op")
+WORLD_SIZE = 2  # tests/test_faults.py's worlds
 
 
 def main(backend: str, case: str, out_dir: str) -> None:
     out = Path(out_dir)
+    _await_every_process(out)
     started_init = time.time()
     try:
         dist.init_process_group(backend, timeout=GROUP_TIMEOUT)
@@ -56,6 +58,16 @@ def main(backend: str, case: str, out_dir: str) -> None:
     dist.destroy_process_group()
     record["destroy_s"] = round(time.monotonic() - started, 3)
     _write(out / f"rank{rank}.json", record)
+
+
+def _await_every_process(out: Path, limit_s: float = 120.0) -> None:
+    """Start init together: under load, importing torch can take one process seconds longer than
+    the other, and init's timeout is the cases' 3 s group timeout (the 200-run loop saw rank 0
+    start 2.4 s after rank 1 and init fail on both)."""
+    (out / f"started-{os.getpid()}").touch()
+    deadline = time.monotonic() + limit_s
+    while len(list(out.glob("started-*"))) < WORLD_SIZE and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _describe(error: BaseException) -> dict[str, Any]:
