@@ -4,6 +4,8 @@ comparison, the ordered-mode watchdog, the bounded store connection, shm's peer-
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from array import array
@@ -147,6 +149,38 @@ def test_the_store_hosts_own_timeout_is_the_same_typed_error() -> None:
 
     with pytest.raises(CommTimeoutError, match=r"did not answer .* \(rank 0\).* did not join"):
         _bounded(host_gives_up, "the store at 127.0.0.1:1", 0, timedelta(seconds=5))
+
+
+_ABANDONED_CONNECT = """
+import socket, sys
+from datetime import timedelta
+import torch.distributed as torch_dist
+from commlayer.dist._rendezvous import _bounded
+from commlayer.errors import CommTimeoutError
+with socket.socket() as probe:  # a port nobody listens on: torch's client retries past its timeout
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+try:
+    _bounded(lambda: torch_dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=1)),
+             "the store", 1, timedelta(seconds=1))
+except CommTimeoutError:
+    sys.exit(3)
+"""
+
+
+def test_a_rank_that_gave_up_on_the_store_exits_with_its_error_not_an_abort() -> None:
+    """Found by the 200-run loop: the abandoned connect thread, still inside torch's C++ when the
+    interpreter finalized, aborted the process ("terminate called without an active exception")."""
+    for _ in range(2):  # the abort came in about two runs of three
+        done = subprocess.run(
+            [sys.executable, "-c", _ABANDONED_CONNECT],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 3, done.stderr[-2000:]
+        assert "terminate called" not in done.stderr
 
 
 def test_a_backend_error_that_saw_a_peer_exit_becomes_a_peer_failure_naming_it() -> None:

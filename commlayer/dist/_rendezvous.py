@@ -14,6 +14,7 @@ MASTER_PORT that rank 0 cannot listen on raises RendezvousError naming the port.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
@@ -107,6 +108,7 @@ def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timede
     )
 
 
+_EXIT_WAIT_MARGIN_S = 5.0
 _TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 
@@ -124,13 +126,18 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
             outcome.append(error)
         done.set()
 
-    threading.Thread(target=attempt, name="commlayer-store-connect", daemon=True).start()
+    connector = threading.Thread(target=attempt, name="commlayer-store-connect", daemon=True)
+    connector.start()
     expired = CommTimeoutError(
         f"init_process_group: {store} did not answer within the timeout of {timeout} (rank {rank}); "
         "another program may hold MASTER_PORT, or the store's host (rank 0) failed or hangs, or "
         "another rank did not join"
     )
     if not done.wait(timeout.total_seconds()):
+        # torch's connect retries past its own timeout, and a thread still inside torch's C++ when
+        # the interpreter finalizes aborts the process ("terminate called without an active
+        # exception"): exit waits, boundedly, for the abandoned attempt to give up by itself.
+        atexit.register(connector.join, timeout.total_seconds() + _EXIT_WAIT_MARGIN_S)
         raise expired
     if not isinstance(outcome[0], BaseException):
         return outcome[0]
