@@ -108,7 +108,7 @@ def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timede
     )
 
 
-_EXIT_WAIT_MARGIN_S = 5.0
+_EXIT_WAIT_MARGIN_S = 1.0
 _TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 
