@@ -42,19 +42,21 @@ _UNKNOWN = -(1 << 62)  # below any element count, and below any negated one
 _MAX = options(torch_dist.AllreduceOptions, False, reduceOp=torch_dist.ReduceOp.MAX)
 
 
-def verify_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """False when ``COMMLAYER_GLOO_VERIFY`` is 0 (or false/off/no)."""
-    return environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+def verify_enabled(environ: Mapping[str, str] = os.environ, variable: str = VERIFY_ENV) -> bool:
+    """False when ``variable`` (``COMMLAYER_GLOO_VERIFY`` by default) is 0 (or false/off/no)."""
+    return environ.get(variable, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 class Signer:
     """Checks each call's signature across one gloo ProcessGroup before the call is issued."""
 
-    __slots__ = ("group", "group_rank", "process_group", "rank")
+    __slots__ = ("checked_by", "group", "group_rank", "process_group", "rank")
 
-    def __init__(self, process_group: Any, group: str, rank: int, group_rank: int = 0) -> None:
+    def __init__(
+        self, process_group: Any, group: str, rank: int, group_rank: int = 0, checked_by: str = _CHECKED_BY
+    ) -> None:
         self.process_group, self.group, self.rank = process_group, group, rank
-        self.group_rank = group_rank
+        self.group_rank, self.checked_by = group_rank, checked_by
 
     def verify(self, op: str, dtype: torch.dtype, count: int, root: int = -1, reduce_op: Any = None) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks pass this call.
@@ -67,7 +69,7 @@ class Signer:
         self.process_group.allreduce([values], _MAX).wait()
         reduced = values.tolist()
         if not agree(key, count, reduced):
-            raise mismatch(op, key, count, reduced, _CODES, (self.group, self.rank), _CHECKED_BY)
+            raise mismatch(op, key, count, reduced, _CODES, (self.group, self.rank), self.checked_by)
 
     def verify_exchange(
         self, op: str, dtype: torch.dtype, sends: Sequence[int], receives: Sequence[int]
@@ -89,7 +91,7 @@ class Signer:
         self.process_group.allreduce([values], _MAX).wait()
         reduced = values[:2].tolist()
         if not agree(key, 0, [*reduced, 0, 0]):
-            raise mismatch(op, key, 0, [*reduced, 0, 0], _CODES, (self.group, self.rank), _CHECKED_BY)
+            raise mismatch(op, key, 0, [*reduced, 0, 0], _CODES, (self.group, self.rank), self.checked_by)
         grid = values[2:].view(size, size, 2)
         differing = (grid[:, :, 0] != -grid[:, :, 1]).nonzero()
         if len(differing):
@@ -99,7 +101,7 @@ class Signer:
         low, high = int(-grid[sender, receiver, 1]), int(grid[sender, receiver, 0])
         return CollectiveMismatchError(
             f"{op} on group '{self.group}': group ranks {sender} and {receiver} disagree on how many "
-            f"elements {sender} sends to {receiver} ({low} and {high}) (rank {self.rank}). {_CHECKED_BY}",
+            f"elements {sender} sends to {receiver} ({low} and {high}) (rank {self.rank}). {self.checked_by}",
             {self.rank: f"{op} with mismatched sizes"},
         )
 

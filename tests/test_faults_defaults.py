@@ -32,6 +32,7 @@ from tests.test_faults import (
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
 MPI = pytest.mark.mpi
+CCL = pytest.mark.ccl
 MISMATCHES = ("mismatch_size", "mismatch_dtype", "mismatch_op")
 
 
@@ -98,6 +99,25 @@ def test_gloo_mismatch_without_debug_mode_is_caught_before_the_collective(kind: 
         "mismatch_op": "broadcast(float32, reduce op -, root 0)",
     }[kind]
     words = ("all_reduce(float32, reduce op SUM", rank1_call, "'world'", "COMMLAYER_GLOO_VERIFY=0")
+    assert_mismatch_on_every_rank(outcome, words)
+
+
+# --- ccl -----------------------------------------------------------------------------------------
+
+
+@CCL
+@pytest.mark.parametrize("kind", ["mismatch_dtype", "mismatch_size", "mismatch_op"])
+def test_ccl_mismatch_without_debug_mode_is_caught_before_the_collective(kind: str, tmp_path: Path) -> None:
+    """Without the check oneCCL returned garbage for float32 against int32 on both ranks (exit code
+    0), and 4 against 8 elements failed rank 0 with oneCCL's raw "RECV entry failed" while rank 1
+    returned; now every rank raises before the collective, naming both calls."""
+    outcome = run_fault_world("ccl", kind, tmp_path)
+    rank1_call = {
+        "mismatch_dtype": "all_reduce(int32, reduce op SUM",
+        "mismatch_size": "element counts 4 to 8",
+        "mismatch_op": "broadcast(float32, reduce op -, root 0)",
+    }[kind]
+    words = ("all_reduce(float32, reduce op SUM", rank1_call, "'world'", "COMMLAYER_CCL_VERIFY=0")
     assert_mismatch_on_every_rank(outcome, words)
 
 

@@ -26,6 +26,7 @@ from commlayer.shm_regions import release_regions_of
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
 
+from .._gloo_check import Signer, split_counts, verify_enabled
 from . import _native
 from ._bootstrap import Connection, connect, disconnect
 from ._environment import HostLayout, apply_defaults, usable_cpus
@@ -42,6 +43,8 @@ INSTALL_HINT = (
 
 
 _EXPIRED_ADVICE = "This communicator cannot be used any more."
+VERIFY_ENV = "COMMLAYER_CCL_VERIFY"
+_CHECKED_BY = f"Checked by the ccl backend before communicating; {VERIFY_ENV}=0 turns the check off."
 
 
 class CclBackend(Backend):
@@ -61,6 +64,14 @@ class CclBackend(Backend):
         )
         self._connection: Connection | None = connection
         self._expired: str | None = None  # why the communicator became unusable
+        # oneCCL alone returns garbage for a dtype of one element size (float32 against int32) and
+        # on the rank with the larger count: each collective's signature is compared first, as on
+        # gloo (one small MAX all-reduce; tests/test_faults_defaults.py).
+        checked = spec.size > 1 and verify_enabled(variable=VERIFY_ENV)
+        channel = _SignatureChannel(self)
+        self._signer = (
+            Signer(channel, spec.name, spec.global_rank, spec.group_rank, _CHECKED_BY) if checked else None
+        )
         _open_backends.add(self)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -109,6 +120,7 @@ class CclBackend(Backend):
     # --- the mandatory core ----------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
+        self._verify("all_reduce", tensor, tensor.numel(), reduce_op=op)
         pointer, count = buffer(tensor)
         post = lambda c, red: c.allreduce(pointer, pointer, count, self._dtype(tensor), red)
         return self._reduction("all_reduce", post, op, tensor, [tensor])
@@ -116,11 +128,13 @@ class CclBackend(Backend):
     def all_gather_into_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
+        self._verify("all_gather_into_tensor", tensor, tensor.numel())
         source, count = buffer(tensor)
         event = self._live().communicator.allgather(source, output.data_ptr(), count, self._dtype(tensor))
         return self._work(event, "all_gather_into_tensor", [output], [tensor])
 
     def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool = True) -> Work:
+        self._verify("broadcast", tensor, tensor.numel(), root=root)
         pointer, count = buffer(tensor)
         event = self._live().communicator.broadcast(pointer, count, self._dtype(tensor), root)
         return self._work(event, "broadcast", [tensor])
@@ -142,6 +156,7 @@ class CclBackend(Backend):
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         # In place: oneCCL leaves a non-root rank's buffer as it was.
+        self._verify("reduce", tensor, tensor.numel(), root=root, reduce_op=op)
         pointer, count = buffer(tensor)
         post = lambda c, red: c.reduce(pointer, pointer, count, self._dtype(tensor), red, root)
         return self._reduction("reduce", post, op, tensor, [tensor])
@@ -149,6 +164,7 @@ class CclBackend(Backend):
     def all_gather(
         self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
     ) -> Work:
+        self._verify("all_gather", tensor, tensor.numel())
         source, count = buffer(tensor)
         targets = [output.data_ptr() for output in outputs]
         event = self._live().communicator.allgatherv_list(
@@ -159,6 +175,7 @@ class CclBackend(Backend):
     def reduce_scatter_tensor(
         self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
+        self._verify("reduce_scatter_tensor", tensor, output.numel(), reduce_op=op)
         source, target, count = tensor.data_ptr(), output.data_ptr(), output.numel()
         post = lambda c, red: c.reduce_scatter(source, target, count, self._dtype(tensor), red)
         return self._reduction("reduce_scatter_tensor", post, op, tensor, [output])
@@ -172,6 +189,7 @@ class CclBackend(Backend):
         *,
         async_op: bool = True,
     ) -> Work:
+        self._verify_exchange("all_to_all_single", tensor, output, output_splits, input_splits)
         communicator, dtype = self._live().communicator, self._dtype(tensor)
         if not output_splits and not input_splits:
             count = tensor.numel() // self.size
@@ -187,6 +205,9 @@ class CclBackend(Backend):
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
+        if self._signer is not None:
+            sends, receives = [chunk.numel() for chunk in inputs], [output.numel() for output in outputs]
+            self._signer.verify_exchange("all_to_all", inputs[0].dtype, sends, receives)
         # oneCCL's alltoallv takes one flat buffer per side (per-rank buffers are rejected).
         flat_in = torch.cat([chunk.reshape(-1) for chunk in inputs])
         flat_out = flat_in.new_empty(sum(output.numel() for output in outputs))
@@ -201,6 +222,35 @@ class CclBackend(Backend):
         return work.then(lambda: _unflatten_into(flat_out, outputs))
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _verify(
+        self, op: str, tensor: torch.Tensor, count: int, root: int = -1, reduce_op: ReduceOp | None = None
+    ) -> None:
+        if self._signer is not None:
+            self._signer.verify(op, tensor.dtype, count, root, reduce_op)
+
+    def _verify_exchange(
+        self,
+        op: str,
+        tensor: torch.Tensor,
+        output: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+    ) -> None:
+        if self._signer is None:
+            return
+        if output_splits or input_splits:  # uneven: each pair's count is compared
+            counts = split_counts(output, tensor, list(output_splits or ()), list(input_splits or ()))
+            self._signer.verify_exchange(op, tensor.dtype, *counts)
+        else:
+            self._signer.verify(op, tensor.dtype, tensor.numel())
+
+    def post_max(self, values: torch.Tensor) -> Work:
+        """An element-wise MAX all-reduce of ``values`` in place, unchecked: the check's own."""
+        pointer, count = buffer(values)
+        reduction = self._types.reductions[ReduceOp.MAX]
+        event = self._live().communicator.allreduce(pointer, pointer, count, self._dtype(values), reduction)
+        return self._work(event, "all_reduce", [values])
 
     def _live(self) -> Connection:
         if self._connection is not None and self._expired is None:
@@ -236,6 +286,19 @@ class CclBackend(Backend):
         """Post a reducing op (never AVG: the facade sums and divides for backends without it)."""
         event = post(self._live().communicator, self._types.reductions[op])
         return self._work(event, op_name, results, [source])
+
+
+class _SignatureChannel:
+    """The one ProcessGroup method :class:`Signer` calls, ``allreduce([values], opts)`` (always a
+    MAX over int64), posted on a oneCCL communicator."""
+
+    __slots__ = ("_backend",)
+
+    def __init__(self, backend: CclBackend) -> None:
+        self._backend = backend
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
+        return self._backend.post_max(tensors[0])
 
 
 class _OpenBackends:

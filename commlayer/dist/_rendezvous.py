@@ -134,10 +134,11 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
         "another rank did not join"
     )
     if not done.wait(timeout.total_seconds()):
-        # torch's connect retries past its own timeout, and a thread still inside torch's C++ when
-        # the interpreter finalizes aborts the process ("terminate called without an active
-        # exception"): exit waits, boundedly, for the abandoned attempt to give up by itself.
-        atexit.register(connector.join, timeout.total_seconds() + _EXIT_WAIT_MARGIN_S)
+        # torch's connect retries past its own timeout (one more try after a random delay of up to
+        # about the timeout again), and a thread still inside torch's C++ when the interpreter
+        # finalizes aborts the process ("terminate called without an active exception"): exit
+        # waits, boundedly, for the abandoned attempt to give up by itself.
+        atexit.register(connector.join, 2 * timeout.total_seconds() + _EXIT_WAIT_MARGIN_S)
         raise expired
     if not isinstance(outcome[0], BaseException):
         return outcome[0]
