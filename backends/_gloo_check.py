@@ -97,6 +97,29 @@ class Signer:
         if len(differing):
             raise self._exchange_mismatch(op, *differing[0].tolist(), grid)
 
+    def verify_all_to_all_single(
+        self,
+        op: str,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+    ) -> None:
+        """An all_to_all_single's check: every pair's count when the splits are uneven (they
+        differ between ranks legitimately), else op, dtype and count like any collective."""
+        if output_splits or input_splits:
+            counts = split_counts(output, tensor, list(output_splits or ()), list(input_splits or ()))
+            self.verify_exchange(op, tensor.dtype, *counts)
+        else:
+            self.verify(op, tensor.dtype, tensor.numel())
+
+    def verify_all_to_all(
+        self, op: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> None:
+        """An all_to_all's check over tensor lists: each pair's count (per-peer sizes may differ)."""
+        sends, receives = [chunk.numel() for chunk in inputs], [chunk.numel() for chunk in outputs]
+        self.verify_exchange(op, inputs[0].dtype, sends, receives)
+
     def _exchange_mismatch(self, op: str, sender: int, receiver: int, grid: torch.Tensor) -> Exception:
         low, high = int(-grid[sender, receiver, 1]), int(grid[sender, receiver, 0])
         return CollectiveMismatchError(
@@ -147,11 +170,7 @@ class SignedProcessGroup:
         in_splits: list[int],
         opts: Any,
     ) -> Any:
-        if out_splits or in_splits:  # uneven: each pair's count is compared
-            counts = split_counts(output, tensor, out_splits, in_splits)
-            self._signer.verify_exchange("all_to_all_single", tensor.dtype, *counts)
-        else:
-            self._verify(tensor, tensor.numel())
+        self._signer.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
         return self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)
 
 

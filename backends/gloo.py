@@ -16,7 +16,7 @@ from commlayer.flight_recorder import Recording
 from commlayer.types import Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
-from ._gloo_check import SignedProcessGroup, Signer, split_counts, verify_enabled
+from ._gloo_check import SignedProcessGroup, Signer, verify_enabled
 from ._torch import TorchBackend
 from ._torch_plans import fused_plan
 
@@ -95,19 +95,17 @@ class GlooBackend(TorchBackend):
         *,
         async_op: bool = True,
     ) -> Work:
-        if self._signer is not None and (output_splits or input_splits):  # uneven: each pair's count
-            counts = split_counts(output, tensor, output_splits or [], input_splits or [])
-            self._signer.verify_exchange("all_to_all_single", tensor.dtype, *counts)
-        else:
-            self._verify("all_to_all_single", tensor, tensor.numel())
+        if self._signer is not None:
+            self._signer.verify_all_to_all_single(
+                "all_to_all_single", output, tensor, output_splits, input_splits
+            )
         return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
 
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
-        if self._signer is not None:  # per-peer sizes may differ: each pair's count is compared
-            sends, receives = [t.numel() for t in inputs], [t.numel() for t in outputs]
-            self._signer.verify_exchange("all_to_all", inputs[0].dtype, sends, receives)
+        if self._signer is not None:
+            self._signer.verify_all_to_all("all_to_all", outputs, inputs)
         return super().all_to_all(outputs, inputs, async_op=async_op)
 
     def gather(

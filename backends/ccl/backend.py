@@ -26,7 +26,7 @@ from commlayer.shm_regions import release_regions_of
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
 
-from .._gloo_check import Signer, split_counts, verify_enabled
+from .._gloo_check import Signer, verify_enabled
 from . import _native
 from ._bootstrap import Connection, connect, disconnect
 from ._environment import HostLayout, apply_defaults, usable_cpus
@@ -189,7 +189,10 @@ class CclBackend(Backend):
         *,
         async_op: bool = True,
     ) -> Work:
-        self._verify_exchange("all_to_all_single", tensor, output, output_splits, input_splits)
+        if self._signer is not None:
+            self._signer.verify_all_to_all_single(
+                "all_to_all_single", output, tensor, output_splits, input_splits
+            )
         communicator, dtype = self._live().communicator, self._dtype(tensor)
         if not output_splits and not input_splits:
             count = tensor.numel() // self.size
@@ -206,8 +209,7 @@ class CclBackend(Backend):
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
         if self._signer is not None:
-            sends, receives = [chunk.numel() for chunk in inputs], [output.numel() for output in outputs]
-            self._signer.verify_exchange("all_to_all", inputs[0].dtype, sends, receives)
+            self._signer.verify_all_to_all("all_to_all", outputs, inputs)
         # oneCCL's alltoallv takes one flat buffer per side (per-rank buffers are rejected).
         flat_in = torch.cat([chunk.reshape(-1) for chunk in inputs])
         flat_out = flat_in.new_empty(sum(output.numel() for output in outputs))
@@ -228,22 +230,6 @@ class CclBackend(Backend):
     ) -> None:
         if self._signer is not None:
             self._signer.verify(op, tensor.dtype, count, root, reduce_op)
-
-    def _verify_exchange(
-        self,
-        op: str,
-        tensor: torch.Tensor,
-        output: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-    ) -> None:
-        if self._signer is None:
-            return
-        if output_splits or input_splits:  # uneven: each pair's count is compared
-            counts = split_counts(output, tensor, list(output_splits or ()), list(input_splits or ()))
-            self._signer.verify_exchange(op, tensor.dtype, *counts)
-        else:
-            self._signer.verify(op, tensor.dtype, tensor.numel())
 
     def post_max(self, values: torch.Tensor) -> Work:
         """An element-wise MAX all-reduce of ``values`` in place, unchecked: the check's own."""
