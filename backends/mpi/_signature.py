@@ -9,7 +9,10 @@ two int64 values ``key`` and ``count``, as ``[key, -key, count, -count]`` to one
 they are equal everywhere exactly when every rank made the same call, so every rank decides alike
 and raises :class:`~commlayer.errors.CollectiveMismatchError` before the real collective moves a
 byte. It is one more collective of latency (a few microseconds on one host:
-benchmarks/mismatch_check_overhead.py), negligible next to a 1 MiB collective.
+benchmarks/mismatch_check_overhead.py). On a communicator whose ranks all share one host, the
+same four values come from a shared-memory exchange instead (:mod:`._shared_signatures`): each
+rank publishes its signature in a cache line and reads its peers', a fraction of a microsecond
+where the Allreduce is a round trip through the MPI library.
 
 Vector all-to-alls pass a count of 0: their per-rank sizes differ legitimately.
 Example: world of 2, rank 0 ``all_reduce(float32[4])``, rank 1 ``all_reduce(float32[8])``: the
@@ -19,7 +22,7 @@ maximum count is 8, the minimum 4, and both ranks raise "element counts 4 to 8 a
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,25 +32,41 @@ from commlayer.work import WaitLimit
 
 from .._signature import agree, describe, mismatch, pack
 from .._signature import dtype_codes as number_dtypes
+from ._shared_signatures import SharedSignatures
 from ._work import wait_in_place
 
 __all__ = ["SignatureCheck", "describe", "verified_call"]
 
 _CHECKED_BY = "Checked by the mpi backend before communicating; COMMLAYER_MPI_VERIFY=0 turns the check off."
+# Ordered mode's shared-memory wait gives up later than the group's timeout: its watchdog ends the
+# job at 1-1.1 times the timeout first, as it does for a blocking call (this bounds a worker's wait).
+_ORDERED_DEADLINE_SHARE = 1.5
 
 
 @dataclass(frozen=True)
 class SignatureCheck:
-    """Checks one communicator's calls; ``allreduce_max(values)`` reduces an int64 array in place."""
+    """Checks one communicator's calls; ``allreduce_max(values)`` reduces an int64 array in place.
+
+    ``shared`` (ranks on one host): the exchange through shared memory that replaces the Allreduce.
+    """
 
     allreduce_max: Callable[[array], Any]
     iallreduce_max: Callable[[array], Any]  # returns the request
     dtype_codes: dict[torch.dtype, int]
     group: str
     rank: int
+    limit: WaitLimit | None = None  # set with ``shared``, whose waits it bounds
+    shared: SharedSignatures | None = None
 
     @classmethod
-    def over(cls, comm: Any, mpi: Any, dtypes: Any, group: str, rank: int) -> SignatureCheck:
+    def over(
+        cls,
+        comm: Any,
+        mpi: Any,
+        dtypes: Any,
+        limit: WaitLimit,
+        shared: SharedSignatures | None = None,
+    ) -> SignatureCheck:
         int64, maximum, in_place = mpi.INT64_T, mpi.MAX, mpi.IN_PLACE
         allreduce, iallreduce = comm.Allreduce, comm.Iallreduce
 
@@ -57,26 +76,36 @@ class SignatureCheck:
         def iallreduce_max(values: array) -> Any:
             return iallreduce(in_place, [values, int64], maximum)
 
-        return cls(allreduce_max, iallreduce_max, number_dtypes(dtypes), group, rank)
+        codes = number_dtypes(dtypes)
+        return cls(allreduce_max, iallreduce_max, codes, limit.group or "?", limit.rank, limit, shared)
 
     def key(self, op: str, tensor: torch.Tensor | None, root: int = -1, reduce_op: Any = None) -> int:
         return pack(op, None if tensor is None else tensor.dtype, self.dtype_codes, root, reduce_op)
 
     def verify(self, op: str, key: int, count: int) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks passed this key and count."""
-        values = array("q", (key, -key, count, -count))
-        self.allreduce_max(values)
+        shared = self.shared
+        if shared is None:
+            values: Sequence[int] = array("q", (key, -key, count, -count))
+            self.allreduce_max(values)
+        else:
+            limit = self.limit
+            values = shared.exchange(key, count, op, limit, limit.group_timeout_s * _ORDERED_DEADLINE_SHARE)
         self._compare(op, key, count, values)
 
     def verify_within(self, op: str, key: int, count: int, limit: WaitLimit) -> None:
         """:meth:`verify` through a request waited for until the group's timeout (modes whose
         synchronous ops are bounded)."""
+        if self.shared is not None:
+            values = self.shared.exchange(key, count, op, limit, limit.group_timeout_s)
+            self._compare(op, key, count, values)
+            return
         values = array("q", (key, -key, count, -count))
         request = self.iallreduce_max(values)
         wait_in_place(request, op, limit, values)
         self._compare(op, key, count, values)
 
-    def _compare(self, op: str, key: int, count: int, values: array) -> None:
+    def _compare(self, op: str, key: int, count: int, values: Sequence[int]) -> None:
         if not agree(key, count, values):
             raise mismatch(op, key, count, values, self.dtype_codes, (self.group, self.rank), _CHECKED_BY)
 

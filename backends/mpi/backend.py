@@ -50,6 +50,7 @@ from ._runtime import (
     load_mpi,
     mpi4py_missing_reason,
 )
+from ._shared_signatures import open_shared_signatures
 from ._signature import SignatureCheck, verified_call
 from ._work import CANNOT_CANCEL, MpiWork, wait_in_place
 from .options import MODE_ENV, MpiOptions
@@ -104,7 +105,7 @@ class MpiBackend(Backend):
             spec.timeout.total_seconds(), spec.global_rank, "MPI", CANNOT_CANCEL, spec.name
         )
         self._check = (
-            SignatureCheck.over(comm, mpi, self._datatypes, spec.name, spec.global_rank)
+            SignatureCheck.over(comm, mpi, self._datatypes, self._limit, open_shared_signatures(comm, mpi))
             if options.verify and spec.size > 1
             else None
         )
@@ -154,6 +155,8 @@ class MpiBackend(Backend):
         # A worker stuck in a call whose peer never came keeps the communicator: freeing it would crash.
         idle = self._ordered is None or self._ordered.close()
         if self._comm is not None and idle and not self._mpi.Is_finalized():
+            if self._check is not None and self._check.shared is not None:
+                self._check.shared.free()
             self._comm.Free()
         self._comm = None
 

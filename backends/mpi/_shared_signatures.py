@@ -1,0 +1,118 @@
+"""The mismatch check's exchange through shared memory, for a communicator whose ranks share a host.
+
+The default check (:mod:`._signature`) needs every rank's packed signature before the data moves.
+Across hosts that is one 32-byte ``Allreduce(MAX)``; inside one host it is a cache line away: each
+rank owns two 64-byte slots in an ``MPI.Win.Allocate_shared`` window (MPI allocates and frees it:
+no /dev/shm name, nothing left behind by a killed job) and, for its n-th check, writes
+``(key, count)`` then ``n`` into slot ``n % 2``, waits until every peer's slot ``n % 2`` holds
+``n``, and reads their signatures. Every rank sees the same set, so every rank decides alike.
+
+Two slots suffice: a rank writes check n + 2 into slot ``n % 2`` only after passing check n + 1,
+which needs every peer to have published n + 1, which each does only after reading check n.
+
+Plain loads and stores keep the writer's order (signature, then sequence) for the reader only
+under x86's total store order, so elsewhere :func:`open_shared_signatures` returns None and the
+check stays the Allreduce. The wait polls, then yields the CPU (a peer may share it), and gives up
+at ``deadline_s`` with the group's typed error (a dead peer's PeerFailureError, else
+CommTimeoutError); the op is then remembered as abandoned (a peer that read this rank's signature
+may be inside the data call), so the job ends with MPI_Abort at exit instead of hanging in
+MPI_Finalize.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+from commlayer import health
+from commlayer.work import WaitLimit
+
+from ._runtime import abandon
+
+__all__ = ["SharedSignatures", "open_shared_signatures"]
+
+_WORDS = 8  # int64 words per slot: sequence, key, count, padding to one 64-byte cache line
+_SLOTS = 2
+_POLLS = 64  # polls before the first yield (~3 us of Python): a peer on another core arrives by then
+_SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a slow peer, a long wait)
+_SLEEP_S = 0.0001
+_TOTAL_STORE_ORDER = ("x86_64", "amd64", "i386", "i686")
+_monotonic = time.monotonic
+_yield = os.sched_yield
+
+
+class SharedSignatures:
+    """Each rank's ``(sequence, key, count)`` slots in one shared window; see the module docstring."""
+
+    def __init__(self, window: Any, slots: list[memoryview], rank: int) -> None:
+        self._window = window
+        self._mine = slots[rank]
+        self._peers = tuple(view for index, view in enumerate(slots) if index != rank)
+        self._sequence = 0
+
+    def exchange(self, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float) -> tuple[int, ...]:
+        """The group's ``(max key, -min key, max count, -min count)``, as the Allreduce check's."""
+        sequence = self._sequence = self._sequence + 1
+        at = (sequence & 1) * _WORDS
+        mine = self._mine
+        mine[at + 1] = key
+        mine[at + 2] = count
+        mine[at] = sequence  # last: a peer that sees it sees the signature
+        high_key = low_key = key
+        high_count = low_count = count
+        for slots in self._peers:
+            if slots[at] != sequence:
+                _wait(slots, at, sequence, op, limit, deadline_s)
+            peer_key, peer_count = slots[at + 1], slots[at + 2]
+            if peer_key != key or peer_count != count:
+                high_key, low_key = max(high_key, peer_key), min(low_key, peer_key)
+                high_count, low_count = max(high_count, peer_count), min(low_count, peer_count)
+        return high_key, -low_key, high_count, -low_count
+
+    def free(self) -> None:
+        """Release the window (collective over the communicator, like freeing it)."""
+        self._mine = memoryview(b"")
+        self._peers = ()
+        self._window.Free()
+
+
+def _wait(slots: memoryview, at: int, sequence: int, op: str, limit: WaitLimit, deadline_s: float) -> None:
+    """Until the peer publishes ``sequence``: poll, then yield, then sleep; typed error at the deadline."""
+    for _ in range(_POLLS):
+        if slots[at] == sequence:
+            return
+    started = _monotonic()
+    while slots[at] != sequence:
+        waited = _monotonic() - started
+        if waited > _SLEEP_AFTER_S:
+            if waited > deadline_s or health.current() is not None:
+                error = limit.expired(op)
+                abandon(f"{type(error).__name__}: {error}", lambda: True)
+                raise error
+            time.sleep(_SLEEP_S)
+        else:
+            _yield()
+
+
+def open_shared_signatures(comm: Any, mpi: Any) -> SharedSignatures | None:
+    """The shared slots of ``comm``'s ranks (collective), or None: ranks on several hosts, or no TSO.
+
+    Every rank of ``comm`` must call it; all of them get None or all a window.
+    """
+    if platform.machine().lower() not in _TOTAL_STORE_ORDER:
+        return None
+    node = comm.Split_type(mpi.COMM_TYPE_SHARED)
+    try:
+        if node.Get_size() != comm.Get_size():  # the same answer on every rank: a partition of comm
+            return None
+        window = mpi.Win.Allocate_shared(_SLOTS * _WORDS * 8, 8, comm=comm)
+    finally:
+        node.Free()
+    slots = [memoryview(window.Shared_query(rank)[0]).cast("B").cast("q") for rank in range(comm.Get_size())]
+    mine = slots[comm.Get_rank()]
+    for index in range(len(mine)):
+        mine[index] = 0  # MPI does not zero the window; sequences start at 1
+    comm.Barrier()  # every slot is zero before any rank publishes its first check
+    return SharedSignatures(window, slots, comm.Get_rank())
