@@ -21,7 +21,12 @@ import torch
 from commlayer import dist
 from commlayer.backends.mpi import MpiOptions
 from commlayer.backends.mpi.options import MODES
-from commlayer.errors import BackendUnavailableError, CommTimeoutError, InvalidArgumentError
+from commlayer.errors import (
+    BackendUnavailableError,
+    CollectiveMismatchError,
+    CommTimeoutError,
+    InvalidArgumentError,
+)
 from commlayer.rendezvous import discover
 from commlayer.testing import conformance
 
@@ -45,6 +50,7 @@ def main(*options: str) -> None:
     check_receive_from_any_source_in_a_subgroup()
     check_host_staging_plumbing()
     check_discovery_layout()
+    check_signatures_meet_in_shared_memory()
     check_destroy_then_initialise_again()
     if "compat" in options:
         conformance.main()
@@ -302,6 +308,33 @@ def check_discovery_layout() -> None:
         found.master_addr == "127.0.0.1" and isinstance(found.master_port, int) and found.master_port > 0
     ), found
     assert (found.local_rank, found.local_world_size) == (info.rank, info.world_size), found
+
+
+def check_signatures_meet_in_shared_memory() -> None:
+    """Every rank is on this host, so the default mismatch check exchanges signatures through the
+    shared window, not an Allreduce: a count mismatch (synchronous) and a dtype mismatch (the last
+    rank asynchronous, on ordered mode's worker) raise CollectiveMismatchError on every rank with
+    the data untouched, and the checks stay in step afterwards."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    last = rank == world - 1
+    assert dist.group.WORLD.primary_backend._check.shared is not None
+    counted = _distinct(rank, 8 if last else 4, torch.float32)
+    typed = _distinct(rank, 4, torch.int32 if last else torch.float32)
+    for tensor, words in ((counted, "element counts 4 to 8"), (typed, "all_reduce(int32")):
+        before = tensor.clone()
+        try:
+            work = dist.all_reduce(tensor, async_op=last and tensor is typed)
+            assert work is None or work.wait()
+        except CollectiveMismatchError as error:
+            assert words in str(error) and f"(rank {rank})" in str(error), str(error)
+        else:
+            raise AssertionError(f"rank {rank}: a mismatched all_reduce returned ({words})")
+        assert torch.equal(tensor, before), tensor
+    for _ in range(3):
+        summed = _distinct(rank, 5, torch.float64)
+        work = dist.all_reduce(summed, async_op=last)
+        assert work is None or work.wait()
+        assert torch.equal(summed, sum(_distinct(peer, 5, torch.float64) for peer in range(world))), summed
 
 
 def check_destroy_then_initialise_again() -> None:
