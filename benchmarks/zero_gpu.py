@@ -50,7 +50,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bucket", type=float, default=2.5e7, help="reduce_bucket_size (elements)")
-    parser.add_argument("--unit", type=float, default=5e7, help="stage3_max_unit_numel (elements)")
+    parser.add_argument("--unit", type=float, default=1e8, help="stage3_max_unit_numel (elements)")
     parser.add_argument("--prefetch", type=float, default=5e7, help="stage3_prefetch_bucket_size (elements)")
     parser.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
     parser.add_argument(

@@ -108,8 +108,10 @@ class ZeroOptimizationConfig(_Section):
     #: Stage 3: elements gathered ahead of the running module (prefetch depth).
     stage3_prefetch_bucket_size: int = Field(50_000_000, ge=0)
     #: Stage 3: a module whose parameters (with its descendants') number at most this is
-    #: gathered and freed as one unit; larger ones are split among their children.
-    stage3_max_unit_numel: int = Field(50_000_000, gt=0)
+    #: gathered and freed as one unit; larger ones are split among their children. Each unit
+    #: costs hooks, a gather and a reduce-scatter per step on the host: 1e8 keeps a whole
+    #: transformer block of width up to ~2800 together (FSDP2's per-block wrapping).
+    stage3_max_unit_numel: int = Field(100_000_000, gt=0)
     #: Stage 3: units smaller than this join the root unit, gathered once per step.
     stage3_min_unit_numel: int = Field(100_000, ge=0)
     #: MiCS-style hybrid sharding: shard inside consecutive groups of this many data-parallel
