@@ -54,6 +54,15 @@ def test_shm_rank_death_is_a_peer_failure_naming_the_rank(how: str, tmp_path: Pa
     assert_peer_failure(run_fault_world("shm", how, tmp_path))
 
 
+def test_shm_peer_exit_slower_than_the_timeout_is_a_peer_failure(tmp_path: Path) -> None:
+    """The dead rank's process outlives the group timeout after sys.exit (an exit handler sleeps
+    twice the timeout). The survivor used to wait for the process to be gone and raise ShmTimeout
+    at the timeout; the exiting rank now marks its departure in the segment, and the peer monitor's
+    report ends native waits, so it is a PeerFailureError naming the rank, well before the timeout."""
+    outcome = run_fault_world("shm", "exit_slowly", tmp_path)
+    assert_peer_failure(outcome)
+
+
 def test_shm_skipped_collective_times_out_naming_op_group_and_rank(tmp_path: Path) -> None:
     outcome = run_fault_world("shm", "skip", tmp_path)
     assert_timeout_names(outcome, ("all_reduce", "'world'", "rank 0"))

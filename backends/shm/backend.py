@@ -14,13 +14,16 @@ hosts is a :class:`~.two_level.TwoLevelBackend`.
 
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from commlayer import health
 from commlayer.backend import Backend
 from commlayer.flight_recorder import COMPLETED, STARTED, Recording
 from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
@@ -54,6 +57,8 @@ class ShmBackend(Backend):
         self.hosts = hosts
         self._companion = companion
         self._comm = comm
+        _live_backends.add(self)
+        health.add_listener(_stop_waits)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -234,6 +239,34 @@ _FUSED: dict[str, tuple[int, Callable[..., int]]] = {
     "all_gather_into_tensor": (0, lambda: 0),
     "reduce_scatter_tensor": (1, lambda op: OP_CODES[op]),
 }
+
+
+# Every backend with a communicator, for _depart_at_exit (weak: a destroyed group just drops out).
+_live_backends: weakref.WeakSet[ShmBackend] = weakref.WeakSet()
+
+
+def _stop_waits(failure: health.PeerFailure) -> None:
+    """A peer the monitor saw die ends this process's waits on its groups at once, even while the
+    dead rank's process still exists (a slow exit), instead of at the group's timeout."""
+    for backend in list(_live_backends):
+        comm = backend._comm
+        if comm is not None and hasattr(comm, "interrupt") and failure.rank in backend.spec.ranks:
+            comm.interrupt()
+
+
+def _depart_at_exit() -> None:
+    """Mark this process as exiting in every group's segment, so a peer blocked on it raises a peer
+    failure at once instead of the group timeout: after ``sys.exit`` the interpreter may run
+    atexit handlers and tear torch down for longer than the timeout before the process is gone
+    (the 200-run loop saw exactly that under load). Registered at import, so it runs after the
+    handlers registered later, such as init's death announcement to the peer monitors."""
+    for backend in list(_live_backends):
+        comm = backend._comm
+        if comm is not None and hasattr(comm, "depart"):  # an extension built before depart()
+            comm.depart()
+
+
+atexit.register(_depart_at_exit)
 
 
 def _equal(splits: Sequence[int] | None) -> bool:

@@ -140,6 +140,8 @@ PYBIND11_MODULE(_C, m) {
              py::arg("small_bytes"), py::arg("chunk_bytes"), py::arg("timeout_s"), py::arg("spins"))
         .def_property_readonly("steps", [](Group& g) { return g.comm().steps(); })
         .def("barrier", [](Group& g) { g.comm().barrier(); })
+        .def("depart", [](Group& g) { g.comm().depart(); }, "tell the peers this process is exiting")
+        .def("interrupt", [](Group& g) { g.comm().interrupt(); }, "end this rank's waits: a peer died")
         .def("launcher", &launcher, py::arg("op"), py::arg("fixed"), py::arg("dtype_codes"), py::arg("completed"),
              py::arg("recording") = py::none(), "run(async_op, *tensors) for one planned kind of call (launcher.hpp)")
         .def("all_reduce",

@@ -28,6 +28,7 @@ constexpr double kLivenessPeriodS = 0.02;
 constexpr std::size_t kAllReduceSmallBytes = 4096;
 constexpr int kSharedCpuSpins = 16;              // a peer on this CPU cannot arrive while this rank spins
 constexpr std::int64_t kMoveIntervalNs = 10000000;  // at most one move to another CPU per 10 ms
+constexpr std::uint32_t kDeparted = 2;  // Control::failed of a rank whose process is exiting (depart())
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
@@ -117,7 +118,7 @@ struct alignas(64) Comm::Control {
     std::atomic<std::uint64_t> step;
     std::atomic<std::uint64_t> signature[2];  // of the op at step s, in slot s & 1
     char pad_step[40];
-    std::atomic<std::uint32_t> failed;  // set by a rank that gave up: its peers stop waiting at once
+    std::atomic<std::uint32_t> failed;  // 1: the rank gave up, kDeparted: it is exiting; peers stop waiting
     std::atomic<std::int32_t> cpu;      // 1 + the CPU the rank last waited on; 0: not known yet
     char pad_failed[56];
 };
@@ -213,23 +214,39 @@ void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
         if (polls % kPollsPerClockCheck != 0) continue;
         const double waited = seconds_since(start);
         const std::string where = std::string(op) + ": " + label_ + ", rank " + std::to_string(rank_) + ": ";
-        if (control(peer)->failed.load(std::memory_order_acquire) != 0) {
+        if (interrupted_->load(std::memory_order_relaxed)) {
+            fail(where + "stopped waiting for peer rank " + std::to_string(peer) +
+                     ": the peer monitor reported that a rank of the job exited",
+                 false);
+        }
+        const std::uint32_t failed = control(peer)->failed.load(std::memory_order_acquire);
+        if (failed == kDeparted) fail(where + exited(peer), false);
+        if (failed != 0) {
             fail(where + "peer rank " + std::to_string(peer) + " failed during an earlier or the same op", false);
         }
-        if (waited >= next_liveness_check) {
+        const bool timed_out = waited >= policy_.timeout_s;
+        if (waited >= next_liveness_check || timed_out) {
             next_liveness_check = waited + kLivenessPeriodS;
-            if (process_gone(pids_[peer])) {
-                fail(where + "peer rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) +
-                         ") exited while this rank waited for it",
-                     false);
-            }
+            // Checked once more at the deadline: a peer that exited is a peer failure, not a timeout.
+            if (process_gone(pids_[peer])) fail(where + exited(peer), false);
         }
-        if (waited >= policy_.timeout_s) {
+        if (timed_out) {
             fail(where + "peer rank " + std::to_string(peer) + " did not arrive within the group's timeout of " +
                      std::to_string(policy_.timeout_s) + " s (it is stuck, or called a different op)",
                  true);
         }
     }
+}
+
+// The facade turns this wording ("peer rank N ... exited") into a PeerFailureError.
+std::string Comm::exited(int peer) const {
+    return "peer rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) +
+           ") exited while this rank waited for it";
+}
+
+void Comm::depart() {
+    std::uint32_t idle = 0;  // a rank that already failed keeps saying so
+    control(rank_)->failed.compare_exchange_strong(idle, kDeparted, std::memory_order_release);
 }
 
 // Publishes this rank's CPU; true if `peer` was last seen on it and this rank stays there (the

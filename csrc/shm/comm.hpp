@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <sys/types.h>
@@ -77,6 +78,13 @@ public:
     std::uint64_t steps() const { return step_; }
     void set_hooks(SlowWaitHooks hooks) { hooks_ = std::move(hooks); }
 
+    // Tells the peers this process is exiting: a peer waiting for it stops at once with PeerError
+    // (a rank's interpreter may take longer than the group's timeout to exit, see backend.py).
+    void depart();
+    // Ends this rank's waits (from any thread): the facade's peer monitor saw a rank die. Checked
+    // where a wait yields, so only waits that already gave up spinning pay for it.
+    void interrupt() { interrupted_->store(true, std::memory_order_relaxed); }
+
     void barrier();
     void all_reduce(void* data, std::size_t count, DType dtype, Op op);
     void broadcast(void* data, std::size_t count, DType dtype, int root);
@@ -101,6 +109,7 @@ private:
     void wait_for(int peer, std::uint64_t step, const char* op);
     bool settle_placement(int peer);
     void fail(const std::string& message, bool timeout);
+    std::string exited(int peer) const;
 
     void all_reduce_small(char* data, std::size_t count, DType dtype, Op op);
     void all_reduce_round(char* data, std::size_t count, DType dtype, Op op);
@@ -121,6 +130,8 @@ private:
     std::vector<const void*> inputs_;  // scratch for the reduction inputs (no allocation per op)
     bool sharing_cpu_ = false;         // a peer was last seen on this rank's CPU (placement.hpp)
     std::int64_t last_move_ns_ = 0;    // when this rank last moved to another CPU
+    // Behind a pointer, so a Comm stays movable (race_check.cpp keeps them in a vector).
+    std::unique_ptr<std::atomic<bool>> interrupted_ = std::make_unique<std::atomic<bool>>(false);
 };
 
 }  // namespace commlayer::shm

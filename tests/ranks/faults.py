@@ -14,6 +14,7 @@ answers, each rank records its init error and when init began (``t_init``).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
@@ -37,6 +38,10 @@ WORLD_SIZE = 2  # tests/test_faults.py's worlds
 
 def main(backend: str, case: str, out_dir: str) -> None:
     out = Path(out_dir)
+    if case == "exit_slowly" and os.environ.get("RANK") == str(WORLD_SIZE - 1):
+        # Registered before init, so it runs after commlayer's exit handlers: the process then
+        # outlives the group timeout after sys.exit, as a loaded machine's teardown can.
+        atexit.register(time.sleep, GROUP_TIMEOUT.total_seconds() + 1.0)
     _await_every_process(out)
     started_init = time.time()
     try:
@@ -117,7 +122,7 @@ def _death(how: str, async_op: bool = False) -> Callable[[int, int, bool, Path],
             return "returned"
         _checked_ops(rank, size, random.Random(os.environ.get("FAULT_SEED")).randint(2, 30), async_op)
         _write(out / "fault.json", {"rank": rank, "how": how, "t_fault": time.time(), "pid": os.getpid()})
-        if how == "exit":
+        if how in ("exit", "exit_slowly"):
             sys.exit(3)
         if how == "abort":
             os.abort()
@@ -216,6 +221,7 @@ def _mismatch(kind: str, async_op: bool = False) -> Callable[[int, int, bool, Pa
 CASES: dict[str, Callable[[int, int, bool, Path], str]] = {
     **{how: _death(how) for how in DEATHS},
     "sigkill_async": _death("sigkill", async_op=True),
+    "exit_slowly": _death("exit_slowly"),
     **{kind: _mismatch(kind) for kind in MISMATCHES},
     "mismatch_dtype_async": _mismatch("mismatch_dtype", async_op=True),
     "skip": skipped_collective,
