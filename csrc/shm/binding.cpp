@@ -81,9 +81,12 @@ RecordingSpec recording_spec(const py::object& recording) {
     if (fields.size() != 10 || !PyList_Check(fields[1].ptr())) {
         throw std::invalid_argument("shm launcher: recording must be a 10-tuple whose ring is a list");
     }
-    spec = RecordingSpec{fields[0].ptr(), fields[1].ptr(), fields[2].cast<Py_ssize_t>(), fields[3].ptr(),
-                         fields[4].ptr(), fields[5].ptr(),  fields[6].ptr(),              fields[8].ptr(),
-                         fields[9].ptr(), fields[7].cast<int>()};
+    // itertools.count().__next__: the launcher advances the iterator itself (no bound-method call).
+    const py::object owner = py::getattr(fields[0], "__self__", py::none());
+    PyObject* sequence = !owner.is_none() && PyIter_Check(owner.ptr()) ? owner.ptr() : nullptr;
+    spec = RecordingSpec{fields[0].ptr(), sequence,        fields[1].ptr(), fields[2].cast<Py_ssize_t>(),
+                         fields[3].ptr(), fields[4].ptr(), fields[5].ptr(), fields[6].ptr(),
+                         fields[8].ptr(), fields[9].ptr(), fields[7].cast<int>()};
     if (spec.capacity < 1) throw std::invalid_argument("shm launcher: the ring's capacity must be positive");
     return spec;
 }
@@ -91,8 +94,13 @@ RecordingSpec recording_spec(const py::object& recording) {
 py::object launcher(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed,
                     py::object recording) {
     Group& group = self.cast<Group&>();
-    const LaunchSpec spec{self.ptr(),      &group.comm(),    launch_kind(op),          fixed,
-                          dtype_codes.ptr(), completed.ptr(), recording_spec(recording)};
+    const RecordingSpec recorded = recording_spec(recording);
+    // A recorded launcher serves one plan, whose key holds the dtype of every tensor it gets.
+    const int dtype = recorded.dtype != nullptr && dtype_codes.contains(recorded.dtype)
+                          ? dtype_codes[recorded.dtype].cast<int>()
+                          : -1;
+    const LaunchSpec spec{self.ptr(), &group.comm(), launch_kind(op), fixed, dtype_codes.ptr(), dtype,
+                          completed.ptr(), recorded};
     const int tensors = spec.kind == LaunchKind::all_gather || spec.kind == LaunchKind::reduce_scatter ? 2 : 1;
     if (spec.recording.payload < 0 || spec.recording.payload >= tensors) {
         throw std::invalid_argument("shm launcher: payload index out of range for op '" + op + "'");

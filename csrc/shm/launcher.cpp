@@ -45,19 +45,41 @@ bool call_for_integer(PyObject* tensor, PyObject* method, unsigned long long& va
     return !(value == static_cast<unsigned long long>(-1) && PyErr_Occurred());
 }
 
-bool view_of(PyObject* tensor, PyObject* dtype_codes, TensorView& view) {
+// The product of a torch.Size's dimensions (its element count); false if it is not a tuple of ints.
+bool count_of_shape(PyObject* shape, unsigned long long& count) {
+    if (shape == nullptr || !PyTuple_Check(shape)) return false;
+    count = 1;
+    for (Py_ssize_t dim = 0; dim < PyTuple_GET_SIZE(shape); ++dim) {
+        const long long extent = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, dim));
+        if (extent < 0) {
+            PyErr_Clear();
+            return false;
+        }
+        count *= static_cast<unsigned long long>(extent);
+    }
+    return true;
+}
+
+// `shape`: the tensor's shape when the caller already read it (the recorded payload), else null.
+bool view_of(PyObject* tensor, const LaunchSpec& spec, PyObject* shape, TensorView& view) {
     unsigned long long address = 0, count = 0;
-    if (!call_for_integer(tensor, names().data_ptr, address) || !call_for_integer(tensor, names().numel, count)) {
+    if (!call_for_integer(tensor, names().data_ptr, address) ||
+        !(count_of_shape(shape, count) || call_for_integer(tensor, names().numel, count))) {
         return false;
     }
+    view.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+    view.count = static_cast<std::size_t>(count);
+    if (spec.dtype >= 0) {  // the plan's key holds the dtype: no attribute read and lookup per call
+        view.dtype = static_cast<DType>(spec.dtype);
+        return true;
+    }
+    PyObject* dtype_codes = spec.dtype_codes;
     PyObject* dtype = PyObject_GetAttr(tensor, names().dtype);
     if (dtype == nullptr) return false;
     PyObject* code = PyDict_GetItemWithError(dtype_codes, dtype);  // borrowed
     if (code == nullptr && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, dtype);
     Py_DECREF(dtype);
     if (code == nullptr) return false;
-    view.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
-    view.count = static_cast<std::size_t>(count);
     view.dtype = static_cast<DType>(PyLong_AsLong(code));
     return !PyErr_Occurred();
 }
@@ -94,6 +116,11 @@ bool launch(const Launcher& launcher, const TensorView& output, const TensorView
 // An entry's fields, as commlayer.flight_recorder lays them out (SEQ, OP, ... WORK = range(9)).
 enum Field : Py_ssize_t { kSeq, kOp, kShape, kDtype, kRoot, kState, kQueuedNs, kCompletedNs, kWork, kFields };
 
+PyObject* zero() {
+    static PyObject* const value = PyLong_FromLong(0);  // immortal in practice: small ints are cached
+    return value;
+}
+
 // time.monotonic_ns(), which reads the same clock.
 PyObject* monotonic_ns() {
     timespec now{};
@@ -101,24 +128,49 @@ PyObject* monotonic_ns() {
     return PyLong_FromLongLong(static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec);
 }
 
-// Enters a started call in the ring; a new reference to its entry, or nullptr with an exception.
-PyObject* enter(const RecordingSpec& recording, PyObject* payload) {
-    PyObject* seq = PyObject_CallNoArgs(recording.next_seq);
-    if (seq == nullptr) return nullptr;
+// The ring's entry at `slot` when only the ring holds it (nobody can see it change), to be
+// rewritten in place: no list allocated and freed per call. A new reference, or nullptr.
+PyObject* reusable_entry(const RecordingSpec& recording, Py_ssize_t slot) {
+    if (slot >= PyList_GET_SIZE(recording.ring)) return nullptr;
+    PyObject* old = PyList_GET_ITEM(recording.ring, slot);
+    if (!PyList_CheckExact(old) || Py_REFCNT(old) != 1 || PyList_GET_SIZE(old) != kFields) return nullptr;
+    return Py_NewRef(old);
+}
+
+PyObject* next_seq(const RecordingSpec& recording) {
+    if (recording.sequence != nullptr) return Py_TYPE(recording.sequence)->tp_iternext(recording.sequence);
+    return PyObject_CallNoArgs(recording.next_seq);
+}
+
+// Enters a started call in the ring, the payload's `shape` stolen; a new reference to its entry,
+// or nullptr with an exception.
+PyObject* enter(const RecordingSpec& recording, PyObject* shape) {
+    PyObject* seq = next_seq(recording);
+    if (seq == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "shm launcher: the sequence ended");
+        Py_DECREF(shape);
+        return nullptr;
+    }
     const Py_ssize_t slot = PyLong_AsSsize_t(seq) % recording.capacity;
-    PyObject* shape = PyObject_GetAttr(payload, names().shape);
-    PyObject* entry = shape == nullptr || PyErr_Occurred() ? nullptr : PyList_New(kFields);
+    PyObject* queued = PyErr_Occurred() ? nullptr : monotonic_ns();
+    PyObject* entry = queued == nullptr ? nullptr : reusable_entry(recording, slot);
+    const bool reused = entry != nullptr;
+    if (queued != nullptr && !reused) entry = PyList_New(kFields);
     if (entry == nullptr) {
         Py_DECREF(seq);
         Py_XDECREF(shape);
+        Py_XDECREF(queued);
         return nullptr;
     }
     PyObject* fields[kFields] = {seq, Py_NewRef(recording.op), shape, Py_NewRef(recording.dtype),
-                                 Py_NewRef(recording.root), Py_NewRef(recording.started), monotonic_ns(),
-                                 PyLong_FromLong(0), Py_NewRef(Py_None)};
+                                 Py_NewRef(recording.root), Py_NewRef(recording.started), queued,
+                                 Py_NewRef(zero()), Py_NewRef(Py_None)};
+    if (reused) {  // the ring keeps its reference: replace the fields, releasing the old ones
+        for (Py_ssize_t field = 0; field < kFields; ++field) PyList_SetItem(entry, field, fields[field]);
+        return entry;
+    }
     for (Py_ssize_t field = 0; field < kFields; ++field) PyList_SET_ITEM(entry, field, fields[field]);
-    if (fields[kQueuedNs] == nullptr || fields[kCompletedNs] == nullptr ||
-        PyList_SetItem(recording.ring, slot, Py_NewRef(entry)) != 0) {
+    if (PyList_SetItem(recording.ring, slot, Py_NewRef(entry)) != 0) {
         Py_DECREF(entry);
         return nullptr;
     }
@@ -169,12 +221,13 @@ PyObject* completed_work(const LaunchSpec& spec, PyObject* output, PyObject* ent
     return work;
 }
 
-PyObject* run_recorded(const Launcher& launcher, bool async_op, PyObject* const* tensors,
+// `shape`: the payload's (stolen), when the launcher records; null otherwise.
+PyObject* run_recorded(const Launcher& launcher, bool async_op, PyObject* const* tensors, PyObject* shape,
                        const TensorView& output, const TensorView& input) {
     const LaunchSpec& spec = launcher.spec;
     PyObject* entry = nullptr;
-    if (spec.recording.next_seq != nullptr) {
-        entry = enter(spec.recording, tensors[spec.recording.payload]);
+    if (shape != nullptr) {
+        entry = enter(spec.recording, shape);
         if (entry == nullptr) return nullptr;
     }
     PyObject* result = nullptr;
@@ -201,19 +254,28 @@ PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
                             tensors, nargs);
     }
     const int async_op = PyObject_IsTrue(args[0]);
+    if (async_op < 0) return nullptr;
+    const int payload = spec.recording.payload;
+    PyObject* shape = nullptr;  // the recorded payload's, which also gives its element count
+    if (spec.recording.next_seq != nullptr && (shape = PyObject_GetAttr(args[1 + payload], names().shape)) == nullptr) {
+        return nullptr;
+    }
     TensorView output, input;
-    if (async_op < 0 || !view_of(args[1], spec.dtype_codes, output)) return nullptr;
-    if (tensors == 2 && !view_of(args[2], spec.dtype_codes, input)) return nullptr;
-    return run_recorded(*launcher, async_op != 0, args + 1, output, input);
+    if (!view_of(args[1], spec, payload == 0 ? shape : nullptr, output) ||
+        (tensors == 2 && !view_of(args[2], spec, payload == 1 ? shape : nullptr, input))) {
+        Py_XDECREF(shape);
+        return nullptr;
+    }
+    return run_recorded(*launcher, async_op != 0, args + 1, shape, output, input);
 }
 
 PyMethodDef run_def = {"shm_launcher", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
                        METH_FASTCALL, "run(async_op, *tensors): one shm op, completed on return"};
 
 // The recording's references (all null when it records nothing), owned by the launcher.
-std::array<PyObject*, 8> references(const RecordingSpec& recording) {
-    return {recording.next_seq, recording.ring, recording.op,      recording.dtype,
-            recording.root,     recording.fail, recording.started, recording.completed};
+std::array<PyObject*, 9> references(const RecordingSpec& recording) {
+    return {recording.next_seq, recording.sequence, recording.ring,    recording.op,       recording.dtype,
+            recording.root,     recording.fail,     recording.started, recording.completed};
 }
 
 void destroy(PyObject* capsule) {

@@ -26,6 +26,7 @@ struct LaunchErrors {
 // Recording, whose steps it follows); next_seq == nullptr: it records nothing.
 struct RecordingSpec {
     PyObject* next_seq = nullptr;  // () -> the call's sequence number
+    PyObject* sequence = nullptr;  // the iterator next_seq is the bound __next__ of, if it is one
     PyObject* ring = nullptr;      // list of entries, indexed seq % capacity
     Py_ssize_t capacity = 1;
     PyObject* op = nullptr;        // the op's name, as entered
@@ -43,6 +44,7 @@ struct LaunchSpec {
     LaunchKind kind;
     int fixed;              // the reduce op code (all_reduce, reduce_scatter) or the root (broadcast)
     PyObject* dtype_codes;  // dict: torch.dtype -> DType code
+    int dtype = -1;         // the plan's DType code, when its key fixes the dtype; -1: read each tensor's
     PyObject* completed;    // called with (output,) to make an async op's (completed) Work
     RecordingSpec recording;
 };

@@ -9,7 +9,7 @@
 extern PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done,
     *str_dtype, *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
 
-extern PyTypeObject LauncherType, PlannedP2PType, CWorkType;
+extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkType;
 
 // A new C Work (work.c) around torch's Work, its result the one tensor given.
 PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);

@@ -29,7 +29,8 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     str_device = PyUnicode_InternFromString("device");
     str_layout = PyUnicode_InternFromString("layout");
     str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlannedP2PType) < 0 || PyType_Ready(&CWorkType) < 0) {
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlannedP2PType) < 0 ||
+        PyType_Ready(&PlannedCollectiveType) < 0 || PyType_Ready(&CWorkType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&launcher_module);
@@ -43,6 +44,12 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     Py_INCREF(&PlannedP2PType);
     if (PyModule_AddObject(module, "PlannedP2P", (PyObject *)&PlannedP2PType) < 0) {
         Py_DECREF(&PlannedP2PType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&PlannedCollectiveType);
+    if (PyModule_AddObject(module, "PlannedCollective", (PyObject *)&PlannedCollectiveType) < 0) {
+        Py_DECREF(&PlannedCollectiveType);
         Py_DECREF(module);
         return NULL;
     }
