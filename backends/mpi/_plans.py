@@ -40,10 +40,11 @@ _PAYLOAD = {
     "all_to_all_single": 1,
 }
 _monotonic_ns = time.monotonic_ns
+_REMEMBERED_MESSAGES = 64  # per launcher (one kind of call): a bucketed model's buffers fit
 _weak = weakref.ref
 
-# (MPI call, its arguments from the tensors, the element count the ranks must agree on, result)
-Prepared = tuple[tuple[Any, ...], int, list[torch.Tensor]]
+# (the element count the ranks must agree on followed by the MPI call's arguments, the result)
+Prepared = tuple[tuple[Any, ...], list[torch.Tensor]]
 
 
 def ordered_launcher(
@@ -56,22 +57,39 @@ def ordered_launcher(
         call, prepare, key = _PREPARERS[op](backend, fixed, recording.dtype)
     except KeyError:  # a dtype or reduction MPI has no type for: the op method raises it per call
         return None
-    verify = None if backend._check is None else backend._check.verify
-    return _launcher(backend, op, fixed, recording, _checked(call, verify, op, key), prepare)
+    verify = None if backend._check is None else backend._check.verifier(op, key)
+    return _launcher(backend, op, fixed, recording, _checked(call, verify), prepare)
 
 
-def _checked(
-    call: Callable[..., Any], verify: Callable[[str, int, int], None] | None, op: str, key: int
-) -> Callable[..., None]:
+def _checked(call: Callable[..., Any], verify: Callable[[int], None] | None) -> Callable[..., None]:
     """The blocking MPI call, after the mismatch check (when on) of ``count`` elements."""
     if verify is None:
         return lambda count, *arguments: call(*arguments)
 
     def checked(count: int, *arguments: Any) -> None:
-        verify(op, key, count)
+        verify(count)
         call(*arguments)
 
     return checked
+
+
+def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
+    """``message(tensor)``: ``[buffer, datatype]`` over the tensor's memory, remembered by address
+    and size. Training loops and benchmarks pass the same few buffers again and again, and MPI's
+    buffer view (which owns nothing) costs more to build than to look up; a view of the same
+    address and size is the same message whichever tensor it came from."""
+    wrap, datatype, remembered = backend._from_address, backend._datatypes[dtype], {}
+
+    def message(tensor: torch.Tensor) -> list[Any]:
+        where = (tensor.data_ptr(), tensor.nbytes)
+        found = remembered.get(where)
+        if found is None:
+            if len(remembered) >= _REMEMBERED_MESSAGES:
+                remembered.clear()
+            found = remembered[where] = [wrap(*where), datatype]
+        return found
+
+    return message
 
 
 def _launcher(
@@ -98,14 +116,12 @@ def _launcher(
                     return work
                 work.wait()
             elif async_op:
-                arguments, count, result = prepared
-                queued = executor.submit(blocking, (count, *arguments))
-                work = OrderedWork(queued, op, limit, result, tensors)
+                arguments, result = prepared
+                work = OrderedWork(executor.submit(blocking, arguments), op, limit, result, tensors)
                 entry[WORK] = _weak(work)
                 return work
             else:
-                arguments, count, _ = prepared
-                executor.run(blocking, (count, *arguments), op, limit)
+                executor.run(blocking, prepared[0], op, limit)
         except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
             fail(error)
         entry[STATE] = COMPLETED
@@ -126,26 +142,25 @@ def _key(backend: MpiBackend, op: str, dtype: torch.dtype, root: int = -1, reduc
 
 def _all_reduce(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (reduce_op,) = fixed
-    wrap, datatype, in_place = backend._from_address, backend._datatypes[dtype], backend._in_place
+    message, in_place = _messages(backend, dtype), backend._in_place
     reduction = backend._reductions[reduce_op][dtype]
 
     def prepare(tensor: torch.Tensor) -> Prepared | None:
         if tensor.is_cuda:
             return None
-        message = [wrap(tensor.data_ptr(), tensor.nbytes), datatype]
-        return (in_place, message, reduction), tensor.numel(), [tensor]
+        return (tensor.numel(), in_place, message(tensor), reduction), [tensor]
 
     return backend._comm.Allreduce, prepare, _key(backend, "all_reduce", dtype, reduce_op=reduce_op)
 
 
 def _broadcast(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (root,) = fixed
-    wrap, datatype = backend._from_address, backend._datatypes[dtype]
+    message = _messages(backend, dtype)
 
     def prepare(tensor: torch.Tensor) -> Prepared | None:
         if tensor.is_cuda:
             return None
-        return ([wrap(tensor.data_ptr(), tensor.nbytes), datatype], root), tensor.numel(), [tensor]
+        return (tensor.numel(), message(tensor), root), [tensor]
 
     return backend._comm.Bcast, prepare, _key(backend, "broadcast", dtype, root)
 
@@ -154,14 +169,12 @@ def _pair(
     call: Callable[..., Any], backend: MpiBackend, dtype: torch.dtype, *extra: Any
 ) -> Callable[[torch.Tensor, torch.Tensor], Prepared | None]:
     """``prepare(output, input)`` of an op that passes (input, output, *extra) to MPI."""
-    wrap, datatype = backend._from_address, backend._datatypes[dtype]
+    message = _messages(backend, dtype)
 
     def prepare(output: torch.Tensor, tensor: torch.Tensor, *splits: Any) -> Prepared | None:
         if tensor.is_cuda or any(split is not None for split in splits):
             return None
-        send = [wrap(tensor.data_ptr(), tensor.nbytes), datatype]
-        receive = [wrap(output.data_ptr(), output.nbytes), datatype]
-        return (send, receive, *extra), call(tensor, output), [output]
+        return (call(tensor, output), message(tensor), message(output), *extra), [output]
 
     return prepare
 

@@ -21,6 +21,7 @@ MPI_Finalize.
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import time
@@ -50,26 +51,31 @@ class SharedSignatures:
         self._window = window
         self._mine = slots[rank]
         self._peers = tuple(view for index, view in enumerate(slots) if index != rank)
-        self._sequence = 0
+        self._next_sequence = itertools.count(1).__next__
 
-    def exchange(self, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float) -> tuple[int, ...]:
-        """The group's ``(max key, -min key, max count, -min count)``, as the Allreduce check's."""
-        sequence = self._sequence = self._sequence + 1
+    def exchange(
+        self, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float
+    ) -> tuple[int, int, int, int] | None:
+        """None when every rank passed ``key`` and ``count``; else the group's ``(max key, -min key,
+        max count, -min count)``, as the Allreduce check's."""
+        sequence = self._next_sequence()
         at = (sequence & 1) * _WORDS
         mine = self._mine
         mine[at + 1] = key
         mine[at + 2] = count
         mine[at] = sequence  # last: a peer that sees it sees the signature
-        high_key = low_key = key
-        high_count = low_count = count
+        agreed = True
         for slots in self._peers:
             if slots[at] != sequence:
                 _wait(slots, at, sequence, op, limit, deadline_s)
-            peer_key, peer_count = slots[at + 1], slots[at + 2]
-            if peer_key != key or peer_count != count:
-                high_key, low_key = max(high_key, peer_key), min(low_key, peer_key)
-                high_count, low_count = max(high_count, peer_count), min(low_count, peer_count)
-        return high_key, -low_key, high_count, -low_count
+            if slots[at + 1] != key or slots[at + 2] != count:
+                agreed = False
+        return None if agreed else self._extremes(at, key, count)
+
+    def _extremes(self, at: int, key: int, count: int) -> tuple[int, int, int, int]:
+        keys = [key, *(slots[at + 1] for slots in self._peers)]
+        counts = [count, *(slots[at + 2] for slots in self._peers)]
+        return max(keys), -min(keys), max(counts), -min(counts)
 
     def free(self) -> None:
         """Release the window (collective over the communicator, like freeing it)."""

@@ -84,21 +84,36 @@ class SignatureCheck:
 
     def verify(self, op: str, key: int, count: int) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks passed this key and count."""
+        self.verifier(op, key)(count)
+
+    def verifier(self, op: str, key: int) -> Callable[[int], None]:
+        """``verify(count)`` of calls of ``op`` with ``key`` (ordered mode's launchers hold one)."""
         shared = self.shared
         if shared is None:
-            values: Sequence[int] = array("q", (key, -key, count, -count))
-            self.allreduce_max(values)
-        else:
-            limit = self.limit
-            values = shared.exchange(key, count, op, limit, limit.group_timeout_s * _ORDERED_DEADLINE_SHARE)
-        self._compare(op, key, count, values)
+
+            def verify(count: int) -> None:
+                values = array("q", (key, -key, count, -count))
+                self.allreduce_max(values)
+                self._compare(op, key, count, values)
+
+            return verify
+        exchange, limit = shared.exchange, self.limit
+        deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
+
+        def verify_shared(count: int) -> None:
+            values = exchange(key, count, op, limit, deadline_s)
+            if values is not None:
+                self._compare(op, key, count, values)
+
+        return verify_shared
 
     def verify_within(self, op: str, key: int, count: int, limit: WaitLimit) -> None:
         """:meth:`verify` through a request waited for until the group's timeout (modes whose
         synchronous ops are bounded)."""
         if self.shared is not None:
             values = self.shared.exchange(key, count, op, limit, limit.group_timeout_s)
-            self._compare(op, key, count, values)
+            if values is not None:
+                self._compare(op, key, count, values)
             return
         values = array("q", (key, -key, count, -count))
         request = self.iallreduce_max(values)
