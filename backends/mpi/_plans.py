@@ -57,20 +57,10 @@ def ordered_launcher(
         call, prepare, key = _PREPARERS[op](backend, fixed, recording.dtype)
     except KeyError:  # a dtype or reduction MPI has no type for: the op method raises it per call
         return None
-    verify = None if backend._check is None else backend._check.verifier(op, key)
-    return _launcher(backend, op, fixed, recording, _checked(call, verify), prepare)
-
-
-def _checked(call: Callable[..., Any], verify: Callable[[int], None] | None) -> Callable[..., None]:
-    """The blocking MPI call, after the mismatch check (when on) of ``count`` elements."""
-    if verify is None:
-        return lambda count, *arguments: call(*arguments)
-
-    def checked(count: int, *arguments: Any) -> None:
-        verify(count)
-        call(*arguments)
-
-    return checked
+    # blocking(count, *arguments): the MPI call, after the mismatch check (when on) of ``count`` elements.
+    check = backend._check
+    blocking = (lambda count, *arguments: call(*arguments)) if check is None else check.checked(op, key, call)
+    return _launcher(backend, op, fixed, recording, blocking, prepare)
 
 
 def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:

@@ -84,28 +84,31 @@ class SignatureCheck:
 
     def verify(self, op: str, key: int, count: int) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks passed this key and count."""
-        self.verifier(op, key)(count)
+        self.checked(op, key, _nothing)(count)
 
-    def verifier(self, op: str, key: int) -> Callable[[int], None]:
-        """``verify(count)`` of calls of ``op`` with ``key`` (ordered mode's launchers hold one)."""
+    def checked(self, op: str, key: int, call: Callable[..., Any]) -> Callable[..., None]:
+        """``checked(count, *arguments)``: :meth:`verify` of ``op`` with ``key``, then
+        ``call(*arguments)`` (what ordered mode's launchers run, one frame for both)."""
         shared = self.shared
         if shared is None:
 
-            def verify(count: int) -> None:
+            def checked_by_allreduce(count: int, *arguments: Any) -> None:
                 values = array("q", (key, -key, count, -count))
                 self.allreduce_max(values)
                 self._compare(op, key, count, values)
+                call(*arguments)
 
-            return verify
+            return checked_by_allreduce
         exchange, limit = shared.exchange, self.limit
         deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
 
-        def verify_shared(count: int) -> None:
+        def checked_in_shared_memory(count: int, *arguments: Any) -> None:
             values = exchange(key, count, op, limit, deadline_s)
             if values is not None:
                 self._compare(op, key, count, values)
+            call(*arguments)
 
-        return verify_shared
+        return checked_in_shared_memory
 
     def verify_within(self, op: str, key: int, count: int, limit: WaitLimit) -> None:
         """:meth:`verify` through a request waited for until the group's timeout (modes whose
@@ -123,6 +126,10 @@ class SignatureCheck:
     def _compare(self, op: str, key: int, count: int, values: Sequence[int]) -> None:
         if not agree(key, count, values):
             raise mismatch(op, key, count, values, self.dtype_codes, (self.group, self.rank), _CHECKED_BY)
+
+
+def _nothing() -> None:
+    pass
 
 
 def verified_call(
