@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from _stream_profile import profile_step
 from _timed_steps import time_steps
 
 from commlayer import dist, zero
@@ -53,6 +54,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--unit", type=float, default=1e8, help="stage3_max_unit_numel (elements)")
     parser.add_argument("--prefetch", type=float, default=5e7, help="stage3_prefetch_bucket_size (elements)")
     parser.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, profile one more step: compute / NCCL-alone / idle milliseconds (GPU only)",
+    )
     parser.add_argument(
         "--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)"
     )
@@ -103,6 +109,7 @@ def main() -> None:
         return loss
 
     seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
+    profiled = profile_step(step) if args.profile and not args.cpu else None
     if rank == 0:
         mode = f"cl{args.stage}" + ("_fused" if args.fused else "")
         print(
@@ -117,6 +124,7 @@ def main() -> None:
                     "loss": round(loss.item(), 3),
                     "bucket": int(args.bucket),
                     "torch": torch.__version__,
+                    **({"profile": profiled} if profiled else {}),
                 }
             ),
             flush=True,

@@ -1,0 +1,88 @@
+"""Where a training step's GPU time goes: compute, NCCL, both, neither. Used by zero_gpu.py --profile.
+
+One step runs under ``torch.profiler`` (CUDA activity only); the kernel intervals of its trace are
+split into NCCL kernels and the rest ("compute"), and the step's span (first kernel start to last
+kernel end) is divided into: compute running (with or without NCCL), NCCL alone (the compute
+stream waits on communication), and nothing at all (the GPU waits on the host).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+Interval = tuple[float, float]
+
+
+def _union(intervals: list[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[Interval]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _intersection(a: list[Interval], b: list[Interval]) -> float:
+    """Total overlap of two sorted, disjoint interval lists (a two-pointer sweep)."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def split_kernels(trace: dict) -> tuple[list[Interval], list[Interval]]:
+    """(compute, nccl) kernel intervals in microseconds, from a Chrome trace of the profiler."""
+    compute: list[Interval] = []
+    nccl: list[Interval] = []
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") != "kernel":
+            continue
+        interval = (float(event["ts"]), float(event["ts"]) + float(event["dur"]))
+        (nccl if "nccl" in event.get("name", "").lower() else compute).append(interval)
+    return _union(compute), _union(nccl)
+
+
+def summarize(compute: list[Interval], nccl: list[Interval]) -> dict[str, float]:
+    """Milliseconds of the step's span: compute busy, NCCL alone, idle, and NCCL overlapped."""
+    every = _union(compute + nccl)
+    if not every:
+        return {}
+    span = every[-1][1] - every[0][0]
+    both = _intersection(compute, nccl)
+    busy_compute, busy_nccl = _length(compute), _length(nccl)
+    return {
+        "span_ms": round(span / 1e3, 2),
+        "compute_ms": round(busy_compute / 1e3, 2),
+        "nccl_ms": round(busy_nccl / 1e3, 2),
+        "nccl_overlapped_ms": round(both / 1e3, 2),
+        "nccl_alone_ms": round((busy_nccl - both) / 1e3, 2),
+        "idle_ms": round((span - _length(every)) / 1e3, 2),
+    }
+
+
+def profile_step(step: Callable[[], object]) -> dict[str, float]:
+    """Run ``step`` once under the profiler and summarize its kernels (see the module docstring)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return summarize(*split_kernels(trace))
