@@ -244,6 +244,30 @@ def test_units_split_big_modules_and_merge_small_ones_into_the_root() -> None:
     ]
 
 
+class _Block(nn.Module):
+    """The parameters of a GPT block (shared/anchors/zero_anchor.py's), 12 w^2 + 13 w of them."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+
+def test_default_units_keep_a_whole_transformer_block_of_the_2_68b_model_together() -> None:
+    """Width 2560: one unit per block (as FSDP2 wraps it), not four (qkv, proj, fc, out), which
+    made stage 3 host-bound on GPUs (benchmarks/RESULTS.md, issue 12)."""
+    config = load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    zero, width = config.zero_optimization, 2560
+    with torch.device("meta"):  # sizes only: no memory for 160M parameters
+        model = nn.Sequential(nn.Embedding(32000, width), _Block(width), _Block(width))
+    params = list(model.parameters())
+    plans = plan_units(model, params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel)
+    assert [plan.name for plan in plans] == ["", "0", "1", "2"]
+    block = 12 * width * width + 13 * width
+    assert [sum(params[i].numel() for i in plan.params) for plan in plans[2:]] == [block, block]
+
+
 # --- loss scaler -----------------------------------------------------------------------------
 
 
