@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import time
 from typing import Any, NoReturn
 
 import pytest
@@ -185,3 +186,63 @@ def test_planned_p2p_runs_only_a_plan_its_key_vouches_for() -> None:
     assert len(seen) == 1
     plans.clear()  # what forget_plans() does when a group or the world goes: the C lookup misses too
     assert planned(tensor, 1, None, 0, None) is no_plan and len(seen) == 1
+
+
+class MutableOwner:
+    """Stands for the comms logger: the timer reads its ``_muted_thread`` on every call."""
+
+    _muted_thread: int | None = None
+
+
+def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, list, list, list, MutableOwner]:
+    """The timer, its pending list, what reached the observed run, what was drained, its owner."""
+    pending: list = []
+    observed: list = []
+    drained: list = []
+    owner = MutableOwner()
+
+    def observed_run(async_op: bool, *tensors: torch.Tensor) -> str:
+        observed.append((async_op, tensors))
+        return "observed"
+
+    def drain(max_events: int) -> None:
+        drained.append((max_events, len(pending)))
+        pending.clear()
+
+    label = ("all_reduce", "gloo", "world", 2, 0)
+    timer = native.Timed(run, observed_run, owner, label, pending, drain, 99, drain_at, payload)
+    return timer, pending, observed, drained, owner
+
+
+def test_the_c_timer_enters_blocking_calls_and_hands_the_rest_to_the_observed_run() -> None:
+    calls: list = []
+    timer, pending, seen, _, owner = _timer(
+        lambda async_op, *tensors: calls.append((async_op, tensors)), payload=1
+    )
+    output, tensor = torch.zeros(4), torch.zeros(2, dtype=torch.float64)
+    assert timer(False, output, tensor) is None
+    assert calls == [(False, (output, tensor))]
+    ((label, nbytes, began, ended),) = pending
+    assert label[0] == "all_reduce" and nbytes == tensor.nbytes == 16 and began <= ended
+    assert abs(ended - time.perf_counter()) < 1.0  # the logger's clock
+    assert timer(True, output, tensor) == "observed"  # async: the logger's ordinary path
+    owner._muted_thread = 1
+    assert timer(False, output, tensor) == "observed"  # summary()'s own traffic
+    assert seen == [(True, (output, tensor)), (False, (output, tensor))] and len(pending) == 1
+
+
+def test_the_c_timer_drains_when_full_and_enters_nothing_when_the_run_fails() -> None:
+    timer, pending, _, drained, _ = _timer(lambda async_op, tensor: None, drain_at=3)
+    for _ in range(3):
+        timer(False, torch.zeros(1))
+    assert drained == [(99, 3)] and pending == []
+
+    def failing(async_op: bool, tensor: torch.Tensor) -> None:
+        raise Translated("all_reduce failed")
+
+    timer, pending, _, _, _ = _timer(failing)
+    with pytest.raises(Translated, match="all_reduce failed"):
+        timer(False, torch.zeros(1))
+    assert pending == []
+    with pytest.raises(TypeError, match="Timed: expected"):
+        timer(False)

@@ -196,24 +196,25 @@ class CommsLogger:
         observed_run = _dispatch.observed(self, call, run, payload)
         if self.options.verbose or (call.device_type != "cpu" and _candidates(call.backend)):
             return observed_run  # an accelerator's ops are timed between device synchronisations
-        pending, clock, records = self.records.pending, time.perf_counter, self.records
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
+        records = self.records
+        if _C_TIMER is not None and os.environ.get(_C_TIMER_ENV, "1") != "0":
+            return _C_TIMER(
+                run, observed_run, self, label, records.pending, records.drain,
+                self.options.max_trace_events, _DRAIN_AT, payload,
+            )  # fmt: skip
+        return self._python_timed(run, observed_run, label, payload)
 
+    def _python_timed(
+        self,
+        run: Callable[..., Work | None],
+        observed_run: Callable[..., Work | None],
+        label: _Label,
+        payload: int,
+    ) -> Callable[..., Work | None]:
+        """The Python timer (the C one's reference): two clock reads and one pending entry."""
+        pending, clock, records = self.records.pending, time.perf_counter, self.records
         drain_at, max_events = _DRAIN_AT, self.options.max_trace_events
-
-        if call.op in _ONE_TENSOR_OPS:  # no *tensors packing: ~0.1 us of the logger's ~0.4 us
-
-            def logged_one(async_op: bool, tensor: torch.Tensor) -> Work | None:
-                if async_op or self._muted_thread is not None:
-                    return observed_run(async_op, tensor)
-                began = clock()
-                run(False, tensor)
-                pending.append((label, tensor.nbytes, began, clock()))
-                if len(pending) >= drain_at:
-                    records.drain(max_events)
-                return None
-
-            return logged_one
 
         def logged(async_op: bool, *tensors: torch.Tensor) -> Work | None:
             if async_op or self._muted_thread is not None:
@@ -254,7 +255,12 @@ _records = _Records()
 _active: CommsLogger | None = None
 _last: CommsLogger | None = None  # the latest enabled logger, which left any pending entries
 _DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the lock
-_ONE_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "send", "recv"})  # plans run(async_op, tensor)
+# The C timer (csrc/torch_launcher/timed.c), where built; $COMMLAYER_C_LAUNCHER=0 keeps the Python one.
+try:
+    from ..backends._torch_launcher import Timed as _C_TIMER
+except ImportError:  # a checkout laid out without building: the Python timer
+    _C_TIMER = None
+_C_TIMER_ENV = "COMMLAYER_C_LAUNCHER"
 
 
 # --- public API --------------------------------------------------------------------------------

@@ -9,9 +9,11 @@
 extern PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done,
     *str_dtype, *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
 
-extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkType;
+extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkType, TimedType;
 
 // A new C Work (work.c) around torch's Work, its result the one tensor given.
 PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);
 // work_support(TorchWork, raise_typed) -> the C Work type (work.c).
 PyObject *work_support(PyObject *module, PyObject *args);
+// The interned names of timed.c (the comms logger's timer), made by the module's init.
+int timed_init_names(void);

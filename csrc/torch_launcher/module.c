@@ -14,6 +14,16 @@ static struct PyModuleDef launcher_module = {
     module_methods,
 };
 
+static int add_type(PyObject *module, const char *name, PyTypeObject *type) {
+    if (PyType_Ready(type) < 0) return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__torch_launcher(void) {
     str_shape = PyUnicode_InternFromString("shape");
     str_dim = PyUnicode_InternFromString("dim");
@@ -29,27 +39,13 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     str_device = PyUnicode_InternFromString("device");
     str_layout = PyUnicode_InternFromString("layout");
     str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PlannedP2PType) < 0 ||
-        PyType_Ready(&PlannedCollectiveType) < 0 || PyType_Ready(&CWorkType) < 0) {
-        return NULL;
-    }
+    if (timed_init_names() < 0) return NULL;
     PyObject *module = PyModule_Create(&launcher_module);
     if (module == NULL) return NULL;
-    Py_INCREF(&LauncherType);
-    if (PyModule_AddObject(module, "Launcher", (PyObject *)&LauncherType) < 0) {
-        Py_DECREF(&LauncherType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&PlannedP2PType);
-    if (PyModule_AddObject(module, "PlannedP2P", (PyObject *)&PlannedP2PType) < 0) {
-        Py_DECREF(&PlannedP2PType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&PlannedCollectiveType);
-    if (PyModule_AddObject(module, "PlannedCollective", (PyObject *)&PlannedCollectiveType) < 0) {
-        Py_DECREF(&PlannedCollectiveType);
+    // CWorkType is not exported: work_support() hands it to the torch plans.
+    if (PyType_Ready(&CWorkType) < 0 || add_type(module, "Launcher", &LauncherType) < 0 ||
+        add_type(module, "PlannedP2P", &PlannedP2PType) < 0 ||
+        add_type(module, "PlannedCollective", &PlannedCollectiveType) < 0 || add_type(module, "Timed", &TimedType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
