@@ -33,7 +33,7 @@ def test_size_paths_stress_mixed_async_op_and_no_segment_left() -> None:
 
 
 def test_ranks_placed_on_one_cpu_spread_out() -> None:
-    run_world("tests.ranks.shm_checks:placement", 2, backend=None, timeout=120)
+    run_world("tests.ranks.shm_checks:placement", 2, backend=None, timeout=120)  # and forked_child_exit
 
 
 @pytest.mark.slow

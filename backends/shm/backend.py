@@ -57,6 +57,7 @@ class ShmBackend(Backend):
         self.hosts = hosts
         self._companion = companion
         self._comm = comm
+        self._pid = os.getpid()  # a forked child inherits the mapping, but never departs for it
         _live_backends.add(self)
         health.add_listener(_stop_waits)
 
@@ -260,9 +261,11 @@ def _depart_at_exit() -> None:
     atexit handlers and tear torch down for longer than the timeout before the process is gone
     (the 200-run loop saw exactly that under load). Registered at import, so it runs after the
     handlers registered later, such as init's death announcement to the peer monitors."""
+    pid = os.getpid()
     for backend in list(_live_backends):
         comm = backend._comm
-        if comm is not None and hasattr(comm, "depart"):  # an extension built before depart()
+        # Only the process that joined the group: a forked child's exit is not its parent's.
+        if comm is not None and backend._pid == pid and hasattr(comm, "depart"):
             comm.depart()
 
 

@@ -7,13 +7,15 @@
 - ``stress``: thousands of ops of random kind, size, dtype and async_op (async results waited for
   in random order), every result checked;
 - ``mixed_async``: ranks disagree on async_op for the same ops;
-- ``no_segments``: after init nothing of the job is left in /dev/shm.
+- ``no_segments``: after init nothing of the job is left in /dev/shm;
+- ``placement``: ranks put on one CPU spread out; then a forked child's exit is not its parent's.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -183,7 +185,26 @@ def placement() -> None:
     dist.all_gather_object(cpus, _current_cpu())
     assert cpus[0] != cpus[1], f"both ranks still on CPU {cpus[0]} after 200 ops"
     assert os.sched_getaffinity(0) == allowed, "the rank's affinity mask changed"
+    forked_child_exit()
     dist.destroy_process_group()
+
+
+def forked_child_exit() -> None:
+    """A child forked by rank 0 runs shm's exit hook (as its interpreter would at exit): rank 0 is
+    still alive, so rank 1, already waiting for it in the next op, must not see a departure."""
+    from commlayer.backends.shm import backend as shm_backend
+
+    rank = dist.get_rank()
+    if rank == 0:
+        child = os.fork()
+        if child == 0:
+            shm_backend._depart_at_exit()
+            os._exit(0)
+        os.waitpid(child, 0)
+        time.sleep(0.3)  # rank 1 waits long enough to yield and read rank 0's liveness word
+    tensor = torch.arange(4.0) + 10 * rank
+    dist.all_reduce(tensor)
+    assert_equal(tensor, torch.arange(4.0) * 2 + 10, "all_reduce after rank 0's forked child exited")
 
 
 def _current_cpu() -> int:
