@@ -56,7 +56,9 @@ def measure(elements: int, iters: int, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iters", type=int, default=50000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")

@@ -35,6 +35,7 @@ __all__ = [
     "capacity_from_env",
     "describe_entry",
     "mark_completed",
+    "prefill",
     "track",
     "write_dump",
 ]
@@ -135,7 +136,7 @@ class FlightRecorder:
     def op_of(self, work: Any) -> str | None:
         """The op (``recv``, not ``p2p:recv``) whose entry tracks ``work``, if still in the rings."""
         for entry in (*self._ring, *self._p2p_ring):
-            if entry is not None and isinstance(entry[WORK], weakref.ref) and entry[WORK]() is work:
+            if entry and entry[SEQ] and isinstance(entry[WORK], weakref.ref) and entry[WORK]() is work:
                 return entry[OP].removeprefix("p2p:")
         return None
 
@@ -147,16 +148,30 @@ class FlightRecorder:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """The recorded entries, oldest first, as JSON-ready dicts (reads async states now)."""
-        entries = [describe_entry(entry) for entry in (*self._ring, *self._p2p_ring) if entry is not None]
+        entries = [describe_entry(entry) for entry in (*self._ring, *self._p2p_ring) if entry and entry[SEQ]]
         return sorted(entries, key=lambda entry: (entry["op"].startswith("p2p:"), entry["seq"]))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "group": self.group_name,
             "ranks": list(self.ranks),
-            "last_collective": max((entry[SEQ] for entry in self._ring if entry is not None), default=0),
+            "last_collective": max((entry[SEQ] for entry in self._ring if entry), default=0),
             "entries": self.snapshot(),
         }
+
+
+def prefill(ring: list[list[Any] | None]) -> None:
+    """Fill the empty slots of ``ring`` with blank entries (``seq`` 0, which no call has).
+
+    For launchers that rewrite the entry they replace in place (shm's): without blanks, each of
+    a group's first ``capacity`` calls allocates a list in fresh memory, ~0.25 us more per call
+    on the project VM than the steady state. Every reader skips blank entries. Each blank is a
+    list of its own (a launcher rewrites only an entry nothing else holds); the cost is one list
+    per slot, about 130 bytes.
+    """
+    for slot, entry in enumerate(ring):
+        if entry is None:
+            ring[slot] = [0, "", (), None, -1, COMPLETED, 0, 0, None]
 
 
 def mark_completed(entry: list[Any]) -> None:

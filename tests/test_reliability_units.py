@@ -16,7 +16,7 @@ from commlayer.cli import main as cli_main
 from commlayer.dist._groups import ProcessGroup
 from commlayer.dist._trace import abort_group, debug_mode, describe_call, translate
 from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
-from commlayer.flight_recorder import FlightRecorder, mark_completed, track, write_dump
+from commlayer.flight_recorder import FlightRecorder, mark_completed, prefill, track, write_dump
 from commlayer.trace_analysis import analyze, load_dumps
 from commlayer.work import CompletedWork
 
@@ -50,6 +50,19 @@ def test_recorder_numbers_collectives_and_p2p_separately_and_wraps() -> None:
     p2p = [entry for entry in snapshot if entry["op"].startswith("p2p:")]
     assert [(entry["op"], entry["seq"]) for entry in p2p] == [("p2p:send", 1)]
     assert recorder.to_json()["last_collective"] == 4
+
+
+def test_a_prefilled_ring_keeps_distinct_blanks_that_no_reader_reports() -> None:
+    recorder = FlightRecorder("dp", (0, 1), capacity=4)
+    work = CompletedWork()
+    track(recorder.enter("all_reduce", torch.ones(3)), work)
+    ring = recorder.recording("all_reduce", torch.float32, -1, lambda error: None).ring
+    prefill(ring)
+    blanks = [entry for entry in ring if entry[0] == 0]
+    assert len(blanks) == 3 and len({id(entry) for entry in blanks}) == 3  # rewritable one by one
+    assert [entry["seq"] for entry in recorder.snapshot()] == [1]
+    assert recorder.to_json()["last_collective"] == 1 and recorder.op_of(work) == "all_reduce"
+    assert recorder.op_of(CompletedWork()) is None
 
 
 def test_recorder_reads_async_state_through_a_weak_reference() -> None:

@@ -25,7 +25,7 @@ import torch
 
 from commlayer import health
 from commlayer.backend import Backend
-from commlayer.flight_recorder import COMPLETED, STARTED, Recording
+from commlayer.flight_recorder import COMPLETED, STARTED, Recording, prefill
 from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -107,7 +107,10 @@ class ShmBackend(Backend):
     ) -> Callable[..., Work | None] | None:
         """:meth:`plan`'s launchers, entering every call in the flight recorder themselves."""
         payload, _ = _FUSED.get(op, (0, None))
-        return self._launcher(op, fixed, (*recording, payload, STARTED, COMPLETED))
+        launcher = self._launcher(op, fixed, (*recording, payload, STARTED, COMPLETED))
+        if launcher is not None:
+            prefill(recording.ring)  # it rewrites entries in place: from the first call, no list per call
+        return launcher
 
     def _launcher(self, op: str, fixed: tuple[Any, ...], recording: tuple[Any, ...] | None) -> Any:
         # An extension built before launchers existed (a tree not rebuilt yet) plans nothing.
