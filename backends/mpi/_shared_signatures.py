@@ -24,6 +24,8 @@ from __future__ import annotations
 import itertools
 import os
 import platform
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -40,6 +42,9 @@ _POLLS = 64  # polls before the first yield (~3 us of Python): a peer on another
 _SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a slow peer, a long wait)
 _SLEEP_S = 0.0001
 _TOTAL_STORE_ORDER = ("x86_64", "amd64", "i386", "i686")
+# Open MPI asks its osc/ucx component first for every window; where UCX has no usable device it
+# prints this (and a blank line) to stderr, then osc/sm serves the window as asked.
+_UCX_QUERY_NOISE = "OSC UCX component priority set inside component query failed"
 _monotonic = time.monotonic
 _yield = os.sched_yield
 
@@ -113,7 +118,7 @@ def open_shared_signatures(comm: Any, mpi: Any) -> SharedSignatures | None:
     try:
         if node.Get_size() != comm.Get_size():  # the same answer on every rank: a partition of comm
             return None
-        window = mpi.Win.Allocate_shared(_SLOTS * _WORDS * 8, 8, comm=comm)
+        window = _allocate_quietly(mpi, comm)
     finally:
         node.Free()
     slots = [memoryview(window.Shared_query(rank)[0]).cast("B").cast("q") for rank in range(comm.Get_size())]
@@ -122,3 +127,21 @@ def open_shared_signatures(comm: Any, mpi: Any) -> SharedSignatures | None:
         mine[index] = 0  # MPI does not zero the window; sequences start at 1
     comm.Barrier()  # every slot is zero before any rank publishes its first check
     return SharedSignatures(window, slots, comm.Get_rank())
+
+
+def _allocate_quietly(mpi: Any, comm: Any) -> Any:
+    """``Win.Allocate_shared`` of the slots, without Open MPI's osc/ucx query error on stderr (every
+    group's creation would print it); anything else written meanwhile is passed on."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            return mpi.Win.Allocate_shared(_SLOTS * _WORDS * 8, 8, comm=comm)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            kept = [line for line in lines if line.strip() and _UCX_QUERY_NOISE not in line]
+            sys.stderr.write("".join(kept))
