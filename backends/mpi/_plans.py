@@ -60,7 +60,10 @@ def ordered_launcher(
     # blocking(count, *arguments): the MPI call, after the mismatch check (when on) of ``count`` elements.
     check = backend._check
     blocking = (lambda count, *arguments: call(*arguments)) if check is None else check.checked(op, key, call)
-    return _launcher(backend, op, fixed, recording, blocking, prepare)
+    run = _launcher(backend, op, fixed, recording, blocking, prepare)
+    if check is None or check.shared is None:
+        return run
+    return _publishing_early(backend, op, recording, check, key, call, prepare, run)
 
 
 def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
@@ -112,6 +115,45 @@ def _launcher(
                 return work
             else:
                 executor.run(blocking, prepared[0], op, limit)
+        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
+            fail(error)
+        entry[STATE] = COMPLETED
+        entry[COMPLETED_NS] = _monotonic_ns()
+        return None
+
+    return run
+
+
+def _publishing_early(
+    backend: MpiBackend,
+    op: str,
+    recording: Recording,
+    check: Any,
+    key: int,
+    call: Callable[..., Any],
+    prepare: Callable[..., Prepared | None],
+    otherwise: Callable[..., Work | None],
+) -> Callable[..., Work | None]:
+    """``run`` whose synchronous in-place calls publish their signature before the recorder and the
+    executor, and gather the peers' right before the MPI call (see SharedSignatures.publish): the
+    check waits for the slowest rank, and this way that wait overlaps ~0.5 us of each rank's own
+    Python. Asynchronous calls, and calls behind queued ones, check on the worker (``otherwise``)."""
+    next_seq, ring, capacity, name, dtype, root, fail = recording
+    payload, executor, limit = _PAYLOAD[op], backend._ordered, backend._limit
+    publish, gathered = check.shared.publish, check.gathered(op, key, call)
+    queue = executor._queue  # a friend's state, read once: empty means the call runs in place
+
+    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+        prepared = None if async_op or queue else prepare(*tensors)
+        if prepared is None:
+            return otherwise(async_op, *tensors)
+        arguments = prepared[0]
+        sequence = publish(key, arguments[0])
+        seq = next_seq()
+        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry
+        try:
+            executor.run(gathered, (sequence, *arguments), op, limit)
         except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
             fail(error)
         entry[STATE] = COMPLETED

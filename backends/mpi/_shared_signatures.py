@@ -63,12 +63,26 @@ class SharedSignatures:
     ) -> tuple[int, int, int, int] | None:
         """None when every rank passed ``key`` and ``count``; else the group's ``(max key, -min key,
         max count, -min count)``, as the Allreduce check's."""
+        return self.gather(self.publish(key, count), key, count, op, limit, deadline_s)
+
+    def publish(self, key: int, count: int) -> int:
+        """Write this rank's next signature; its sequence number is what :meth:`gather` waits for.
+
+        Publishing as early as the call is known, and gathering right before the data call, lets
+        the peers' arrival overlap the caller's own work in between."""
         sequence = self._next_sequence()
         at = (sequence & 1) * _WORDS
         mine = self._mine
         mine[at + 1] = key
         mine[at + 2] = count
         mine[at] = sequence  # last: a peer that sees it sees the signature
+        return sequence
+
+    def gather(
+        self, sequence: int, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float
+    ) -> tuple[int, int, int, int] | None:
+        """Wait for every peer's ``sequence`` and compare; returns as :meth:`exchange` does."""
+        at = (sequence & 1) * _WORDS
         agreed = True
         for slots in self._peers:
             if slots[at] != sequence:

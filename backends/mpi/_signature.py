@@ -110,6 +110,20 @@ class SignatureCheck:
 
         return checked_in_shared_memory
 
+    def gathered(self, op: str, key: int, call: Callable[..., Any]) -> Callable[..., None]:
+        """``gathered(sequence, count, *arguments)``: the check of a signature already published
+        (``shared.publish(key, count)`` returned ``sequence``), then ``call(*arguments)``."""
+        gather, limit = self.shared.gather, self.limit
+        deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
+
+        def checked_after_publishing(sequence: int, count: int, *arguments: Any) -> None:
+            values = gather(sequence, key, count, op, limit, deadline_s)
+            if values is not None:
+                self._compare(op, key, count, values)
+            call(*arguments)
+
+        return checked_after_publishing
+
     def verify_within(self, op: str, key: int, count: int, limit: WaitLimit) -> None:
         """:meth:`verify` through a request waited for until the group's timeout (modes whose
         synchronous ops are bounded)."""
