@@ -18,7 +18,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import comms_logger, dist
-from commlayer.comms_logger import _logger
+from commlayer.comms_logger import _logger, _timer
 from commlayer.dist import _dispatch, _planned
 from commlayer.errors import InvalidArgumentError, UnsupportedError
 from commlayer.testing import run_world
@@ -198,7 +198,7 @@ def test_the_observer_sees_planned_ops_and_plans_are_rebuilt_around_it(world: No
 def test_the_logger_records_blocking_planned_ops_in_bulk(
     world: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(_logger, "_DRAIN_AT", 5)  # fold pending entries in several times below
+    monkeypatch.setattr(_timer, "DRAIN_AT", 5)  # fold pending entries in several times below
     tensor = torch.arange(3.0)
     comms_logger.reset()
     comms_logger.enable(ops=["all_reduce"], max_trace_events=10)

@@ -22,6 +22,7 @@ from ..dist import _dispatch
 from ..metrics import OP_FAMILY, busbw_factor, format_size
 from ..work import Work
 from ._summary import chrome_trace, combine_ranks, format_summary
+from ._timer import timed_plan
 
 __all__ = [
     "ENV_ENABLE",
@@ -198,35 +199,16 @@ class CommsLogger:
             return observed_run  # an accelerator's ops are timed between device synchronisations
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
         records = self.records
-        if _C_TIMER is not None and os.environ.get(_C_TIMER_ENV, "1") != "0":
-            return _C_TIMER(
-                run, observed_run, self, label, records.pending, records.drain,
-                self.options.max_trace_events, _DRAIN_AT, payload,
-            )  # fmt: skip
-        return self._python_timed(run, observed_run, label, payload)
-
-    def _python_timed(
-        self,
-        run: Callable[..., Work | None],
-        observed_run: Callable[..., Work | None],
-        label: _Label,
-        payload: int,
-    ) -> Callable[..., Work | None]:
-        """The Python timer (the C one's reference): two clock reads and one pending entry."""
-        pending, clock, records = self.records.pending, time.perf_counter, self.records
-        drain_at, max_events = _DRAIN_AT, self.options.max_trace_events
-
-        def logged(async_op: bool, *tensors: torch.Tensor) -> Work | None:
-            if async_op or self._muted_thread is not None:
-                return observed_run(async_op, *tensors)
-            began = clock()
-            run(False, *tensors)
-            pending.append((label, tensors[payload].nbytes, began, clock()))
-            if len(pending) >= drain_at:
-                records.drain(max_events)
-            return None
-
-        return logged
+        return timed_plan(
+            run,
+            observed_run,
+            self,
+            label,
+            records.pending,
+            records.drain,
+            self.options.max_trace_events,
+            payload,
+        )
 
     def _record(self, call: _dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
         if self.records.pending:  # keep events in launch order
@@ -254,13 +236,6 @@ class CommsLogger:
 _records = _Records()
 _active: CommsLogger | None = None
 _last: CommsLogger | None = None  # the latest enabled logger, which left any pending entries
-_DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the lock
-# The C timer (csrc/torch_launcher/timed.c), where built; $COMMLAYER_C_LAUNCHER=0 keeps the Python one.
-try:
-    from ..backends._torch_launcher import Timed as _C_TIMER
-except ImportError:  # a checkout laid out without building: the Python timer
-    _C_TIMER = None
-_C_TIMER_ENV = "COMMLAYER_C_LAUNCHER"
 
 
 # --- public API --------------------------------------------------------------------------------
