@@ -27,11 +27,11 @@ from ..dist import ProcessGroup
 from ..mesh import Mesh
 from .config import BatchSizes, ZeroConfig
 from .experts import ExpertShards, split_experts
-from .hybrid import DataParallelDims
+from .hybrid import DataParallelDims, effective_dims, partition_dims
 from .master import MasterShard, param_group_index
 from .partition import FlatLayout, bucket_indices, build_layout
 from .reducer import GradientReducer
-from .replicated import ReplicatedParams
+from .replicated import ReplicatedParams, keeps_full_gradients
 from .scaler import LossScaler
 from .stage3 import PartitionedParams
 from .units import plan_units
@@ -73,7 +73,7 @@ class ZeroEngine:
         self.train_dtype = config.train_dtype
         self.global_steps = self.micro_steps = self.skipped_steps = 0
         self.scaler = LossScaler.from_config(config.fp16)
-        self.dims = _effective_dims(dims or DataParallelDims(partition_dims(mesh), ()), mesh, config.stage)
+        self.dims = effective_dims(dims or DataParallelDims(partition_dims(mesh), ()), mesh, config.stage)
         self.group: ProcessGroup = mesh[self.dims.shard].group
         self.group_rank, self.group_size = self.group.rank(), self.group.size()
         # Hybrid sharding: shards are replicated across these ranks (see .hybrid).
@@ -438,31 +438,6 @@ class ZeroEngine:
         """Remove the engine's hooks from the model (the parameters stay as they are)."""
         for _, runtime in self._partitions():
             runtime.remove_hooks()
-
-
-def keeps_full_gradients(stage: int, accumulation_steps: int) -> bool:
-    """Whether ranks keep a whole-model gradient buffer between backward passes (stages 0-2).
-
-    Stage 0 does (it all-reduces whole buckets); stage 1 does only when gradients accumulate
-    over micro-steps, since it reduces once per optimizer step. With one micro-step per step
-    nothing has to outlive the backward pass, so stage 1 reduce-scatters scratch buckets as
-    stage 2 does and never holds the full gradient (that buffer is 2 bytes per parameter in
-    bf16, on top of the memory peak). Stage 2 never does.
-    """
-    return stage == 0 or (stage == 1 and accumulation_steps > 1)
-
-
-def _effective_dims(dims: DataParallelDims, mesh: Mesh, stage: int) -> DataParallelDims:
-    """Stage 0 shards nothing, so it reduces over every data-parallel rank at once; replicate
-    dims of size 1 are dropped (no replica group to all-reduce over)."""
-    if stage == 0:
-        return DataParallelDims(dims.in_mesh_order(mesh), ())
-    return DataParallelDims(dims.shard, tuple(d for d in dims.replicate if mesh.size(d) > 1))
-
-
-def partition_dims(mesh: Mesh) -> tuple[str, ...]:
-    """ZeRO partitions over the ranks holding the same parameters: "dp", with "sp" when present."""
-    return tuple(dim for dim in mesh.mesh_dim_names if dim in ("dp", "sp"))
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:

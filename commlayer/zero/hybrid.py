@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..mesh import Mesh
 from .config import ZeroConfig, ZeroConfigError
 
-__all__ = ["DataParallelDims", "plan_data_parallel"]
+__all__ = ["DataParallelDims", "effective_dims", "partition_dims", "plan_data_parallel"]
 
 SHARD_DIMS = ("dp", "sp")
 
@@ -86,3 +86,16 @@ def _check_replicate_dims(mesh: Mesh | None, replicate_dims: Sequence[str], rank
             f"{SHARD_DIMS} (mesh dims: {allowed}), received {dims!r} (rank {rank})"
         )
     return tuple(d for d in names if d in dims)
+
+
+def effective_dims(dims: DataParallelDims, mesh: Mesh, stage: int) -> DataParallelDims:
+    """Stage 0 shards nothing, so it reduces over every data-parallel rank at once; replicate
+    dims of size 1 are dropped (no replica group to all-reduce over)."""
+    if stage == 0:
+        return DataParallelDims(dims.in_mesh_order(mesh), ())
+    return DataParallelDims(dims.shard, tuple(d for d in dims.replicate if mesh.size(d) > 1))
+
+
+def partition_dims(mesh: Mesh) -> tuple[str, ...]:
+    """ZeRO partitions over the ranks holding the same parameters: "dp", with "sp" when present."""
+    return tuple(dim for dim in mesh.mesh_dim_names if dim in SHARD_DIMS)

@@ -4,7 +4,7 @@ Parameters become views into ``flat`` (segment after segment, see :mod:`.partiti
 all-gather after the optimizer step writes them in place. Gradients:
 
 - with ``full_grads`` (stage 0, and stage 1 accumulating over micro-steps, see
-  :func:`.engine.keeps_full_gradients`) a persistent flat gradient buffer; each ``param.grad``
+  :func:`keeps_full_gradients`) a persistent flat gradient buffer; each ``param.grad``
   is a view into it, so autograd accumulates micro-steps there, and only the boundary
   micro-step reduces it;
 - otherwise no full gradient: a grad hook copies each gradient into its segment's scratch
@@ -30,7 +30,7 @@ from .master import MasterShard
 from .partition import FlatLayout, Segment
 from .reducer import GradientReducer
 
-__all__ = ["ReplicatedParams"]
+__all__ = ["ReplicatedParams", "keeps_full_gradients"]
 
 
 class ReplicatedParams:
@@ -237,3 +237,15 @@ def outside_backward(name: str) -> RuntimeError:
         f"zero: a gradient reached parameter '{name}' outside engine.backward(); call "
         "engine.backward(loss) instead of loss.backward(), so that the engine can reduce it"
     )
+
+
+def keeps_full_gradients(stage: int, accumulation_steps: int) -> bool:
+    """Whether ranks keep a whole-model gradient buffer between backward passes (stages 0-2).
+
+    Stage 0 does (it all-reduces whole buckets); stage 1 does only when gradients accumulate
+    over micro-steps, since it reduces once per optimizer step. With one micro-step per step
+    nothing has to outlive the backward pass, so stage 1 reduce-scatters scratch buckets as
+    stage 2 does and never holds the full gradient (that buffer is 2 bytes per parameter in
+    bf16, on top of the memory peak). Stage 2 never does.
+    """
+    return stage == 0 or (stage == 1 and accumulation_steps > 1)
