@@ -22,6 +22,7 @@ from commlayer.backends import _torch_plans
 from commlayer.dist import _dispatch
 from commlayer.dist._groups import resolve_group
 from commlayer.flight_recorder import FlightRecorder, describe_entry
+from commlayer.types import ReduceOp
 
 
 @pytest.fixture(params=["C", "Python"])
@@ -112,3 +113,34 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
         dist.all_to_all_single(torch.zeros(2), tensor)
     assert [entry[1] for entry in seen] == ["all_reduce", "all_to_all_single"] * 3
     assert torch.equal(tensor, torch.ones(2))
+
+
+def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
+    """Where the extension is not built, the Python lookups stand in for PlannedCollective and
+    PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
+    from commlayer.dist import _p2p, _planned
+    from commlayer.dist._dispatch import NO_PLAN, native
+
+    if native is None:
+        pytest.skip("the C lookups are not built")
+    tensor = torch.arange(8.0)
+    dist.all_reduce(tensor)
+    dist.broadcast(tensor, src=0)  # both planned from here on
+    lookups = [
+        (_planned._python_planned("all_reduce", False), _planned._planned_all_reduce, ReduceOp.SUM),
+        (_planned._python_planned("broadcast", True), _planned._planned_broadcast, 0),
+    ]
+    for python_lookup, c_lookup, scalar in lookups:
+        calls = [
+            (tensor, scalar, None, False, None),  # planned: runs, blocking, returns None
+            (tensor[::2], scalar, None, False, None),  # strided: staged by the checked path
+            ([1.0], scalar, None, False, None),  # not a tensor: named by the checked path
+            (tensor, scalar, [], False, None),  # an unhashable group: refused there
+            (tensor, scalar, None, False, 0),  # broadcast's group_src: resolved there
+            (tensor.int(), scalar, None, False, None),  # another dtype: no plan yet
+        ]
+        assert python_lookup(*calls[0]) is None and c_lookup(*calls[0]) is None  # both ran the plan
+        for call in calls[1:]:
+            assert python_lookup(*call) is NO_PLAN and c_lookup(*call) is NO_PLAN, call
+    assert _planned._python_planned("broadcast", True)(tensor, True, None, False, None) is NO_PLAN
+    assert _p2p._python_planned("send", True)(tensor, True, None, 0, None) is NO_PLAN

@@ -42,7 +42,13 @@ from ..work import CompletedWork, Work
 from ._groups import ProcessGroup, resolve_group
 from ._trace import on_failure, recorded, recording
 
+try:  # the C lookups of planned calls (PlannedP2P, PlannedCollective); they import nothing of commlayer
+    from ..backends import _torch_launcher as native
+except ImportError:  # pragma: no cover - a tree whose extensions are not built
+    native = None  # type: ignore[assignment]
+
 __all__ = [
+    "NO_PLAN",
     "Observer",
     "OpCall",
     "Plan",
@@ -55,6 +61,7 @@ __all__ = [
     "new_plan",
     "observed",
     "plans",
+    "run_planned",
     "run_staged",
     "set_observer",
     "wire_op",
@@ -137,6 +144,23 @@ class Plan(NamedTuple):
 
 # Key -> Plan; see the module docstring for what keys hold and when plans are dropped.
 plans: dict[tuple[Any, ...], Plan] = {}
+
+
+NO_PLAN: Any = object()  # what a planned lookup returns when the call has no plan to run
+
+
+def run_planned(head: tuple[Any, ...], tensor: Any, async_op: bool) -> Any:
+    """Run the plan keyed ``(*head, tensor.dtype, tensor.device, tensor.layout)`` on ``tensor``, or
+    return NO_PLAN (not a tensor, an unhashable argument, no plan yet, a strided tensor: the
+    checked path then validates, plans, stages or refuses the call). The Python twin of the C
+    lookups' ``run_planned`` (csrc/torch_launcher/planned.c), for trees where it is not built."""
+    try:
+        plan = plans.get((*head, tensor.dtype, tensor.device, tensor.layout))
+    except (AttributeError, TypeError):
+        return NO_PLAN
+    if plan is None or not tensor.is_contiguous():
+        return NO_PLAN
+    return plan.run(async_op, tensor)
 
 
 def forget_plans() -> None:

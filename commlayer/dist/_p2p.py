@@ -15,14 +15,20 @@ from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import _validate as check
 from ._complex import as_real, is_complex
-from ._dispatch import OpCall, begin, contiguous, launch, plans, remember, run_staged
+from ._dispatch import (
+    NO_PLAN,
+    OpCall,
+    begin,
+    contiguous,
+    launch,
+    native,
+    plans,
+    remember,
+    run_planned,
+    run_staged,
+)
 from ._groups import resolve_group
 from ._trace import wait_translated
-
-try:  # the C lookup of planned calls; backends/_torch_launcher has no commlayer imports
-    from ..backends import _torch_launcher as native
-except ImportError:  # a checkout laid out without building: the same lookup in Python
-    native = None
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
 
@@ -175,21 +181,16 @@ def recv(
 
 
 NOT_MEMBER: Any = object()
-NO_PLAN: Any = object()  # what a planned_* lookup returns when the call has no plan to run
 
 
 def _python_planned(kind: str, async_op: bool) -> Callable[..., Any]:
     """The planned call of ``kind`` in Python, where the C one is not built (see PlannedP2P)."""
 
     def planned(tensor: Any, peer: Any, group: Any, tag: Any, group_peer: Any) -> Any:
-        try:
-            plan = plans.get((kind, group, peer, tag, tensor.dtype, tensor.device, tensor.layout))
-        except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked later
-            return NO_PLAN
         # An int peer only: True and 1.0 equal 1 as keys, and they must still be refused.
-        if plan is not None and peer.__class__ is int and group_peer is None and tensor.is_contiguous():
-            return plan.run(async_op, tensor)
-        return NO_PLAN
+        if peer.__class__ is not int or group_peer is not None:
+            return NO_PLAN
+        return run_planned((kind, group, peer, tag), tensor, async_op)
 
     return planned
 

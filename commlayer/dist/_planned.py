@@ -17,12 +17,7 @@ from ..types import ReduceOp
 from ..work import Work
 from . import _validate as check
 from ._complex import complex_as_real
-from ._dispatch import begin, contiguous, plans, remember, run_staged
-
-try:  # the C lookup of planned calls; backends/_torch_launcher has no commlayer imports
-    from ..backends import _torch_launcher as native
-except ImportError:  # pragma: no cover - a tree whose extensions are not built
-    native = None  # type: ignore[assignment]
+from ._dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
 
 __all__ = [
     "all_gather_into_tensor",
@@ -33,21 +28,16 @@ __all__ = [
 ]
 
 CopyBack = list  # list[tuple[original, contiguous buffer]]
-NO_PLAN: Any = object()  # what a planned lookup returns when the call has no plan to run
 
 
 def _python_planned(kind: str, int_scalar: bool) -> Callable[..., Any]:
     """The planned call of ``kind`` in Python, where the C one is not built (see _planned_lookup)."""
 
     def planned(tensor: Any, scalar: Any, group: Any, async_op: Any, extra: Any) -> Any:
-        try:
-            plan = plans.get((kind, group, scalar, tensor.dtype, tensor.device, tensor.layout))
-        except (AttributeError, TypeError):  # not a tensor, or an unhashable argument: checked later
-            return NO_PLAN
         # An int src only: True and 1.0 equal 1 as keys, and they must still be refused.
-        if plan is None or (int_scalar and scalar.__class__ is not int) or extra is not None:
+        if (int_scalar and scalar.__class__ is not int) or extra is not None:
             return NO_PLAN
-        return plan.run(async_op, tensor) if tensor.is_contiguous() else NO_PLAN
+        return run_planned((kind, group, scalar), tensor, async_op)
 
     return planned
 
