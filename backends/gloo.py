@@ -16,7 +16,8 @@ from commlayer.flight_recorder import Recording
 from commlayer.types import Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
 
-from ._gloo_check import SignedProcessGroup, Signer, verify_enabled
+from ._gloo_check import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
+from ._signer import Signer, verify_enabled
 from ._torch import TorchBackend
 from ._torch_plans import fused_plan
 
@@ -30,9 +31,11 @@ class GlooBackend(TorchBackend):
 
     def __init__(self, spec: GroupSpec, process_group: Any) -> None:
         super().__init__(spec, process_group)
-        checked = spec.size > 1 and verify_enabled()
+        checked = spec.size > 1 and verify_enabled(VERIFY_ENV)
         self._signer = (
-            Signer(process_group, spec.name, spec.global_rank, spec.group_rank) if checked else None
+            Signer(process_group, spec.name, spec.global_rank, spec.group_rank, CHECKED_BY)
+            if checked
+            else None
         )
 
     def recorded_plan(

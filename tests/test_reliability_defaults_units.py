@@ -16,8 +16,9 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import health
-from commlayer.backends._gloo_check import SignedProcessGroup, Signer, split_counts, verify_enabled
+from commlayer.backends._gloo_check import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
 from commlayer.backends._signature import dtype_codes, mismatch, pack
+from commlayer.backends._signer import Signer, split_counts, verify_enabled
 from commlayer.backends.mpi._ordered import OrderedExecutor
 from commlayer.backends.mpi._signature import SignatureCheck, describe
 from commlayer.dist._groups import ProcessGroup
@@ -78,8 +79,9 @@ def test_equal_calls_pass_and_any_difference_raises_the_same_on_every_rank() -> 
 
 
 def test_gloo_check_is_on_unless_its_variable_says_off() -> None:
-    assert verify_enabled({}) and verify_enabled({"COMMLAYER_GLOO_VERIFY": "1"})
-    assert not any(verify_enabled({"COMMLAYER_GLOO_VERIFY": off}) for off in ("0", "false", "OFF", " no "))
+    assert verify_enabled(VERIFY_ENV, {}) and verify_enabled(VERIFY_ENV, {"COMMLAYER_GLOO_VERIFY": "1"})
+    offs = ("0", "false", "OFF", " no ")
+    assert not any(verify_enabled(VERIFY_ENV, {"COMMLAYER_GLOO_VERIFY": off}) for off in offs)
 
 
 def test_gloo_mismatch_names_both_calls_and_the_switch() -> None:
@@ -95,7 +97,7 @@ def test_verified_ops_on_a_real_gloo_group_of_one_run_and_keep_their_data() -> N
     """Wiring: the signature reduction runs on the ProcessGroup (a group of one agrees with itself)
     before the fused launchers' proxy issues the data op, whose torch Work it returns."""
     process_group = torch_dist.ProcessGroupGloo(torch_dist.HashStore(), 0, 1, timedelta(seconds=10))
-    signer = Signer(process_group, "solo", 0)
+    signer = Signer(process_group, "solo", 0, 0, CHECKED_BY)
     proxy = SignedProcessGroup(signer, process_group, "all_reduce", (ReduceOp.SUM,))
     tensor = torch.arange(4.0)
     assert proxy.allreduce([tensor], torch_dist.AllreduceOptions()).wait()

@@ -26,7 +26,7 @@ from commlayer.shm_regions import release_regions_of
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
 
-from .._gloo_check import Signer, verify_enabled
+from .._signer import Signer, verify_enabled
 from . import _native
 from ._bootstrap import Connection, connect, disconnect
 from ._environment import HostLayout, apply_defaults, usable_cpus
@@ -67,10 +67,11 @@ class CclBackend(Backend):
         # oneCCL alone returns garbage for a dtype of one element size (float32 against int32) and
         # on the rank with the larger count: each collective's signature is compared first, as on
         # gloo (one small MAX all-reduce; tests/test_faults_defaults.py).
-        checked = spec.size > 1 and verify_enabled(variable=VERIFY_ENV)
-        channel = _SignatureChannel(self)
+        checked = spec.size > 1 and verify_enabled(VERIFY_ENV)
         self._signer = (
-            Signer(channel, spec.name, spec.global_rank, spec.group_rank, _CHECKED_BY) if checked else None
+            Signer(_SignatureChannel(self), spec.name, spec.global_rank, spec.group_rank, _CHECKED_BY)
+            if checked
+            else None
         )
         _open_backends.add(self)
 
