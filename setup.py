@@ -91,6 +91,7 @@ def _shm_extensions() -> list[Extension]:
         Extension(
             "commlayer.backends.shm._C",
             sources=[f"csrc/shm/{name}" for name in sources],
+            depends=["csrc/launch/recording.hpp"],
             include_dirs=[pybind11.get_include()],
             libraries=["rt"],
             # -O3 vectorises the reduction kernels; kernels.cpp compiles them per ISA and picks one

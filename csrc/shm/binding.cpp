@@ -72,29 +72,10 @@ LaunchKind launch_kind(const std::string& op) {
     throw std::invalid_argument("shm: no fused launcher for op '" + op + "'");
 }
 
-// ``recording``: None, or (next_seq, ring, capacity, op, dtype, root, fail, payload, started,
-// completed): a flight_recorder.Recording, the payload's argument index and the entry states.
-RecordingSpec recording_spec(const py::object& recording) {
-    RecordingSpec spec;
-    if (recording.is_none()) return spec;
-    const auto fields = recording.cast<py::tuple>();
-    if (fields.size() != 10 || !PyList_Check(fields[1].ptr())) {
-        throw std::invalid_argument("shm launcher: recording must be a 10-tuple whose ring is a list");
-    }
-    // itertools.count().__next__: the launcher advances the iterator itself (no bound-method call).
-    const py::object owner = py::getattr(fields[0], "__self__", py::none());
-    PyObject* sequence = !owner.is_none() && PyIter_Check(owner.ptr()) ? owner.ptr() : nullptr;
-    spec = RecordingSpec{fields[0].ptr(), sequence,        fields[1].ptr(), fields[2].cast<Py_ssize_t>(),
-                         fields[3].ptr(), fields[4].ptr(), fields[5].ptr(), fields[6].ptr(),
-                         fields[8].ptr(), fields[9].ptr(), fields[7].cast<int>()};
-    if (spec.capacity < 1) throw std::invalid_argument("shm launcher: the ring's capacity must be positive");
-    return spec;
-}
-
 py::object launcher(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed,
                     py::object recording) {
     Group& group = self.cast<Group&>();
-    const RecordingSpec recorded = recording_spec(recording);
+    const RecordingSpec recorded = commlayer::launch::recording_spec(recording, "shm launcher");
     // A recorded launcher serves one plan, whose key holds the dtype of every tensor it gets.
     const int dtype = recorded.dtype != nullptr && dtype_codes.contains(recorded.dtype)
                           ? dtype_codes[recorded.dtype].cast<int>()

@@ -9,6 +9,7 @@
 
 #include <Python.h>
 
+#include "../launch/recording.hpp"
 #include "comm.hpp"
 
 namespace commlayer::shm {
@@ -22,21 +23,7 @@ struct LaunchErrors {
     PyObject* mismatch = nullptr;
 };
 
-// How a launcher enters its calls in the group's flight recorder (commlayer.flight_recorder's
-// Recording, whose steps it follows); next_seq == nullptr: it records nothing.
-struct RecordingSpec {
-    PyObject* next_seq = nullptr;  // () -> the call's sequence number
-    PyObject* sequence = nullptr;  // the iterator next_seq is the bound __next__ of, if it is one
-    PyObject* ring = nullptr;      // list of entries, indexed seq % capacity
-    Py_ssize_t capacity = 1;
-    PyObject* op = nullptr;        // the op's name, as entered
-    PyObject* dtype = nullptr;
-    PyObject* root = nullptr;      // int
-    PyObject* fail = nullptr;      // (error) -> raises it, or its typed translation
-    PyObject* started = nullptr;   // the entry states
-    PyObject* completed = nullptr;
-    int payload = 0;               // which tensor argument the entry describes
-};
+using launch::RecordingSpec;
 
 struct LaunchSpec {
     PyObject* owner;        // the Python object that owns `comm` (kept alive by the launcher)
