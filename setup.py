@@ -102,6 +102,23 @@ def _shm_extensions() -> list[Extension]:
     ]
 
 
+def _mpi_launcher_extensions() -> list[Extension]:
+    """The mpi backend's C launchers commlayer.backends.mpi._launcher: pybind11 and the Python C API,
+    no MPI headers (the MPI library is found at run time), so every build has it."""
+    import pybind11
+
+    return [
+        Extension(
+            "commlayer.backends.mpi._launcher",
+            sources=["csrc/mpi/launcher.cpp"],
+            include_dirs=[pybind11.get_include()],
+            depends=["csrc/launch/recording.hpp"],
+            extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
+            language="c++",
+        )
+    ]
+
+
 def _torch_launcher_extensions() -> list[Extension]:
     """The torch backends' C launchers commlayer.backends._torch_launcher: the Python C API only
     (no torch or pybind11 headers), so one build serves every torch version."""
@@ -119,5 +136,9 @@ def _torch_launcher_extensions() -> list[Extension]:
 
 if __name__ == "__main__":  # packaging/commlayer-ccl/setup.py imports this file for ccl_extensions
     setup(
-        packages=_packages(), ext_modules=_shm_extensions() + _torch_launcher_extensions() + ccl_extensions()
+        packages=_packages(),
+        ext_modules=_shm_extensions()
+        + _mpi_launcher_extensions()
+        + _torch_launcher_extensions()
+        + ccl_extensions(),
     )

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from commlayer.backend import C_LAUNCHER_ENV
 from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, TorchWork, Work, _raise_typed
@@ -36,8 +37,6 @@ except ImportError:  # a checkout laid out without building (the GPU scripts' si
     native = None
 
 __all__ = ["C_LAUNCHER_ENV", "LaunchedWork", "fused_plan", "native_enabled", "options", "wrap"]
-
-C_LAUNCHER_ENV = "COMMLAYER_C_LAUNCHER"
 
 Launcher = Callable[..., Work | None]
 

@@ -57,7 +57,11 @@ from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
 
-__all__ = ["Backend"]
+__all__ = ["C_LAUNCHER_ENV", "Backend"]
+
+#: ``0`` keeps every backend's launchers in Python: the reference that a C launcher (a
+#: ``recorded_plan`` built in C, the comms logger's timer) must behave exactly like.
+C_LAUNCHER_ENV = "COMMLAYER_C_LAUNCHER"
 
 
 class Backend(GenericCollectives, ABC):

@@ -87,6 +87,13 @@ class OrderedExecutor:
         if queued.error is not None:
             raise queued.error
 
+    def started_watchdog(self) -> _Watchdog:
+        """The watchdog of synchronous calls, started: for launchers that stamp it themselves
+        (csrc/mpi/launcher.cpp stamps ``op``, ``limit`` and ``started`` exactly as :meth:`run`)."""
+        if self._watchdog.thread is None:
+            self._watchdog.start()
+        return self._watchdog
+
     def submit(self, call: Callable[..., Any], arguments: tuple[Any, ...]) -> _Call:
         """An asynchronous op: queue the call behind every earlier one."""
         with self._changed:

@@ -9,6 +9,8 @@ Against the facade's generic launcher around the op method this saves the per-ca
 ``functools.partial`` of the check, a ``CompletedWork`` and its wait: about 1 us of Python per op.
 
 CUDA tensors (staged or CUDA-aware) and uneven all-to-all splits take the op method itself.
+Where the C launcher can be built (:mod:`._native`), it serves the plain synchronous calls and
+hands every other call to the Python launcher built here.
 A friend of :class:`~.backend.MpiBackend`: it reads the backend's private state, once per plan.
 """
 
@@ -21,9 +23,10 @@ from typing import Any
 
 import torch
 
-from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording
+from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording, prefill
 from commlayer.work import Work
 
+from ._native import native_launcher
 from ._ordered import OrderedWork
 
 # The backend these launchers serve (backend.MpiBackend, which imports this module).
@@ -61,9 +64,13 @@ def ordered_launcher(
     check = backend._check
     blocking = (lambda count, *arguments: call(*arguments)) if check is None else check.checked(op, key, call)
     run = _launcher(backend, op, fixed, recording, blocking, prepare)
-    if check is None or check.shared is None:
+    if check is not None and check.shared is not None:
+        run = _publishing_early(backend, op, recording, check, key, call, prepare, run)
+    native = native_launcher(backend, op, fixed, recording, key, run)
+    if native is None:
         return run
-    return _publishing_early(backend, op, recording, check, key, call, prepare, run)
+    prefill(recording.ring)  # the C launcher rewrites entries in place: no list per call
+    return native
 
 
 def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:

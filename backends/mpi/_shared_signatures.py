@@ -27,6 +27,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from commlayer import health
@@ -52,11 +53,28 @@ _yield = os.sched_yield
 class SharedSignatures:
     """Each rank's ``(sequence, key, count)`` slots in one shared window; see the module docstring."""
 
-    def __init__(self, window: Any, slots: list[memoryview], rank: int) -> None:
+    def __init__(
+        self, window: Any, slots: list[memoryview], rank: int, addresses: Sequence[int] | None = None
+    ) -> None:
         self._window = window
         self._mine = slots[rank]
         self._peers = tuple(view for index, view in enumerate(slots) if index != rank)
-        self._next_sequence = itertools.count(1).__next__
+        self._addresses = (
+            None
+            if addresses is None
+            else (addresses[rank], tuple(at for index, at in enumerate(addresses) if index != rank))
+        )
+        self._sequences = itertools.count(1)
+        self._next_sequence = self._sequences.__next__
+
+    def addresses(self) -> tuple[int, tuple[int, ...]] | None:
+        """(this rank's slots, its peers') as addresses: where the C launcher (csrc/mpi) publishes
+        and reads, the same memory as :meth:`publish` and :meth:`gather`; None if not given."""
+        return self._addresses
+
+    def sequence_counter(self) -> Iterator[int]:
+        """The iterator every check takes its sequence number from, the C launcher's included."""
+        return self._sequences
 
     def exchange(
         self, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float
@@ -135,12 +153,13 @@ def open_shared_signatures(comm: Any, mpi: Any) -> SharedSignatures | None:
         window = _allocate_quietly(mpi, comm)
     finally:
         node.Free()
-    slots = [memoryview(window.Shared_query(rank)[0]).cast("B").cast("q") for rank in range(comm.Get_size())]
+    buffers = [window.Shared_query(rank)[0] for rank in range(comm.Get_size())]
+    slots = [memoryview(buffer).cast("B").cast("q") for buffer in buffers]
     mine = slots[comm.Get_rank()]
     for index in range(len(mine)):
         mine[index] = 0  # MPI does not zero the window; sequences start at 1
     comm.Barrier()  # every slot is zero before any rank publishes its first check
-    return SharedSignatures(window, slots, comm.Get_rank())
+    return SharedSignatures(window, slots, comm.Get_rank(), [buffer.address for buffer in buffers])
 
 
 def _allocate_quietly(mpi: Any, comm: Any) -> Any:

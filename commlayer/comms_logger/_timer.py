@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..backend import C_LAUNCHER_ENV
 from ..work import Work
 
 try:
@@ -25,7 +26,6 @@ except ImportError:  # a checkout laid out without building: the Python timer
 __all__ = ["DRAIN_AT", "timed_plan"]
 
 DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the records' lock
-_C_TIMER_ENV = "COMMLAYER_C_LAUNCHER"
 
 Run = Callable[..., Work | None]
 
@@ -44,7 +44,7 @@ def timed_plan(
     tensors[payload].nbytes, began, ended)`` to ``pending``, calling ``drain(max_events)`` once
     ``DRAIN_AT`` are pending; an async call, or any call while ``owner._muted_thread`` is set,
     goes to ``observed_run`` instead."""
-    if _CTimer is not None and os.environ.get(_C_TIMER_ENV, "1") != "0":
+    if _CTimer is not None and os.environ.get(C_LAUNCHER_ENV, "1") != "0":
         return _CTimer(run, observed_run, owner, label, pending, drain, max_events, DRAIN_AT, payload)
     clock, drain_at = time.perf_counter, DRAIN_AT
 

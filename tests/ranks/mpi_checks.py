@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.backends.mpi import MpiOptions
+from commlayer.backend import C_LAUNCHER_ENV
+from commlayer.backends.mpi import MpiOptions, _native
 from commlayer.backends.mpi.options import MODES
 from commlayer.errors import (
     BackendUnavailableError,
@@ -29,6 +30,8 @@ from commlayer.errors import (
 )
 from commlayer.rendezvous import discover
 from commlayer.testing import conformance
+
+from .mpi_launcher_checks import check_c_and_python_launchers_interoperate, launcher_kind
 
 _TIMEOUT_TAG = 11
 _ANY_SOURCE_TAG = 12
@@ -51,6 +54,7 @@ def main(*options: str) -> None:
     check_host_staging_plumbing()
     check_discovery_layout()
     check_signatures_meet_in_shared_memory()
+    check_c_and_python_launchers_interoperate()
     check_destroy_then_initialise_again()
     if "compat" in options:
         conformance.main()
@@ -74,9 +78,14 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     pending.wait()
     assert torch.equal(tensor, base + 1000 * (size - 1)), tensor
     assert torch.equal(gathered, torch.cat([base + 1000 * peer for peer in range(size)])), gathered
-    launchers = {plan.run.__module__ for key, plan in _dispatch.plans.items() if key[0] == "all_reduce"}
-    ordered = dist.group.WORLD.primary_backend.options.mode == "ordered"  # else the facade's launcher
-    assert launchers and all(module.endswith("mpi._plans") == ordered for module in launchers), launchers
+    launchers = {launcher_kind(plan.run) for key, plan in _dispatch.plans.items() if key[0] == "all_reduce"}
+    backend = dist.group.WORLD.primary_backend
+    ordered = backend.options.mode == "ordered"  # else the facade's launcher
+    # One host, the extension built: the C launcher (csrc/mpi) serves ordered mode's plain calls.
+    native = _native._extension is not None and os.environ.get(C_LAUNCHER_ENV, "1") != "0"
+    one_host = backend._check is None or backend._check.shared is not None
+    expected_kind = ("C" if native and one_host else "Python") if ordered else "facade"
+    assert launchers == {expected_kind}, (launchers, expected_kind)
     collectives = [
         entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]
     ]

@@ -1,0 +1,139 @@
+"""Ordered mode's fused launchers in C (csrc/mpi/launcher.cpp): the plain synchronous call, at
+the speed of MPI's own C function.
+
+A planned collective on CPU tensors, called synchronously with nothing queued, is most calls of
+a training loop or a benchmark. For those the C launcher does what :mod:`._plans`' Python
+launcher does -- the mismatch check through the shared window, the flight-recorder entry, the
+watchdog's stamps, the blocking call without the GIL -- but calls the MPI library's C function
+itself instead of mpi4py's method, with the handles mpi4py already holds. Every other call (async,
+behind queued ones, CUDA, a count over INT_MAX, a peer late or disagreeing) goes to the Python
+launcher or the Python check, so every rule stays written once, in Python.
+
+Built only where it can be exact: the extension is built, ``$COMMLAYER_C_LAUNCHER`` is not ``0``,
+the mismatch check (when on) exchanges through shared memory, exactly one MPI library is mapped
+into the process and exports the call, and its handles are ints or pointers (MPICH's or Open
+MPI's ABI), told by mpi4py's own ``_sizeof``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from commlayer.backend import C_LAUNCHER_ENV
+from commlayer.flight_recorder import COMPLETED, STARTED, Recording
+from commlayer.work import Work
+
+try:
+    from . import _launcher as _extension  # csrc/mpi/launcher.cpp
+except ImportError:  # a checkout laid out without building: the Python launchers serve
+    _extension = None
+
+__all__ = ["native_launcher"]
+
+MpiBackend = Any  # backend.MpiBackend, which imports this module through _plans
+
+# op -> (the MPI function, the index of the tensor the recorder enters)
+_CALLS = {
+    "all_reduce": ("MPI_Allreduce", 0),
+    "broadcast": ("MPI_Bcast", 0),
+    "all_gather_into_tensor": ("MPI_Allgather", 0),
+    "reduce_scatter_tensor": ("MPI_Reduce_scatter_block", 1),
+    "all_to_all_single": ("MPI_Alltoall", 1),
+}
+_MPI_LIBRARY = re.compile(r"/libmpi\.so(\.\d+)*$")
+
+
+def native_launcher(
+    backend: MpiBackend,
+    op: str,
+    fixed: tuple[Any, ...],
+    recording: Recording,
+    key: int,
+    otherwise: Callable[..., Work | None],
+) -> Callable[..., Work | None] | None:
+    """The C ``run(async_op, *tensors)`` of ``op`` whose unusual calls go to ``otherwise``; None
+    where it cannot be built (see the module docstring)."""
+    check, mpi = backend._check, backend._mpi
+    if _extension is None or os.environ.get(C_LAUNCHER_ENV, "1") == "0" or op not in _CALLS:
+        return None
+    if check is not None and (check.shared is None or check.shared.addresses() is None):
+        return None  # the Allreduce check: Python's launcher
+    functions, handle_size = _library_functions(tuple(name for name, _ in _CALLS.values())), _handle_size(mpi)
+    if functions is None or handle_size is None:
+        return None
+    name, payload = _CALLS[op]
+    return _extension.launcher(
+        op=op,
+        function=functions[name],
+        handles=_handles(backend, op, fixed, recording, handle_size),
+        int_handles=handle_size == ctypes.sizeof(ctypes.c_int),
+        root=fixed[0] if op == "broadcast" else 0,
+        size=backend.size,
+        queue=backend._ordered._queue,
+        otherwise=otherwise,
+        watchdog=backend._ordered.started_watchdog(),
+        limit=backend._limit,
+        error_type=mpi.Exception,
+        shared=None if check is None else _shared(backend, op, key),
+        recording=(*recording, payload, STARTED, COMPLETED),
+    )
+
+
+def _handles(
+    backend: MpiBackend, op: str, fixed: tuple[Any, ...], recording: Recording, size: int
+) -> tuple[int, int, int, int]:
+    """(communicator, datatype, reduction or 0) as unsigned integers of ``size`` bytes, and
+    MPI_IN_PLACE's address."""
+    reduction = (
+        backend._reductions[fixed[0]][recording.dtype]
+        if op in ("all_reduce", "reduce_scatter_tensor")
+        else None
+    )
+    mask = (1 << (8 * size)) - 1  # MPICH's handles are C ints, which mpi4py may give as negatives
+    handles = (
+        backend._comm.handle,
+        backend._datatypes[recording.dtype].handle,
+        getattr(reduction, "handle", 0),
+    )
+    in_place = int(backend._in_place) & ((1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1)  # an address
+    return (*(value & mask for value in handles), in_place)
+
+
+def _shared(backend: MpiBackend, op: str, key: int) -> tuple[Any, ...]:
+    """The check's slots as the C launcher reads them, and Python's check of a published call
+    for whatever the launcher leaves to it (a late peer, a mismatch)."""
+    check = backend._check
+    shared = check.shared
+    mine, peers = shared.addresses()
+    verify = check.gathered(op, key, _nothing)
+    return (shared.sequence_counter(), mine, peers, key, verify)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _handle_size(mpi: Any) -> int | None:
+    """The size of MPI's handles (int: MPICH's ABI, pointer: Open MPI's), if the launcher knows it."""
+    sizes = {mpi._sizeof(kind) for kind in (mpi.Comm, mpi.Datatype, mpi.Op)}
+    (size,) = sizes if len(sizes) == 1 else (None,)
+    return size if size in (ctypes.sizeof(ctypes.c_int), ctypes.sizeof(ctypes.c_void_p)) else None
+
+
+@functools.cache
+def _library_functions(names: tuple[str, ...]) -> dict[str, int] | None:
+    """The addresses of ``names`` in the one MPI library mapped into this process, or None."""
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+        paths = {line.split()[-1] for line in maps if _MPI_LIBRARY.search(line.rstrip())}
+    if len(paths) != 1:
+        return None
+    try:  # RTLD_NOLOAD: the library mpi4py loaded, never another one
+        library = ctypes.CDLL(paths.pop(), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        return {name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in names}
+    except (OSError, AttributeError):
+        return None

@@ -1,0 +1,456 @@
+// The mpi backend's fused launchers in C: ``run(async_op, *tensors)`` of one planned kind of call
+// (backends/mpi/_native.py builds them; backends/mpi/_plans.py has the Python twin and the rules).
+//
+// Why C: at 1-2 MiB an MPI collective on one host takes 17-60 us, and the backend's Python path
+// (plan, flight-recorder entry, mismatch check, buffer message, executor) added ~2.8 us to each,
+// more than raw mpi4py's own call. This function does what that path does -- publish the call's
+// signature, enter the recorder, read the peers' signatures, stamp the watchdog, make the blocking
+// MPI call without the GIL -- with no Python frame, and calls MPI's C function directly.
+//
+// No MPI headers: the library mpi4py loaded is not known at build time (Open MPI, MPICH and Intel
+// MPI differ in ABI), so the caller hands over the function's address and the handles as integers,
+// and whether handles are ints (MPICH's ABI) or pointers (Open MPI's). Anything out of the ordinary
+// -- an async op, a call behind queued ones, a CUDA tensor, a count over INT_MAX, a peer not yet
+// arrived or disagreeing -- goes to Python (``otherwise``, ``verify``), which keeps every rule.
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <ctime>
+#include <sched.h>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../launch/recording.hpp"
+
+namespace py = pybind11;
+
+namespace commlayer::mpi {
+
+namespace {
+
+namespace launch = commlayer::launch;
+
+constexpr const char* kCapsuleName = "commlayer.mpi.launcher";
+// A peer's slot is polled this many times holding the GIL (a peer already in its call is seen
+// at once), then without it: spinning (pause) for kSpinPolls, then yielding the CPU between polls
+// (a peer may share it) until kYieldSeconds have passed. After that Python waits (it sleeps,
+// watches peer failures and the deadline, raises the typed errors): a late peer there is rare.
+constexpr int kHeldPolls = 64;
+constexpr int kSpinPolls = 1 << 14;
+constexpr double kYieldSeconds = 0.01;
+
+enum class Kind { all_reduce, broadcast, all_gather, reduce_scatter, all_to_all };
+
+// The handles of one plan, as the library's C ABI spells them (widened to 64 bits).
+struct Handles {
+    std::uintptr_t comm = 0, datatype = 0, reduction = 0, in_place = 0;
+    bool int_handles = false;  // MPICH's ABI (MPI_Comm is an int); else pointers (Open MPI)
+};
+
+// The mismatch check's slots in the communicator's shared window (backends/mpi/_shared_signatures.py):
+// 8 int64 words per slot, two slots per rank; word 0 the sequence, 1 the key, 2 the count.
+struct SharedSlots {
+    std::int64_t* mine = nullptr;
+    std::vector<const std::int64_t*> peers;
+    PyObject* sequence = nullptr;  // the itertools.count both paths take sequence numbers from
+    PyObject* verify = nullptr;    // (sequence, count) -> waits, compares, raises: the Python path
+    std::int64_t key = 0;
+};
+
+struct Launcher {
+    Kind kind;
+    void* function;  // the MPI collective's C function
+    Handles handles;
+    int root = 0, size = 1;
+    PyObject* queue = nullptr;      // the ordered executor's deque: not empty -> ``otherwise``
+    PyObject* otherwise = nullptr;  // the Python launcher, for everything but the plain case
+    PyObject* watchdog = nullptr;   // its ``op``, ``limit`` and ``started`` bound a blocking call
+    PyObject* op = nullptr;
+    PyObject* limit = nullptr;
+    PyObject* error_type = nullptr;  // MPI.Exception, made from a failed call's error code
+    bool checked = false;
+    SharedSlots slots;
+    launch::RecordingSpec recording;
+    PyObject* last_shape = nullptr;
+};
+
+bool takes_two_tensors(Kind kind) { return kind != Kind::all_reduce && kind != Kind::broadcast; }
+
+// --- the MPI call ----------------------------------------------------------------------------
+
+template <class H>
+H as_handle(std::uintptr_t value) {
+    if constexpr (sizeof(H) == sizeof(int)) {
+        return static_cast<H>(static_cast<std::uint32_t>(value));
+    } else {
+        return reinterpret_cast<H>(value);
+    }
+}
+
+// One blocking call with handles of type H (int or void*); MPI's error code.
+template <class H>
+int call_mpi(const Launcher& launcher, void* output, const void* input, int count) {
+    const Handles& handles = launcher.handles;
+    const H comm = as_handle<H>(handles.comm), type = as_handle<H>(handles.datatype);
+    const H reduction = as_handle<H>(handles.reduction);
+    switch (launcher.kind) {
+        case Kind::all_reduce:
+            return reinterpret_cast<int (*)(const void*, void*, int, H, H, H)>(launcher.function)(
+                reinterpret_cast<const void*>(handles.in_place), output, count, type, reduction, comm);
+        case Kind::broadcast:
+            return reinterpret_cast<int (*)(void*, int, H, int, H)>(launcher.function)(output, count, type, launcher.root,
+                                                                                      comm);
+        case Kind::all_gather:
+        case Kind::all_to_all:
+            return reinterpret_cast<int (*)(const void*, int, H, void*, int, H, H)>(launcher.function)(
+                input, count, type, output, count, type, comm);
+        case Kind::reduce_scatter:
+            return reinterpret_cast<int (*)(const void*, void*, int, H, H, H)>(launcher.function)(input, output, count,
+                                                                                              type, reduction, comm);
+    }
+    return -1;
+}
+
+int call_without_gil(const Launcher& launcher, void* output, const void* input, int count) {
+    int code = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    code = launcher.handles.int_handles ? call_mpi<int>(launcher, output, input, count)
+                                        : call_mpi<void*>(launcher, output, input, count);
+    Py_END_ALLOW_THREADS;
+    return code;
+}
+
+// --- the mismatch check through shared memory ------------------------------------------------
+
+// Writes this rank's signature for ``sequence`` (the sequence word last, with release order: a
+// peer that sees it sees the signature).
+void publish(const SharedSlots& slots, std::int64_t sequence, std::int64_t count) {
+    std::int64_t* slot = slots.mine + (sequence & 1) * 8;
+    slot[1] = slots.key;
+    slot[2] = count;
+    __atomic_store_n(&slot[0], sequence, __ATOMIC_RELEASE);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+}
+
+double monotonic_s() {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+bool published(const std::int64_t* slot, std::int64_t sequence) {
+    return __atomic_load_n(&slot[0], __ATOMIC_ACQUIRE) == sequence;
+}
+
+// Waits for ``slot`` to reach ``sequence``, without the GIL (called with it released).
+bool wait_published(const std::int64_t* slot, std::int64_t sequence) {
+    for (int polls = 0; polls < kSpinPolls; ++polls) {
+        if (published(slot, sequence)) return true;
+        cpu_relax();
+    }
+    const double until = monotonic_s() + kYieldSeconds;
+    for (;;) {
+        for (int polls = 0; polls < 64; ++polls) {
+            if (published(slot, sequence)) return true;
+            sched_yield();
+        }
+        if (monotonic_s() > until) return false;
+    }
+}
+
+// Whether every peer has published ``sequence`` with the same signature, waiting a while for
+// late ones; false means "let Python decide" (wait longer, or raise the mismatch).
+bool peers_agree(const SharedSlots& slots, std::int64_t sequence, std::int64_t count) {
+    const std::size_t at = (sequence & 1) * 8;
+    for (const std::int64_t* peer : slots.peers) {
+        const std::int64_t* slot = peer + at;
+        bool arrived = false;
+        for (int polls = 0; polls < kHeldPolls && !arrived; ++polls) arrived = published(slot, sequence);
+        if (!arrived) {
+            Py_BEGIN_ALLOW_THREADS;
+            arrived = wait_published(slot, sequence);
+            Py_END_ALLOW_THREADS;
+        }
+        if (!arrived || slot[1] != slots.key || slot[2] != count) return false;
+    }
+    return true;
+}
+
+// ``verify(sequence, count)`` in Python: waits for the late peers (bounded by the group's
+// timeout) and raises the typed mismatch; false with that exception set.
+bool verify_in_python(const SharedSlots& slots, std::int64_t sequence, std::int64_t count) {
+    PyObject* result = PyObject_CallFunction(slots.verify, "LL", static_cast<long long>(sequence),
+                                             static_cast<long long>(count));
+    Py_XDECREF(result);
+    return result != nullptr;
+}
+
+// --- the watchdog ----------------------------------------------------------------------------
+
+struct WatchdogNames {
+    PyObject* op = PyUnicode_InternFromString("op");
+    PyObject* limit = PyUnicode_InternFromString("limit");
+    PyObject* started = PyUnicode_InternFromString("started");
+};
+
+const WatchdogNames& watchdog_names() {
+    static const WatchdogNames interned;
+    return interned;
+}
+
+// Stamps the call in progress (see backends/mpi/_ordered.py's _Watchdog), as OrderedExecutor.run does.
+bool stamp(const Launcher& launcher, double started) {
+    const WatchdogNames& name = watchdog_names();
+    PyObject* now = PyFloat_FromDouble(started);
+    if (now == nullptr) return false;
+    const bool done = PyObject_SetAttr(launcher.watchdog, name.op, launcher.op) == 0 &&
+                      PyObject_SetAttr(launcher.watchdog, name.limit, launcher.limit) == 0 &&
+                      PyObject_SetAttr(launcher.watchdog, name.started, now) == 0;
+    Py_DECREF(now);
+    return done;
+}
+
+// Clears the watchdog's stamp (no call in progress), keeping the call's exception if it raised.
+bool unstamp(const Launcher& launcher) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* idle = PyFloat_FromDouble(0.0);
+    const bool done = idle != nullptr && PyObject_SetAttr(launcher.watchdog, watchdog_names().started, idle) == 0;
+    Py_XDECREF(idle);
+    if (type != nullptr) PyErr_Restore(type, value, traceback);
+    return done;
+}
+
+// The blocking call; false with MPI's exception set.
+bool call(const Launcher& launcher, void* output, const void* input, int count) {
+    const int code = call_without_gil(launcher, output, input, count);
+    if (code == 0) return true;
+    PyObject* error = PyObject_CallFunction(launcher.error_type, "i", code);
+    if (error != nullptr) {
+        PyErr_SetObject(launcher.error_type, error);
+        Py_DECREF(error);
+    }
+    return false;
+}
+
+// --- one call --------------------------------------------------------------------------------
+
+struct Call {
+    void* output = nullptr;
+    const void* input = nullptr;
+    std::size_t output_count = 0, input_count = 0;
+};
+
+// The signature's element count and MPI's, as the Python launcher passes them; false: not a plain case.
+bool counts_of(const Launcher& launcher, const Call& call, long long& signature, int& count) {
+    std::size_t mpi_count = call.output_count;
+    signature = static_cast<long long>(call.output_count);
+    if (launcher.kind == Kind::all_gather || launcher.kind == Kind::all_to_all) {
+        signature = static_cast<long long>(call.input_count);
+        mpi_count = call.input_count;
+    }
+    if (launcher.kind == Kind::all_to_all) {
+        if (call.input_count % static_cast<std::size_t>(launcher.size) != 0) return false;
+        mpi_count = call.input_count / static_cast<std::size_t>(launcher.size);
+    }
+    if (mpi_count > static_cast<std::size_t>(INT_MAX)) return false;
+    count = static_cast<int>(mpi_count);
+    return true;
+}
+
+// 1: a CUDA tensor (Python's path), 0: not, -1: an exception.
+int on_cuda(PyObject* tensor) {
+    PyObject* flag = PyObject_GetAttr(tensor, launch::names().is_cuda);
+    if (flag == nullptr) return -1;
+    const int cuda = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    return cuda;
+}
+
+// Reads the tensors; 1: a plain case (``call`` filled, ``shape`` a new reference), 0: not, -1: an error.
+int read_call(Launcher& launcher, PyObject* const* tensors, Py_ssize_t count, Call& call, PyObject*& shape) {
+    for (Py_ssize_t index = 0; index < count; ++index) {
+        const int cuda = on_cuda(tensors[index]);
+        if (cuda != 0) return cuda < 0 ? -1 : 0;
+    }
+    const int payload = launcher.recording.payload;
+    shape = PyObject_GetAttr(tensors[payload], launch::names().shape);
+    if (shape == nullptr) return -1;
+    void* input = nullptr;
+    if (!launch::address_and_count(tensors[0], payload == 0 ? shape : nullptr, call.output, call.output_count) ||
+        (count == 2 && !launch::address_and_count(tensors[1], payload == 1 ? shape : nullptr, input,
+                                                  call.input_count))) {
+        Py_CLEAR(shape);
+        return -1;
+    }
+    call.input = input;
+    return 1;
+}
+
+// Publish, enter, check, call, complete: the plain synchronous case.
+PyObject* run_plain(Launcher& launcher, const Call& call_args, PyObject* shape, long long signature, int count) {
+    std::int64_t sequence = 0;
+    if (launcher.checked) {
+        PyObject* next = Py_TYPE(launcher.slots.sequence)->tp_iternext(launcher.slots.sequence);
+        if (next == nullptr) {
+            Py_DECREF(shape);
+            return nullptr;
+        }
+        sequence = PyLong_AsLongLong(next);
+        Py_DECREF(next);
+        publish(launcher.slots, sequence, signature);
+    }
+    PyObject* entry = launch::enter(launcher.recording, launch::shared_shape(launcher.last_shape, shape));
+    if (entry == nullptr) return nullptr;
+    // The watchdog watches the check's wait too, as in OrderedExecutor.run: a peer that never
+    // comes ends the job at the group's timeout, whichever wait it leaves hanging.
+    bool done = stamp(launcher, monotonic_s());
+    if (done) {
+        done = (!launcher.checked || peers_agree(launcher.slots, sequence, signature) ||
+                verify_in_python(launcher.slots, sequence, signature)) &&
+               call(launcher, call_args.output, call_args.input, count);
+        done = unstamp(launcher) && done;
+    }
+    PyObject* result = nullptr;
+    if (done) {
+        if (launch::complete(launcher.recording, entry)) result = Py_NewRef(Py_None);
+    } else {
+        launch::fail(launcher.recording);
+    }
+    Py_DECREF(entry);
+    return result;
+}
+
+PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(self, kCapsuleName));
+    if (launcher == nullptr) return nullptr;
+    const Py_ssize_t tensors = takes_two_tensors(launcher->kind) ? 2 : 1;
+    // all_to_all_single also passes (output_split_sizes, input_split_sizes): uneven splits are Python's.
+    const bool splits = launcher->kind == Kind::all_to_all && nargs == 3 + tensors;
+    if (nargs != 1 + tensors && !splits) {
+        return PyErr_Format(PyExc_TypeError, "mpi launcher: expected (async_op, %zd tensor(s)), received %zd arguments",
+                            tensors, nargs);
+    }
+    const int async_op = PyObject_IsTrue(args[0]);
+    if (async_op < 0) return nullptr;
+    const bool even = !splits || (args[1 + tensors] == Py_None && args[2 + tensors] == Py_None);
+    // Ordered mode runs a synchronous call in place only when nothing is queued before it.
+    const Py_ssize_t queued = async_op || !even ? 0 : PyObject_Length(launcher->queue);
+    if (queued < 0) return nullptr;
+    Call call;
+    PyObject* shape = nullptr;
+    const int plain = async_op || !even || queued ? 0 : read_call(*launcher, args + 1, tensors, call, shape);
+    if (plain < 0) return nullptr;
+    long long signature = 0;
+    int count = 0;
+    if (plain && counts_of(*launcher, call, signature, count)) {
+        return run_plain(*launcher, call, shape, signature, count);
+    }
+    Py_XDECREF(shape);
+    return PyObject_Vectorcall(launcher->otherwise, args, static_cast<std::size_t>(nargs), nullptr);
+}
+
+PyMethodDef run_def = {"mpi_launcher", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
+                       METH_FASTCALL, "run(async_op, *tensors): one mpi op through its plan"};
+
+std::vector<PyObject*> owned(const Launcher& launcher) {
+    std::vector<PyObject*> all = {launcher.queue, launcher.otherwise,       launcher.watchdog,
+                                  launcher.op,    launcher.limit,           launcher.error_type,
+                                  launcher.slots.sequence, launcher.slots.verify};
+    for (PyObject* reference : launch::references(launcher.recording)) all.push_back(reference);
+    return all;
+}
+
+void destroy(PyObject* capsule) {
+    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (launcher == nullptr) return;
+    for (PyObject* reference : owned(*launcher)) Py_XDECREF(reference);
+    Py_XDECREF(launcher->last_shape);
+    delete launcher;
+}
+
+Kind kind_of(const std::string& op) {
+    if (op == "all_reduce") return Kind::all_reduce;
+    if (op == "broadcast") return Kind::broadcast;
+    if (op == "all_gather_into_tensor") return Kind::all_gather;
+    if (op == "reduce_scatter_tensor") return Kind::reduce_scatter;
+    if (op == "all_to_all_single") return Kind::all_to_all;
+    throw std::invalid_argument("mpi launcher: no fused launcher for op '" + op + "'");
+}
+
+std::int64_t* address_of(const py::handle& value) {
+    return reinterpret_cast<std::int64_t*>(static_cast<std::uintptr_t>(value.cast<unsigned long long>()));
+}
+
+// ``shared``: None (unchecked), or (sequence iterator, own slots' address, peers' addresses, key, verify).
+void read_slots(Launcher& launcher, const py::object& shared) {
+    if (shared.is_none()) return;
+    const auto fields = shared.cast<py::tuple>();
+    if (fields.size() != 5 || !PyIter_Check(fields[0].ptr())) {
+        throw std::invalid_argument("mpi launcher: shared must be (sequence, mine, peers, key, verify)");
+    }
+    launcher.checked = true;
+    launcher.slots.sequence = fields[0].ptr();
+    launcher.slots.mine = address_of(fields[1]);
+    for (const py::handle peer : fields[2].cast<py::tuple>()) launcher.slots.peers.push_back(address_of(peer));
+    launcher.slots.key = fields[3].cast<std::int64_t>();
+    launcher.slots.verify = fields[4].ptr();
+}
+
+// See backends/mpi/_native.py, which is the only caller.
+py::object make_launcher(const std::string& op, unsigned long long function, py::tuple handles, bool int_handles,
+                         int root, int size, py::object queue, py::object otherwise, py::object watchdog,
+                         py::object limit, py::object error_type, py::object shared, py::object recording) {
+    auto launcher = std::make_unique<Launcher>();
+    launcher->kind = kind_of(op);
+    launcher->function = reinterpret_cast<void*>(static_cast<std::uintptr_t>(function));
+    launcher->handles = Handles{handles[0].cast<std::uintptr_t>(), handles[1].cast<std::uintptr_t>(),
+                                handles[2].cast<std::uintptr_t>(), handles[3].cast<std::uintptr_t>(), int_handles};
+    launcher->root = root;
+    launcher->size = size;
+    launcher->queue = queue.ptr();
+    launcher->otherwise = otherwise.ptr();
+    launcher->watchdog = watchdog.ptr();
+    launcher->op = py::str(op).release().ptr();  // owned: a new reference
+    launcher->limit = limit.ptr();
+    launcher->error_type = error_type.ptr();
+    read_slots(*launcher, shared);
+    launcher->recording = launch::recording_spec(recording, "mpi launcher");
+    if (launcher->recording.next_seq == nullptr || launcher->function == nullptr || size < 1) {
+        throw std::invalid_argument("mpi launcher: needs a recording, an MPI function and a positive size");
+    }
+    for (PyObject* reference : owned(*launcher)) {
+        if (reference != launcher->op) Py_XINCREF(reference);
+    }
+    PyObject* capsule = PyCapsule_New(launcher.get(), kCapsuleName, destroy);
+    if (capsule == nullptr) {
+        for (PyObject* reference : owned(*launcher)) Py_XDECREF(reference);
+        throw py::error_already_set();
+    }
+    launcher.release();  // the capsule owns it now
+    PyObject* function_object = PyCFunction_NewEx(&run_def, capsule, nullptr);
+    Py_DECREF(capsule);  // the function holds it
+    if (function_object == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(function_object);
+}
+
+}  // namespace
+
+}  // namespace commlayer::mpi
+
+PYBIND11_MODULE(_launcher, module) {
+    module.doc() = "The mpi backend's fused launchers (csrc/mpi/launcher.cpp); built by backends/mpi/_native.py.";
+    module.def("launcher", &commlayer::mpi::make_launcher, py::arg("op"), py::arg("function"), py::arg("handles"),
+               py::arg("int_handles"), py::arg("root"), py::arg("size"), py::arg("queue"), py::arg("otherwise"),
+               py::arg("watchdog"), py::arg("limit"), py::arg("error_type"), py::arg("shared"),
+               py::arg("recording"),
+               "run(async_op, *tensors) for one planned kind of call; see backends/mpi/_native.py");
+}

@@ -1,0 +1,105 @@
+"""Rank-side checks of the mpi backend's C launcher (csrc/mpi/launcher.cpp), run inside
+tests/ranks/mpi_checks.py's world: the C launcher and the Python one it stands in for must be
+interchangeable rank by rank, because they share the mismatch check's sequence and slots."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from commlayer import dist
+from commlayer.backend import C_LAUNCHER_ENV
+from commlayer.backends.mpi import _native
+from commlayer.dist import _dispatch
+from commlayer.errors import CollectiveMismatchError
+
+
+def check_c_and_python_launchers_interoperate() -> None:
+    """Rank 0 plans with the Python launchers, every other rank with the C ones, on one group:
+    the five planned ops give exact results (sync, async, and a non-contiguous input staged by the
+    facade), and a count mismatch raises CollectiveMismatchError on every rank with the data
+    untouched, the group usable afterwards."""
+    if _native._extension is None:
+        return  # a tree laid out without building: only the Python launchers exist
+    _check_the_launcher_finds_the_loaded_library()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(list(range(world)))
+    saved = os.environ.get(C_LAUNCHER_ENV)
+    os.environ[C_LAUNCHER_ENV] = "0" if rank == 0 else "1"
+    try:
+        _run_every_planned_op(group, rank, world)
+        _mismatch_raises_everywhere(group, rank, world)
+    finally:
+        if saved is None:
+            del os.environ[C_LAUNCHER_ENV]
+        else:
+            os.environ[C_LAUNCHER_ENV] = saved
+    kinds = {launcher_kind(plan.run) for key, plan in _dispatch.plans.items() if key[1] is group}
+    ordered = group.primary_backend.options.mode == "ordered"  # other modes: the facade's launchers
+    expected = ("Python" if rank == 0 else "C") if ordered else "facade"
+    assert kinds == {expected}, (rank, kinds)
+    dist.destroy_process_group(group)
+
+
+def _check_the_launcher_finds_the_loaded_library() -> None:
+    """Every MPI function the launchers call, from the one library mpi4py loaded, and the handle
+    ABI of that library: ints for MPICH's (Intel MPI), pointers for Open MPI's."""
+    mpi = dist.group.WORLD.primary_backend._mpi
+    functions = _native._library_functions(tuple(name for name, _ in _native._CALLS.values()))
+    assert functions is not None and all(functions.values()), functions
+    expected = 8 if mpi.Get_library_version().startswith("Open MPI") else 4
+    assert _native._handle_size(mpi) == expected, (_native._handle_size(mpi), mpi.Get_library_version())
+
+
+def launcher_kind(run: Any) -> str:
+    """ "C" (csrc/mpi), "Python" (backends/mpi/_plans.py) or "facade": which launcher a plan runs."""
+    if getattr(run, "__name__", "") == "mpi_launcher":
+        return "C"
+    return "Python" if (run.__module__ or "").endswith("mpi._plans") else "facade"
+
+
+def _distinct(rank: int, numel: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return (rank * 1000 + torch.arange(numel) + 1).to(dtype)
+
+
+def _run_every_planned_op(group: Any, rank: int, world: int) -> None:
+    everyone = [_distinct(peer, 2 * world) for peer in range(world)]
+    for async_op in (False, True, False):
+        summed = _distinct(rank, 2 * world)
+        _done(dist.all_reduce(summed, group=group, async_op=async_op))
+        assert torch.equal(summed, sum(everyone)), summed
+        sent = _distinct(rank, 5, torch.int32)
+        _done(dist.broadcast(sent, src=world - 1, group=group, async_op=async_op))
+        assert torch.equal(sent, _distinct(world - 1, 5, torch.int32)), sent
+        strided = _distinct(rank, 6, torch.int64)[::2]  # staged contiguous by the facade
+        gathered = torch.zeros(3 * world, dtype=torch.int64)
+        _done(dist.all_gather_into_tensor(gathered, strided, group=group, async_op=async_op))
+        assert torch.equal(gathered, torch.cat([_distinct(p, 6, torch.int64)[::2] for p in range(world)]))
+        chunk = torch.zeros(2, dtype=torch.float64)
+        _done(dist.reduce_scatter_tensor(chunk, _distinct(rank, 2 * world), group=group, async_op=async_op))
+        assert torch.equal(chunk, sum(everyone)[2 * rank : 2 * rank + 2]), chunk
+        exchanged = torch.zeros(2 * world, dtype=torch.float64)
+        _done(dist.all_to_all_single(exchanged, _distinct(rank, 2 * world), group=group, async_op=async_op))
+        expected = torch.cat([everyone[peer][2 * rank : 2 * rank + 2] for peer in range(world)])
+        assert torch.equal(exchanged, expected), exchanged
+
+
+def _mismatch_raises_everywhere(group: Any, rank: int, world: int) -> None:
+    tensor = _distinct(rank, 8 if rank == world - 1 else 4)
+    before = tensor.clone()
+    try:
+        dist.all_reduce(tensor, group=group)
+    except CollectiveMismatchError as error:
+        assert "element counts 4 to 8" in str(error) and f"(rank {rank})" in str(error), str(error)
+    else:
+        raise AssertionError(f"rank {rank}: a mismatched all_reduce returned")
+    assert torch.equal(tensor, before), tensor
+    summed = _distinct(rank, 4)
+    dist.all_reduce(summed, group=group)
+    assert torch.equal(summed, sum(_distinct(peer, 4) for peer in range(world))), summed
+
+
+def _done(work: Any) -> None:
+    assert work is None or work.wait()
