@@ -45,6 +45,10 @@ _CALLS = {
     "reduce_scatter_tensor": ("MPI_Reduce_scatter_block", 1),
     "all_to_all_single": ("MPI_Alltoall", 1),
 }
+# Polls of a late peer's slot, spinning, before the launcher yields the CPU between polls: ~50 us
+# (a broadcast's root waits about that for a receiver still copying the last call's data out).
+_SPIN_POLLS = 2048
+_SHARED_CPU_SPIN_POLLS = 16
 _MPI_LIBRARY = re.compile(r"/libmpi\.so(\.\d+)*$")
 
 
@@ -111,7 +115,9 @@ def _shared(backend: MpiBackend, op: str, key: int) -> tuple[Any, ...]:
     shared = check.shared
     mine, peers = shared.addresses()
     verify = check.gathered(op, key, _nothing)
-    return (shared.sequence_counter(), mine, peers, key, verify)
+    # Spin before yielding only while every rank can have a CPU of its own (as csrc/shm does).
+    spin_polls = _SPIN_POLLS if backend.size <= len(os.sched_getaffinity(0)) else _SHARED_CPU_SPIN_POLLS
+    return (shared.sequence_counter(), mine, peers, key, verify, spin_polls)
 
 
 def _nothing() -> None:

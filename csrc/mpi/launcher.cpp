@@ -34,12 +34,12 @@ namespace {
 namespace launch = commlayer::launch;
 
 constexpr const char* kCapsuleName = "commlayer.mpi.launcher";
-// A peer's slot is polled this many times holding the GIL (a peer already in its call is seen
-// at once), then without it: spinning (pause) for kSpinPolls, then yielding the CPU between polls
-// (a peer may share it) until kYieldSeconds have passed. After that Python waits (it sleeps,
-// watches peer failures and the deadline, raises the typed errors): a late peer there is rare.
+// A peer's slot is polled kHeldPolls times holding the GIL (a peer already in its call is seen
+// at once), then without it: spinning (pause) for the launcher's ``spin_polls`` (few where the
+// group's ranks outnumber the CPUs: a peer may need this one), then yielding the CPU between
+// polls until kYieldSeconds have passed. After that Python waits (it sleeps, watches peer
+// failures and the deadline, raises the typed errors): a peer that late is rare.
 constexpr int kHeldPolls = 64;
-constexpr int kSpinPolls = 1 << 14;
 constexpr double kYieldSeconds = 0.01;
 
 enum class Kind { all_reduce, broadcast, all_gather, reduce_scatter, all_to_all };
@@ -58,6 +58,7 @@ struct SharedSlots {
     PyObject* sequence = nullptr;  // the itertools.count both paths take sequence numbers from
     PyObject* verify = nullptr;    // (sequence, count) -> waits, compares, raises: the Python path
     std::int64_t key = 0;
+    int spin_polls = 0;
 };
 
 struct Launcher {
@@ -72,6 +73,7 @@ struct Launcher {
     PyObject* limit = nullptr;
     PyObject* error_type = nullptr;  // MPI.Exception, made from a failed call's error code
     bool checked = false;
+    bool on_cpu = false;  // this plan's tensors were seen on the CPU
     SharedSlots slots;
     launch::RecordingSpec recording;
     PyObject* last_shape = nullptr;
@@ -151,8 +153,8 @@ bool published(const std::int64_t* slot, std::int64_t sequence) {
 }
 
 // Waits for ``slot`` to reach ``sequence``, without the GIL (called with it released).
-bool wait_published(const std::int64_t* slot, std::int64_t sequence) {
-    for (int polls = 0; polls < kSpinPolls; ++polls) {
+bool wait_published(const std::int64_t* slot, std::int64_t sequence, int spin_polls) {
+    for (int polls = 0; polls < spin_polls; ++polls) {
         if (published(slot, sequence)) return true;
         cpu_relax();
     }
@@ -176,7 +178,7 @@ bool peers_agree(const SharedSlots& slots, std::int64_t sequence, std::int64_t c
         for (int polls = 0; polls < kHeldPolls && !arrived; ++polls) arrived = published(slot, sequence);
         if (!arrived) {
             Py_BEGIN_ALLOW_THREADS;
-            arrived = wait_published(slot, sequence);
+            arrived = wait_published(slot, sequence, slots.spin_polls);
             Py_END_ALLOW_THREADS;
         }
         if (!arrived || slot[1] != slots.key || slot[2] != count) return false;
@@ -277,10 +279,13 @@ int on_cuda(PyObject* tensor) {
 
 // Reads the tensors; 1: a plain case (``call`` filled, ``shape`` a new reference), 0: not, -1: an error.
 int read_call(Launcher& launcher, PyObject* const* tensors, Py_ssize_t count, Call& call, PyObject*& shape) {
-    for (Py_ssize_t index = 0; index < count; ++index) {
+    // A plan serves one device (the facade's key holds it): once its tensors were seen on the CPU
+    // they always are.
+    for (Py_ssize_t index = 0; index < count && !launcher.on_cpu; ++index) {
         const int cuda = on_cuda(tensors[index]);
         if (cuda != 0) return cuda < 0 ? -1 : 0;
     }
+    launcher.on_cpu = true;
     const int payload = launcher.recording.payload;
     shape = PyObject_GetAttr(tensors[payload], launch::names().shape);
     if (shape == nullptr) return -1;
@@ -390,12 +395,13 @@ std::int64_t* address_of(const py::handle& value) {
     return reinterpret_cast<std::int64_t*>(static_cast<std::uintptr_t>(value.cast<unsigned long long>()));
 }
 
-// ``shared``: None (unchecked), or (sequence iterator, own slots' address, peers' addresses, key, verify).
+// ``shared``: None (unchecked), or (sequence iterator, own slots' address, peers' addresses, key,
+// verify, spin polls).
 void read_slots(Launcher& launcher, const py::object& shared) {
     if (shared.is_none()) return;
     const auto fields = shared.cast<py::tuple>();
-    if (fields.size() != 5 || !PyIter_Check(fields[0].ptr())) {
-        throw std::invalid_argument("mpi launcher: shared must be (sequence, mine, peers, key, verify)");
+    if (fields.size() != 6 || !PyIter_Check(fields[0].ptr())) {
+        throw std::invalid_argument("mpi launcher: shared must be (sequence, mine, peers, key, verify, spin polls)");
     }
     launcher.checked = true;
     launcher.slots.sequence = fields[0].ptr();
@@ -403,6 +409,7 @@ void read_slots(Launcher& launcher, const py::object& shared) {
     for (const py::handle peer : fields[2].cast<py::tuple>()) launcher.slots.peers.push_back(address_of(peer));
     launcher.slots.key = fields[3].cast<std::int64_t>();
     launcher.slots.verify = fields[4].ptr();
+    launcher.slots.spin_polls = fields[5].cast<int>();
 }
 
 // See backends/mpi/_native.py, which is the only caller.
