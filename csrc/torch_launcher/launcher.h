@@ -15,5 +15,7 @@ extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkTy
 PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);
 // work_support(TorchWork, raise_typed) -> the C Work type (work.c).
 PyObject *work_support(PyObject *module, PyObject *args);
+// Whether dict version tags mark every change (planned.c's inline cache relies on it); -1 on error.
+int check_dict_versions(void);
 // The interned names of timed.c (the comms logger's timer), made by the module's init.
 int timed_init_names(void);

@@ -39,7 +39,7 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     str_device = PyUnicode_InternFromString("device");
     str_layout = PyUnicode_InternFromString("layout");
     str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-    if (timed_init_names() < 0) return NULL;
+    if (timed_init_names() < 0 || check_dict_versions() < 0) return NULL;
     PyObject *module = PyModule_Create(&launcher_module);
     if (module == NULL) return NULL;
     // CWorkType is not exported: work_support() hands it to the torch plans.

@@ -1,0 +1,93 @@
+"""Pure logic: the C plan lookups' inline cache (csrc/torch_launcher/planned.c, issue 14).
+
+``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
+building and hashing the key, for as long as the plans dict is unchanged. Every change to the
+dict (a plan added or replaced, a clear) must send the next call back to the dict, and the cache
+must not keep a group alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+
+from commlayer.backends import _torch_plans
+from commlayer.types import ReduceOp
+
+native = _torch_plans.native
+pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
+
+
+class Group:
+    """Stands for a commlayer ProcessGroup: hashable by identity, weakly referenceable."""
+
+
+def _plan(name: str, seen: list) -> tuple:
+    return (lambda async_op, tensor: seen.append((name, tensor)) or name,)
+
+
+def _key(group: Any, tensor: torch.Tensor) -> tuple:
+    return ("send", group, 1, 0, tensor.dtype, tensor.device, tensor.layout)
+
+
+def test_every_change_to_the_plans_sends_the_next_call_back_to_the_dict() -> None:
+    seen: list = []
+    no_plan, tensor, group = object(), torch.ones(4), Group()
+    plans: dict = {_key(group, tensor): _plan("first", seen)}
+    planned = native.PlannedP2P(plans, "send", True, no_plan)
+    assert [planned(tensor, 1, group, 0, None) for _ in range(3)] == ["first"] * 3
+    plans[("another", "key")] = _plan("other", seen)  # a plan added elsewhere: still the same hit
+    assert planned(tensor, 1, group, 0, None) == "first"
+    plans[_key(group, tensor)] = _plan("second", seen)  # replaced under the same key
+    assert planned(tensor, 1, group, 0, None) == "second"
+    assert planned(tensor, 1, Group(), 0, None) is no_plan  # another group, an equal-looking call
+    assert planned(tensor, 2, group, 0, None) is no_plan  # another peer
+    assert planned(tensor, 1, group, 5, None) is no_plan  # another tag
+    assert planned(tensor.double(), 1, group, 0, None) is no_plan  # another dtype
+    assert planned(tensor, 1, group, 0, None) == "second"
+    plans.clear()  # forget_plans(): the hit goes with the dict's entries
+    assert planned(tensor, 1, group, 0, None) is no_plan
+    assert [name for name, _ in seen] == ["first"] * 4 + ["second"] * 2
+
+
+def test_the_cache_runs_the_plan_on_this_calls_tensor_and_refuses_what_the_key_cannot_vouch_for() -> None:
+    seen: list = []
+    no_plan, tensor, other = object(), torch.ones(4), torch.zeros(4)
+    plans: dict = {_key(None, tensor): _plan("plan", seen)}
+    planned = native.PlannedP2P(plans, "send", False, no_plan)
+    assert planned(tensor, 1, None, 0, None) == "plan" and planned(other, 1, None, 0, None) == "plan"
+    assert seen[1][1] is other
+    assert planned(torch.ones(8)[::2], 1, None, 0, None) is no_plan  # same key, not contiguous
+    assert planned(True, 1, None, 0, None) is no_plan  # not a tensor
+    assert planned(tensor, True, None, 0, None) is no_plan  # True equals 1, but is not an int peer
+    assert planned(tensor, 1, None, 0, 1) is no_plan  # group_dst given
+    assert len(seen) == 2
+
+
+def test_the_cache_holds_its_group_weakly() -> None:
+    no_plan, tensor, group = object(), torch.ones(4), Group()
+    plans: dict = {_key(group, tensor): _plan("plan", [])}
+    planned = native.PlannedP2P(plans, "send", True, no_plan)
+    assert planned(tensor, 1, group, 0, None) == "plan"
+    held = weakref.ref(group)
+    plans.clear()  # what destroying the group does
+    del group
+    gc.collect()
+    assert held() is None
+
+
+def test_the_collective_lookup_caches_by_reduce_op_too() -> None:
+    seen: list = []
+    no_plan, tensor = object(), torch.ones(4)
+    key = ("all_reduce", None, ReduceOp.SUM, tensor.dtype, tensor.device, tensor.layout)
+    plans: dict = {key: _plan("sum", seen)}
+    planned = native.PlannedCollective(plans, "all_reduce", False, no_plan)
+    assert planned(tensor, ReduceOp.SUM, None, False, None) == "sum"
+    assert planned(tensor, ReduceOp.SUM, None, False, None) == "sum"
+    assert planned(tensor, ReduceOp.MAX, None, False, None) is no_plan
+    assert planned(tensor, ReduceOp.SUM, None, False, None) == "sum"
+    assert len(seen) == 3
