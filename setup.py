@@ -126,7 +126,8 @@ def _torch_launcher_extensions() -> list[Extension]:
         Extension(
             "commlayer.backends._torch_launcher",
             sources=[
-                f"csrc/torch_launcher/{name}.c" for name in ("module", "launcher", "planned", "work", "timed")
+                f"csrc/torch_launcher/{name}.c"
+                for name in ("module", "launcher", "planned", "entry", "work", "timed")
             ],
             depends=["csrc/torch_launcher/launcher.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],

@@ -9,6 +9,7 @@ must not keep a group alive.
 from __future__ import annotations
 
 import gc
+import inspect
 import weakref
 from typing import Any
 
@@ -91,3 +92,41 @@ def test_the_collective_lookup_caches_by_reduce_op_too() -> None:
     assert planned(tensor, ReduceOp.MAX, None, False, None) is no_plan
     assert planned(tensor, ReduceOp.SUM, None, False, None) == "sum"
     assert len(seen) == 3
+
+
+def _checked_recv(
+    tensor: Any, src: Any = None, group: Any = None, tag: int = 0, group_src: Any = None
+) -> Any:
+    """Stands for the facade's Python recv: what the C entry falls back to."""
+    return ("checked", tensor, src, group, tag, group_src)
+
+
+def test_the_c_entry_parses_as_the_python_function_and_falls_back_to_it_unplanned() -> None:
+    seen: list = []
+    no_plan, tensor = object(), torch.ones(4)
+    plans: dict = {("recv", None, 1, 3, tensor.dtype, tensor.device, tensor.layout): _plan("plan", seen)}
+    recv = native.P2PEntry(native.PlannedP2P(plans, "recv", False, no_plan), _checked_recv, True)
+    assert recv(tensor, 1, None, 3) == 1  # planned: recv answers its source
+    assert recv(tensor, src=1, tag=3) == 1 and recv(tag=3, src=1, tensor=tensor) == 1
+    assert len(seen) == 3
+    assert recv(tensor, 1) == ("checked", tensor, 1, None, 0, None)  # tag 0: no plan
+    assert recv(tensor, 1, tag=3, group_src=1) == ("checked", tensor, 1, None, 3, 1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dst'"):
+        recv(tensor, dst=1)  # not this function's parameter: Python's own error
+    with pytest.raises(TypeError, match="multiple values for argument 'src'"):
+        recv(tensor, 1, src=1, tag=3)
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        recv(src=1, tag=3)
+    assert len(seen) == 3
+
+
+def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_documentation() -> None:
+    no_plan, tensor = object(), torch.ones(4)
+    plans: dict = {_key(None, tensor): (lambda async_op, t: ("work", async_op),)}
+    isend = native.P2PEntry(native.PlannedP2P(plans, "send", True, no_plan), _checked_recv)
+    assert isend(tensor, dst=1) == ("work", True)  # send's parameter names
+    assert isend(tensor, src=1)[0] == "checked"  # not send's: the Python function decides
+    from commlayer import dist
+
+    assert dist.isend.__name__ == "isend" and dist.isend.__module__ == "commlayer.dist._p2p"
+    assert "Args:" in (dist.isend.__doc__ or "") and "group_dst" in str(inspect.signature(dist.isend))

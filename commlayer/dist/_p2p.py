@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -208,6 +209,22 @@ _planned_isend = _planned("send", True)
 _planned_irecv = _planned("recv", True)
 _planned_send = _planned("send", False)
 _planned_recv = _planned("recv", False)
+
+
+def _entry(function: Callable[..., Any], planned: Any, returns_peer: bool = False) -> Callable[..., Any]:
+    """``function`` entered in C where built: the C entry runs the plan lookup itself and calls
+    ``function`` (which looks up again, then validates) only when that finds no plan, without
+    the Python frame that cost isend ~80 ns before the lookup (~0.2 us on the GPU hosts). It
+    carries ``function``'s name, docstring and signature."""
+    if native is None:
+        return function
+    return functools.update_wrapper(native.P2PEntry(planned, function, returns_peer), function)
+
+
+isend = _entry(isend, _planned_isend)
+irecv = _entry(irecv, _planned_irecv)
+send = _entry(send, _planned_send)
+recv = _entry(recv, _planned_recv, returns_peer=True)
 
 
 def _point_to_point(

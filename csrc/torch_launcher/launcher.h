@@ -9,7 +9,14 @@
 extern PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done,
     *str_dtype, *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
 
-extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkType, TimedType;
+extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkType, TimedType, P2PEntryType;
+// The parameter names of isend/send (tensor, dst, group, tag, group_dst) and irecv/recv (src, group_src).
+extern PyObject *send_names[5], *recv_names[5];
+
+// A PlannedP2P's call on (tensor, peer, group, tag, group_peer), its no_plan, whether it receives (planned.c).
+PyObject *planned_p2p(PyObject *planned, PyObject *const *args);
+PyObject *planned_no_plan(PyObject *planned);
+int planned_receives(PyObject *planned);
 
 // A new C Work (work.c) around torch's Work, its result the one tensor given.
 PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);

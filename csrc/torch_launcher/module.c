@@ -3,6 +3,15 @@
 
 PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done, *str_dtype,
     *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
+PyObject *send_names[5], *recv_names[5];
+
+static int intern_names(PyObject **names, const char *const *spelled) {
+    for (int index = 0; index < 5; index++) {
+        names[index] = PyUnicode_InternFromString(spelled[index]);
+        if (names[index] == NULL) return -1;
+    }
+    return 0;
+}
 
 static PyMethodDef module_methods[] = {
     {"work_support", work_support, METH_VARARGS, "work_support(TorchWork, raise_typed) -> the C Work type"},
@@ -39,13 +48,19 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     str_device = PyUnicode_InternFromString("device");
     str_layout = PyUnicode_InternFromString("layout");
     str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-    if (timed_init_names() < 0 || check_dict_versions() < 0) return NULL;
+    static const char *const send_spelled[5] = {"tensor", "dst", "group", "tag", "group_dst"};
+    static const char *const recv_spelled[5] = {"tensor", "src", "group", "tag", "group_src"};
+    if (timed_init_names() < 0 || check_dict_versions() < 0 || intern_names(send_names, send_spelled) < 0 ||
+        intern_names(recv_names, recv_spelled) < 0) {
+        return NULL;
+    }
     PyObject *module = PyModule_Create(&launcher_module);
     if (module == NULL) return NULL;
     // CWorkType is not exported: work_support() hands it to the torch plans.
     if (PyType_Ready(&CWorkType) < 0 || add_type(module, "Launcher", &LauncherType) < 0 ||
         add_type(module, "PlannedP2P", &PlannedP2PType) < 0 ||
-        add_type(module, "PlannedCollective", &PlannedCollectiveType) < 0 || add_type(module, "Timed", &TimedType) < 0) {
+        add_type(module, "PlannedCollective", &PlannedCollectiveType) < 0 ||
+        add_type(module, "P2PEntry", &P2PEntryType) < 0 || add_type(module, "Timed", &TimedType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

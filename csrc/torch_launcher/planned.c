@@ -194,6 +194,18 @@ static PyObject *planned_vectorcall(PyObject *callable, PyObject *const *args, s
     return run_planned(self, head, 4, tensor, self->async_op);
 }
 
+PyObject *planned_p2p(PyObject *planned, PyObject *const *args) {
+    return planned_vectorcall(planned, args, 5, NULL);
+}
+
+PyObject *planned_no_plan(PyObject *planned) {
+    return ((PlannedP2P *)planned)->no_plan;
+}
+
+int planned_receives(PyObject *planned) {
+    return PyUnicode_CompareWithASCIIString(((PlannedP2P *)planned)->kind, "recv") == 0;
+}
+
 // PlannedCollective(plans, kind, int_scalar, no_plan): called as (tensor, scalar, group,
 // async_op, extra), it runs the plan of commlayer.dist._planned's key (kind, group, scalar, dtype,
 // device, layout) when one exists, extra is None (broadcast's group_src) and the tensor is
