@@ -3,13 +3,16 @@
 ``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
 building and hashing the key, for as long as the plans dict is unchanged. Every change to the
 dict (a plan added or replaced, a clear) must send the next call back to the dict, and the cache
-must not keep a group alive.
+must not keep a group alive. Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
+as the Python functions do and fall back to them, and the launcher's reuse of an evicted recorder
+entry that nobody else holds.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
+import itertools
 import weakref
 from typing import Any
 
@@ -130,3 +133,20 @@ def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_document
 
     assert dist.isend.__name__ == "isend" and dist.isend.__module__ == "commlayer.dist._p2p"
     assert "Args:" in (dist.isend.__doc__ or "") and "group_dst" in str(inspect.signature(dist.isend))
+
+
+def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it() -> None:
+    ring: list = [None] * 2
+    launcher = native.Launcher(
+        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(1), ring,
+        "all_reduce", torch.float32, -1, "started", "completed", print, _torch_plans.LaunchedWork,
+    )  # fmt: skip
+    launcher(False, torch.ones(2))  # seq 1 -> slot 1
+    launcher(False, torch.ones(2))  # seq 2 -> slot 0
+    kept = ring[1]  # a reader's snapshot of the entry for seq 1
+    launcher(False, torch.ones(3))  # seq 3 evicts seq 1: a new entry, the snapshot is untouched
+    assert kept[0] == 1 and kept[2] == torch.Size([2]) and ring[1] is not kept and ring[1][0] == 3
+    unheld = id(ring[0])
+    launcher(False, torch.ones(4, 1))  # seq 4 evicts seq 2, which only the ring held: rewritten
+    assert id(ring[0]) == unheld and ring[0][:4] == [4, "all_reduce", torch.Size([4, 1]), torch.float32]
+    assert ring[0][5] == "completed" and not gc.is_tracked(ring[0])

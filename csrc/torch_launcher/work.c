@@ -10,7 +10,7 @@
 // gloo recv would block.
 typedef struct {
     PyObject_HEAD
-    PyObject *torch_work, *result, *full, *weakrefs;
+    PyObject *torch_work, *result, *full, *weakrefs;  // result: the one result tensor
     int done;
 } CWork;
 
@@ -20,14 +20,10 @@ static PyObject *python_work_type, *on_wait_error;
 PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor) {
     CWork *work = PyObject_GC_New(CWork, &CWorkType);
     if (work == NULL) return NULL;
-    work->result = PyTuple_Pack(1, result_tensor);
+    work->result = Py_NewRef(result_tensor);  // the materialised Work's tuple is built on first use
     work->torch_work = Py_NewRef(torch_work);
     work->full = work->weakrefs = NULL;
     work->done = 0;
-    if (work->result == NULL) {
-        Py_DECREF(work);
-        return NULL;
-    }
     PyObject_GC_Track(work);
     return (PyObject *)work;
 }
@@ -38,7 +34,10 @@ static PyObject *materialised(CWork *self) {
             PyErr_SetString(PyExc_RuntimeError, "commlayer C Work: work_support() was not called");
             return NULL;
         }
-        PyObject *full = PyObject_CallFunctionObjArgs(python_work_type, self->torch_work, self->result, NULL);
+        PyObject *results = PyTuple_Pack(1, self->result);
+        if (results == NULL) return NULL;
+        PyObject *full = PyObject_CallFunctionObjArgs(python_work_type, self->torch_work, results, NULL);
+        Py_DECREF(results);
         if (full == NULL) return NULL;
         if (self->done && PyObject_SetAttr(full, str_done, Py_True) < 0) {
             Py_DECREF(full);
