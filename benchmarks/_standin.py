@@ -20,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import warnings
@@ -212,6 +213,7 @@ def _lay_out(ref: str, site: Path) -> None:
     if _same_sources(ref, "csrc/ccl"):
         for built in (REPO / "backends" / "ccl").glob("_C*.so"):
             shutil.copy2(built, site / "commlayer" / "backends" / "ccl" / built.name)
+    _build_launcher(ref, site / "commlayer" / "backends")
     project = tomllib.loads((site / "pyproject.toml").read_text())["project"]
     info = site / "commlayer-0.0.0.dist-info"
     info.mkdir()
@@ -220,6 +222,41 @@ def _lay_out(ref: str, site: Path) -> None:
     for group, points in project["entry-points"].items():
         lines += [f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), ""]
     (info / "entry_points.txt").write_text("\n".join(lines))
+
+
+def _build_launcher(ref: str, backends: Path) -> None:
+    """Compile ``ref``'s torch C launchers into ``backends`` (as hotpath_gpu.sh does). Without its
+    own, REF's commlayer would import the working tree's build through the editable install's
+    finder: its Python with this tree's C, not REF."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-tree", "--name-only", ref, "csrc/torch_launcher/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if not listed:
+        return
+    with tempfile.TemporaryDirectory(prefix="commlayer-before-csrc-") as sources:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", ref, "csrc/torch_launcher"], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", sources], input=archive, check=True)
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        files = sorted(str(path) for path in Path(sources, "csrc", "torch_launcher").glob("*.c"))
+        subprocess.run(
+            [
+                "gcc",
+                "-O2",
+                "-fPIC",
+                "-shared",
+                "-fvisibility=hidden",
+                f"-I{sysconfig.get_paths()['include']}",
+                *files,
+                "-o",
+                str(backends / f"_torch_launcher{suffix}"),
+            ],
+            check=True,
+        )
 
 
 def _same_sources(ref: str, path: str) -> bool:
