@@ -7,14 +7,13 @@
 // signature, enter the recorder, read the peers' signatures, stamp the watchdog, make the blocking
 // MPI call without the GIL -- with no Python frame, and calls MPI's C function directly.
 //
-// No MPI headers: the library mpi4py loaded is not known at build time (Open MPI, MPICH and Intel
-// MPI differ in ABI), so the caller hands over the function's address and the handles as integers,
-// and whether handles are ints (MPICH's ABI) or pointers (Open MPI's). Anything out of the ordinary
-// -- an async op, a call behind queued ones, a CUDA tensor, a count over INT_MAX, a peer not yet
-// arrived or disagreeing -- goes to Python (``otherwise``, ``verify``), which keeps every rule.
+// No MPI headers: the library mpi4py loaded is not known at build time, so the caller hands over
+// the function's address and the handles as integers (mpi_abi.hpp). Anything out of the ordinary
+// -- an async op, a call behind queued ones, a CUDA tensor, uneven splits, a count over INT_MAX, a
+// peer over 10 ms late or disagreeing -- goes to Python (``otherwise``, ``verify``), which keeps
+// every rule.
 #include <pybind11/pybind11.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <ctime>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "../launch/recording.hpp"
+#include "mpi_abi.hpp"
 
 namespace py = pybind11;
 
@@ -42,14 +42,6 @@ constexpr const char* kCapsuleName = "commlayer.mpi.launcher";
 constexpr int kHeldPolls = 64;
 constexpr double kYieldSeconds = 0.01;
 
-enum class Kind { all_reduce, broadcast, all_gather, reduce_scatter, all_to_all };
-
-// The handles of one plan, as the library's C ABI spells them (widened to 64 bits).
-struct Handles {
-    std::uintptr_t comm = 0, datatype = 0, reduction = 0, in_place = 0;
-    bool int_handles = false;  // MPICH's ABI (MPI_Comm is an int); else pointers (Open MPI)
-};
-
 // The mismatch check's slots in the communicator's shared window (backends/mpi/_shared_signatures.py):
 // 8 int64 words per slot, two slots per rank; word 0 the sequence, 1 the key, 2 the count.
 struct SharedSlots {
@@ -62,10 +54,8 @@ struct SharedSlots {
 };
 
 struct Launcher {
-    Kind kind;
-    void* function;  // the MPI collective's C function
-    Handles handles;
-    int root = 0, size = 1;
+    MpiCall mpi;
+    int size = 1;
     PyObject* queue = nullptr;      // the ordered executor's deque: not empty -> ``otherwise``
     PyObject* otherwise = nullptr;  // the Python launcher, for everything but the plain case
     PyObject* watchdog = nullptr;   // its ``op``, ``limit`` and ``started`` bound a blocking call
@@ -80,50 +70,6 @@ struct Launcher {
 };
 
 bool takes_two_tensors(Kind kind) { return kind != Kind::all_reduce && kind != Kind::broadcast; }
-
-// --- the MPI call ----------------------------------------------------------------------------
-
-template <class H>
-H as_handle(std::uintptr_t value) {
-    if constexpr (sizeof(H) == sizeof(int)) {
-        return static_cast<H>(static_cast<std::uint32_t>(value));
-    } else {
-        return reinterpret_cast<H>(value);
-    }
-}
-
-// One blocking call with handles of type H (int or void*); MPI's error code.
-template <class H>
-int call_mpi(const Launcher& launcher, void* output, const void* input, int count) {
-    const Handles& handles = launcher.handles;
-    const H comm = as_handle<H>(handles.comm), type = as_handle<H>(handles.datatype);
-    const H reduction = as_handle<H>(handles.reduction);
-    switch (launcher.kind) {
-        case Kind::all_reduce:
-            return reinterpret_cast<int (*)(const void*, void*, int, H, H, H)>(launcher.function)(
-                reinterpret_cast<const void*>(handles.in_place), output, count, type, reduction, comm);
-        case Kind::broadcast:
-            return reinterpret_cast<int (*)(void*, int, H, int, H)>(launcher.function)(output, count, type, launcher.root,
-                                                                                      comm);
-        case Kind::all_gather:
-        case Kind::all_to_all:
-            return reinterpret_cast<int (*)(const void*, int, H, void*, int, H, H)>(launcher.function)(
-                input, count, type, output, count, type, comm);
-        case Kind::reduce_scatter:
-            return reinterpret_cast<int (*)(const void*, void*, int, H, H, H)>(launcher.function)(input, output, count,
-                                                                                              type, reduction, comm);
-    }
-    return -1;
-}
-
-int call_without_gil(const Launcher& launcher, void* output, const void* input, int count) {
-    int code = 0;
-    Py_BEGIN_ALLOW_THREADS;
-    code = launcher.handles.int_handles ? call_mpi<int>(launcher, output, input, count)
-                                        : call_mpi<void*>(launcher, output, input, count);
-    Py_END_ALLOW_THREADS;
-    return code;
-}
 
 // --- the mismatch check through shared memory ------------------------------------------------
 
@@ -233,7 +179,7 @@ bool unstamp(const Launcher& launcher) {
 
 // The blocking call; false with MPI's exception set.
 bool call(const Launcher& launcher, void* output, const void* input, int count) {
-    const int code = call_without_gil(launcher, output, input, count);
+    const int code = call_without_gil(launcher.mpi, output, input, count);
     if (code == 0) return true;
     PyObject* error = PyObject_CallFunction(launcher.error_type, "i", code);
     if (error != nullptr) {
@@ -255,11 +201,11 @@ struct Call {
 bool counts_of(const Launcher& launcher, const Call& call, long long& signature, int& count) {
     std::size_t mpi_count = call.output_count;
     signature = static_cast<long long>(call.output_count);
-    if (launcher.kind == Kind::all_gather || launcher.kind == Kind::all_to_all) {
+    if (launcher.mpi.kind == Kind::all_gather || launcher.mpi.kind == Kind::all_to_all) {
         signature = static_cast<long long>(call.input_count);
         mpi_count = call.input_count;
     }
-    if (launcher.kind == Kind::all_to_all) {
+    if (launcher.mpi.kind == Kind::all_to_all) {
         if (call.input_count % static_cast<std::size_t>(launcher.size) != 0) return false;
         mpi_count = call.input_count / static_cast<std::size_t>(launcher.size);
     }
@@ -337,9 +283,9 @@ PyObject* run_plain(Launcher& launcher, const Call& call_args, PyObject* shape, 
 PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(self, kCapsuleName));
     if (launcher == nullptr) return nullptr;
-    const Py_ssize_t tensors = takes_two_tensors(launcher->kind) ? 2 : 1;
+    const Py_ssize_t tensors = takes_two_tensors(launcher->mpi.kind) ? 2 : 1;
     // all_to_all_single also passes (output_split_sizes, input_split_sizes): uneven splits are Python's.
-    const bool splits = launcher->kind == Kind::all_to_all && nargs == 3 + tensors;
+    const bool splits = launcher->mpi.kind == Kind::all_to_all && nargs == 3 + tensors;
     if (nargs != 1 + tensors && !splits) {
         return PyErr_Format(PyExc_TypeError, "mpi launcher: expected (async_op, %zd tensor(s)), received %zd arguments",
                             tensors, nargs);
@@ -417,11 +363,11 @@ py::object make_launcher(const std::string& op, unsigned long long function, py:
                          int root, int size, py::object queue, py::object otherwise, py::object watchdog,
                          py::object limit, py::object error_type, py::object shared, py::object recording) {
     auto launcher = std::make_unique<Launcher>();
-    launcher->kind = kind_of(op);
-    launcher->function = reinterpret_cast<void*>(static_cast<std::uintptr_t>(function));
-    launcher->handles = Handles{handles[0].cast<std::uintptr_t>(), handles[1].cast<std::uintptr_t>(),
-                                handles[2].cast<std::uintptr_t>(), handles[3].cast<std::uintptr_t>(), int_handles};
-    launcher->root = root;
+    launcher->mpi.kind = kind_of(op);
+    launcher->mpi.function = reinterpret_cast<void*>(static_cast<std::uintptr_t>(function));
+    launcher->mpi.handles = Handles{handles[0].cast<std::uintptr_t>(), handles[1].cast<std::uintptr_t>(),
+                                    handles[2].cast<std::uintptr_t>(), handles[3].cast<std::uintptr_t>(), int_handles};
+    launcher->mpi.root = root;
     launcher->size = size;
     launcher->queue = queue.ptr();
     launcher->otherwise = otherwise.ptr();
@@ -431,7 +377,7 @@ py::object make_launcher(const std::string& op, unsigned long long function, py:
     launcher->error_type = error_type.ptr();
     read_slots(*launcher, shared);
     launcher->recording = launch::recording_spec(recording, "mpi launcher");
-    if (launcher->recording.next_seq == nullptr || launcher->function == nullptr || size < 1) {
+    if (launcher->recording.next_seq == nullptr || launcher->mpi.function == nullptr || size < 1) {
         throw std::invalid_argument("mpi launcher: needs a recording, an MPI function and a positive size");
     }
     for (PyObject* reference : owned(*launcher)) {
