@@ -45,8 +45,8 @@ _CALLS = {
     "reduce_scatter_tensor": ("MPI_Reduce_scatter_block", 1),
     "all_to_all_single": ("MPI_Alltoall", 1),
 }
-# Polls of a late peer's slot, spinning, before the launcher yields the CPU between polls: ~50 us
-# (a broadcast's root waits about that for a receiver still copying the last call's data out).
+# Polls of a late peer's slot, spinning, before the launcher yields the CPU between polls: ~50 us,
+# well above the 1-4 us ranks of one host wait for each other at 1-2 MiB (benchmarks/RESULTS.md).
 _SPIN_POLLS = 2048
 _SHARED_CPU_SPIN_POLLS = 16
 _MPI_LIBRARY = re.compile(r"/libmpi\.so(\.\d+)*$")
@@ -134,8 +134,11 @@ def _handle_size(mpi: Any) -> int | None:
 @functools.cache
 def _library_functions(names: tuple[str, ...]) -> dict[str, int] | None:
     """The addresses of ``names`` in the one MPI library mapped into this process, or None."""
-    with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-        paths = {line.split()[-1] for line in maps if _MPI_LIBRARY.search(line.rstrip())}
+    try:  # Linux's list of what this process has mapped; elsewhere, no C launcher
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            paths = {line.split()[-1] for line in maps if _MPI_LIBRARY.search(line.rstrip())}
+    except OSError:
+        return None
     if len(paths) != 1:
         return None
     try:  # RTLD_NOLOAD: the library mpi4py loaded, never another one
