@@ -109,6 +109,10 @@ def _user_op(mpi: ModuleType, dtype: torch.dtype, op: ReduceOp) -> Any:
     combine = _COMBINERS[op]
 
     def reduce_16_bit(incoming: Any, inout: Any, _datatype: Any) -> None:
+        # Open MPI also calls it with empty pieces (fewer elements than ranks to spread them over),
+        # which torch.frombuffer refuses: an exception here aborts the job.
+        if not memoryview(inout).nbytes:
+            return
         # Both buffers are mpi4py views of MPI's own memory: reinterpret, never copy.
         combine(torch.frombuffer(incoming, dtype=dtype), torch.frombuffer(inout, dtype=dtype))
 

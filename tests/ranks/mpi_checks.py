@@ -12,6 +12,7 @@ group rank 1 is global rank 2 and global rank 1 is the non-member.
 
 from __future__ import annotations
 
+import itertools
 import os
 from datetime import timedelta
 from typing import Any
@@ -50,6 +51,7 @@ def main(*options: str) -> None:
     check_untimed_wait_ends_at_the_group_timeout()
     check_futures_and_many_ops_in_flight()
     check_sixteen_bit_floats_over_a_large_buffer()
+    check_sixteen_bit_floats_over_a_few_elements()
     check_receive_from_any_source_in_a_subgroup()
     check_host_staging_plumbing()
     check_discovery_layout()
@@ -264,6 +266,28 @@ def check_sixteen_bit_floats_over_a_large_buffer() -> None:
             assert torch.equal(tensor, expected), (
                 f"{dtype} {op.name}: first mismatch at {(tensor != expected).nonzero()[:3].tolist()}"
             )
+
+
+def check_sixteen_bit_floats_over_a_few_elements() -> None:
+    """Open MPI calls the user-defined op with empty pieces when a reduction has fewer elements
+    than ranks to spread them over (a bfloat16 reduce_scatter of one element per rank aborted the
+    job): every mode, one to three elements per rank, exact results."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for mode in MODES:
+        group = dist.new_group(list(range(world)), pg_options=MpiOptions(mode))
+        for dtype, per_rank in itertools.product((torch.bfloat16, torch.float16), (1, 2, 3)):
+            inputs = [
+                _distinct(peer, per_rank * world, torch.int64).remainder(64).to(dtype)
+                for peer in range(world)
+            ]
+            total = sum(inputs[1:], inputs[0].clone())
+            chunk = torch.zeros(per_rank, dtype=dtype)
+            dist.reduce_scatter_tensor(chunk, inputs[rank].clone(), group=group)
+            assert torch.equal(chunk, total[rank * per_rank : (rank + 1) * per_rank]), (mode, dtype, chunk)
+            summed = inputs[rank].clone()
+            dist.all_reduce(summed, group=group)
+            assert torch.equal(summed, total), (mode, dtype, summed)
+        dist.destroy_process_group(group)
 
 
 def check_receive_from_any_source_in_a_subgroup() -> None:
