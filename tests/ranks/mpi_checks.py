@@ -32,7 +32,11 @@ from commlayer.errors import (
 from commlayer.rendezvous import discover
 from commlayer.testing import conformance
 
-from .mpi_launcher_checks import check_c_and_python_launchers_interoperate, launcher_kind
+from .mpi_launcher_checks import (
+    check_c_and_python_launchers_interoperate,
+    check_mixed_ops_stress,
+    launcher_kind,
+)
 
 _TIMEOUT_TAG = 11
 _ANY_SOURCE_TAG = 12
@@ -57,6 +61,7 @@ def main(*options: str) -> None:
     check_discovery_layout()
     check_signatures_meet_in_shared_memory()
     check_c_and_python_launchers_interoperate()
+    check_mixed_ops_stress()
     check_destroy_then_initialise_again()
     if "compat" in options:
         conformance.main()
