@@ -17,7 +17,6 @@ launchers below stay the reference and the fallback (``COMMLAYER_C_LAUNCHER=0`` 
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.backend import C_LAUNCHER_ENV
+from commlayer.backend import C_LAUNCHER_ENV, c_launchers_enabled
 from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, TorchWork, Work, _raise_typed
@@ -64,7 +63,7 @@ else:
 
 def native_enabled() -> bool:
     """Whether new plans get the C launchers: built, and not turned off by ``$COMMLAYER_C_LAUNCHER=0``."""
-    return native is not None and os.environ.get(C_LAUNCHER_ENV, "1") != "0"
+    return native is not None and c_launchers_enabled()
 
 
 def _native_launcher(

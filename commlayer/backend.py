@@ -44,6 +44,7 @@ and register it under the ``commlayer.backends`` entry-point group::
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -57,11 +58,16 @@ from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
 
-__all__ = ["C_LAUNCHER_ENV", "Backend"]
+__all__ = ["C_LAUNCHER_ENV", "Backend", "c_launchers_enabled"]
 
 #: ``0`` keeps every backend's launchers in Python: the reference that a C launcher (a
 #: ``recorded_plan`` built in C, the comms logger's timer) must behave exactly like.
 C_LAUNCHER_ENV = "COMMLAYER_C_LAUNCHER"
+
+
+def c_launchers_enabled() -> bool:
+    """Whether new plans may use C launchers (built ones): ``$COMMLAYER_C_LAUNCHER`` is not ``0``."""
+    return os.environ.get(C_LAUNCHER_ENV, "1") != "0"
 
 
 class Backend(GenericCollectives, ABC):

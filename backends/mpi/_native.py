@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from commlayer.backend import C_LAUNCHER_ENV
+from commlayer.backend import c_launchers_enabled
 from commlayer.flight_recorder import COMPLETED, STARTED, Recording
 from commlayer.work import Work
 
@@ -33,7 +33,7 @@ try:
 except ImportError:  # a checkout laid out without building: the Python launchers serve
     _extension = None
 
-__all__ = ["native_launcher"]
+__all__ = ["native_enabled", "native_launcher"]
 
 MpiBackend = Any  # backend.MpiBackend, which imports this module through _plans
 
@@ -63,11 +63,11 @@ def native_launcher(
     """The C ``run(async_op, *tensors)`` of ``op`` whose unusual calls go to ``otherwise``; None
     where it cannot be built (see the module docstring)."""
     check, mpi = backend._check, backend._mpi
-    if _extension is None or os.environ.get(C_LAUNCHER_ENV, "1") == "0" or op not in _CALLS:
+    if not native_enabled() or op not in _CALLS:
         return None
     if check is not None and (check.shared is None or check.shared.addresses() is None):
         return None  # the Allreduce check: Python's launcher
-    functions, handle_size = _library_functions(tuple(name for name, _ in _CALLS.values())), _handle_size(mpi)
+    functions, handle_size = _library_functions(), _handle_size(mpi)
     if functions is None or handle_size is None:
         return None
     name, payload = _CALLS[op]
@@ -86,6 +86,11 @@ def native_launcher(
         shared=None if check is None else _shared(backend, op, key),
         recording=(*recording, payload, STARTED, COMPLETED),
     )
+
+
+def native_enabled() -> bool:
+    """Whether new plans get the C launcher: built, and not turned off by ``$COMMLAYER_C_LAUNCHER=0``."""
+    return _extension is not None and c_launchers_enabled()
 
 
 def _handles(
@@ -132,8 +137,9 @@ def _handle_size(mpi: Any) -> int | None:
 
 
 @functools.cache
-def _library_functions(names: tuple[str, ...]) -> dict[str, int] | None:
-    """The addresses of ``names`` in the one MPI library mapped into this process, or None."""
+def _library_functions() -> dict[str, int] | None:
+    """The addresses of the launchers' MPI functions in the one MPI library mapped into this
+    process, or None."""
     try:  # Linux's list of what this process has mapped; elsewhere, no C launcher
         with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
             paths = {line.split()[-1] for line in maps if _MPI_LIBRARY.search(line.rstrip())}
@@ -143,6 +149,8 @@ def _library_functions(names: tuple[str, ...]) -> dict[str, int] | None:
         return None
     try:  # RTLD_NOLOAD: the library mpi4py loaded, never another one
         library = ctypes.CDLL(paths.pop(), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        return {name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name in names}
+        return {
+            name: ctypes.cast(getattr(library, name), ctypes.c_void_p).value for name, _ in _CALLS.values()
+        }
     except (OSError, AttributeError):
         return None

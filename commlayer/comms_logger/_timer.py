@@ -8,14 +8,13 @@ reference and the fallback; ``$COMMLAYER_C_LAUNCHER=0`` keeps it).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..backend import C_LAUNCHER_ENV
+from ..backend import c_launchers_enabled
 from ..work import Work
 
 try:
@@ -44,7 +43,7 @@ def timed_plan(
     tensors[payload].nbytes, began, ended)`` to ``pending``, calling ``drain(max_events)`` once
     ``DRAIN_AT`` are pending; an async call, or any call while ``owner._muted_thread`` is set,
     goes to ``observed_run`` instead."""
-    if _CTimer is not None and os.environ.get(C_LAUNCHER_ENV, "1") != "0":
+    if _CTimer is not None and c_launchers_enabled():
         return _CTimer(run, observed_run, owner, label, pending, drain, max_events, DRAIN_AT, payload)
     clock, drain_at = time.perf_counter, DRAIN_AT
 

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.backend import C_LAUNCHER_ENV
 from commlayer.backends.mpi import MpiOptions, _native
 from commlayer.backends.mpi.options import MODES
 from commlayer.errors import (
@@ -89,7 +88,7 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     backend = dist.group.WORLD.primary_backend
     ordered = backend.options.mode == "ordered"  # else the facade's launcher
     # One host, the extension built: the C launcher (csrc/mpi) serves ordered mode's plain calls.
-    native = _native._extension is not None and os.environ.get(C_LAUNCHER_ENV, "1") != "0"
+    native = _native.native_enabled()
     one_host = backend._check is None or backend._check.shared is not None
     expected_kind = ("C" if native and one_host else "Python") if ordered else "facade"
     assert launchers == {expected_kind}, (launchers, expected_kind)

@@ -48,7 +48,7 @@ def _check_the_launcher_finds_the_loaded_library() -> None:
     """Every MPI function the launchers call, from the one library mpi4py loaded, and the handle
     ABI of that library: ints for MPICH's (Intel MPI), pointers for Open MPI's."""
     mpi = dist.group.WORLD.primary_backend._mpi
-    functions = _native._library_functions(tuple(name for name, _ in _native._CALLS.values()))
+    functions = _native._library_functions()
     assert functions is not None and all(functions.values()), functions
     expected = 8 if mpi.Get_library_version().startswith("Open MPI") else 4
     assert _native._handle_size(mpi) == expected, (_native._handle_size(mpi), mpi.Get_library_version())
