@@ -129,8 +129,39 @@ def _torch_launcher_extensions() -> list[Extension]:
                 f"csrc/torch_launcher/{name}.c"
                 for name in ("module", "launcher", "planned", "entry", "work", "timed")
             ],
-            depends=["csrc/torch_launcher/launcher.h"],
+            depends=["csrc/torch_launcher/launcher.h", "csrc/launch/tensor_meta.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
+        )
+    ]
+
+
+def _tensor_meta_extensions() -> list[Extension]:
+    """The C launchers' tensor reader commlayer.backends._tensor_meta, compiled against the headers of
+    the torch found in the build environment (so only where the build runs without isolation after
+    torch is installed, as .ci/setup does); skipped with a note otherwise, the launchers then ask
+    tensors' Python attributes. The module records the torch version it was built for, and is used
+    only under that version (backends/_torch_plans.py)."""
+    try:
+        import torch
+        from torch.utils.cpp_extension import include_paths
+    except ImportError:
+        print("commlayer: NOTE: torch is not importable while building: no C tensor reader", file=sys.stderr)
+        return []
+    library_dir = str(Path(torch.__file__).parent / "lib")
+    return [
+        Extension(
+            "commlayer.backends._tensor_meta",
+            sources=["csrc/tensor_meta/reader.cpp"],
+            depends=["csrc/launch/tensor_meta.h"],
+            include_dirs=include_paths(),
+            library_dirs=[library_dir],
+            libraries=["torch_python", "torch_cpu", "c10"],
+            define_macros=[
+                ("COMMLAYER_TORCH_VERSION", f'"{torch.__version__}"'),
+                ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI))),
+            ],
+            extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],
+            language="c++",
         )
     ]
 
@@ -141,5 +172,6 @@ if __name__ == "__main__":  # packaging/commlayer-ccl/setup.py imports this file
         ext_modules=_shm_extensions()
         + _mpi_launcher_extensions()
         + _torch_launcher_extensions()
+        + _tensor_meta_extensions()
         + ccl_extensions(),
     )

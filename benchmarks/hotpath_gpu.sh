@@ -13,15 +13,12 @@ NPROC=${NPROC:-2}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source benchmarks/gpu_site.sh
-# gpu_site.sh lays commlayer out without building: compile the torch C launchers (Python C API
-# only) for this python3, or take a prebuilt one from $PREBUILT; without either, Python launchers.
-SUFFIX=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-INCLUDE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-gcc -O2 -fPIC -shared -fvisibility=hidden -I"$INCLUDE" csrc/torch_launcher/*.c \
-  -o "$SITE/commlayer/backends/_torch_launcher$SUFFIX" 2>>"$OUT/machine.txt" \
-  || cp "${PREBUILT:-.prebuilt}/_torch_launcher$SUFFIX" "$SITE/commlayer/backends/" \
+source benchmarks/gpu_build.sh
+# gpu_site.sh lays commlayer out without building: compile the torch C launchers and the tensor
+# reader for this python3 and torch; without a compiler, the Python launchers run.
+build_c_launchers . "$SITE" 2>>"$OUT/machine.txt" | tee -a "$OUT/machine.txt" \
   || echo "=== no C launcher: the Python launchers run" | tee -a "$OUT/machine.txt"
-(cd /tmp && python3 -c 'from commlayer.backends import _torch_plans as p; print("C launchers:", p.native_enabled())') \
+(cd /tmp && python3 -c 'from commlayer.backends import _torch_plans as p; print("C launchers:", p.native_enabled(), "C tensor reader:", p.tensor_meta_reader() is not None)') \
   | tee -a "$OUT/machine.txt"
 nvidia-smi topo -m | head -n $((NPROC + 1)) >> "$OUT/machine.txt"
 lscpu | grep -E '^Model name|^CPU\(s\)' >> "$OUT/machine.txt"

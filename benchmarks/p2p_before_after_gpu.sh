@@ -10,12 +10,9 @@ OUT=${OUT:-/tmp/p2p_before_after}
 BEFORE_TREE=$(cd "${BEFORE_TREE:?a checkout of the earlier commit}" && pwd)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-SUFFIX=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-INCLUDE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-lay_out() {  # tree, site: commlayer laid out in site, its C launchers compiled
-  (cd "$1" && SITE=$2 && source benchmarks/gpu_site.sh >/dev/null \
-    && gcc -O2 -fPIC -shared -fvisibility=hidden -I"$INCLUDE" csrc/torch_launcher/*.c \
-      -o "$2/commlayer/backends/_torch_launcher$SUFFIX")
+source benchmarks/gpu_build.sh
+lay_out() {  # tree, site: commlayer laid out in site, its C launchers (and tensor reader) compiled
+  (cd "$1" && SITE=$2 && source benchmarks/gpu_site.sh >/dev/null && build_c_launchers . "$2")
 }
 lay_out . /tmp/site_after && lay_out "$BEFORE_TREE" /tmp/site_before || exit 1
 for run in $(seq "${REPEATS:-2}"); do

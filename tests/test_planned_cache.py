@@ -3,7 +3,9 @@
 ``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
 building and hashing the key, for as long as the plans dict is unchanged. Every change to the
 dict (a plan added or replaced, a clear) must send the next call back to the dict, and the cache
-must not keep a group alive. Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
+must not keep a group alive, and a tensor changed in place (another dtype, strides, size) must be
+looked up again. Each test runs with the tensor read through its Python attributes and through
+the C tensor reader (commlayer.backends._tensor_meta). Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
 as the Python functions do and fall back to them, and the launcher's reuse of an evicted recorder
 entry that nobody else holds.
 """
@@ -24,6 +26,19 @@ from commlayer.types import ReduceOp
 
 native = _torch_plans.native
 pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
+READERS = ["python attributes", "c tensor reader"]
+
+
+@pytest.fixture(autouse=True, params=READERS)
+def reader(request: pytest.FixtureRequest) -> Any:
+    """Every test runs twice: tensors read through their Python attributes, and through the C
+    tensor reader (commlayer.backends._tensor_meta) where this torch has one built."""
+    installed = _torch_plans.tensor_meta_reader()
+    if request.param == READERS[1] and installed is None:
+        pytest.skip("no C tensor reader built for this torch")
+    native.set_tensor_meta(installed if request.param == READERS[1] else None)
+    yield request.param
+    native.set_tensor_meta(installed)
 
 
 class Group:
@@ -69,6 +84,42 @@ def test_the_cache_runs_the_plan_on_this_calls_tensor_and_refuses_what_the_key_c
     assert planned(True, 1, None, 0, None) is no_plan  # not a tensor
     assert planned(tensor, True, None, 0, None) is no_plan  # True equals 1, but is not an int peer
     assert planned(tensor, 1, None, 0, 1) is no_plan  # group_dst given
+    assert len(seen) == 2
+
+
+def test_a_tensor_whose_metadata_changes_in_place_is_looked_up_again() -> None:
+    seen: list = []
+    no_plan, tensor, group = object(), torch.ones(4), Group()
+    plans: dict = {_key(group, tensor): _plan("float", seen)}
+    planned = native.PlannedP2P(plans, "send", True, no_plan)
+    assert planned(tensor, 1, group, 0, None) == "float"
+    tensor.data = torch.ones(4, dtype=torch.float64)  # the same Python tensor, another dtype
+    assert planned(tensor, 1, group, 0, None) is no_plan
+    tensor.data = torch.ones(4)
+    assert planned(tensor, 1, group, 0, None) == "float"
+    tensor.set_(torch.ones(8).untyped_storage(), 0, (4,), (2,))  # strided in place: staged
+    assert planned(tensor, 1, group, 0, None) is no_plan
+    tensor.set_(torch.ones(8).untyped_storage(), 0, (8,), (1,))  # contiguous again, resized
+    assert planned(tensor, 1, group, 0, None) == "float"
+    assert planned(torch.ones(4).to_sparse(), 1, group, 0, None) is no_plan  # another layout
+    assert len(seen) == 3
+
+
+def test_subclasses_and_torch_function_modes_are_asked_through_python() -> None:
+    class Traced(torch.Tensor):
+        pass
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    seen: list = []
+    no_plan, tensor = object(), torch.ones(4)
+    plans: dict = {_key(None, tensor): _plan("plan", seen)}
+    planned = native.PlannedP2P(plans, "send", True, no_plan)
+    assert planned(tensor.as_subclass(Traced), 1, None, 0, None) == "plan"
+    with Mode():
+        assert planned(tensor, 1, None, 0, None) == "plan"
     assert len(seen) == 2
 
 
@@ -150,3 +201,18 @@ def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it()
     launcher(False, torch.ones(4, 1))  # seq 4 evicts seq 2, which only the ring held: rewritten
     assert id(ring[0]) == unheld and ring[0][:4] == [4, "all_reduce", torch.Size([4, 1]), torch.float32]
     assert ring[0][5] == "completed" and not gc.is_tracked(ring[0])
+
+
+def test_each_entry_holds_the_shape_its_tensor_had_when_called() -> None:
+    ring: list = [None] * 8
+    launcher = native.Launcher(
+        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(0), ring,
+        "all_reduce", torch.float32, -1, "started", "completed", print, _torch_plans.LaunchedWork,
+    )  # fmt: skip
+    tensor = torch.ones(2, 3)
+    launcher(False, tensor)
+    launcher(False, tensor)
+    tensor.resize_(6)  # the same Python tensor, resized in place
+    launcher(False, tensor)
+    launcher(False, torch.ones(*range(1, 11)))  # more dimensions than the C reader takes
+    assert [tuple(entry[2]) for entry in ring[:4]] == [(2, 3), (2, 3), (6,), tuple(range(1, 11))]

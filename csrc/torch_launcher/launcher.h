@@ -5,6 +5,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "../launch/tensor_meta.h"
+
 // Interned names and constants, made once by the module's init (module.c).
 extern PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done,
     *str_dtype, *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
@@ -22,6 +24,9 @@ int planned_receives(PyObject *planned);
 PyObject *cwork_new(PyObject *torch_work, PyObject *result_tensor);
 // work_support(TorchWork, raise_typed) -> the C Work type (work.c).
 PyObject *work_support(PyObject *module, PyObject *args);
+// commlayer.backends._tensor_meta's reader, once set_tensor_meta() handed it over (module.c); NULL:
+// the tensor's Python attributes are asked.
+extern CommlayerTensorMetaReader tensor_meta_reader;
 // Whether dict version tags mark every change (planned.c's inline cache relies on it); -1 on error.
 int check_dict_versions(void);
 // The interned names of timed.c (the comms logger's timer), made by the module's init.

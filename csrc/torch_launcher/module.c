@@ -4,6 +4,22 @@
 PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done, *str_dtype,
     *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
 PyObject *send_names[5], *recv_names[5];
+CommlayerTensorMetaReader tensor_meta_reader;
+
+// set_tensor_meta(reader): the capsule of commlayer.backends._tensor_meta, or None to ask tensors'
+// Python attributes again. Called by backends/_torch_plans.py, which checks the torch version the
+// reader was built for; a reader of another torch's headers would misread every tensor.
+static PyObject *set_tensor_meta(PyObject *module, PyObject *reader) {
+    (void)module;
+    if (reader == Py_None) {
+        tensor_meta_reader = NULL;
+        Py_RETURN_NONE;
+    }
+    void *function = PyCapsule_GetPointer(reader, COMMLAYER_TENSOR_META_CAPSULE);
+    if (function == NULL) return NULL;
+    tensor_meta_reader = (CommlayerTensorMetaReader)function;
+    Py_RETURN_NONE;
+}
 
 static int intern_names(PyObject **names, const char *const *spelled) {
     for (int index = 0; index < 5; index++) {
@@ -15,6 +31,7 @@ static int intern_names(PyObject **names, const char *const *spelled) {
 
 static PyMethodDef module_methods[] = {
     {"work_support", work_support, METH_VARARGS, "work_support(TorchWork, raise_typed) -> the C Work type"},
+    {"set_tensor_meta", set_tensor_meta, METH_O, "set_tensor_meta(reader): _tensor_meta.READER, or None"},
     {NULL},
 };
 

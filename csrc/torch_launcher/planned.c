@@ -21,6 +21,10 @@ typedef struct {
     PyObject *plan;    // borrowed (see above)
     PyObject *group;   // a weak reference to the group argument, or None
     PyObject *scalars[HEAD_SCALARS], *dtype, *device, *layout;
+    // The same dtype, device and layout as the tensor meta reader gives them, when it read the
+    // tensor (has_meta): a plain tensor's call is then compared without any Python attribute.
+    int has_meta;
+    CommlayerTensorMeta meta;
 } LastHit;
 
 typedef struct {
@@ -64,6 +68,7 @@ int check_dict_versions(void) {
 
 static void forget_hit(LastHit *hit) {
     hit->plan = NULL;
+    hit->has_meta = 0;
     Py_CLEAR(hit->group);
     for (int index = 0; index < HEAD_SCALARS; index++) Py_CLEAR(hit->scalars[index]);
     Py_CLEAR(hit->dtype);
@@ -86,23 +91,41 @@ static int same_group(PyObject *held, PyObject *group) {
 #pragma GCC diagnostic pop
 }
 
-// head = (kind, group, scalars...); attributes = (dtype, device, layout) of the tensor.
-static PyObject *cached_plan(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *const *attributes) {
+// Whether the last hit stands and was for head = (kind, group, scalars...).
+static int same_head(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads) {
     LastHit *hit = &self->hit;
     if (hit->plan == NULL || hit->version != dict_version(self->plans) || !same_group(hit->group, head[1])) {
-        return NULL;
+        return 0;
     }
     for (Py_ssize_t index = 2; index < heads; index++) {
-        if (!same(hit->scalars[index - 2], head[index])) return NULL;
+        if (!same(hit->scalars[index - 2], head[index])) return 0;
     }
-    if (!same(hit->dtype, attributes[0]) || !same(hit->device, attributes[1]) || !same(hit->layout, attributes[2])) {
+    return 1;
+}
+
+// attributes = (dtype, device, layout) of the tensor.
+static PyObject *cached_plan(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *const *attributes) {
+    LastHit *hit = &self->hit;
+    if (!same_head(self, head, heads) || !same(hit->dtype, attributes[0]) || !same(hit->device, attributes[1]) ||
+        !same(hit->layout, attributes[2])) {
         return NULL;
     }
     return hit->plan;
 }
 
+// The same for a tensor the meta reader read.
+static PyObject *cached_plan_by_meta(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads,
+                                     const CommlayerTensorMeta *meta) {
+    const LastHit *hit = &self->hit;
+    if (!hit->has_meta || hit->meta.scalar_type != meta->scalar_type || hit->meta.device_type != meta->device_type ||
+        hit->meta.device_index != meta->device_index || hit->meta.layout != meta->layout) {
+        return NULL;
+    }
+    return same_head(self, head, heads) ? hit->plan : NULL;
+}
+
 static void remember_hit(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *const *attributes,
-                         PyObject *plan) {
+                         const CommlayerTensorMeta *meta, PyObject *plan) {
     LastHit *hit = &self->hit;
     forget_hit(hit);
     if (!dict_versions_usable || heads - 2 > HEAD_SCALARS) return;
@@ -116,6 +139,8 @@ static void remember_hit(PlannedP2P *self, PyObject *const *head, Py_ssize_t hea
     hit->dtype = Py_NewRef(attributes[0]);
     hit->device = Py_NewRef(attributes[1]);
     hit->layout = Py_NewRef(attributes[2]);
+    hit->has_meta = meta != NULL;
+    if (meta != NULL) hit->meta = *meta;
     hit->version = dict_version(self->plans);
     hit->plan = plan;
 }
@@ -133,15 +158,46 @@ static int tensor_attributes(PyObject *tensor, PyObject **attributes) {
 }
 
 // plans[(head..., dtype, device, layout)] (borrowed), NULL when missing or on an error (set).
-static PyObject *looked_up(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *const *attributes) {
+static PyObject *looked_up(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *const *attributes,
+                           const CommlayerTensorMeta *meta) {
     PyObject *key = PyTuple_New(heads + 3);
     if (key == NULL) return NULL;
     for (Py_ssize_t index = 0; index < heads; index++) PyTuple_SET_ITEM(key, index, Py_NewRef(head[index]));
     for (Py_ssize_t index = 0; index < 3; index++) PyTuple_SET_ITEM(key, heads + index, Py_NewRef(attributes[index]));
     PyObject *plan = PyDict_GetItemWithError(self->plans, key);  // borrowed
     Py_DECREF(key);
-    if (plan != NULL) remember_hit(self, head, heads, attributes, plan);
+    if (plan != NULL) remember_hit(self, head, heads, attributes, meta, plan);
     return plan;
+}
+
+// The plan of (head..., tensor.dtype, tensor.device, tensor.layout), borrowed; NULL when there is
+// none, with an exception set only for an error the Python path must not see. meta: what the
+// meta reader read of the tensor, or NULL (then the tensor's Python attributes are asked).
+static PyObject *plan_of(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *tensor,
+                         const CommlayerTensorMeta *meta) {
+    PyObject *plan = meta == NULL ? NULL : cached_plan_by_meta(self, head, heads, meta);
+    if (plan != NULL) return plan;
+    PyObject *attributes[3];
+    if (tensor_attributes(tensor, attributes) < 0) {  // not a tensor: the Python path names the argument
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+        return NULL;
+    }
+    plan = cached_plan(self, head, heads, attributes);
+    if (plan == NULL) plan = looked_up(self, head, heads, attributes, meta);
+    for (int index = 0; index < 3; index++) Py_DECREF(attributes[index]);
+    // An unhashable group, tag or reduce op: the Python path refuses it.
+    if (plan == NULL && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_TypeError)) PyErr_Clear();
+    return plan;
+}
+
+// Whether tensor is contiguous (-1 with an exception set), from meta where the reader read it.
+static int contiguous(PyObject *tensor, const CommlayerTensorMeta *meta) {
+    if (meta != NULL) return meta->contiguous;
+    PyObject *answer = PyObject_CallMethodNoArgs(tensor, str_is_contiguous);
+    if (answer == NULL) return -1;
+    int truth = answer == Py_True;
+    Py_DECREF(answer);
+    return truth;
 }
 
 // Runs plans[key](async_op, tensor) for the key (head..., tensor.dtype, tensor.device,
@@ -150,33 +206,20 @@ static PyObject *looked_up(PlannedP2P *self, PyObject *const *head, Py_ssize_t h
 // plans, stages or refuses the call).
 static PyObject *run_planned(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads, PyObject *tensor,
                              PyObject *async_op) {
-    PyObject *attributes[3];
-    if (tensor_attributes(tensor, attributes) < 0) {  // not a tensor: the Python path names the argument
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
-        PyErr_Clear();
-        return Py_NewRef(self->no_plan);
-    }
-    PyObject *plan = cached_plan(self, head, heads, attributes);
-    if (plan == NULL) plan = looked_up(self, head, heads, attributes);
-    for (int index = 0; index < 3; index++) Py_DECREF(attributes[index]);
-    if (plan == NULL) {
-        if (PyErr_Occurred()) {  // an unhashable group, tag or reduce op: the Python path refuses it
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
-            PyErr_Clear();
-        }
-        return Py_NewRef(self->no_plan);
-    }
+    CommlayerTensorMeta read;
+    const CommlayerTensorMeta *meta = tensor_meta_reader != NULL && tensor_meta_reader(tensor, &read) ? &read : NULL;
+    PyObject *plan = plan_of(self, head, heads, tensor, meta);
+    if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(self->no_plan);
     Py_INCREF(plan);  // a concurrent forget_plans() must not free it under us
-    PyObject *contiguous = PyObject_CallMethodNoArgs(tensor, str_is_contiguous);
+    int is_contiguous = contiguous(tensor, meta);
     PyObject *result = NULL;
-    if (contiguous == Py_True) {
+    if (is_contiguous > 0) {
         PyObject *run = PyTuple_Check(plan) && PyTuple_GET_SIZE(plan) > 0 ? PyTuple_GET_ITEM(plan, 0) : NULL;
         PyObject *call_args[2] = {async_op, tensor};
         result = run == NULL ? Py_NewRef(self->no_plan) : PyObject_Vectorcall(run, call_args, 2, NULL);
-    } else if (contiguous != NULL) {
+    } else if (is_contiguous == 0) {
         result = Py_NewRef(self->no_plan);  // staged by the Python path
     }
-    Py_XDECREF(contiguous);
     Py_DECREF(plan);
     return result;
 }

@@ -84,14 +84,23 @@ static PyObject *cwork_wait(CWork *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
-// Every other attribute: the type's own first (wait, torch_work), else the materialised Work's.
-static PyObject *cwork_getattro(CWork *self, PyObject *name) {
-    PyObject *found = PyObject_GenericGetAttr((PyObject *)self, name);
-    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
-    PyErr_Clear();
+// The rest of Work's interface, answered by the materialised Work. Named one by one (rather than
+// a tp_getattro falling back to it) so that attribute reads stay CPython's generic ones, which
+// its interpreter specialises: a fallback getattro made every work.wait() build a bound method.
+static PyObject *forwarded(CWork *self, void *name) {
     PyObject *full = materialised(self);
-    return full == NULL ? NULL : PyObject_GetAttr(full, name);
+    return full == NULL ? NULL : PyObject_GetAttrString(full, (const char *)name);
 }
+
+#define FORWARDED(name) {name, (getter)forwarded, NULL, "as commlayer.work.Work's", name}
+static PyGetSetDef cwork_forwarded[] = {
+    FORWARDED("is_completed"), FORWARDED("is_success"), FORWARDED("exception"), FORWARDED("result"),
+    FORWARDED("source_rank"),  FORWARDED("_source_rank"), FORWARDED("then"),    FORWARDED("get_future"),
+    FORWARDED("_test"),        FORWARDED("_block"),     FORWARDED("_on_complete"), FORWARDED("_complete"),
+    FORWARDED("_done"),        FORWARDED("_error"),     FORWARDED("_pending_note"), FORWARDED("_result"),
+    {NULL},
+};
+#undef FORWARDED
 
 static int cwork_traverse(CWork *self, visitproc visit, void *arg) {
     Py_VISIT(self->torch_work);
@@ -133,9 +142,9 @@ PyTypeObject CWorkType = {
     .tp_dealloc = (destructor)cwork_dealloc,
     .tp_traverse = (traverseproc)cwork_traverse,
     .tp_clear = (inquiry)cwork_clear,
-    .tp_getattro = (getattrofunc)cwork_getattro,
     .tp_methods = cwork_methods,
     .tp_members = cwork_members,
+    .tp_getset = cwork_forwarded,
     .tp_weaklistoffset = offsetof(CWork, weakrefs),
 };
 
