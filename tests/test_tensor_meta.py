@@ -28,7 +28,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 def _python_view(tensor: torch.Tensor) -> tuple[Any, ...]:
     index = -1 if tensor.device.index is None else tensor.device.index
     contiguous = tensor.layout == torch.strided and tensor.is_contiguous()
-    return index, contiguous, tuple(tensor.shape)
+    return index, contiguous, tuple(tensor.shape), tensor.element_size()
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,8 @@ def _python_view(tensor: torch.Tensor) -> tuple[Any, ...]:
     ids=["matrix", "transposed", "strided", "empty", "scalar", "eight-dims", "parameter", "sparse"],
 )  # fmt: skip
 def test_the_reader_agrees_with_the_python_attributes(tensor: torch.Tensor) -> None:
-    _, device_type, device_index, layout, contiguous, sizes = tensor_meta.describe(tensor)
-    assert (device_index, contiguous, sizes) == _python_view(tensor)
+    _, device_type, device_index, layout, contiguous, sizes, itemsize = tensor_meta.describe(tensor)
+    assert (device_index, contiguous, sizes, itemsize) == _python_view(tensor)
     assert device_type == tensor_meta.describe(torch.ones(1))[1]  # every tensor here is on the CPU
     assert (layout == 0) == (tensor.layout == torch.strided)
 

@@ -194,9 +194,9 @@ class MutableOwner:
     _muted_thread: int | None = None
 
 
-def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, list, list, list, MutableOwner]:
-    """The timer, its pending list, what reached the observed run, what was drained, its owner."""
-    pending: list = []
+def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, Any, list, list, MutableOwner]:
+    """The timer, its log (capacity 4), what reached the observed run, what was drained, its owner."""
+    log = native.TimedLog(4)
     observed: list = []
     drained: list = []
     owner = MutableOwner()
@@ -206,43 +206,61 @@ def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, list, li
         return "observed"
 
     def drain(max_events: int) -> None:
-        drained.append((max_events, len(pending)))
-        pending.clear()
+        drained.append((max_events, log.fold()))
 
     label = ("all_reduce", "gloo", "world", 2, 0)
-    timer = native.Timed(run, observed_run, owner, label, pending, drain, 99, drain_at, payload)
-    return timer, pending, observed, drained, owner
+    timer = native.Timed(run, observed_run, owner, label, log, drain, 99, drain_at, payload)
+    return timer, log, observed, drained, owner
 
 
 def test_the_c_timer_enters_blocking_calls_and_hands_the_rest_to_the_observed_run() -> None:
     calls: list = []
-    timer, pending, seen, _, owner = _timer(
+    timer, log, seen, _, owner = _timer(
         lambda async_op, *tensors: calls.append((async_op, tensors)), payload=1
     )
     output, tensor = torch.zeros(4), torch.zeros(2, dtype=torch.float64)
     assert timer(False, output, tensor) is None
     assert calls == [(False, (output, tensor))]
-    ((label, nbytes, began, ended),) = pending
+    ((label, nbytes, began, ended),) = log.events()
     assert label[0] == "all_reduce" and nbytes == tensor.nbytes == 16 and began <= ended
     assert abs(ended - time.perf_counter()) < 1.0  # the logger's clock
     assert timer(True, output, tensor) == "observed"  # async: the logger's ordinary path
     owner._muted_thread = 1
     assert timer(False, output, tensor) == "observed"  # summary()'s own traffic
-    assert seen == [(True, (output, tensor)), (False, (output, tensor))] and len(pending) == 1
+    assert seen == [(True, (output, tensor)), (False, (output, tensor))] and log.unfolded == 1
+
+
+def test_the_c_log_folds_each_label_and_size_and_keeps_the_most_recent_calls() -> None:
+    timer, log, _, drained, _ = _timer(lambda async_op, tensor: None, drain_at=4)
+    sizes = [4, 4, 8, 4]
+    for size in sizes:
+        timer(False, torch.zeros(size, dtype=torch.float64))
+    ((max_events, folded),) = drained
+    assert max_events == 99 and [row[1:3] for row in folded] == [(32, 3), (64, 1)] and log.unfolded == 0
+    for label, _, count, total_s, min_s, max_s in folded:
+        assert label[0] == "all_reduce" and 0 <= min_s <= total_s / count <= max_s <= total_s
+    timer(False, torch.zeros(2, dtype=torch.float64))  # the ring of 4 drops the oldest call
+    assert [event[1] for event in log.events()] == [32, 64, 32, 16] and log.dropped() == 1
+    assert [row[1:3] for row in log.fold()] == [(16, 1)]
+    log.clear()
+    assert log.events() == [] and log.dropped() == 0 and log.unfolded == 0 and log.fold() == []
+    with pytest.raises(ValueError, match="drain_at <= the log's capacity"):
+        native.Timed(print, print, MutableOwner(), (), log, print, 99, 5, 0)
 
 
 def test_the_c_timer_drains_when_full_and_enters_nothing_when_the_run_fails() -> None:
-    timer, pending, _, drained, _ = _timer(lambda async_op, tensor: None, drain_at=3)
+    timer, log, _, drained, _ = _timer(lambda async_op, tensor: None, drain_at=3)
     for _ in range(3):
         timer(False, torch.zeros(1))
-    assert drained == [(99, 3)] and pending == []
+    assert [(max_events, [row[1:3] for row in folded]) for max_events, folded in drained] == [(99, [(4, 3)])]
+    assert log.unfolded == 0
 
     def failing(async_op: bool, tensor: torch.Tensor) -> None:
         raise Translated("all_reduce failed")
 
-    timer, pending, _, _, _ = _timer(failing)
+    timer, log, _, _, _ = _timer(failing)
     with pytest.raises(Translated, match="all_reduce failed"):
         timer(False, torch.zeros(1))
-    assert pending == []
+    assert log.events() == [] and log.unfolded == 0
     with pytest.raises(TypeError, match="Timed: expected"):
         timer(False)

@@ -80,6 +80,14 @@ class _Accumulator:
         self.max_s = max(self.max_s, *seconds)
         self.bus_bytes += bus_bytes * len(seconds)
 
+    def add_folded(self, count: int, total_s: float, min_s: float, max_s: float, bus_bytes: float) -> None:
+        """``count`` calls of ``bus_bytes`` each, already summed (the C timers' log, folded)."""
+        self.count += count
+        self.total_s += total_s
+        self.min_s = min(self.min_s, min_s)
+        self.max_s = max(self.max_s, max_s)
+        self.bus_bytes += bus_bytes * count
+
     def add(self, seconds: float, bus_bytes: float) -> None:
         self.count += 1
         self.total_s += seconds
@@ -122,9 +130,50 @@ class _Records:
     # collections cost the hot path about 2 us a call.
     pending: list[tuple[_Label, int, float, float]] = field(default_factory=list)
     wall_offset: float = 0.0  # time.time() - time.perf_counter(), for pending's timestamps
+    # The C timers' entries (a TimedLog, see _timer.py): a ring of the most recent calls, folded
+    # into totals by drain() and made trace events only by trace().
+    log: Any = None
+
+    def c_log(self, capacity: int, make: Callable[[int], Any]) -> Any:
+        """The C timers' log, keeping ``capacity`` calls; made on first use. A log of another
+        capacity (an enable() with another ``max_trace_events``) is folded in and replaced, its
+        calls kept as trace events."""
+        if self.log is not None and self.log.capacity != capacity:
+            self._fold_log()
+            with self.lock:
+                self.events.extend(self.log.events())
+                self.dropped_events += self.log.dropped()
+            self.log = None
+        if self.log is None:
+            self.log = make(capacity)
+        return self.log
+
+    def has_unfolded(self) -> bool:
+        return bool(self.pending) or (self.log is not None and self.log.unfolded > 0)
 
     def drain(self, max_events: int) -> None:
         """Fold every pending entry into totals and events, one pass per (op, S) group."""
+        self._fold_log()
+        if self.pending:
+            self._drain_pending(max_events)
+
+    def _fold_log(self) -> None:
+        if self.log is None or not self.log.unfolded:
+            return
+        folded = self.log.fold()
+        with self.lock:
+            for label, nbytes, count, total_s, min_s, max_s in folded:
+                self.rank = label[_RANK]
+                bus_bytes = nbytes * busbw_factor(label[_OP], label[_SIZE])
+                self._accumulator(label[_OP], nbytes).add_folded(count, total_s, min_s, max_s, bus_bytes)
+
+    def _accumulator(self, op: str, nbytes: int) -> _Accumulator:
+        accumulator = self.totals.get((op, nbytes))
+        if accumulator is None:  # not setdefault: that would build an accumulator per call
+            accumulator = self.totals[(op, nbytes)] = _Accumulator()
+        return accumulator
+
+    def _drain_pending(self, max_events: int) -> None:
         batch = self.pending[:]  # appends may race with this: only the copied ones are removed
         del self.pending[: len(batch)]
         groups: dict[tuple[_Label, int], list[tuple[_Label, int, float, float]]] = {}
@@ -138,10 +187,9 @@ class _Records:
             for (label, nbytes), members in groups.items():
                 seconds = list(map(operator.sub, map(_ENDED, members), map(_BEGAN, members)))
                 self.rank = label[_RANK]
-                accumulator = self.totals.get((label[_OP], nbytes))
-                if accumulator is None:
-                    accumulator = self.totals[(label[_OP], nbytes)] = _Accumulator()
-                accumulator.add_many(seconds, nbytes * busbw_factor(label[_OP], label[_SIZE]))
+                self._accumulator(label[_OP], nbytes).add_many(
+                    seconds, nbytes * busbw_factor(label[_OP], label[_SIZE])
+                )
             if max_events > 0:
                 self.events.extend(batch[-max_events:])  # raw entries: made TraceEvents when read
                 for _ in range(len(self.events) - max_events):
@@ -150,9 +198,17 @@ class _Records:
             else:
                 self.dropped_events += len(batch)
 
-    def trace_events(self) -> list[TraceEvent]:
-        """The kept events, oldest first (call under ``lock``)."""
-        return [event if isinstance(event, TraceEvent) else self._event(*event) for event in self.events]
+    def trace(self, max_events: int) -> tuple[list[TraceEvent], int]:
+        """The kept events, oldest first, at most ``max_events`` of them, and how many were
+        dropped (call under ``lock``). The C timers' calls join the others in start order."""
+        events = [event if isinstance(event, TraceEvent) else self._event(*event) for event in self.events]
+        dropped = self.dropped_events
+        if self.log is not None:
+            timed = [self._event(*event) for event in self.log.events()]
+            events = sorted(events + timed, key=_START) if events else timed
+            dropped += self.log.dropped()
+        excess = max(0, len(events) - max_events)
+        return events[excess:], dropped + excess
 
     def _event(self, label: _Label, nbytes: int, began: float, ended: float) -> TraceEvent:
         start_us = (began + self.wall_offset) * 1e6
@@ -162,6 +218,7 @@ class _Records:
 
 
 _BEGAN, _ENDED = operator.itemgetter(2), operator.itemgetter(3)
+_START = operator.attrgetter("start_us")
 
 
 class CommsLogger:
@@ -198,16 +255,8 @@ class CommsLogger:
         if self.options.verbose or (call.device_type != "cpu" and _candidates(call.backend)):
             return observed_run  # an accelerator's ops are timed between device synchronisations
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
-        records = self.records
         return timed_plan(
-            run,
-            observed_run,
-            self,
-            label,
-            records.pending,
-            records.drain,
-            self.options.max_trace_events,
-            payload,
+            run, observed_run, self, label, self.records, self.options.max_trace_events, payload
         )
 
     def _record(self, call: _dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
@@ -220,10 +269,7 @@ class CommsLogger:
         records = self.records
         with records.lock:
             records.rank = call.group.global_rank
-            accumulator = records.totals.get((call.op, nbytes))
-            if accumulator is None:  # not setdefault: that would build an accumulator per call
-                accumulator = records.totals[(call.op, nbytes)] = _Accumulator()
-            accumulator.add(seconds, nbytes * busbw_factor(call.op, size))
+            records._accumulator(call.op, nbytes).add(seconds, nbytes * busbw_factor(call.op, size))
             if self.options.max_trace_events > 0:
                 if len(records.events) >= self.options.max_trace_events:
                     records.events.popleft()
@@ -266,6 +312,8 @@ def is_enabled() -> bool:
 def reset() -> None:
     """Forget every record and trace event."""
     _records.pending.clear()
+    if _records.log is not None:
+        _records.log.clear()
     with _records.lock:
         _records.totals.clear()
         _records.events.clear()
@@ -308,7 +356,7 @@ def export_chrome_trace(path: str | Path, group: Any = None) -> Path | None:
     after destroy, it writes this rank's events only. ``{rank}`` in ``path`` is replaced.
     """
     with _records.lock:
-        local = (_records.rank, _records.trace_events(), _records.dropped_events)
+        local = (_records.rank, *_records.trace(_trace_max_events()))
     gathered = _gather(local, group)
     if gathered is None or not _is_first_rank(group):
         return None
@@ -340,8 +388,12 @@ def _local_row(key: tuple[str, int], value: _Accumulator) -> dict[str, Any]:
 
 def _drain_pending() -> None:
     """Fold the plan wrappers' pending entries into totals and events (whoever enabled them)."""
-    if _records.pending and _last is not None:
+    if _records.has_unfolded() and _last is not None:
         _records.drain(_last.options.max_trace_events)
+
+
+def _trace_max_events() -> int:
+    return _last.options.max_trace_events if _last is not None else LoggerOptions.max_trace_events
 
 
 def _rank_snapshot() -> dict[str, Any]:
@@ -443,7 +495,7 @@ def _report_at_exit(trace_path: str | None) -> None:
     _drain_pending()
     with _records.lock:
         rank = _records.rank
-        events = (rank, _records.trace_events(), _records.dropped_events)
+        events = (rank, *_records.trace(_trace_max_events()))
     if trace_path:
         target = Path(
             trace_path.replace("{rank}", str(rank)) if "{rank}" in trace_path else f"{trace_path}.rank{rank}"

@@ -14,6 +14,7 @@ typedef struct {
     int8_t device_type;  // c10::DeviceType
     int8_t layout;       // c10::Layout
     int8_t contiguous;   // is_contiguous() in the default memory format
+    int8_t itemsize;     // bytes per element
     int16_t device_index;
     int16_t dim;
     int64_t sizes[COMMLAYER_TENSOR_META_DIMS];

@@ -38,6 +38,7 @@ int read_meta(PyObject* obj, CommlayerTensorMeta* meta) noexcept {
     meta->device_type = static_cast<int8_t>(device.type());
     meta->device_index = device.index();
     meta->layout = static_cast<int8_t>(tensor.layout());
+    meta->itemsize = static_cast<int8_t>(tensor.element_size());
     // Only strided tensors have strides; torch's is_contiguous() raises for the others.
     meta->contiguous = tensor.layout() == c10::kStrided && tensor.is_contiguous();
     meta->dim = static_cast<int16_t>(dims);
@@ -49,7 +50,7 @@ int read_meta(PyObject* obj, CommlayerTensorMeta* meta) noexcept {
   }
 }
 
-// describe(tensor): (scalar_type, device_type, device_index, layout, contiguous, sizes) as the
+// describe(tensor): (scalar_type, device_type, device_index, layout, contiguous, sizes, itemsize) as the
 // launchers see it, or None where they ask Python instead. For tests.
 PyObject* describe(PyObject*, PyObject* tensor) {
   CommlayerTensorMeta meta;
@@ -64,8 +65,8 @@ PyObject* describe(PyObject*, PyObject* tensor) {
     }
     PyTuple_SET_ITEM(sizes, index, size);
   }
-  return Py_BuildValue("(iiiiON)", meta.scalar_type, meta.device_type, meta.device_index, meta.layout,
-                       meta.contiguous ? Py_True : Py_False, sizes);
+  return Py_BuildValue("(iiiiONi)", meta.scalar_type, meta.device_type, meta.device_index, meta.layout,
+                       meta.contiguous ? Py_True : Py_False, sizes, meta.itemsize);
 }
 
 PyMethodDef methods[] = {

@@ -3,9 +3,10 @@
 // commlayer.comms_logger times a blocking op on CPU tensors with two clock reads around the plan
 // and one pending entry; in Python that wrapper was ~0.3 us per call on the project VM (a frame,
 // two calls to time.perf_counter, the nbytes property, a tuple and the drain check), at the
-// issue's 0.3 us limit. Here it is one vectorcall with no frame. It lives in this extension
+// issue's 0.3 us limit. Here it is one vectorcall with no frame, and the entry is a record in
+// the logger's TimedLog (timed_log.c) with no Python object made. It lives in this extension
 // because it is commlayer's one module built on the Python C API alone; it runs any backend's
-// plan. The Python wrapper in comms_logger/_logger.py stays the reference and the fallback.
+// plan. The Python wrapper in comms_logger/_timer.py stays the reference and the fallback.
 #include "launcher.h"
 
 #include <time.h>
@@ -14,17 +15,17 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     Py_ssize_t payload, drain_at;
-    PyObject *run, *observed, *owner, *label, *pending, *drain, *max_events;
+    PyObject *run, *observed, *owner, *label, *log, *drain, *max_events;
 } Timed;
 
 static PyObject *str_muted_thread, *str_nbytes;
 
-// What time.perf_counter reads on Linux (CLOCK_MONOTONIC, nanoseconds as a double / 1e9), so
-// the entries line up with the logger's other timestamps.
-static PyObject *perf_counter(void) {
+// What time.perf_counter reads on Linux (CLOCK_MONOTONIC), in nanoseconds: the records line up
+// with the logger's other timestamps.
+static long long monotonic_ns(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    return PyFloat_FromDouble((double)((long long)now.tv_sec * 1000000000LL + now.tv_nsec) / 1e9);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
 static int logs_here(Timed *self, PyObject *async_op) {
@@ -37,23 +38,34 @@ static int logs_here(Timed *self, PyObject *async_op) {
     return free_to_log;
 }
 
-// The pending entry (label, nbytes, began, ended), appended; the records drained when full.
-static int record(Timed *self, PyObject *tensor, PyObject *began, PyObject *ended) {
+// The tensor's size in bytes: from the tensor meta reader where it reads the tensor, else nbytes.
+static long long nbytes_of(PyObject *tensor) {
+    CommlayerTensorMeta meta;
+    if (tensor_meta_reader != NULL && tensor_meta_reader(tensor, &meta)) {
+        long long elements = 1;
+        for (int index = 0; index < meta.dim; index++) elements *= meta.sizes[index];
+        return elements * meta.itemsize;
+    }
     PyObject *nbytes = PyObject_GetAttr(tensor, str_nbytes);
     if (nbytes == NULL) return -1;
-    PyObject *entry = PyTuple_Pack(4, self->label, nbytes, began, ended);
+    long long value = PyLong_AsLongLong(nbytes);
     Py_DECREF(nbytes);
-    if (entry == NULL) return -1;
-    int appended = PyList_Append(self->pending, entry);
-    Py_DECREF(entry);
-    if (appended < 0 || PyList_GET_SIZE(self->pending) < self->drain_at) return appended;
+    return value;
+}
+
+// The call entered in the log; the log folded into the logger's records when drain_at are unfolded.
+static int record(Timed *self, PyObject *tensor, long long began_ns, long long ended_ns) {
+    long long nbytes = nbytes_of(tensor);
+    if (nbytes < 0) return PyErr_Occurred() ? -1 : 0;
+    timed_log_append(self->log, self->label, nbytes, began_ns, ended_ns);
+    if (timed_log_unfolded(self->log) < self->drain_at) return 0;
     PyObject *drained = PyObject_CallOneArg(self->drain, self->max_events);
     Py_XDECREF(drained);
     return drained == NULL ? -1 : 0;
 }
 
 // run(async_op, *tensors): an async or muted call goes to the observed run (the logger's
-// ordinary path); a blocking one runs the plan between two clock reads and is entered pending.
+// ordinary path); a blocking one runs the plan between two clock reads and is entered in the log.
 static PyObject *timed_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Timed *self = (Timed *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -63,14 +75,10 @@ static PyObject *timed_vectorcall(PyObject *callable, PyObject *const *args, siz
     }
     int here = logs_here(self, args[0]);
     if (here <= 0) return here < 0 ? NULL : PyObject_Vectorcall(self->observed, args, nargs, NULL);
-    PyObject *began = perf_counter();
-    if (began == NULL) return NULL;
+    long long began_ns = monotonic_ns();
     PyObject *result = PyObject_Vectorcall(self->run, args, nargs, NULL);
-    PyObject *ended = result == NULL ? NULL : perf_counter();
-    int recorded = ended == NULL ? -1 : record(self, args[1 + self->payload], began, ended);
-    Py_DECREF(began);
-    Py_XDECREF(ended);
-    if (recorded < 0) {
+    if (result == NULL) return NULL;
+    if (record(self, args[1 + self->payload], began_ns, monotonic_ns()) < 0) {
         Py_XDECREF(result);
         return NULL;
     }
@@ -79,20 +87,21 @@ static PyObject *timed_vectorcall(PyObject *callable, PyObject *const *args, siz
 }
 
 static int timed_init(Timed *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"run", "observed", "owner", "label", "pending", "drain", "max_events",
+    static char *keywords[] = {"run", "observed", "owner", "label", "log", "drain", "max_events",
                                "drain_at", "payload", NULL};
     PyObject *fields[7];
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO!OOnn", keywords, &fields[0], &fields[1], &fields[2],
-                                     &fields[3], &PyList_Type, &fields[4], &fields[5], &fields[6],
+                                     &fields[3], &TimedLogType, &fields[4], &fields[5], &fields[6],
                                      &self->drain_at, &self->payload)) {
         return -1;
     }
-    if (self->payload < 0 || self->drain_at < 1) {
-        PyErr_SetString(PyExc_ValueError, "Timed: payload >= 0 and drain_at >= 1 expected");
+    // Folded before the ring could overwrite a call not folded yet.
+    if (self->payload < 0 || self->drain_at < 1 || self->drain_at > timed_log_capacity(fields[4])) {
+        PyErr_SetString(PyExc_ValueError, "Timed: payload >= 0 and 1 <= drain_at <= the log's capacity expected");
         return -1;
     }
     PyObject **slots[7] = {&self->run,     &self->observed, &self->owner,     &self->label,
-                           &self->pending, &self->drain,    &self->max_events};
+                           &self->log,     &self->drain,    &self->max_events};
     for (int index = 0; index < 7; index++) Py_XSETREF(*slots[index], Py_NewRef(fields[index]));
     self->vectorcall = timed_vectorcall;
     return 0;
@@ -103,7 +112,7 @@ static int timed_traverse(Timed *self, visitproc visit, void *arg) {
     Py_VISIT(self->observed);
     Py_VISIT(self->owner);
     Py_VISIT(self->label);
-    Py_VISIT(self->pending);
+    Py_VISIT(self->log);
     Py_VISIT(self->drain);
     Py_VISIT(self->max_events);
     return 0;
@@ -114,7 +123,7 @@ static int timed_clear(Timed *self) {
     Py_CLEAR(self->observed);
     Py_CLEAR(self->owner);
     Py_CLEAR(self->label);
-    Py_CLEAR(self->pending);
+    Py_CLEAR(self->log);
     Py_CLEAR(self->drain);
     Py_CLEAR(self->max_events);
     return 0;
@@ -130,7 +139,7 @@ PyTypeObject TimedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_launcher.Timed",
     .tp_basicsize = sizeof(Timed),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Timed(run, observed, owner, label, pending, drain, max_events, drain_at, payload)"
+    .tp_doc = "Timed(run, observed, owner, label, log, drain, max_events, drain_at, payload)"
               "(async_op, *tensors): the comms logger's timer around a plan.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)timed_init,
