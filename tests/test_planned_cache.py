@@ -24,6 +24,8 @@ import torch
 from commlayer.backends import _torch_plans
 from commlayer.types import ReduceOp
 
+from ._tensor_kinds import PassThroughMode, Traced
+
 native = _torch_plans.native
 pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
 READERS = ["python attributes", "c tensor reader"]
@@ -106,19 +108,12 @@ def test_a_tensor_whose_metadata_changes_in_place_is_looked_up_again() -> None:
 
 
 def test_subclasses_and_torch_function_modes_are_asked_through_python() -> None:
-    class Traced(torch.Tensor):
-        pass
-
-    class Mode(torch.overrides.TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            return func(*args, **(kwargs or {}))
-
     seen: list = []
     no_plan, tensor = object(), torch.ones(4)
     plans: dict = {_key(None, tensor): _plan("plan", seen)}
     planned = native.PlannedP2P(plans, "send", True, no_plan)
     assert planned(tensor.as_subclass(Traced), 1, None, 0, None) == "plan"
-    with Mode():
+    with PassThroughMode():
         assert planned(tensor, 1, None, 0, None) == "plan"
     assert len(seen) == 2
 
@@ -186,12 +181,17 @@ def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_document
     assert "Args:" in (dist.isend.__doc__ or "") and "group_dst" in str(inspect.signature(dist.isend))
 
 
-def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it() -> None:
-    ring: list = [None] * 2
-    launcher = native.Launcher(
-        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(1), ring,
+def _recording_all_reduce(ring: list, first_seq: int) -> Any:
+    """A C launcher of all_reduce over a no-op ProcessGroup method, entering its calls in ``ring``."""
+    return native.Launcher(
+        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(first_seq), ring,
         "all_reduce", torch.float32, -1, "started", "completed", print, _torch_plans.LaunchedWork,
     )  # fmt: skip
+
+
+def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it() -> None:
+    ring: list = [None] * 2
+    launcher = _recording_all_reduce(ring, first_seq=1)
     launcher(False, torch.ones(2))  # seq 1 -> slot 1
     launcher(False, torch.ones(2))  # seq 2 -> slot 0
     kept = ring[1]  # a reader's snapshot of the entry for seq 1
@@ -205,10 +205,7 @@ def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it()
 
 def test_each_entry_holds_the_shape_its_tensor_had_when_called() -> None:
     ring: list = [None] * 8
-    launcher = native.Launcher(
-        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(0), ring,
-        "all_reduce", torch.float32, -1, "started", "completed", print, _torch_plans.LaunchedWork,
-    )  # fmt: skip
+    launcher = _recording_all_reduce(ring, first_seq=0)
     tensor = torch.ones(2, 3)
     launcher(False, tensor)
     launcher(False, tensor)

@@ -16,6 +16,8 @@ import torch
 
 from commlayer.backends import _torch_plans
 
+from ._tensor_kinds import PassThroughMode, Traced
+
 tensor_meta = _torch_plans._tensor_meta
 pytestmark = pytest.mark.skipif(
     _torch_plans.tensor_meta_reader() is None, reason="no C tensor reader built for this torch"
@@ -51,15 +53,8 @@ def test_each_dtype_reads_as_its_own_scalar_type() -> None:
 
 
 def test_what_python_may_answer_differently_is_not_read() -> None:
-    class Traced(torch.Tensor):
-        pass
-
-    class Mode(torch.overrides.TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            return func(*args, **(kwargs or {}))
-
     assert tensor_meta.describe(torch.ones(2).as_subclass(Traced)) is None
-    with Mode():
+    with PassThroughMode():
         assert tensor_meta.describe(torch.ones(2)) is None
     assert tensor_meta.describe(torch.ones(2)) is not None
     assert tensor_meta.describe(torch.ones(*[1] * 9)) is None  # more dimensions than it holds
