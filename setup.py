@@ -91,7 +91,7 @@ def _shm_extensions() -> list[Extension]:
         Extension(
             "commlayer.backends.shm._C",
             sources=[f"csrc/shm/{name}" for name in sources],
-            depends=["csrc/launch/recording.hpp"],
+            depends=["csrc/launch/recording.hpp", "csrc/launch/spin.hpp"],
             include_dirs=[pybind11.get_include()],
             libraries=["rt"],
             # -O3 vectorises the reduction kernels; kernels.cpp compiles them per ISA and picks one
@@ -112,7 +112,7 @@ def _mpi_launcher_extensions() -> list[Extension]:
             "commlayer.backends.mpi._launcher",
             sources=["csrc/mpi/launcher.cpp"],
             include_dirs=[pybind11.get_include()],
-            depends=["csrc/launch/recording.hpp", "csrc/mpi/mpi_abi.hpp"],
+            depends=["csrc/launch/recording.hpp", "csrc/launch/spin.hpp", "csrc/mpi/mpi_abi.hpp"],
             extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
             language="c++",
         )

@@ -10,6 +10,7 @@ tensor's current stream is synchronised, so queued kernels have finished writing
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["CUDA_AWARE_ENV", "copy_back", "cuda_aware", "on_host", "synchronize_producers"]
+__all__ = [
+    "CUDA_AWARE_ENV",
+    "copy_back",
+    "cuda_aware",
+    "on_host",
+    "synchronize_producers",
+    "warn_staging_once",
+]
 
 log = logging.getLogger("commlayer.backends.mpi")
 
@@ -82,3 +90,14 @@ def copy_back(device_values: Sequence[Any], host_values: Sequence[Any]) -> None:
                 device_value.copy_(host_value)
         elif isinstance(device_value, (list, tuple)):
             copy_back(device_value, host_value)
+
+
+@functools.cache
+def warn_staging_once(library: str) -> None:
+    """Say once per library that its CUDA tensors go through host memory."""
+    log.warning(
+        "mpi: %s is not CUDA-aware (or does not say so); CUDA tensors are staged through host "
+        "memory. Set %s=1 if the library supports CUDA.",
+        library,
+        CUDA_AWARE_ENV,
+    )

@@ -23,7 +23,6 @@ two-rank communicator, where global rank 1 sends). Planned ops run fused launche
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -57,7 +56,6 @@ from .options import MODE_ENV, MpiOptions
 
 __all__ = ["MODE_ENV", "MpiBackend", "MpiOptions"]
 
-log = logging.getLogger("commlayer.backends.mpi")
 
 # Which positional arguments of each op are written, for staging CUDA tensors through the host.
 _OUTPUT_ARGUMENTS = {
@@ -422,7 +420,7 @@ class MpiBackend(Backend):
 
     def _via_host(self, op: str, *arguments: Any, async_op: bool) -> Work:
         """Run ``op`` on host copies of the CUDA arguments, then copy its outputs back."""
-        _log_staging_once(self.library)
+        _cuda.warn_staging_once(self.library)
         staged = [_cuda.on_host(argument) for argument in arguments]
         work = getattr(self, op)(*staged, async_op=async_op)
         written = _OUTPUT_ARGUMENTS[op]
@@ -444,13 +442,3 @@ def _completed(result: Sequence[torch.Tensor], epilogue: Callable[[], Any] | Non
 def _types_of(mpi: ModuleType) -> MpiTypes:
     """One table (and one set of user-defined 16-bit float ops) per process."""
     return MpiTypes.build(mpi)
-
-
-@functools.cache
-def _log_staging_once(library: str) -> None:
-    log.warning(
-        "mpi: %s is not CUDA-aware (or does not say so); CUDA tensors are staged through host "
-        "memory. Set %s=1 if the library supports CUDA.",
-        library,
-        _cuda.CUDA_AWARE_ENV,
-    )

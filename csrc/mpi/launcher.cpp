@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../launch/recording.hpp"
+#include "../launch/spin.hpp"
 #include "mpi_abi.hpp"
 
 namespace py = pybind11;
@@ -82,11 +83,7 @@ void publish(const SharedSlots& slots, std::int64_t sequence, std::int64_t count
     __atomic_store_n(&slot[0], sequence, __ATOMIC_RELEASE);
 }
 
-inline void cpu_relax() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-}
+using launch::cpu_relax;
 
 double monotonic_s() {
     timespec now{};

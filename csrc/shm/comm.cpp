@@ -9,11 +9,8 @@
 #include <cstring>
 #include <sched.h>
 
+#include "../launch/spin.hpp"
 #include "placement.hpp"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace commlayer::shm {
 
@@ -30,11 +27,7 @@ constexpr int kSharedCpuSpins = 16;              // a peer on this CPU cannot ar
 constexpr std::int64_t kMoveIntervalNs = 10000000;  // at most one move to another CPU per 10 ms
 constexpr std::uint32_t kDeparted = 2;  // Control::failed of a rank whose process is exiting (depart())
 
-inline void cpu_relax() {
-#if defined(__x86_64__)
-    _mm_pause();
-#endif
-}
+using launch::cpu_relax;
 
 using Clock = std::chrono::steady_clock;
 
