@@ -3,7 +3,8 @@
 One step runs under ``torch.profiler`` (CUDA activity only); the kernel intervals of its trace are
 split into NCCL kernels and the rest ("compute"), and the step's span (first kernel start to last
 kernel end) is divided into: compute running (with or without NCCL), NCCL alone (the compute
-stream waits on communication), and nothing at all (the GPU waits on the host).
+stream waits on communication), and nothing at all (the GPU waits on the host); and the kernel
+time of each family (NCCL, attention, GEMM, the rest).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -75,7 +77,30 @@ def summarize(compute: list[Interval], nccl: list[Interval]) -> dict[str, float]
     }
 
 
-def profile_step(step: Callable[[], object]) -> dict[str, float]:
+# Kernel families by name, the first match winning: an attention kernel's name may also carry
+# "gemm" or "sm90", a GEMM's rarely "flash".
+FAMILIES = (
+    ("nccl", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
+)
+
+
+def kernel_families(trace: dict) -> dict[str, float]:
+    """Milliseconds of kernel time per family (nccl, attention, gemm, other), overlaps counted
+    in each: what a step spends on what, to bound what a faster piece could win."""
+    totals = dict.fromkeys([name for name, _ in FAMILIES] + ["other"], 0.0)
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") == "kernel":
+            name = event.get("name", "").lower()
+            family = next(
+                (family for family, marks in FAMILIES if any(mark in name for mark in marks)), "other"
+            )
+            totals[family] += float(event["dur"]) / 1e3
+    return {family: round(ms, 2) for family, ms in totals.items()}
+
+
+def profile_step(step: Callable[[], object]) -> dict[str, Any]:
     """Run ``step`` once under the profiler and summarize its kernels (see the module docstring)."""
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -85,4 +110,4 @@ def profile_step(step: Callable[[], object]) -> dict[str, float]:
         path = Path(folder) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
-    return summarize(*split_kernels(trace))
+    return {**summarize(*split_kernels(trace)), "kernels_ms": kernel_families(trace)}

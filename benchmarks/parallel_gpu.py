@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _stream_profile import profile_step
 from _timed_steps import time_steps
 from torch import nn
 
@@ -48,6 +49,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--precision", choices=("autocast", "bf16"), default="autocast")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--profile", action="store_true", help="after timing, profile one more step (GPU only)"
+    )
     parser.add_argument(
         "--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)"
     )
@@ -170,11 +174,13 @@ def main() -> None:
         dist.init_process_group("nccl")
     step, tokens = (ulysses_step if args.layer == "ulysses" else moe_step)(args, device)
     seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
+    profiled = profile_step(step) if args.profile and not args.cpu else None
     if dist.get_rank() == 0:
         mode = f"cl_{args.layer}" + (f"_zero{args.stage}_{args.precision}" if args.layer == "ulysses" else "")
         result = {"mode": mode, "world": dist.get_world_size(), "seq": args.seq, "width": args.width,
                   "layers": args.layers, "tokens_per_s": round(tokens / seconds), "step_ms": round(seconds * 1e3, 1),
-                  "peak_GiB": round(peak, 2), "loss": round(loss.item(), 4)}  # fmt: skip
+                  "peak_GiB": round(peak, 2), "loss": round(loss.item(), 4),
+                  **({"profile": profiled} if profiled else {})}  # fmt: skip
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 
