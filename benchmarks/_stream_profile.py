@@ -86,18 +86,30 @@ FAMILIES = (
 )
 
 
-def kernel_families(trace: dict) -> dict[str, float]:
+def kernel_families(trace: dict, top: int = 8) -> dict[str, Any]:
     """Milliseconds of kernel time per family (nccl, attention, gemm, other), overlaps counted
-    in each: what a step spends on what, to bound what a faster piece could win."""
+    in each: what a step spends on what, to bound what a faster piece could win; and the ``top``
+    kernels of "other" by time (names cut to 80 characters)."""
     totals = dict.fromkeys([name for name, _ in FAMILIES] + ["other"], 0.0)
+    others: dict[str, float] = {}
     for event in trace.get("traceEvents", []):
-        if event.get("cat") == "kernel":
-            name = event.get("name", "").lower()
-            family = next(
-                (family for family, marks in FAMILIES if any(mark in name for mark in marks)), "other"
-            )
-            totals[family] += float(event["dur"]) / 1e3
-    return {family: round(ms, 2) for family, ms in totals.items()}
+        if event.get("cat") != "kernel":
+            continue
+        name, ms = event.get("name", ""), float(event["dur"]) / 1e3
+        family = _family(name.lower())
+        totals[family] += ms
+        if family == "other":
+            others[name[:80]] = others.get(name[:80], 0.0) + ms
+    largest = sorted(others.items(), key=lambda item: -item[1])[:top]
+    summary: dict[str, Any] = {family: round(ms, 2) for family, ms in totals.items()}
+    summary["top_other"] = [[name, round(ms, 2)] for name, ms in largest]
+    return summary
+
+
+def _family(lowered_name: str) -> str:
+    return next(
+        (family for family, marks in FAMILIES if any(mark in lowered_name for mark in marks)), "other"
+    )
 
 
 def profile_step(step: Callable[[], object]) -> dict[str, Any]:
