@@ -64,6 +64,18 @@ def capacity_from_env(environ: dict[str, str] | os._Environ = os.environ) -> int
         raise ValueError(f"${CAPACITY_ENV} expected a positive integer, received {raw!r}") from None
 
 
+# The tensor of a planned op's call that its entry records (the index in the launcher's
+# ``run(async_op, *tensors)``), as the facade plans them: the one tensor, all_gather's output,
+# reduce_scatter's and all_to_all's input. Backends' fused launchers read it from here.
+PLANNED_PAYLOAD: dict[str, int] = {
+    "all_reduce": 0,
+    "broadcast": 0,
+    "all_gather_into_tensor": 0,
+    "reduce_scatter_tensor": 1,
+    "all_to_all_single": 1,
+}
+
+
 class Recording(NamedTuple):
     """What a fused launcher needs to enter its calls in a ring itself, with no Python call.
 

@@ -32,6 +32,7 @@ from ._bootstrap import Connection, connect, disconnect
 from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
+from ._plans import fused_launcher
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
@@ -117,6 +118,9 @@ class CclBackend(Backend):
     def kvs_address(self) -> str:
         """``ip_port`` of the oneCCL KVS this communicator was built from (for diagnostics)."""
         return self._live().address
+
+    # The planned collectives' fused launchers (see Backend.recorded_plan and _plans.py).
+    recorded_plan = fused_launcher
 
     # --- the mandatory core ----------------------------------------------------------------
 

@@ -23,7 +23,16 @@ from typing import Any
 
 import torch
 
-from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording, prefill
+from commlayer.flight_recorder import (
+    COMPLETED,
+    COMPLETED_NS,
+    PLANNED_PAYLOAD,
+    STARTED,
+    STATE,
+    WORK,
+    Recording,
+    prefill,
+)
 from commlayer.work import Work
 
 from ._native import native_launcher
@@ -34,14 +43,6 @@ MpiBackend = Any
 
 __all__ = ["ordered_launcher"]
 
-# op -> index of the tensor the flight recorder enters: the facade's ``payload`` (commlayer.dist._planned).
-_PAYLOAD = {
-    "all_reduce": 0,
-    "broadcast": 0,
-    "all_gather_into_tensor": 0,
-    "reduce_scatter_tensor": 1,
-    "all_to_all_single": 1,
-}
 _monotonic_ns = time.monotonic_ns
 _REMEMBERED_MESSAGES = 64  # per launcher (one kind of call): a bucketed model's buffers fit
 _weak = weakref.ref
@@ -54,7 +55,7 @@ def ordered_launcher(
     backend: MpiBackend, op: str, fixed: tuple[Any, ...], recording: Recording
 ) -> Callable[..., Work | None] | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
-    if op not in _PAYLOAD or backend._ordered is None:
+    if op not in PLANNED_PAYLOAD or backend._ordered is None:
         return None
     try:
         call, prepare, key = _PREPARERS[op](backend, fixed, recording.dtype)
@@ -101,7 +102,12 @@ def _launcher(
     prepare: Callable[..., Prepared | None],
 ) -> Callable[..., Work | None]:
     next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, executor, limit, method = _PAYLOAD[op], backend._ordered, backend._limit, getattr(backend, op)
+    payload, executor, limit, method = (
+        PLANNED_PAYLOAD[op],
+        backend._ordered,
+        backend._limit,
+        getattr(backend, op),
+    )
 
     def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         seq = next_seq()
@@ -146,7 +152,7 @@ def _publishing_early(
     check waits for the slowest rank, and this way that wait overlaps ~0.5 us of each rank's own
     Python. Asynchronous calls, and calls behind queued ones, check on the worker (``otherwise``)."""
     next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, executor, limit = _PAYLOAD[op], backend._ordered, backend._limit
+    payload, executor, limit = PLANNED_PAYLOAD[op], backend._ordered, backend._limit
     publish, gathered = check.shared.publish, check.gathered(op, key, call)
     queue = executor._queue  # a friend's state, read once: empty means the call runs in place
 

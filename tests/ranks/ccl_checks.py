@@ -23,6 +23,7 @@ def main() -> None:
     backend = dist.group.WORLD.primary_backend
     assert backend.name == "ccl", f"expected the ccl backend, got {backend.name!r}"
     check_required_dtypes_and_ops()
+    check_planned_ops_run_the_fused_launchers_and_are_recorded()
     check_many_async_ops_in_flight()
     check_future_and_then()
     check_overlapping_subgroups()
@@ -45,6 +46,56 @@ def check_required_dtypes_and_ops() -> None:
             dist.reduce(reduced_here, dst=world - 1, op=op)
             mine = expected if me == world - 1 else _input(me, dtype, op)
             assert_equal(reduced_here, mine, f"reduce {dtype} {op.name} (rank {me})", op)
+
+
+def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
+    """The planned ops run backends/ccl/_plans.py's launchers: exact results, sync and async, an
+    uneven all-to-all through the op method, and each call in the flight recorder with its op,
+    shape, dtype, root and state."""
+    from commlayer.dist import _dispatch
+    from commlayer.dist._groups import resolve_group
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    base = torch.arange(6, dtype=torch.float64)
+    summed = base + 1000 * rank
+    dist.all_reduce(summed)
+    pending = dist.broadcast(shout := base + 1000 * rank, src=size - 1, async_op=True)
+    gathered = torch.zeros(6 * size, dtype=torch.float64)
+    dist.all_gather_into_tensor(gathered, base + 1000 * rank)
+    scattered = torch.zeros(3, dtype=torch.float64)
+    dist.reduce_scatter_tensor(scattered, torch.arange(3.0 * size, dtype=torch.float64) + rank)
+    uneven_in = torch.full((size + rank,), float(rank))  # one element to each peer, the rest to rank 0
+    uneven_out = torch.zeros(size + (rank == 0) * sum(range(size)))
+    splits_in = [1 + rank] + [1] * (size - 1)
+    splits_out = [1 + peer for peer in range(size)] if rank == 0 else [1] * size
+    dist.all_to_all_single(uneven_out, uneven_in, splits_out, splits_in)
+    assert pending.wait() is True
+    assert torch.equal(summed, base * size + 1000 * sum(range(size))), summed
+    assert torch.equal(shout, base + 1000 * (size - 1)), shout
+    assert torch.equal(gathered, torch.cat([base + 1000 * peer for peer in range(size)])), gathered
+    expected_scatter = torch.arange(3.0 * size, dtype=torch.float64)[3 * rank : 3 * rank + 3] * size + sum(
+        range(size)
+    )
+    assert torch.equal(scattered, expected_scatter), scattered
+    expected_uneven = torch.cat([torch.full((n,), float(peer)) for peer, n in enumerate(splits_out)])
+    assert torch.equal(uneven_out, expected_uneven), uneven_out
+    planned = [  # this check's plans (float64; earlier checks planned AVG, which the facade emulates)
+        plan.run for key, plan in _dispatch.plans.items() if torch.float64 in key and ReduceOp.AVG not in key
+    ]
+    modules = {(run.__module__, run.__qualname__) for run in planned}
+    assert modules == {("commlayer.backends.ccl._plans", "_launcher.<locals>.run")}, modules
+    entries = [entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]]
+    seen = [
+        (entry["op"], entry["shape"], entry["dtype"], entry["root"], entry["state"]) for entry in entries[-5:]
+    ]
+    expected = [
+        ("all_reduce", [6], "float64", -1, "completed"),
+        ("broadcast", [6], "float64", size - 1, "completed"),
+        ("all_gather_into_tensor", [6 * size], "float64", -1, "completed"),
+        ("reduce_scatter_tensor", [3 * size], "float64", -1, "completed"),
+        ("all_to_all_single", [size + rank], "float32", -1, "completed"),
+    ]
+    assert seen == expected, seen
 
 
 def check_many_async_ops_in_flight() -> None:
