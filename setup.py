@@ -127,7 +127,7 @@ def _torch_launcher_extensions() -> list[Extension]:
             "commlayer.backends._torch_launcher",
             sources=[
                 f"csrc/torch_launcher/{name}.c"
-                for name in ("module", "launcher", "planned", "entry", "work", "timed", "timed_log")
+                for name in ("module", "launcher", "planned", "paired", "entry", "work", "timed", "timed_log")
             ],
             depends=["csrc/torch_launcher/launcher.h", "csrc/launch/tensor_meta.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],

@@ -5,7 +5,8 @@ building and hashing the key, for as long as the plans dict is unchanged. Every 
 dict (a plan added or replaced, a clear) must send the next call back to the dict, and the cache
 must not keep a group alive, and a tensor changed in place (another dtype, strides, size) must be
 looked up again. Each test runs with the tensor read through its Python attributes and through
-the C tensor reader (commlayer.backends._tensor_meta). Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
+the C tensor reader (commlayer.backends._tensor_meta). The two-tensor collectives' lookup
+(``PlannedPaired``) reads tensors through the C reader only. Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
 as the Python functions do and fall back to them, and the launcher's reuse of an evicted recorder
 entry that nobody else holds.
 """
@@ -213,3 +214,58 @@ def test_each_entry_holds_the_shape_its_tensor_had_when_called() -> None:
     launcher(False, tensor)
     launcher(False, torch.ones(*range(1, 11)))  # more dimensions than the C reader takes
     assert [tuple(entry[2]) for entry in ring[:4]] == [(2, 3), (2, 3), (6,), tuple(range(1, 11))]
+
+
+def _paired_key(kind: str, group: Any, output: torch.Tensor, tensor: torch.Tensor, *scalars: Any) -> tuple:
+    described = (output.dtype, output.device, output.layout, tensor.dtype, tensor.device, tensor.layout)
+    return (kind, group, *scalars, *described)
+
+
+def _paired_plan(name: str, seen: list, size: int) -> tuple:
+    return (lambda async_op, *arguments: seen.append((name, arguments)) or name, None, size)
+
+
+def test_the_paired_lookup_runs_plans_whose_counts_fit_and_refuses_the_rest(reader: str) -> None:
+    seen: list = []
+    no_plan, group = object(), Group()
+    output, tensor = torch.zeros(8), torch.ones(4)
+    plans: dict = {
+        _paired_key("all_gather_into_tensor", group, output, tensor): _paired_plan("gather", seen, 2)
+    }
+    gather = native.PlannedPaired(plans, "all_gather_into_tensor", 0, no_plan)
+    if reader == READERS[0]:  # it reads tensors through the C reader only: Python's lookup serves all
+        assert gather(output, tensor, group, False, None, None) is no_plan and not seen
+        return
+    assert [gather(output, tensor, group, False, None, None) for _ in range(2)] == ["gather"] * 2
+    assert gather(torch.zeros(6), tensor, group, False, None, None) is no_plan  # 6 != 2 x 4
+    assert gather(torch.zeros(16)[::2], tensor, group, False, None, None) is no_plan  # strided
+    assert gather(output, tensor.double(), group, False, None, None) is no_plan  # another dtype
+    assert gather(output, tensor, Group(), False, None, None) is no_plan  # another group
+    assert gather(output.as_subclass(Traced), tensor, group, False, None, None) is no_plan  # Python decides
+    tensor.data = torch.ones(4, dtype=torch.float64)  # the same Python tensor, another dtype
+    assert gather(output, tensor, group, False, None, None) is no_plan
+    plans.clear()
+    assert gather(output, torch.ones(4), group, False, None, None) is no_plan
+    assert [name for name, _ in seen] == ["gather"] * 2
+
+
+def test_the_paired_lookup_keys_reduce_scatter_by_its_op_and_all_to_all_by_even_splits(reader: str) -> None:
+    if reader == READERS[0]:
+        return  # the test above shows that without the C reader every call is the Python lookup's
+    seen: list = []
+    no_plan, output, tensor = object(), torch.zeros(2), torch.ones(6)
+    plans: dict = {
+        _paired_key("reduce_scatter_tensor", None, output, tensor, ReduceOp.SUM): _paired_plan(
+            "sum", seen, 3
+        ),
+        _paired_key("all_to_all_single", None, tensor, tensor): _paired_plan("a2a", seen, 3),
+    }
+    scatter = native.PlannedPaired(plans, "reduce_scatter_tensor", 1, no_plan)
+    exchange = native.PlannedPaired(plans, "all_to_all_single", 2, no_plan)
+    assert scatter(output, tensor, None, True, ReduceOp.SUM, None) == "sum"
+    assert scatter(output, tensor, None, True, ReduceOp.MAX, None) is no_plan
+    assert exchange(tensor, tensor, None, False, None, None) == "a2a"
+    assert seen[-1] == ("a2a", (tensor, tensor, None, None))  # the plan's even-split call
+    assert exchange(tensor, tensor, None, False, [1, 2, 3], [3, 2, 1]) is no_plan  # splits: Python
+    assert exchange(torch.ones(4), torch.ones(4), None, False, None, None) is no_plan  # 4 rows, 3 ranks
+    assert [name for name, _ in seen] == ["sum", "a2a"]

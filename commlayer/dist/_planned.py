@@ -56,6 +56,20 @@ _planned_all_reduce = _planned_lookup("all_reduce", False)
 _planned_broadcast = _planned_lookup("broadcast", True)
 
 
+def _paired_lookup(kind: str, relation: int) -> Callable[..., Any]:
+    """``planned(output, input, group, async_op, scalar, extra)``: a two-tensor collective run
+    through its plan by the C lookup (``PlannedPaired``), else NO_PLAN, and always NO_PLAN where it
+    is not built; the op's Python lookup below it serves what it does not answer."""
+    if native is None or not hasattr(native, "PlannedPaired"):  # an extension built before it
+        return lambda *arguments: NO_PLAN
+    return native.PlannedPaired(plans, kind, relation, NO_PLAN)
+
+
+_planned_all_gather = _paired_lookup("all_gather_into_tensor", 0)  # output = size x input
+_planned_reduce_scatter = _paired_lookup("reduce_scatter_tensor", 1)  # input = size x output
+_planned_all_to_all = _paired_lookup("all_to_all_single", 2)  # even splits of dim 0
+
+
 def all_reduce(
     tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
@@ -191,6 +205,9 @@ def all_gather_into_tensor(
         >>> output  # 2 ranks
         tensor([0., 0., 1., 1.])
     """
+    work = _planned_all_gather(output_tensor, input_tensor, group, async_op, None, None)
+    if work is not NO_PLAN:
+        return work
     try:
         plan = plans.get(
             (
@@ -270,6 +287,9 @@ def reduce_scatter_tensor(
         >>> output  # rank 1
         tensor([4.])
     """
+    work = _planned_reduce_scatter(output, input, group, async_op, op, None)
+    if work is not NO_PLAN:
+        return work
     try:
         plan = plans.get(
             (
@@ -354,6 +374,9 @@ def all_to_all_single(
         >>> output  # rank 0
         tensor([10., 20.])
     """
+    work = _planned_all_to_all(output, input, group, async_op, output_split_sizes, input_split_sizes)
+    if work is not NO_PLAN:
+        return work
     try:
         plan = plans.get(
             (

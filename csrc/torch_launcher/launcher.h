@@ -11,7 +11,8 @@
 extern PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done,
     *str_dtype, *str_device, *str_layout, *str_is_contiguous, *minus_one, *zero, *empty_tuple;
 
-extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, CWorkType, TimedType, TimedLogType, P2PEntryType;
+extern PyTypeObject LauncherType, PlannedP2PType, PlannedCollectiveType, PlannedPairedType, CWorkType, TimedType, TimedLogType,
+    P2PEntryType;
 // The parameter names of isend/send (tensor, dst, group, tag, group_dst) and irecv/recv (src, group_src).
 extern PyObject *send_names[5], *recv_names[5];
 
@@ -29,6 +30,13 @@ PyObject *work_support(PyObject *module, PyObject *args);
 extern CommlayerTensorMetaReader tensor_meta_reader;
 // Whether dict version tags mark every change (planned.c's inline cache relies on it); -1 on error.
 int check_dict_versions(void);
+// planned.c's helpers, shared with paired.c: a dict's version tag (0 where unusable), whether a
+// held weak reference (or None) is group, and (dtype, device, layout) of a tensor (new references;
+// -1 with an exception set).
+extern int dict_versions_usable;
+uint64_t dict_version(PyObject *dict);
+int same_group(PyObject *held, PyObject *group);
+int tensor_attributes(PyObject *tensor, PyObject **attributes);
 // A TimedLog's (timed_log.c) append, its calls not folded yet, and its capacity.
 void timed_log_append(PyObject *log, PyObject *label, long long nbytes, long long began_ns, long long ended_ns);
 Py_ssize_t timed_log_unfolded(PyObject *log);

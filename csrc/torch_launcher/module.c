@@ -77,6 +77,7 @@ PyMODINIT_FUNC PyInit__torch_launcher(void) {
     if (PyType_Ready(&CWorkType) < 0 || add_type(module, "Launcher", &LauncherType) < 0 ||
         add_type(module, "PlannedP2P", &PlannedP2PType) < 0 ||
         add_type(module, "PlannedCollective", &PlannedCollectiveType) < 0 ||
+        add_type(module, "PlannedPaired", &PlannedPairedType) < 0 ||
         add_type(module, "P2PEntry", &P2PEntryType) < 0 || add_type(module, "Timed", &TimedType) < 0 ||
         add_type(module, "TimedLog", &TimedLogType) < 0) {
         Py_DECREF(module);

@@ -40,7 +40,7 @@ typedef struct {
 // answered from the cache.
 int dict_versions_usable;
 
-static uint64_t dict_version(PyObject *dict) {
+uint64_t dict_version(PyObject *dict) {
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -83,7 +83,7 @@ static int same(PyObject *held, PyObject *given) {
     return equal > 0;
 }
 
-static int same_group(PyObject *held, PyObject *group) {
+int same_group(PyObject *held, PyObject *group) {
     if (held == Py_None || group == Py_None) return held == group;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -147,7 +147,7 @@ static void remember_hit(PlannedP2P *self, PyObject *const *head, Py_ssize_t hea
 
 // (tensor.dtype, tensor.device, tensor.layout) into attributes (new references); -1 with an
 // exception set (AttributeError: not a tensor).
-static int tensor_attributes(PyObject *tensor, PyObject **attributes) {
+int tensor_attributes(PyObject *tensor, PyObject **attributes) {
     attributes[0] = PyObject_GetAttr(tensor, str_dtype);
     attributes[1] = attributes[0] == NULL ? NULL : PyObject_GetAttr(tensor, str_device);
     attributes[2] = attributes[1] == NULL ? NULL : PyObject_GetAttr(tensor, str_layout);
