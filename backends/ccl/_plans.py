@@ -7,8 +7,8 @@ or reduce op, the mismatch check -- is looked up once here, so a call enters the
 on the tensors' memory and waits unless async: what the op methods do, less their per-call
 lookups, frames and the facade's generic launcher around them.
 
-An all-to-all with uneven splits takes the op method (its splits come with each call). A friend of :class:`~.backend.CclBackend`: it reads
-the backend's private state, once per plan.
+An all-to-all with uneven splits takes the op method (its splits come with each call). A friend
+of :class:`~.backend.CclBackend`: it reads the backend's private state, once per plan.
 """
 
 from __future__ import annotations

@@ -75,7 +75,9 @@ static PyObject *looked_up(PlannedPaired *self, PyObject *const *tensors, PyObje
         PyTuple_SET_ITEM(key, 0, Py_NewRef(self->kind));
         PyTuple_SET_ITEM(key, 1, Py_NewRef(group));
         if (scalars) PyTuple_SET_ITEM(key, 2, Py_NewRef(scalar));
-        for (int index = 0; index < 6; index++) PyTuple_SET_ITEM(key, 2 + scalars + index, Py_NewRef(attributes[index]));
+        for (int index = 0; index < 6; index++) {
+            PyTuple_SET_ITEM(key, 2 + scalars + index, Py_NewRef(attributes[index]));
+        }
     }
     for (int index = 0; index < 6; index++) Py_DECREF(attributes[index]);
     PyObject *plan = key == NULL ? NULL : PyDict_GetItemWithError(self->plans, key);
