@@ -140,7 +140,7 @@ def _tensor_meta_extensions() -> list[Extension]:
     the torch found in the build environment (so only where the build runs without isolation after
     torch is installed, as .ci/setup does); skipped with a note otherwise, the launchers then ask
     tensors' Python attributes. The module records the torch version it was built for, and is used
-    only under that version (backends/_torch_plans.py)."""
+    only under that version (backends/_tensor_reader.py)."""
     try:
         import torch
         from torch.utils.cpp_extension import include_paths

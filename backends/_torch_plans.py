@@ -34,10 +34,6 @@ try:
     from commlayer.backends import _torch_launcher as native
 except ImportError:  # a checkout laid out without building (the GPU scripts' site): Python launchers
     native = None
-try:  # built against one torch version's headers, where setup.py found torch (see tensor_meta_reader)
-    from commlayer.backends import _tensor_meta
-except ImportError:
-    _tensor_meta = None
 
 __all__ = [
     "C_LAUNCHER_ENV",
@@ -45,7 +41,6 @@ __all__ = [
     "fused_plan",
     "native_enabled",
     "options",
-    "tensor_meta_reader",
     "wrap",
 ]
 
@@ -66,19 +61,9 @@ def options(kind: Any, async_op: bool, **fields: Any) -> Any:
     return built
 
 
-def tensor_meta_reader() -> Any | None:
-    """The C reader of tensors' dtype, device, layout, contiguity and sizes for the C launchers and
-    lookups, or None where they ask the tensor's Python attributes: not built, or built against
-    the headers of another torch version than the one running (it would misread every tensor)."""
-    if _tensor_meta is None or _tensor_meta.BUILT_FOR != torch.__version__:
-        return None
-    return _tensor_meta.READER
-
-
 if native is not None:  # the C launchers' Work: a virtual commlayer Work, TorchWork for the rest
     LaunchedWork: type = native.work_support(TorchWork, _raise_typed)
     Work.register(LaunchedWork)
-    native.set_tensor_meta(tensor_meta_reader())
 else:
     LaunchedWork = TorchWork
 

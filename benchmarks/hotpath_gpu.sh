@@ -18,7 +18,7 @@ source benchmarks/gpu_build.sh
 # reader for this python3 and torch; without a compiler, the Python launchers run.
 build_c_launchers . "$SITE" 2>>"$OUT/machine.txt" | tee -a "$OUT/machine.txt" \
   || echo "=== no C launcher: the Python launchers run" | tee -a "$OUT/machine.txt"
-(cd /tmp && python3 -c 'from commlayer.backends import _torch_plans as p; print("C launchers:", p.native_enabled(), "C tensor reader:", p.tensor_meta_reader() is not None)') \
+(cd /tmp && python3 -c 'from commlayer.backends import _tensor_reader as r, _torch_plans as p; print("C launchers:", p.native_enabled(), "C tensor reader:", r.tensor_meta_reader() is not None)') \
   | tee -a "$OUT/machine.txt"
 nvidia-smi topo -m | head -n $((NPROC + 1)) >> "$OUT/machine.txt"
 lscpu | grep -E '^Model name|^CPU\(s\)' >> "$OUT/machine.txt"

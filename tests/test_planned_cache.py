@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from commlayer.backends import _torch_plans
+from commlayer.backends import _tensor_reader, _torch_plans
 from commlayer.types import ReduceOp
 
 from ._tensor_kinds import PassThroughMode, Traced
@@ -36,7 +36,7 @@ READERS = ["python attributes", "c tensor reader"]
 def reader(request: pytest.FixtureRequest) -> Any:
     """Every test runs twice: tensors read through their Python attributes, and through the C
     tensor reader (commlayer.backends._tensor_meta) where this torch has one built."""
-    installed = _torch_plans.tensor_meta_reader()
+    installed = _tensor_reader.tensor_meta_reader()
     if request.param == READERS[1] and installed is None:
         pytest.skip("no C tensor reader built for this torch")
     native.set_tensor_meta(installed if request.param == READERS[1] else None)

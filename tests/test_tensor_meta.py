@@ -8,19 +8,21 @@ whose headers it was built against.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 from typing import Any
 
 import pytest
 import torch
 
-from commlayer.backends import _torch_plans
+from commlayer.backends import _tensor_reader
 
 from ._tensor_kinds import PassThroughMode, Traced
 
-tensor_meta = _torch_plans._tensor_meta
+tensor_meta = _tensor_reader._tensor_meta
 pytestmark = pytest.mark.skipif(
-    _torch_plans.tensor_meta_reader() is None, reason="no C tensor reader built for this torch"
+    _tensor_reader.tensor_meta_reader() is None, reason="no C tensor reader built for this torch"
 )
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32,
@@ -64,5 +66,24 @@ def test_what_python_may_answer_differently_is_not_read() -> None:
 def test_a_reader_built_for_another_torch_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tensor_meta.BUILT_FOR == torch.__version__
     other = types.SimpleNamespace(BUILT_FOR="1.0.0", READER=tensor_meta.READER)
-    monkeypatch.setattr(_torch_plans, "_tensor_meta", other)
-    assert _torch_plans.tensor_meta_reader() is None
+    monkeypatch.setattr(_tensor_reader, "_tensor_meta", other)
+    assert _tensor_reader.tensor_meta_reader() is None
+
+
+def test_the_facade_hands_the_reader_to_the_lookups_without_any_torch_backend() -> None:
+    """commlayer.dist installs the reader where it makes the lookups: a world of mpi, ccl or shm
+    alone, which never imports the torch backends' modules, reads tensors in C too."""
+    code = """
+import sys, torch
+from commlayer import dist
+from commlayer.backends import _torch_launcher as native
+assert "commlayer.backends._torch_plans" not in sys.modules
+out, tensor, no_plan = torch.zeros(4), torch.ones(2), object()
+key = ("all_gather_into_tensor", None, *(t for x in (out, tensor) for t in (x.dtype, x.device, x.layout)))
+plans = {key: (lambda async_op, *tensors: "ran", None, 2)}
+print(native.PlannedPaired(plans, "all_gather_into_tensor", 0, no_plan)(out, tensor, None, False, None, None))
+"""
+    ran = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == "ran", ran.stderr

@@ -42,10 +42,14 @@ from ..work import CompletedWork, Work
 from ._groups import ProcessGroup, resolve_group
 from ._trace import on_failure, recorded, recording
 
-try:  # the C lookups of planned calls (PlannedP2P, PlannedCollective); they import nothing of commlayer
+try:  # the C lookups of planned calls (PlannedP2P, PlannedCollective, PlannedPaired)
     from ..backends import _torch_launcher as native
 except ImportError:  # pragma: no cover - a tree whose extensions are not built
     native = None  # type: ignore[assignment]
+else:  # every backend's lookups read tensors through the C reader, where one fits this torch
+    from ..backends._tensor_reader import tensor_meta_reader
+
+    native.set_tensor_meta(tensor_meta_reader())
 
 __all__ = [
     "NO_PLAN",
