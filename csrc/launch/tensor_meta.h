@@ -25,3 +25,15 @@ typedef struct {
 // 0 for anything else, with no exception set: the caller then asks the tensor's Python
 // attributes, which is what a subclass or a mode may answer differently.
 typedef int (*CommlayerTensorMetaReader)(PyObject *tensor, CommlayerTensorMeta *meta);
+
+// Whether two reads are of the same kind of tensor: dtype, device and layout (a plan key's part).
+static inline int commlayer_tensor_meta_same_kind(const CommlayerTensorMeta *a, const CommlayerTensorMeta *b) {
+    return a->scalar_type == b->scalar_type && a->device_type == b->device_type &&
+           a->device_index == b->device_index && a->layout == b->layout;
+}
+
+static inline long long commlayer_tensor_meta_numel(const CommlayerTensorMeta *meta) {
+    long long elements = 1;
+    for (int index = 0; index < meta->dim; index++) elements *= meta->sizes[index];
+    return elements;
+}

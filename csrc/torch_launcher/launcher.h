@@ -36,6 +36,9 @@ int check_dict_versions(void);
 extern int dict_versions_usable;
 uint64_t dict_version(PyObject *dict);
 int same_group(PyObject *held, PyObject *group);
+// What an inline cache holds of its group argument: a weak reference (a destroyed group must not
+// be kept alive by a cache), None for None; NULL, no exception set, for a group that takes none.
+PyObject *held_weakly(PyObject *group);
 int tensor_attributes(PyObject *tensor, PyObject **attributes);
 // A TimedLog's (timed_log.c) append, its calls not folded yet, and its capacity.
 void timed_log_append(PyObject *log, PyObject *label, long long nbytes, long long began_ns, long long ended_ns);

@@ -31,15 +31,10 @@ static void forget(PlannedPaired *self) {
     Py_CLEAR(self->scalar);
 }
 
-static int same_kind_of_tensor(const CommlayerTensorMeta *held, const CommlayerTensorMeta *given) {
-    return held->scalar_type == given->scalar_type && held->device_type == given->device_type &&
-           held->device_index == given->device_index && held->layout == given->layout;
-}
-
 static PyObject *cached(PlannedPaired *self, PyObject *group, PyObject *scalar, const CommlayerTensorMeta *metas) {
     if (self->plan == NULL || self->version != dict_version(self->plans) || !same_group(self->group, group) ||
-        self->scalar != scalar || !same_kind_of_tensor(&self->output, &metas[0]) ||
-        !same_kind_of_tensor(&self->input, &metas[1])) {
+        self->scalar != scalar || !commlayer_tensor_meta_same_kind(&self->output, &metas[0]) ||
+        !commlayer_tensor_meta_same_kind(&self->input, &metas[1])) {
         return NULL;
     }
     return self->plan;
@@ -49,11 +44,8 @@ static void remember(PlannedPaired *self, PyObject *group, PyObject *scalar, con
                      PyObject *plan) {
     forget(self);
     if (!dict_versions_usable) return;
-    self->group = group == Py_None ? Py_NewRef(Py_None) : PyWeakref_NewRef(group, NULL);
-    if (self->group == NULL) {  // a group that takes no weak reference: always looked up
-        PyErr_Clear();
-        return;
-    }
+    self->group = held_weakly(group);
+    if (self->group == NULL) return;
     self->scalar = Py_NewRef(scalar);
     self->output = metas[0];
     self->input = metas[1];
@@ -85,17 +77,11 @@ static PyObject *looked_up(PlannedPaired *self, PyObject *const *tensors, PyObje
     return plan;
 }
 
-static long long elements(const CommlayerTensorMeta *meta) {
-    long long count = 1;
-    for (int index = 0; index < meta->dim; index++) count *= meta->sizes[index];
-    return count;
-}
-
 // Whether the two tensors' element counts fit a group of size (what the key cannot hold).
 static int counts_fit(int relation, const CommlayerTensorMeta *metas, long long size) {
     const CommlayerTensorMeta *output = &metas[0], *input = &metas[1];
-    if (relation == GATHERS) return elements(output) == size * elements(input);
-    if (relation == SCATTERS) return elements(input) == size * elements(output);
+    if (relation == GATHERS) return commlayer_tensor_meta_numel(output) == size * commlayer_tensor_meta_numel(input);
+    if (relation == SCATTERS) return commlayer_tensor_meta_numel(input) == size * commlayer_tensor_meta_numel(output);
     // EXCHANGES: even splits of dim 0 (0-d tensors take the Python path)
     return output->dim > 0 && input->dim > 0 && output->sizes[0] % size == 0 && input->sizes[0] % size == 0;
 }

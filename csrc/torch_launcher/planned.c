@@ -91,6 +91,13 @@ int same_group(PyObject *held, PyObject *group) {
 #pragma GCC diagnostic pop
 }
 
+PyObject *held_weakly(PyObject *group) {
+    if (group == Py_None) return Py_NewRef(Py_None);
+    PyObject *weak = PyWeakref_NewRef(group, NULL);
+    if (weak == NULL) PyErr_Clear();  // a group that takes no weak reference: always looked up
+    return weak;
+}
+
 // Whether the last hit stands and was for head = (kind, group, scalars...).
 static int same_head(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads) {
     LastHit *hit = &self->hit;
@@ -117,10 +124,7 @@ static PyObject *cached_plan(PlannedP2P *self, PyObject *const *head, Py_ssize_t
 static PyObject *cached_plan_by_meta(PlannedP2P *self, PyObject *const *head, Py_ssize_t heads,
                                      const CommlayerTensorMeta *meta) {
     const LastHit *hit = &self->hit;
-    if (!hit->has_meta || hit->meta.scalar_type != meta->scalar_type || hit->meta.device_type != meta->device_type ||
-        hit->meta.device_index != meta->device_index || hit->meta.layout != meta->layout) {
-        return NULL;
-    }
+    if (!hit->has_meta || !commlayer_tensor_meta_same_kind(&hit->meta, meta)) return NULL;
     return same_head(self, head, heads) ? hit->plan : NULL;
 }
 
@@ -129,12 +133,8 @@ static void remember_hit(PlannedP2P *self, PyObject *const *head, Py_ssize_t hea
     LastHit *hit = &self->hit;
     forget_hit(hit);
     if (!dict_versions_usable || heads - 2 > HEAD_SCALARS) return;
-    PyObject *group = head[1] == Py_None ? Py_NewRef(Py_None) : PyWeakref_NewRef(head[1], NULL);
-    if (group == NULL) {  // a group that takes no weak reference: always looked up
-        PyErr_Clear();
-        return;
-    }
-    hit->group = group;
+    hit->group = held_weakly(head[1]);
+    if (hit->group == NULL) return;
     for (Py_ssize_t index = 2; index < heads; index++) hit->scalars[index - 2] = Py_NewRef(head[index]);
     hit->dtype = Py_NewRef(attributes[0]);
     hit->device = Py_NewRef(attributes[1]);

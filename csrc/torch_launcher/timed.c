@@ -42,9 +42,7 @@ static int logs_here(Timed *self, PyObject *async_op) {
 static long long nbytes_of(PyObject *tensor) {
     CommlayerTensorMeta meta;
     if (tensor_meta_reader != NULL && tensor_meta_reader(tensor, &meta)) {
-        long long elements = 1;
-        for (int index = 0; index < meta.dim; index++) elements *= meta.sizes[index];
-        return elements * meta.itemsize;
+        return commlayer_tensor_meta_numel(&meta) * meta.itemsize;
     }
     PyObject *nbytes = PyObject_GetAttr(tensor, str_nbytes);
     if (nbytes == NULL) return -1;
