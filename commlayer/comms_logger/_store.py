@@ -29,16 +29,8 @@ class _Accumulator:
     max_s: float = 0.0
     bus_bytes: float = 0.0  # sum of S x busbw factor: busbw = bus_bytes / total_s
 
-    def add_many(self, seconds: list[float], bus_bytes: float) -> None:
-        """``len(seconds)`` calls, each of ``bus_bytes`` (S x busbw factor)."""
-        self.count += len(seconds)
-        self.total_s += sum(seconds)
-        self.min_s = min(self.min_s, *seconds)
-        self.max_s = max(self.max_s, *seconds)
-        self.bus_bytes += bus_bytes * len(seconds)
-
     def add_folded(self, count: int, total_s: float, min_s: float, max_s: float, bus_bytes: float) -> None:
-        """``count`` calls of ``bus_bytes`` each, already summed (the C timers' log, folded)."""
+        """``count`` calls of ``bus_bytes`` (S x busbw factor) each, already summed."""
         self.count += count
         self.total_s += total_s
         self.min_s = min(self.min_s, min_s)
@@ -115,9 +107,11 @@ class _Records:
             self._drain_pending(max_events)
 
     def _fold_log(self) -> None:
-        if self.log is None or not self.log.unfolded:
-            return
-        folded = self.log.fold()
+        if self.log is not None and self.log.unfolded:
+            self._add_folded(self.log.fold())
+
+    def _add_folded(self, folded: list[tuple[_Label, int, int, float, float, float]]) -> None:
+        """Into the totals: (label, S, count, total_s, min_s, max_s) per (op, S) group of calls."""
         with self.lock:
             for label, nbytes, count, total_s, min_s, max_s in folded:
                 self.rank = label[_RANK]
@@ -140,13 +134,12 @@ class _Records:
                 groups[entry[:2]] = [entry]
             else:
                 members.append(entry)
+        folded = []
+        for (label, nbytes), members in groups.items():
+            seconds = list(map(operator.sub, map(_ENDED, members), map(_BEGAN, members)))
+            folded.append((label, nbytes, len(seconds), sum(seconds), min(seconds), max(seconds)))
+        self._add_folded(folded)
         with self.lock:
-            for (label, nbytes), members in groups.items():
-                seconds = list(map(operator.sub, map(_ENDED, members), map(_BEGAN, members)))
-                self.rank = label[_RANK]
-                self._accumulator(label[_OP], nbytes).add_many(
-                    seconds, nbytes * busbw_factor(label[_OP], label[_SIZE])
-                )
             if max_events > 0:
                 self.events.extend(batch[-max_events:])  # raw entries: made TraceEvents when read
                 for _ in range(len(self.events) - max_events):
