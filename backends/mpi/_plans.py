@@ -102,12 +102,8 @@ def _launcher(
     prepare: Callable[..., Prepared | None],
 ) -> Callable[..., Work | None]:
     next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, executor, limit, method = (
-        PLANNED_PAYLOAD[op],
-        backend._ordered,
-        backend._limit,
-        getattr(backend, op),
-    )
+    payload, method = PLANNED_PAYLOAD[op], getattr(backend, op)
+    executor, limit = backend._ordered, backend._limit
 
     def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         seq = next_seq()
