@@ -20,7 +20,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import warnings
@@ -213,7 +212,7 @@ def _lay_out(ref: str, site: Path) -> None:
     if _same_sources(ref, "csrc/ccl"):
         for built in (REPO / "backends" / "ccl").glob("_C*.so"):
             shutil.copy2(built, site / "commlayer" / "backends" / "ccl" / built.name)
-    _build_launcher(ref, site / "commlayer" / "backends")
+    _build_launchers(ref, site)
     project = tomllib.loads((site / "pyproject.toml").read_text())["project"]
     info = site / "commlayer-0.0.0.dist-info"
     info.mkdir()
@@ -224,10 +223,11 @@ def _lay_out(ref: str, site: Path) -> None:
     (info / "entry_points.txt").write_text("\n".join(lines))
 
 
-def _build_launcher(ref: str, backends: Path) -> None:
-    """Compile ``ref``'s torch C launchers into ``backends`` (as hotpath_gpu.sh does). Without its
-    own, REF's commlayer would import the working tree's build through the editable install's
-    finder: its Python with this tree's C, not REF."""
+def _build_launchers(ref: str, site: Path) -> None:
+    """Compile ``ref``'s torch C launchers, and its tensor reader where it has one, into ``site``
+    with benchmarks/gpu_build.sh, as the GPU scripts do. Without its own builds, REF's commlayer
+    would import the working tree's through the editable install's finder: its Python with this
+    tree's C, not REF."""
     listed = subprocess.run(
         ["git", "-C", str(REPO), "ls-tree", "--name-only", ref, "csrc/torch_launcher/"],
         capture_output=True,
@@ -236,27 +236,15 @@ def _build_launcher(ref: str, backends: Path) -> None:
     ).stdout.split()
     if not listed:
         return
-    with tempfile.TemporaryDirectory(prefix="commlayer-before-csrc-") as sources:
+    with tempfile.TemporaryDirectory(prefix="commlayer-before-csrc-") as tree:
         archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", ref, "csrc/torch_launcher"], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", sources], input=archive, check=True)
-        suffix = sysconfig.get_config_var("EXT_SUFFIX")
-        files = sorted(str(path) for path in Path(sources, "csrc", "torch_launcher").glob("*.c"))
-        subprocess.run(
-            [
-                "gcc",
-                "-O2",
-                "-fPIC",
-                "-shared",
-                "-fvisibility=hidden",
-                f"-I{sysconfig.get_paths()['include']}",
-                *files,
-                "-o",
-                str(backends / f"_torch_launcher{suffix}"),
-            ],
-            check=True,
+            ["git", "-C", str(REPO), "archive", ref, "csrc"], check=True, capture_output=True
         )
+        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+        build = 'source "$0" && build_c_launchers "$1" "$2"'
+        script = str(REPO / "benchmarks" / "gpu_build.sh")
+        environment = {**os.environ, "PYTHON": sys.executable}
+        subprocess.run(["bash", "-c", build, script, tree, str(site)], env=environment, check=True)
 
 
 def _same_sources(ref: str, path: str) -> bool:
