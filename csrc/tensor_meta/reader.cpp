@@ -5,8 +5,8 @@
 // is_contiguous(), a new torch.device and a new torch.Size each call): ~230 ns of isend's ~540 ns
 // of facade on the project VM, and two to three times that on the GPU hosts' CPUs. Here they are
 // a few field reads. The price is a build against one torch version's headers: the module
-// carries the version it was built for, and commlayer.backends._torch_plans hands its reader to
-// the launchers only when torch's version is that one (otherwise they ask Python, as before).
+// carries the version it was built for, and commlayer.dist hands its reader to the launchers
+// only when torch's version is that one (backends/_tensor_reader.py; otherwise they ask Python).
 #include <Python.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>

@@ -7,8 +7,8 @@ PyObject *send_names[5], *recv_names[5];
 CommlayerTensorMetaReader tensor_meta_reader;
 
 // set_tensor_meta(reader): the capsule of commlayer.backends._tensor_meta, or None to ask tensors'
-// Python attributes again. Called by backends/_torch_plans.py, which checks the torch version the
-// reader was built for; a reader of another torch's headers would misread every tensor.
+// Python attributes again. Called by commlayer.dist with what backends/_tensor_reader.py allows:
+// only a reader built for this torch version (another torch's headers would misread every tensor).
 static PyObject *set_tensor_meta(PyObject *module, PyObject *reader) {
     (void)module;
     if (reader == Py_None) {
