@@ -23,7 +23,7 @@ import torch
 from commlayer.errors import CollectiveMismatchError
 from commlayer.types import ReduceOp
 
-__all__ = ["agree", "describe", "dtype_codes", "mismatch", "pack"]
+__all__ = ["agree", "describe", "dtype_codes", "mismatch", "pack", "unpack"]
 
 _OPS = (
     "all_reduce",
@@ -62,15 +62,21 @@ def pack(
     )
 
 
-def describe(key: int, dtypes: dict[int, torch.dtype]) -> str:
-    """``all_reduce(float32, reduce op SUM, root -1)``: the call a packed key stands for."""
+def unpack(key: int) -> tuple[str, int, ReduceOp | None, int]:
+    """What :func:`pack` put in ``key``: (op, dtype code, reduce op or None, root; -1: none)."""
     rest, root = divmod(key, 1 << _ROOT_BITS)
     rest, reduce_code = divmod(rest, _REDUCE_SLOTS)
     op_code, dtype_code = divmod(rest, _DTYPE_SLOTS)
     op = _OPS[op_code] if 0 <= op_code < len(_OPS) else f"op #{op_code}"
+    reduce_op = next((r for r, code in _REDUCE_CODES.items() if code == reduce_code), None)
+    return op, dtype_code, reduce_op, root - 1
+
+
+def describe(key: int, dtypes: dict[int, torch.dtype]) -> str:
+    """``all_reduce(float32, reduce op SUM, root -1)``: the call a packed key stands for."""
+    op, dtype_code, reduce_op, root = unpack(key)
     dtype = str(dtypes.get(dtype_code, "no tensor")).replace("torch.", "")
-    reduce_op = next((r.name for r, code in _REDUCE_CODES.items() if code == reduce_code), "-")
-    return f"{op}({dtype}, reduce op {reduce_op}, root {root - 1})"
+    return f"{op}({dtype}, reduce op {'-' if reduce_op is None else reduce_op.name}, root {root})"
 
 
 def agree(key: int, count: int, reduced: Sequence[int]) -> bool:

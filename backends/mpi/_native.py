@@ -49,6 +49,8 @@ _CALLS = {
 # well above the 1-4 us ranks of one host wait for each other at 1-2 MiB (benchmarks/RESULTS.md).
 _SPIN_POLLS = 2048
 _SHARED_CPU_SPIN_POLLS = 16
+# The ops whose input MPI never writes (on separate buffers): the launcher may speculate on them.
+_INPUT_UNWRITTEN = frozenset({"all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"})
 _MPI_LIBRARY = re.compile(r"/libmpi\.so(\.\d+)*$")
 
 
@@ -78,12 +80,13 @@ def native_launcher(
         int_handles=handle_size == ctypes.sizeof(ctypes.c_int),
         root=fixed[0] if op == "broadcast" else 0,
         size=backend.size,
+        item_size=recording.dtype.itemsize,
         queue=backend._ordered._queue,
         otherwise=otherwise,
         watchdog=backend._ordered.started_watchdog(),
         limit=backend._limit,
         error_type=mpi.Exception,
-        shared=None if check is None else _shared(backend, op, key),
+        shared=None if check is None else _shared(backend, op, fixed, key),
         recording=(*recording, payload, STARTED, COMPLETED),
     )
 
@@ -113,16 +116,18 @@ def _handles(
     return (*(value & mask for value in handles), in_place)
 
 
-def _shared(backend: MpiBackend, op: str, key: int) -> tuple[Any, ...]:
-    """The check's slots as the C launcher reads them, and Python's check of a published call
-    for whatever the launcher leaves to it (a late peer, a mismatch)."""
+def _shared(backend: MpiBackend, op: str, fixed: tuple[Any, ...], key: int) -> tuple[Any, ...]:
+    """The check's slots as the C launcher reads them, whether it may speculate (see
+    _shared_signatures), and Python's checks of a published call for whatever the launcher leaves
+    to them (a late peer, a mismatch; before and after a speculative call)."""
     check = backend._check
     shared = check.shared
     mine, peers = shared.addresses()
-    verify = check.gathered(op, key, _nothing)
+    verify, speculated = check.gathered(op, key, _nothing), check.speculated(op, key)
     # Spin before yielding only while every rank can have a CPU of its own (as csrc/shm does).
     spin_polls = _SPIN_POLLS if backend.size <= len(os.sched_getaffinity(0)) else _SHARED_CPU_SPIN_POLLS
-    return (shared.sequence_counter(), mine, peers, key, verify, spin_polls)
+    speculates = op in _INPUT_UNWRITTEN or (op == "broadcast" and fixed[0] == backend._comm.Get_rank())
+    return (shared.sequence_counter(), mine, peers, key, verify, spin_polls, speculates, speculated)
 
 
 def _nothing() -> None:

@@ -7,8 +7,19 @@ no /dev/shm name, nothing left behind by a killed job) and, for its n-th check, 
 ``(key, count)`` then ``n`` into slot ``n % 2``, waits until every peer's slot ``n % 2`` holds
 ``n``, and reads their signatures. Every rank sees the same set, so every rank decides alike.
 
+A rank may also *speculate* (only the C launcher does, csrc/mpi/launcher.cpp, for calls whose
+inputs MPI never writes): it publishes, and if every peer that has published agrees, it marks
+its slot's decision word "speculated" and enters the MPI call without waiting for the rest,
+comparing once the call returns. A rank that sees a mismatch marks "refused" and waits for every
+peer's decision (:meth:`SharedSignatures.refuse`): if any peer speculated, it runs that call on
+scratch memory so that the speculator's call completes, then every rank raises. Speculators all
+carry one signature: each publishes, fences, then reads (a Dekker pair), so of any two ranks at
+least one sees the other, and a rank that sees a disagreeing peer never speculates. So inputs are
+never touched; a speculator's output is undefined after the error, and its error says so.
+
 Two slots suffice: a rank writes check n + 2 into slot ``n % 2`` only after passing check n + 1,
-which needs every peer to have published n + 1, which each does only after reading check n.
+which needs every peer to have published n + 1, which each does only after it is done with
+check n (read the signatures, waited for the decisions, replayed a speculator's call).
 
 Plain loads and stores keep the writer's order (signature, then sequence) for the reader only
 under x86's total store order, so elsewhere :func:`open_shared_signatures` returns None and the
@@ -27,7 +38,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from commlayer import health
@@ -37,7 +48,9 @@ from ._runtime import abandon
 
 __all__ = ["SharedSignatures", "open_shared_signatures"]
 
-_WORDS = 8  # int64 words per slot: sequence, key, count, padding to one 64-byte cache line
+_WORDS = 8  # int64 words per slot: sequence, key, count, decision, padding to one 64-byte cache line
+# The decision word of check n: n * 4 + one of these (written only by ranks that speculate or refuse).
+SPECULATED, REFUSED = 1, 2
 _SLOTS = 2
 _POLLS = 64  # polls before the first yield (~3 us of Python): a peer on another core arrives by then
 _SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a slow peer, a long wait)
@@ -76,13 +89,6 @@ class SharedSignatures:
         """The iterator every check takes its sequence number from, the C launcher's included."""
         return self._sequences
 
-    def exchange(
-        self, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float
-    ) -> tuple[int, int, int, int] | None:
-        """None when every rank passed ``key`` and ``count``; else the group's ``(max key, -min key,
-        max count, -min count)``, as the Allreduce check's."""
-        return self.gather(self.publish(key, count), key, count, op, limit, deadline_s)
-
     def publish(self, key: int, count: int) -> int:
         """Write this rank's next signature; its sequence number is what :meth:`gather` waits for.
 
@@ -99,7 +105,9 @@ class SharedSignatures:
     def gather(
         self, sequence: int, key: int, count: int, op: str, limit: WaitLimit, deadline_s: float
     ) -> tuple[int, int, int, int] | None:
-        """Wait for every peer's ``sequence`` and compare; returns as :meth:`exchange` does."""
+        """Wait for every peer's ``sequence`` and compare: None when every rank passed ``key`` and
+        ``count``, else the group's ``(max key, -min key, max count, -min count)``, as the
+        Allreduce check's. A rank that did not speculate then calls :meth:`refuse`."""
         at = (sequence & 1) * _WORDS
         agreed = True
         for slots in self._peers:
@@ -108,6 +116,22 @@ class SharedSignatures:
             if slots[at + 1] != key or slots[at + 2] != count:
                 agreed = False
         return None if agreed else self._extremes(at, key, count)
+
+    def refuse(self, sequence: int, op: str, limit: WaitLimit, deadline_s: float) -> tuple[int, int] | None:
+        """After :meth:`gather` found a mismatch: mark this rank's check ``sequence`` refused and
+        wait for every peer's decision. Returns the ``(key, count)`` the speculators entered MPI
+        with, which this rank must run on scratch memory before raising, or None if none did."""
+        at = (sequence & 1) * _WORDS
+        self._mine[at + 3] = sequence * 4 + REFUSED
+        speculated = None
+        for slots in self._peers:
+            decided = slots[at + 3]
+            if decided >> 2 != sequence:
+                _wait(slots, at + 3, sequence, op, limit, deadline_s, _decision_of)
+                decided = slots[at + 3]
+            if decided & 3 == SPECULATED:
+                speculated = (slots[at + 1], slots[at + 2])
+        return speculated
 
     def _extremes(self, at: int, key: int, count: int) -> tuple[int, int, int, int]:
         keys = [key, *(slots[at + 1] for slots in self._peers)]
@@ -121,13 +145,30 @@ class SharedSignatures:
         self._window.Free()
 
 
-def _wait(slots: memoryview, at: int, sequence: int, op: str, limit: WaitLimit, deadline_s: float) -> None:
-    """Until the peer publishes ``sequence``: poll, then yield, then sleep; typed error at the deadline."""
+def _sequence_of(word: int) -> int:
+    return word
+
+
+def _decision_of(word: int) -> int:
+    return word >> 2
+
+
+def _wait(
+    slots: memoryview,
+    at: int,
+    sequence: int,
+    op: str,
+    limit: WaitLimit,
+    deadline_s: float,
+    sequence_of: Callable[[int], int] = _sequence_of,
+) -> None:
+    """Until the peer's word ``at`` stands for ``sequence``: poll, then yield, then sleep; typed
+    error at the deadline."""
     for _ in range(_POLLS):
-        if slots[at] == sequence:
+        if sequence_of(slots[at]) == sequence:
             return
     started = _monotonic()
-    while slots[at] != sequence:
+    while sequence_of(slots[at]) != sequence:
         waited = _monotonic() - started
         if waited > _SLEEP_AFTER_S:
             if waited > deadline_s or health.current() is not None:

@@ -33,11 +33,16 @@ from commlayer.work import WaitLimit
 from .._signature import agree, describe, mismatch, pack
 from .._signature import dtype_codes as number_dtypes
 from ._shared_signatures import SharedSignatures
+from ._speculation import scratch_replay
 from ._work import wait_in_place
 
 __all__ = ["SignatureCheck", "describe", "verified_call"]
 
 _CHECKED_BY = "Checked by the mpi backend before communicating; COMMLAYER_MPI_VERIFY=0 turns the check off."
+_SPECULATED = (
+    "This rank entered its call before every peer had published theirs (its input is untouched, its "
+    "output undefined); set COMMLAYER_DEBUG=detail to check before any rank enters. "
+)
 # Ordered mode's shared-memory wait gives up later than the group's timeout: its watchdog ends the
 # job at 1-1.1 times the timeout first, as it does for a blocking call (this bounds a worker's wait).
 _ORDERED_DEADLINE_SHARE = 1.5
@@ -57,6 +62,8 @@ class SignatureCheck:
     rank: int
     limit: WaitLimit | None = None  # set with ``shared``, whose waits it bounds
     shared: SharedSignatures | None = None
+    # replay(key, count): a speculating peer's call, run here on scratch memory (see _speculation.py)
+    replay: Callable[[int, int], None] | None = None
 
     @classmethod
     def over(
@@ -66,7 +73,10 @@ class SignatureCheck:
         dtypes: Any,
         limit: WaitLimit,
         shared: SharedSignatures | None = None,
+        reductions: dict[Any, Any] | None = None,
     ) -> SignatureCheck:
+        """The check of ``comm``'s calls; ``dtypes`` and ``reductions`` are the backend's MPI
+        datatypes and ops (those replay a speculating peer's call where ``shared`` is given)."""
         int64, maximum, in_place = mpi.INT64_T, mpi.MAX, mpi.IN_PLACE
         allreduce, iallreduce = comm.Allreduce, comm.Iallreduce
 
@@ -77,7 +87,8 @@ class SignatureCheck:
             return iallreduce(in_place, [values, int64], maximum)
 
         codes = number_dtypes(dtypes)
-        return cls(allreduce_max, iallreduce_max, codes, limit.group or "?", limit.rank, limit, shared)
+        replay = None if shared is None else scratch_replay(comm, mpi.buffer.fromaddress, dtypes, reductions, codes)
+        return cls(allreduce_max, iallreduce_max, codes, limit.group or "?", limit.rank, limit, shared, replay)
 
     def key(self, op: str, tensor: torch.Tensor | None, root: int = -1, reduce_op: Any = None) -> int:
         return pack(op, None if tensor is None else tensor.dtype, self.dtype_codes, root, reduce_op)
@@ -99,13 +110,11 @@ class SignatureCheck:
                 call(*arguments)
 
             return checked_by_allreduce
-        exchange, limit = shared.exchange, self.limit
-        deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
+        publish, settle = shared.publish, self._settle
+        deadline_s = self.limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
 
         def checked_in_shared_memory(count: int, *arguments: Any) -> None:
-            values = exchange(key, count, op, limit, deadline_s)
-            if values is not None:
-                self._compare(op, key, count, values)
+            settle(publish(key, count), op, key, count, deadline_s)
             call(*arguments)
 
         return checked_in_shared_memory
@@ -113,33 +122,60 @@ class SignatureCheck:
     def gathered(self, op: str, key: int, call: Callable[..., Any]) -> Callable[..., None]:
         """``gathered(sequence, count, *arguments)``: the check of a signature already published
         (``shared.publish(key, count)`` returned ``sequence``), then ``call(*arguments)``."""
-        gather, limit = self.shared.gather, self.limit
-        deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
+        settle = self._settle
+        deadline_s = self.limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
 
         def checked_after_publishing(sequence: int, count: int, *arguments: Any) -> None:
-            values = gather(sequence, key, count, op, limit, deadline_s)
-            if values is not None:
-                self._compare(op, key, count, values)
+            settle(sequence, op, key, count, deadline_s)
             call(*arguments)
 
         return checked_after_publishing
+
+    def speculated(self, op: str, key: int) -> Callable[[int, int], None]:
+        """``speculated(sequence, count)``: the check of a call this rank entered before every peer
+        had published (the C launcher's speculation): waits for them, compares, and raises the
+        mismatch, whose text says this rank's output is undefined."""
+        gather, limit = self.shared.gather, self.limit
+        deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE
+
+        def compared_after_the_call(sequence: int, count: int) -> None:
+            values = gather(sequence, key, count, op, limit, deadline_s)
+            if values is not None:
+                self._compare(op, key, count, values, _SPECULATED + _CHECKED_BY)
+
+        return compared_after_the_call
 
     def verify_within(self, op: str, key: int, count: int, limit: WaitLimit) -> None:
         """:meth:`verify` through a request waited for until the group's timeout (modes whose
         synchronous ops are bounded)."""
         if self.shared is not None:
-            values = self.shared.exchange(key, count, op, limit, limit.group_timeout_s)
-            if values is not None:
-                self._compare(op, key, count, values)
+            self._settle(self.shared.publish(key, count), op, key, count, limit.group_timeout_s, limit)
             return
         values = array("q", (key, -key, count, -count))
         request = self.iallreduce_max(values)
         wait_in_place(request, op, limit, values)
         self._compare(op, key, count, values)
 
-    def _compare(self, op: str, key: int, count: int, values: Sequence[int]) -> None:
+    def _settle(
+        self, sequence: int, op: str, key: int, count: int, deadline_s: float, limit: WaitLimit | None = None
+    ) -> None:
+        """The shared-memory check of a published call this rank has not entered: returns when
+        every rank agrees; else refuses, runs a speculating peer's call on scratch memory so that
+        it completes, and raises the mismatch."""
+        shared, limit = self.shared, limit or self.limit
+        values = shared.gather(sequence, key, count, op, limit, deadline_s)
+        if values is None:
+            return
+        speculated = shared.refuse(sequence, op, limit, deadline_s)
+        if speculated is not None and self.replay is not None:
+            self.replay(*speculated)
+        self._compare(op, key, count, values)
+
+    def _compare(
+        self, op: str, key: int, count: int, values: Sequence[int], checked_by: str = _CHECKED_BY
+    ) -> None:
         if not agree(key, count, values):
-            raise mismatch(op, key, count, values, self.dtype_codes, (self.group, self.rank), _CHECKED_BY)
+            raise mismatch(op, key, count, values, self.dtype_codes, (self.group, self.rank), checked_by)
 
 
 def _nothing() -> None:

@@ -103,7 +103,9 @@ class MpiBackend(Backend):
             spec.timeout.total_seconds(), spec.global_rank, "MPI", CANNOT_CANCEL, spec.name
         )
         self._check = (
-            SignatureCheck.over(comm, mpi, self._datatypes, self._limit, open_shared_signatures(comm, mpi))
+            SignatureCheck.over(
+                comm, mpi, self._datatypes, self._limit, open_shared_signatures(comm, mpi), self._reductions
+            )
             if options.verify and spec.size > 1
             else None
         )

@@ -12,6 +12,13 @@
 // -- an async op, a call behind queued ones, a CUDA tensor, uneven splits, a count over INT_MAX, a
 // peer over 10 ms late or disagreeing -- goes to Python (``otherwise``, ``verify``), which keeps
 // every rule.
+//
+// Speculation: where MPI never writes the call's input (broadcast from its root, all_gather,
+// reduce_scatter and all_to_all on separate buffers), a rank that finds every peer that has
+// published in agreement enters MPI without waiting for the rest, and compares after the call;
+// a peer that disagrees completes the call on scratch memory, then every rank raises
+// (backends/mpi/_shared_signatures.py has the protocol). Raw back-to-back MPI calls overlap one
+// call's tail with the next call's start; a wait for every peer's signature would take that away.
 #include <pybind11/pybind11.h>
 
 #include <climits>
@@ -44,19 +51,25 @@ constexpr int kHeldPolls = 64;
 constexpr double kYieldSeconds = 0.01;
 
 // The mismatch check's slots in the communicator's shared window (backends/mpi/_shared_signatures.py):
-// 8 int64 words per slot, two slots per rank; word 0 the sequence, 1 the key, 2 the count.
+// 8 int64 words per slot, two slots per rank; word 0 the sequence, 1 the key, 2 the count, 3 the
+// decision (sequence * 4 + kSpeculated, or Python's "refused").
+constexpr std::int64_t kSpeculated = 1;
+
 struct SharedSlots {
     std::int64_t* mine = nullptr;
     std::vector<const std::int64_t*> peers;
-    PyObject* sequence = nullptr;  // the itertools.count both paths take sequence numbers from
-    PyObject* verify = nullptr;    // (sequence, count) -> waits, compares, raises: the Python path
+    PyObject* sequence = nullptr;     // the itertools.count both paths take sequence numbers from
+    PyObject* verify = nullptr;       // (sequence, count) -> waits, compares, raises: the Python path
+    PyObject* speculated = nullptr;   // (sequence, count) -> the same, after a speculative call
     std::int64_t key = 0;
     int spin_polls = 0;
+    bool speculates = false;  // this kind of call leaves its input unwritten (see the header)
 };
 
 struct Launcher {
     MpiCall mpi;
     int size = 1;
+    std::size_t item_size = 1;      // bytes per element of this plan's dtype
     PyObject* queue = nullptr;      // the ordered executor's deque: not empty -> ``otherwise``
     PyObject* otherwise = nullptr;  // the Python launcher, for everything but the plain case
     PyObject* watchdog = nullptr;   // its ``op``, ``limit`` and ``started`` bound a blocking call
@@ -129,10 +142,34 @@ bool peers_agree(const SharedSlots& slots, std::int64_t sequence, std::int64_t c
     return true;
 }
 
-// ``verify(sequence, count)`` in Python: waits for the late peers (bounded by the group's
-// timeout) and raises the typed mismatch; false with that exception set.
-bool verify_in_python(const SharedSlots& slots, std::int64_t sequence, std::int64_t count) {
-    PyObject* result = PyObject_CallFunction(slots.verify, "LL", static_cast<long long>(sequence),
+enum class Seen { all_agree, some_missing, disagree };
+
+// Which peers have published ``sequence``, and whether they agree, without waiting. The fence
+// orders this rank's publication before its reads: of two ranks that speculate, at least one
+// sees the other (store, fence, load), so speculators never disagree among themselves.
+Seen look_around(const SharedSlots& slots, std::int64_t sequence, std::int64_t count) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    const std::size_t at = (sequence & 1) * 8;
+    Seen seen = Seen::all_agree;
+    for (const std::int64_t* peer : slots.peers) {
+        const std::int64_t* slot = peer + at;
+        if (!published(slot, sequence)) {
+            seen = Seen::some_missing;
+        } else if (slot[1] != slots.key || slot[2] != count) {
+            return Seen::disagree;
+        }
+    }
+    return seen;
+}
+
+void mark_speculated(const SharedSlots& slots, std::int64_t sequence) {
+    __atomic_store_n(&slots.mine[(sequence & 1) * 8 + 3], sequence * 4 + kSpeculated, __ATOMIC_RELEASE);
+}
+
+// ``check(sequence, count)`` in Python (``verify`` or ``speculated``): waits for the late peers
+// (bounded by the group's timeout) and raises the typed mismatch; false with that exception set.
+bool verify_in_python(PyObject* check, std::int64_t sequence, std::int64_t count) {
+    PyObject* result = PyObject_CallFunction(check, "LL", static_cast<long long>(sequence),
                                              static_cast<long long>(count));
     Py_XDECREF(result);
     return result != nullptr;
@@ -193,6 +230,39 @@ struct Call {
     const void* input = nullptr;
     std::size_t output_count = 0, input_count = 0;
 };
+
+// Whether MPI leaves this call's input unwritten: its kind allows it, and for two tensors the
+// buffers do not overlap.
+bool input_stays(const Launcher& launcher, const Call& call) {
+    if (!launcher.slots.speculates) return false;
+    if (!takes_two_tensors(launcher.mpi.kind)) return true;
+    const auto output = reinterpret_cast<std::uintptr_t>(call.output);
+    const auto input = reinterpret_cast<std::uintptr_t>(call.input);
+    const std::size_t item = launcher.item_size;
+    return output + call.output_count * item <= input || input + call.input_count * item <= output;
+}
+
+// The mismatch check (when on) and the blocking call, speculating where the input stays.
+bool checked_call(const Launcher& launcher, const Call& args, std::int64_t sequence, long long signature, int count) {
+    const SharedSlots& slots = launcher.slots;
+    if (!launcher.checked) return call(launcher, args.output, args.input, count);
+    if (input_stays(launcher, args)) {
+        switch (look_around(slots, sequence, signature)) {
+            case Seen::all_agree:
+                return call(launcher, args.output, args.input, count);
+            case Seen::disagree:
+                return verify_in_python(slots.verify, sequence, signature) &&
+                       call(launcher, args.output, args.input, count);
+            case Seen::some_missing:
+                mark_speculated(slots, sequence);
+                return call(launcher, args.output, args.input, count) &&
+                       (peers_agree(slots, sequence, signature) ||
+                        verify_in_python(slots.speculated, sequence, signature));
+        }
+    }
+    return (peers_agree(slots, sequence, signature) || verify_in_python(slots.verify, sequence, signature)) &&
+           call(launcher, args.output, args.input, count);
+}
 
 // The signature's element count and MPI's, as the Python launcher passes them; false: not a plain case.
 bool counts_of(const Launcher& launcher, const Call& call, long long& signature, int& count) {
@@ -262,9 +332,7 @@ PyObject* run_plain(Launcher& launcher, const Call& call_args, PyObject* shape, 
     // comes ends the job at the group's timeout, whichever wait it leaves hanging.
     bool done = stamp(launcher, monotonic_s());
     if (done) {
-        done = (!launcher.checked || peers_agree(launcher.slots, sequence, signature) ||
-                verify_in_python(launcher.slots, sequence, signature)) &&
-               call(launcher, call_args.output, call_args.input, count);
+        done = checked_call(launcher, call_args, sequence, signature, count);
         done = unstamp(launcher) && done;
     }
     PyObject* result = nullptr;
@@ -312,7 +380,7 @@ PyMethodDef run_def = {"mpi_launcher", reinterpret_cast<PyCFunction>(reinterpret
 std::vector<PyObject*> owned(const Launcher& launcher) {
     std::vector<PyObject*> all = {launcher.queue, launcher.otherwise,       launcher.watchdog,
                                   launcher.op,    launcher.limit,           launcher.error_type,
-                                  launcher.slots.sequence, launcher.slots.verify};
+                                  launcher.slots.sequence, launcher.slots.verify, launcher.slots.speculated};
     for (PyObject* reference : launch::references(launcher.recording)) all.push_back(reference);
     return all;
 }
@@ -339,12 +407,13 @@ std::int64_t* address_of(const py::handle& value) {
 }
 
 // ``shared``: None (unchecked), or (sequence iterator, own slots' address, peers' addresses, key,
-// verify, spin polls).
+// verify, spin polls, speculates, speculated).
 void read_slots(Launcher& launcher, const py::object& shared) {
     if (shared.is_none()) return;
     const auto fields = shared.cast<py::tuple>();
-    if (fields.size() != 6 || !PyIter_Check(fields[0].ptr())) {
-        throw std::invalid_argument("mpi launcher: shared must be (sequence, mine, peers, key, verify, spin polls)");
+    if (fields.size() != 8 || !PyIter_Check(fields[0].ptr())) {
+        throw std::invalid_argument(
+            "mpi launcher: shared must be (sequence, mine, peers, key, verify, spin polls, speculates, speculated)");
     }
     launcher.checked = true;
     launcher.slots.sequence = fields[0].ptr();
@@ -353,11 +422,13 @@ void read_slots(Launcher& launcher, const py::object& shared) {
     launcher.slots.key = fields[3].cast<std::int64_t>();
     launcher.slots.verify = fields[4].ptr();
     launcher.slots.spin_polls = fields[5].cast<int>();
+    launcher.slots.speculates = fields[6].cast<bool>();
+    launcher.slots.speculated = fields[7].ptr();
 }
 
 // See backends/mpi/_native.py, which is the only caller.
 py::object make_launcher(const std::string& op, unsigned long long function, py::tuple handles, bool int_handles,
-                         int root, int size, py::object queue, py::object otherwise, py::object watchdog,
+                         int root, int size, std::size_t item_size, py::object queue, py::object otherwise, py::object watchdog,
                          py::object limit, py::object error_type, py::object shared, py::object recording) {
     auto launcher = std::make_unique<Launcher>();
     launcher->mpi.kind = kind_of(op);
@@ -366,6 +437,7 @@ py::object make_launcher(const std::string& op, unsigned long long function, py:
                                     handles[2].cast<std::uintptr_t>(), handles[3].cast<std::uintptr_t>(), int_handles};
     launcher->mpi.root = root;
     launcher->size = size;
+    launcher->item_size = item_size;
     launcher->queue = queue.ptr();
     launcher->otherwise = otherwise.ptr();
     launcher->watchdog = watchdog.ptr();
@@ -399,7 +471,7 @@ py::object make_launcher(const std::string& op, unsigned long long function, py:
 PYBIND11_MODULE(_launcher, module) {
     module.doc() = "The mpi backend's fused launchers (csrc/mpi/launcher.cpp); built by backends/mpi/_native.py.";
     module.def("launcher", &commlayer::mpi::make_launcher, py::arg("op"), py::arg("function"), py::arg("handles"),
-               py::arg("int_handles"), py::arg("root"), py::arg("size"), py::arg("queue"), py::arg("otherwise"),
+               py::arg("int_handles"), py::arg("root"), py::arg("size"), py::arg("item_size"), py::arg("queue"), py::arg("otherwise"),
                py::arg("watchdog"), py::arg("limit"), py::arg("error_type"), py::arg("shared"),
                py::arg("recording"),
                "run(async_op, *tensors) for one planned kind of call; see backends/mpi/_native.py");

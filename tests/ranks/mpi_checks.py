@@ -36,6 +36,7 @@ from .mpi_launcher_checks import (
     check_mixed_ops_stress,
     launcher_kind,
 )
+from .mpi_speculation_checks import check_speculating_ranks_complete_and_raise
 
 _TIMEOUT_TAG = 11
 _ANY_SOURCE_TAG = 12
@@ -59,6 +60,7 @@ def main(*options: str) -> None:
     check_host_staging_plumbing()
     check_discovery_layout()
     check_signatures_meet_in_shared_memory()
+    check_speculating_ranks_complete_and_raise()
     check_c_and_python_launchers_interoperate()
     check_mixed_ops_stress()
     check_destroy_then_initialise_again()
