@@ -4,6 +4,7 @@ still end, with every rank raising the mismatch and no input touched, when that 
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,55 @@ def check_speculating_ranks_complete_and_raise() -> None:
         speculates = speculation and not late and (op != "broadcast" or rank == 0)
         _check_one(op, group, rank, world, elements, late, async_op, speculates)
     _check_the_group_still_agrees(group, rank, world)
+    _check_mismatches_among_agreeing_calls(group, rank, world)
     dist.destroy_process_group(group)
+
+
+def _check_mismatches_among_agreeing_calls(group: Any, rank: int, world: int, steps: int = 300) -> None:
+    """The four speculating ops and all_reduce in a random order, each rank late by a random few
+    microseconds, and one step in five a random rank's count is off by one: every agreeing step
+    gives exact results, every mismatched one raises on every rank, and the slots stay in step."""
+    calls, delays = random.Random(2027), random.Random(11 + rank)
+    for step in range(steps):
+        op = calls.choice((*_SHAPES, "broadcast", "all_reduce"))
+        odd_one = calls.randrange(world) if calls.random() < 0.2 else -1
+        elements = 3 if rank == odd_one else 2
+        deadline = time.perf_counter() + delays.random() * 2e-4
+        while time.perf_counter() < deadline:
+            pass
+        try:
+            result = _agreeing_call(op, group, rank, world, elements)
+        except CollectiveMismatchError:
+            assert odd_one >= 0, (step, op, rank)
+            continue
+        assert odd_one < 0, (step, op, rank, "a mismatched call returned")
+        assert torch.equal(result, _expected(op, rank, world, elements)), (step, op, rank, result)
+
+
+def _agreeing_call(op: str, group: Any, rank: int, world: int, elements: int) -> torch.Tensor:
+    if op in ("broadcast", "all_reduce"):
+        tensor = _distinct(rank, elements)
+        if op == "broadcast":
+            dist.broadcast(tensor, 0, group=group)
+        else:
+            dist.all_reduce(tensor, group=group)
+        return tensor
+    input_numel, output_numel = _SHAPES[op](elements, world)
+    output = torch.zeros(output_numel, dtype=torch.float64)
+    getattr(dist, op)(output, _distinct(rank, input_numel), group=group)
+    return output
+
+
+def _expected(op: str, rank: int, world: int, elements: int) -> torch.Tensor:
+    if op == "broadcast":
+        return _distinct(0, elements)
+    if op == "all_reduce":
+        return sum(_distinct(peer, elements) for peer in range(world))
+    if op == "reduce_scatter_tensor":
+        return sum(_distinct(peer, elements * world) for peer in range(world))[elements * rank :][:elements]
+    if op == "all_gather_into_tensor":
+        return torch.cat([_distinct(peer, elements) for peer in range(world)])
+    return torch.cat([_distinct(peer, elements * world)[elements * rank :][:elements] for peer in range(world)])
 
 
 def _check_one(
