@@ -87,8 +87,14 @@ class SignatureCheck:
             return iallreduce(in_place, [values, int64], maximum)
 
         codes = number_dtypes(dtypes)
-        replay = None if shared is None else scratch_replay(comm, mpi.buffer.fromaddress, dtypes, reductions, codes)
-        return cls(allreduce_max, iallreduce_max, codes, limit.group or "?", limit.rank, limit, shared, replay)
+        replay = (
+            None
+            if shared is None
+            else scratch_replay(comm, mpi.buffer.fromaddress, dtypes, reductions, codes)
+        )
+        return cls(
+            allreduce_max, iallreduce_max, codes, limit.group or "?", limit.rank, limit, shared, replay
+        )
 
     def key(self, op: str, tensor: torch.Tensor | None, root: int = -1, reduce_op: Any = None) -> int:
         return pack(op, None if tensor is None else tensor.dtype, self.dtype_codes, root, reduce_op)

@@ -54,4 +54,3 @@ def scratch_replay(
             raise RuntimeError(f"mpi: a peer speculated on {op}, which no launcher speculates on")
 
     return replay
-

@@ -91,7 +91,9 @@ def _expected(op: str, rank: int, world: int, elements: int) -> torch.Tensor:
         return sum(_distinct(peer, elements * world) for peer in range(world))[elements * rank :][:elements]
     if op == "all_gather_into_tensor":
         return torch.cat([_distinct(peer, elements) for peer in range(world)])
-    return torch.cat([_distinct(peer, elements * world)[elements * rank :][:elements] for peer in range(world)])
+    return torch.cat(
+        [_distinct(peer, elements * world)[elements * rank :][:elements] for peer in range(world)]
+    )
 
 
 def _check_one(
