@@ -12,7 +12,10 @@ byte. It is one more collective of latency (a few microseconds on one host:
 benchmarks/mismatch_check_overhead.py). On a communicator whose ranks all share one host, the
 same four values come from a shared-memory exchange instead (:mod:`._shared_signatures`): each
 rank publishes its signature in a cache line and reads its peers', a fraction of a microsecond
-where the Allreduce is a round trip through the MPI library.
+where the Allreduce is a round trip through the MPI library. There, the C launcher may also enter
+a call whose input MPI never writes before the late peers have published (speculation); a peer
+that disagrees completes that call on scratch memory and every rank still raises, inputs
+untouched (:meth:`SignatureCheck.speculated`, :mod:`._speculation`).
 
 Vector all-to-alls pass a count of 0: their per-rank sizes differ legitimately.
 Example: world of 2, rank 0 ``all_reduce(float32[4])``, rank 1 ``all_reduce(float32[8])``: the
