@@ -112,7 +112,12 @@ def _mpi_launcher_extensions() -> list[Extension]:
             "commlayer.backends.mpi._launcher",
             sources=["csrc/mpi/launcher.cpp"],
             include_dirs=[pybind11.get_include()],
-            depends=["csrc/launch/recording.hpp", "csrc/launch/spin.hpp", "csrc/mpi/mpi_abi.hpp"],
+            depends=[
+                "csrc/launch/recording.hpp",
+                "csrc/launch/spin.hpp",
+                "csrc/mpi/mpi_abi.hpp",
+                "csrc/mpi/shared_slots.hpp",
+            ],
             extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden"],
             language="c++",
         )
