@@ -43,8 +43,9 @@ __all__ = ["SignatureCheck", "describe", "verified_call"]
 
 _CHECKED_BY = "Checked by the mpi backend before communicating; COMMLAYER_MPI_VERIFY=0 turns the check off."
 _SPECULATED = (
-    "This rank entered its call before every peer had published theirs (its input is untouched, its "
-    "output undefined); set COMMLAYER_DEBUG=detail to check before any rank enters. "
+    "Checked by the mpi backend after this rank's call, which it entered before every peer had "
+    "published theirs: its input is untouched, its output undefined (COMMLAYER_DEBUG=detail checks "
+    "before any rank enters; COMMLAYER_MPI_VERIFY=0 turns the check off)."
 )
 # Ordered mode's shared-memory wait gives up later than the group's timeout: its watchdog ends the
 # job at 1-1.1 times the timeout first, as it does for a blocking call (this bounds a worker's wait).
@@ -150,7 +151,7 @@ class SignatureCheck:
         def compared_after_the_call(sequence: int, count: int) -> None:
             values = gather(sequence, key, count, op, limit, deadline_s)
             if values is not None:
-                self._compare(op, key, count, values, _SPECULATED + _CHECKED_BY)
+                self._compare(op, key, count, values, _SPECULATED)
 
         return compared_after_the_call
 

@@ -16,7 +16,7 @@ from commlayer.backends.mpi import MpiOptions, _native
 from commlayer.errors import CollectiveMismatchError
 
 _LATE_S = 0.2  # the disagreeing rank's delay: every other rank has entered its call by then
-_SPECULATED = "entered its call before every peer had published"
+_SPECULATED = "entered before every peer had published"
 
 # op -> (input elements, output elements) for ``n`` elements a rank in a world of ``w``
 _SHAPES: dict[str, Callable[[int, int], tuple[int, int]]] = {
