@@ -38,7 +38,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from commlayer import health
@@ -49,8 +49,10 @@ from ._runtime import abandon
 __all__ = ["SharedSignatures", "open_shared_signatures"]
 
 _WORDS = 8  # int64 words per slot: sequence, key, count, decision, padding to one 64-byte cache line
-# The decision word of check n: n * 4 + one of these (written only by ranks that speculate or refuse).
+# The decision word of check n: n << _DECISION_SHIFT | one of these (written only by ranks that
+# speculate or refuse; csrc/mpi/shared_slots.hpp writes the same).
 SPECULATED, REFUSED = 1, 2
+_DECISION_SHIFT = 2
 _SLOTS = 2
 _POLLS = 64  # polls before the first yield (~3 us of Python): a peer on another core arrives by then
 _SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a slow peer, a long wait)
@@ -122,14 +124,14 @@ class SharedSignatures:
         wait for every peer's decision. Returns the ``(key, count)`` the speculators entered MPI
         with, which this rank must run on scratch memory before raising, or None if none did."""
         at = (sequence & 1) * _WORDS
-        self._mine[at + 3] = sequence * 4 + REFUSED
+        self._mine[at + 3] = sequence << _DECISION_SHIFT | REFUSED
         speculated = None
         for slots in self._peers:
             decided = slots[at + 3]
-            if decided >> 2 != sequence:
-                _wait(slots, at + 3, sequence, op, limit, deadline_s, _decision_of)
+            if decided >> _DECISION_SHIFT != sequence:
+                _wait(slots, at + 3, sequence, op, limit, deadline_s, _DECISION_SHIFT)
                 decided = slots[at + 3]
-            if decided & 3 == SPECULATED:
+            if decided - (sequence << _DECISION_SHIFT) == SPECULATED:
                 speculated = (slots[at + 1], slots[at + 2])
         return speculated
 
@@ -145,14 +147,6 @@ class SharedSignatures:
         self._window.Free()
 
 
-def _sequence_of(word: int) -> int:
-    return word
-
-
-def _decision_of(word: int) -> int:
-    return word >> 2
-
-
 def _wait(
     slots: memoryview,
     at: int,
@@ -160,15 +154,15 @@ def _wait(
     op: str,
     limit: WaitLimit,
     deadline_s: float,
-    sequence_of: Callable[[int], int] = _sequence_of,
+    shift: int = 0,
 ) -> None:
-    """Until the peer's word ``at`` stands for ``sequence``: poll, then yield, then sleep; typed
-    error at the deadline."""
+    """Until the peer's word ``at``, shifted right by ``shift`` (``_DECISION_SHIFT`` for a decision
+    word), is ``sequence``: poll, then yield, then sleep; typed error at the deadline."""
     for _ in range(_POLLS):
-        if sequence_of(slots[at]) == sequence:
+        if slots[at] >> shift == sequence:
             return
     started = _monotonic()
-    while sequence_of(slots[at]) != sequence:
+    while slots[at] >> shift != sequence:
         waited = _monotonic() - started
         if waited > _SLEEP_AFTER_S:
             if waited > deadline_s or health.current() is not None:

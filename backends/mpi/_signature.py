@@ -75,9 +75,9 @@ class SignatureCheck:
         comm: Any,
         mpi: Any,
         dtypes: Any,
+        reductions: dict[Any, Any],
         limit: WaitLimit,
         shared: SharedSignatures | None = None,
-        reductions: dict[Any, Any] | None = None,
     ) -> SignatureCheck:
         """The check of ``comm``'s calls; ``dtypes`` and ``reductions`` are the backend's MPI
         datatypes and ops (those replay a speculating peer's call where ``shared`` is given)."""

@@ -104,7 +104,7 @@ class MpiBackend(Backend):
         )
         self._check = (
             SignatureCheck.over(
-                comm, mpi, self._datatypes, self._limit, open_shared_signatures(comm, mpi), self._reductions
+                comm, mpi, self._datatypes, self._reductions, self._limit, open_shared_signatures(comm, mpi)
             )
             if options.verify and spec.size > 1
             else None

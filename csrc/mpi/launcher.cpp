@@ -133,18 +133,14 @@ bool checked_call(const Launcher& launcher, const Call& args, std::int64_t seque
     const SharedSlots& slots = launcher.slots;
     if (!launcher.checked) return call(launcher, args.output, args.input, count);
     if (input_stays(launcher, args)) {
-        switch (look_around(slots, sequence, signature)) {
-            case Seen::all_agree:
-                return call(launcher, args.output, args.input, count);
-            case Seen::disagree:
-                return verify_in_python(slots.verify, sequence, signature) &&
-                       call(launcher, args.output, args.input, count);
-            case Seen::some_missing:
-                mark_speculated(slots, sequence);
-                return call(launcher, args.output, args.input, count) &&
-                       (peers_agree(slots, sequence, signature) ||
-                        verify_in_python(slots.speculated, sequence, signature));
+        const Seen seen = look_around(slots, sequence, signature);
+        if (seen == Seen::all_agree) return call(launcher, args.output, args.input, count);
+        if (seen == Seen::some_missing) {
+            mark_speculated(slots, sequence);
+            return call(launcher, args.output, args.input, count) &&
+                   (peers_agree(slots, sequence, signature) || verify_in_python(slots.speculated, sequence, signature));
         }
+        // A disagreement: the waiting path below, whose Python side refuses and raises.
     }
     return (peers_agree(slots, sequence, signature) || verify_in_python(slots.verify, sequence, signature)) &&
            call(launcher, args.output, args.input, count);
