@@ -134,14 +134,20 @@ def test_ccl_mismatch_without_debug_mode_is_caught_before_the_collective(kind: s
 
 
 @MPI
-def test_mpi_skipped_blocking_collective_ends_the_job_at_the_timeout(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kind", "op"), [("skip", "all_reduce"), ("skip_speculated", "reduce_scatter_tensor")]
+)
+def test_mpi_skipped_blocking_collective_ends_the_job_at_the_timeout(
+    tmp_path: Path, kind: str, op: str
+) -> None:
     """Ordered mode: the synchronous op is MPI's blocking call; the watchdog reports it (op,
-    group, rank) and ends the job with MPI_Abort, as MPI cannot cancel it."""
+    group, rank) and ends the job with MPI_Abort, as MPI cannot cancel it. reduce_scatter_tensor
+    enters MPI before the missing peer's signature (the check's speculation) and ends alike."""
     require_mpirun()
-    outcome = run_fault_world("mpi", "skip", tmp_path, launcher_kills=True)
+    outcome = run_fault_world("mpi", kind, tmp_path, launcher_kills=True)
     assert outcome.exit_codes[0] != 0, outcome.output
     for words in (
-        "CommTimeoutError: all_reduce",
+        f"CommTimeoutError: {op}",
         "(rank 0) on group 'world'",
         "ending the job with MPI_Abort",
     ):

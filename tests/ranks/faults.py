@@ -142,14 +142,21 @@ def _await_peers(out: Path, size: int, limit_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def skipped_collective(rank: int, size: int, faulty: bool, out: Path) -> str:
-    _checked_ops(rank, size, 4)
-    if faulty:
-        _write(out / "fault.json", {"rank": rank, "how": "skip", "t_fault": time.time(), "pid": os.getpid()})
-        _await_peers(out, size)
-        return "skipped"  # never called the collective its peers waited in
-    dist.all_reduce(torch.ones(4))
-    return "returned"
+def _skipped(collective: Callable[[int], object]) -> Callable[[int, int, bool, Path], str]:
+    """The faulty rank never calls ``collective(size)``, which its peers wait in."""
+
+    def case(rank: int, size: int, faulty: bool, out: Path) -> str:
+        _checked_ops(rank, size, 4)
+        if faulty:
+            _write(
+                out / "fault.json", {"rank": rank, "how": "skip", "t_fault": time.time(), "pid": os.getpid()}
+            )
+            _await_peers(out, size)
+            return "skipped"
+        collective(size)
+        return "returned"
+
+    return case
 
 
 def skipped_barrier(rank: int, size: int, faulty: bool, out: Path) -> str:
@@ -224,7 +231,12 @@ CASES: dict[str, Callable[[int, int, bool, Path], str]] = {
     "exit_slowly": _death("exit_slowly"),
     **{kind: _mismatch(kind) for kind in MISMATCHES},
     "mismatch_dtype_async": _mismatch("mismatch_dtype", async_op=True),
-    "skip": skipped_collective,
+    "skip": _skipped(lambda size: dist.all_reduce(torch.ones(4))),
+    # On mpi the waiting ranks enter reduce_scatter_tensor before the missing peer's signature
+    # (the check's speculation), so the wait they are left in is MPI's own.
+    "skip_speculated": _skipped(
+        lambda size: dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * size))
+    ),
     "skip_barrier": skipped_barrier,
     "slow": slow_rank,
     "steady": steady,
