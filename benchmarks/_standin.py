@@ -92,7 +92,7 @@ def measure_library(backend: str, iters: int, rounds: int) -> list[dict]:
     backend's own op called directly (the floor) against the facade's, both waited. These
     backends have no torch wrapper to compare with: ``raw_us`` is NaN."""
     from commlayer import comms_logger
-    from commlayer.dist._groups import resolve_group
+    from commlayer.facade.groups import resolve_group
 
     dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
     rows = []

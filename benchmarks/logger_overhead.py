@@ -1,7 +1,7 @@
 """Cost of the comms logger per facade call: disabled (the goal: < 0.5 us) and enabled.
 
 The logger's only footprint on the dispatch path is the observer test in
-``commlayer.dist._dispatch.launch`` (the closure and the message size are built only when an
+``commlayer.facade.dispatch.launch`` (the closure and the message size are built only when an
 observer is set). On a real ``OpCall`` (a world of one on gloo), with a ``start`` that returns an
 already completed Work so that no communication hides the difference, three things are timed:
 
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import comms_logger, dist
-from commlayer.dist import _dispatch
+from commlayer.facade import dispatch
 from commlayer.work import CompletedWork
 
 
@@ -50,11 +50,11 @@ def ns_per_call(variants: dict[str, Callable[[], object]], calls: int, rounds: i
 
 
 def measure_launch(calls: int, rounds: int) -> dict[str, float]:
-    call = _dispatch.begin("all_reduce", None, torch.device("cpu"))
+    call = dispatch.begin("all_reduce", None, torch.device("cpu"))
     assert call is not None
     done, tensor = CompletedWork(), torch.ones(1)
     start = lambda backend: done
-    launch = _dispatch.launch
+    launch = dispatch.launch
     variants = {
         "backend call + wait": lambda: start(call.backend).wait(),
         "launch, logger disabled": lambda: launch(call, start, async_op=False, payload=tensor),

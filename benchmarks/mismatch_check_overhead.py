@@ -7,7 +7,7 @@ check (the default) and on one built with ``MpiOptions(verify=False)``, and mpi4
 repeat and each figure is the median over repeats of the mean time per call (the slowest rank's);
 ``--iters`` calls per sample up to 64 KiB, proportionally fewer above (at least 50).
 
-``--gloo``: 2 ranks started by ``commlayer.launcher``, the same synchronous all_reduce on the gloo
+``--gloo``: 2 ranks started by ``commlayer.launch``, the same synchronous all_reduce on the gloo
 world (checked, the default: the signature reduction overlaps the op), on a group built with
 ``COMMLAYER_GLOO_VERIFY=0``, torch's own ``torch.distributed.all_reduce`` on the world's
 ProcessGroup (raw), and the design not taken (serial: a 32-byte reduction waited for before the
@@ -80,7 +80,7 @@ def _launch_mpi(body: list[str], mpi: str) -> None:
 
 
 def _launch_gloo(body: list[str]) -> None:
-    from commlayer.launcher import LaunchConfig, SuperviseOptions, launch
+    from commlayer.launch import LaunchConfig, SuperviseOptions, launch
 
     os.environ["PYTHONPATH"] = str(ROOT)
     result = launch(LaunchConfig(tuple(body), 2, options=SuperviseOptions(timeout=600, tail_lines=20)))

@@ -286,7 +286,7 @@ def _gloo_store(comm: Any) -> Any:
 
 
 def launch_jobs(arguments: argparse.Namespace, scratch: Path) -> list[Record]:
-    from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
+    from commlayer.launch import ProcessSpec, SuperviseOptions, supervise
     from commlayer.testing import mpirun_plan
 
     records: list[Record] = []

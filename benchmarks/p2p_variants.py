@@ -64,7 +64,7 @@ def variants(tensor: torch.Tensor, sender: bool, peer: int) -> dict[str, Callabl
 
 
 def _plan(kind: str, peer: int, tensor: torch.Tensor) -> Callable[..., object]:
-    from commlayer.dist._dispatch import plans
+    from commlayer.facade.dispatch import plans
 
     plan = plans[(kind, None, peer, 0, tensor.dtype, tensor.device, tensor.layout)]
     return plan[0] if isinstance(plan, tuple) else plan.run

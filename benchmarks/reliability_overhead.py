@@ -33,8 +33,8 @@ from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist
-from commlayer.dist import _dispatch
-from commlayer.launcher import LaunchConfig, SuperviseOptions, launch
+from commlayer.facade import dispatch
+from commlayer.launch import LaunchConfig, SuperviseOptions, launch
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -52,13 +52,13 @@ def recorder_cost(backend: str, iters: int, repeats: int) -> tuple[float, float]
     tensor = torch.ones(2)
     try:
         dist.all_reduce(tensor)  # builds the plan
-        ((key, plan),) = [(key, plan) for key, plan in _dispatch.plans.items() if key[0] == "all_reduce"]
-        unrecorded = _dispatch._launcher(plan.call.backend, "all_reduce", (ReduceOp.SUM,), False)
+        ((key, plan),) = [(key, plan) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"]
+        unrecorded = dispatch._launcher(plan.call.backend, "all_reduce", (ReduceOp.SUM,), False)
         recorded, bare = plan, plan._replace(run=unrecorded)
 
         def with_plan(chosen):
             def call() -> None:
-                _dispatch.plans[key] = chosen
+                dispatch.plans[key] = chosen
                 dist.all_reduce(tensor)
 
             return call

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from commlayer import dist
-from commlayer.dist import _dispatch
+from commlayer.facade import dispatch
 from commlayer.ports import free_port
 from commlayer.types import ReduceOp
 
@@ -44,7 +44,7 @@ def measure(elements: int, iters: int, repeats: int) -> dict[str, float]:
     dist.all_reduce(tensor)
     dist.broadcast(tensor, 0)
     key = ("all_reduce", None, ReduceOp.SUM, tensor.dtype, tensor.device, tensor.layout)
-    plan = _dispatch.plans[key]
+    plan = dispatch.plans[key]
     run, comm, address = plan.run, plan.call.backend._comm, tensor.data_ptr()
     calls: dict[str, Callable[[], object]] = {
         "dist.all_reduce": lambda: dist.all_reduce(tensor),

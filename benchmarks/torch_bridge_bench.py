@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bridge_costs import stand_in_costs
 
 from commlayer import dist
-from commlayer.dist import _bridge_work
+from commlayer.facade import torch_bridge_work
 from commlayer.testing import run_world
 from commlayer.work import Work
 
@@ -71,7 +71,7 @@ def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
     elapsed = time.perf_counter() - started
     if dist.get_rank() == 0:
         in_flight = pending[0] / pending[1] if pending[1] else None
-        auto_inline = _bridge_work.inline_futures({**os.environ, _bridge_work.FUTURES_ENV: "auto"})
+        auto_inline = torch_bridge_work.inline_futures({**os.environ, torch_bridge_work.FUTURES_ENV: "auto"})
         result = {"steps_per_s": STEPS / elapsed, "in_flight": in_flight, "auto_picks_inline": auto_inline}
         Path(out_path).write_text(json.dumps(result))
 
@@ -79,15 +79,15 @@ def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
 def _count_pending_futures() -> list[int]:
     """[pending, total] of the futures the bridge hands out, counted as DDP gets them."""
     counts = [0, 0]
-    future_of = _bridge_work.Completer.future_of
+    future_of = torch_bridge_work.Completer.future_of
 
-    def counted(completer: _bridge_work.Completer, work: Work, result: list) -> torch.futures.Future:
+    def counted(completer: torch_bridge_work.Completer, work: Work, result: list) -> torch.futures.Future:
         future = future_of(completer, work, result)
         counts[0] += not future.done()
         counts[1] += 1
         return future
 
-    _bridge_work.Completer.future_of = counted  # type: ignore[method-assign]
+    torch_bridge_work.Completer.future_of = counted  # type: ignore[method-assign]
     return counts
 
 
@@ -97,7 +97,7 @@ def _ddp(out: Path, width: int, batch_size: int) -> dict:
         path = out / f"{name}.json"
         target = "benchmarks.torch_bridge_bench:ddp_rank"
         args = [str(path), str(width), str(batch_size)]
-        env = {_bridge_work.FUTURES_ENV: futures}
+        env = {torch_bridge_work.FUTURES_ENV: futures}
         run_world(target, 2, backend=backend, launcher=launcher, timeout=600, env=env, args=args)
         runs[name] = json.loads(path.read_text())
     gloo = runs["gloo"]["steps_per_s"]

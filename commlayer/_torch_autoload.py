@@ -50,6 +50,6 @@ def fill_torch_launcher_variables(environ: MutableMapping[str, str]) -> None:
 
 
 def _create(options: object, backend_options: object) -> object:
-    from commlayer.dist import _bridge  # importing commlayer.dist registers the real creator too
+    from commlayer.facade import torch_bridge  # importing it registers the real creator too
 
-    return _bridge._create_from_torch(options, backend_options)
+    return torch_bridge._create_from_torch(options, backend_options)

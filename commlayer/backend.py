@@ -158,7 +158,7 @@ class Backend(GenericCollectives, ABC):
     def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
         """Optional: a fused launcher for ``op`` whose trailing arguments are ``fixed``.
 
-        The facade calls it once per validated kind of call (see ``commlayer.dist._dispatch``)
+        The facade calls it once per validated kind of call (see ``commlayer.facade.dispatch``)
         and then calls ``run(async_op, *tensors)`` for every call of that kind: it must start
         ``getattr(self, op)(*tensors, *fixed)``, return its Work when ``async_op`` is true, and
         otherwise wait for it and return None. Tensors arrive contiguous but not flattened.

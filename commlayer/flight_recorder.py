@@ -89,7 +89,7 @@ class Recording(NamedTuple):
     where ``shape`` is ``payload.shape`` (a point-to-point entry's too: its dump lists it as the
     one shape of a list, as :meth:`FlightRecorder.enter` records them). On any exception
     the launcher calls ``fail(error)`` inside its ``except`` block: it re-raises ``error`` or
-    its typed translation (and dumps the rings, see ``commlayer.dist._trace``).
+    its typed translation (and dumps the rings, see ``commlayer.facade.failures``).
     """
 
     next_seq: Callable[[], int]
@@ -112,7 +112,7 @@ class FlightRecorder:
         self._p2p_ring: list[list[Any] | None] = [None] * capacity
         self._collectives = itertools.count(1)  # the group's collective sequence numbers
         self._p2p = itertools.count(1)
-        # Debug mode's cross-rank check of each collective (commlayer.dist._trace), else None.
+        # Debug mode's cross-rank check of each collective (commlayer.facade.failures), else None.
         self.verify: Callable[[list[Any]], None] | None = None
 
     def enter(self, op: str, payload: torch.Tensor | Sequence[torch.Tensor], root: int = -1) -> list[Any]:

@@ -1,6 +1,6 @@
 """What this process knows about dead peers: set by the peer monitor, read by every wait loop.
 
-The facade's peer monitor (:mod:`commlayer.dist._health`) watches heartbeats and death notices
+The facade's peer monitor (:mod:`commlayer.facade.peer_monitor`) watches heartbeats and death notices
 in the rendezvous store and calls :func:`report` when a peer dies. Backends whose waits poll
 (MPI, oneCCL) call :func:`raise_if_failed` between polls, so a survivor blocked in a collective
 raises :class:`~commlayer.errors.PeerFailureError` within a poll of the report instead of at the

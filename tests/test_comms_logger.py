@@ -17,7 +17,7 @@ import torch
 from commlayer import comms_logger, dist
 from commlayer.comms_logger._logger import LoggerOptions, TraceEvent
 from commlayer.comms_logger._summary import chrome_trace, combine_ranks, format_summary
-from commlayer.dist import _dispatch
+from commlayer.facade import dispatch
 from commlayer.testing import run_world
 
 
@@ -90,9 +90,9 @@ def logger_off() -> Iterator[None]:
 
 
 def test_enable_sets_the_facade_observer_and_disable_removes_it(world_of_one: None, logger_off: None) -> None:
-    assert _dispatch._observer is None
+    assert dispatch._observer is None
     comms_logger.enable(ops="all_reduce,broadcast")
-    assert comms_logger.is_enabled() and _dispatch._observer is not None
+    assert comms_logger.is_enabled() and dispatch._observer is not None
     tensor = torch.arange(6, dtype=torch.float32)
     dist.all_reduce(tensor)
     dist.broadcast(tensor, src=0)
@@ -103,7 +103,7 @@ def test_enable_sets_the_facade_observer_and_disable_removes_it(world_of_one: No
         "broadcast": [24],
     }
     comms_logger.disable()
-    assert _dispatch._observer is None
+    assert dispatch._observer is None
     dist.all_reduce(tensor)
     assert comms_logger.stats()["all_reduce"][24]["count"] == 1
     summary = comms_logger.summary(print_rank=None)

@@ -201,9 +201,9 @@ def test_single_process_needs_no_launcher(monkeypatch: pytest.MonkeyPatch) -> No
 def test_torch_arguments_without_effect_are_logged_once(
     world_of_one: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from commlayer.dist import _ignored
+    from commlayer.facade import ignored_arguments
 
-    _ignored._logged.clear()
+    ignored_arguments._logged.clear()
     with caplog.at_level("WARNING", logger="commlayer.dist"):
         dist.barrier(device_ids=[0])
         dist.barrier(device_ids=[0])

@@ -19,8 +19,8 @@ import torch.distributed as torch_dist
 
 from commlayer import dist
 from commlayer.backends import _torch_plans
-from commlayer.dist import _dispatch
-from commlayer.dist._groups import resolve_group
+from commlayer.facade import dispatch
+from commlayer.facade.groups import resolve_group
 from commlayer.flight_recorder import FlightRecorder, describe_entry
 from commlayer.types import ReduceOp
 
@@ -83,7 +83,7 @@ def test_the_torch_backend_plans_record_themselves(world: None) -> None:
         dist.all_reduce(torch.ones(2))
         dist.all_to_all_single(torch.zeros(2), torch.ones(2))
     native = _torch_plans.native_enabled()
-    for plan in _dispatch.plans.values():
+    for plan in dispatch.plans.values():
         if native and plan.call.op == "all_reduce":
             assert isinstance(plan.run, _torch_plans.native.Launcher), plan.run
         else:
@@ -106,7 +106,7 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
     """With a verifier set (debug mode), plans enter through ``enter``, which runs it first."""
     seen: list[list[Any]] = []
     _recorder().verify = seen.append
-    _dispatch.forget_plans()
+    dispatch.forget_plans()
     tensor = torch.ones(2)
     for _ in range(3):
         dist.all_reduce(tensor)
@@ -118,8 +118,8 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
 def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     """Where the extension is not built, the Python lookups stand in for PlannedCollective and
     PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
-    from commlayer.dist import _p2p, _planned
-    from commlayer.dist._dispatch import NO_PLAN, native
+    from commlayer.facade import p2p, planned_collectives
+    from commlayer.facade.dispatch import NO_PLAN, native
 
     if native is None:
         pytest.skip("the C lookups are not built")
@@ -127,8 +127,12 @@ def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     dist.all_reduce(tensor)
     dist.broadcast(tensor, src=0)  # both planned from here on
     lookups = [
-        (_planned._python_planned("all_reduce", False), _planned._planned_all_reduce, ReduceOp.SUM),
-        (_planned._python_planned("broadcast", True), _planned._planned_broadcast, 0),
+        (
+            planned_collectives._python_planned("all_reduce", False),
+            planned_collectives._planned_all_reduce,
+            ReduceOp.SUM,
+        ),
+        (planned_collectives._python_planned("broadcast", True), planned_collectives._planned_broadcast, 0),
     ]
     for python_lookup, c_lookup, scalar in lookups:
         calls = [
@@ -142,5 +146,5 @@ def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
         assert python_lookup(*calls[0]) is None and c_lookup(*calls[0]) is None  # both ran the plan
         for call in calls[1:]:
             assert python_lookup(*call) is NO_PLAN and c_lookup(*call) is NO_PLAN, call
-    assert _planned._python_planned("broadcast", True)(tensor, True, None, False, None) is NO_PLAN
-    assert _p2p._python_planned("send", True)(tensor, True, None, 0, None) is NO_PLAN
+    assert planned_collectives._python_planned("broadcast", True)(tensor, True, None, False, None) is NO_PLAN
+    assert p2p._python_planned("send", True)(tensor, True, None, 0, None) is NO_PLAN

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from commlayer import cli
-from commlayer.launcher import LaunchConfig, LaunchResult, ProcessOutcome, SuperviseOptions, launch
+from commlayer.launch import LaunchConfig, LaunchResult, ProcessOutcome, SuperviseOptions, launch
 from commlayer.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent

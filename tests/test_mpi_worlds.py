@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from commlayer.backends.mpi.options import MODE_ENV
-from commlayer.launcher import LaunchResult, ProcessSpec, SuperviseOptions, supervise
+from commlayer.launch import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import MpirunPlan, mpirun_plan, mpirun_unavailable_reason, require_mpirun, run_world
 
 REPO = Path(__file__).resolve().parent.parent

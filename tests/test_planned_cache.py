@@ -178,7 +178,7 @@ def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_document
     assert isend(tensor, src=1)[0] == "checked"  # not send's: the Python function decides
     from commlayer import dist
 
-    assert dist.isend.__name__ == "isend" and dist.isend.__module__ == "commlayer.dist._p2p"
+    assert dist.isend.__name__ == "isend" and dist.isend.__module__ == "commlayer.facade.p2p"
     assert "Args:" in (dist.isend.__doc__ or "") and "group_dst" in str(inspect.signature(dist.isend))
 
 

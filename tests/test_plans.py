@@ -19,8 +19,8 @@ import torch.distributed as torch_dist
 
 from commlayer import comms_logger, dist
 from commlayer.comms_logger import _logger, _timer
-from commlayer.dist import _dispatch, _planned
 from commlayer.errors import InvalidArgumentError, UnsupportedError
+from commlayer.facade import dispatch, planned_collectives
 from commlayer.testing import run_world
 from commlayer.types import ReduceOp
 
@@ -42,19 +42,19 @@ def world() -> Iterator[None]:
 
 
 def _keys(op: str) -> list[tuple]:
-    return [key for key in _dispatch.plans if key[0] == op]
+    return [key for key in dispatch.plans if key[0] == op]
 
 
 def test_one_plan_per_kind_of_call_reused_until_metadata_changes(world: None) -> None:
     tensor = torch.arange(4.0)
     dist.all_reduce(tensor)
-    plan = _dispatch.plans[("all_reduce", None, ReduceOp.SUM, torch.float32, tensor.device, torch.strided)]
+    plan = dispatch.plans[("all_reduce", None, ReduceOp.SUM, torch.float32, tensor.device, torch.strided)]
     for _ in range(3):
         dist.all_reduce(tensor)
     assert _keys("all_reduce") == [
         ("all_reduce", None, ReduceOp.SUM, torch.float32, tensor.device, torch.strided)
     ]
-    assert _dispatch.plans[_keys("all_reduce")[0]] is plan
+    assert dispatch.plans[_keys("all_reduce")[0]] is plan
     dist.all_reduce(torch.arange(4, dtype=torch.int64), op=ReduceOp.MAX)
     assert len(_keys("all_reduce")) == 2  # another dtype and op: another plan
     assert torch.equal(tensor, torch.arange(4.0))
@@ -73,7 +73,9 @@ def test_the_second_call_of_each_hot_op_takes_its_plan(world: None, monkeypatch:
     for call in calls.values():
         call()
     for name in calls:
-        monkeypatch.setattr(_planned, name, lambda *args, name=name: pytest.fail(f"{name} ran again"))
+        monkeypatch.setattr(
+            planned_collectives, name, lambda *args, name=name: pytest.fail(f"{name} ran again")
+        )
     for call in calls.values():
         call()
     # send/recv need a peer: tests/ranks/plans.py checks theirs the same way.
@@ -157,12 +159,12 @@ def test_destroying_a_group_or_the_world_drops_every_plan() -> None:
         dist.all_reduce(torch.ones(1))
         assert len(_keys("all_reduce")) == 2
         dist.destroy_process_group(subgroup)
-        assert not _dispatch.plans
+        assert not dispatch.plans
         dist.all_reduce(torch.ones(1))
-        old_backend = _dispatch.plans[_keys("all_reduce")[0]].call.backend
+        old_backend = dispatch.plans[_keys("all_reduce")[0]].call.backend
     finally:
         dist.destroy_process_group()
-    assert not _dispatch.plans
+    assert not dispatch.plans
     with pytest.raises(Exception, match="not initialized"):
         dist.all_reduce(torch.ones(1))
     _init()
@@ -170,7 +172,7 @@ def test_destroying_a_group_or_the_world_drops_every_plan() -> None:
         tensor = torch.full((2,), 3.0)
         dist.all_reduce(tensor)
         assert torch.equal(tensor, torch.full((2,), 3.0))
-        assert _dispatch.plans[_keys("all_reduce")[0]].call.backend is not old_backend
+        assert dispatch.plans[_keys("all_reduce")[0]].call.backend is not old_backend
     finally:
         dist.destroy_process_group()
 
@@ -178,21 +180,21 @@ def test_destroying_a_group_or_the_world_drops_every_plan() -> None:
 def test_the_observer_sees_planned_ops_and_plans_are_rebuilt_around_it(world: None) -> None:
     tensor = torch.ones(3)
     dist.all_reduce(tensor)
-    unobserved = _dispatch.plans[_keys("all_reduce")[0]]
+    unobserved = dispatch.plans[_keys("all_reduce")[0]]
     comms_logger.reset()
     comms_logger.enable()
     try:
-        assert not _dispatch.plans
+        assert not dispatch.plans
         dist.all_reduce(tensor)
         dist.all_reduce(tensor, async_op=True).wait()
         dist.broadcast(tensor, src=0)
-        assert _dispatch.plans[_keys("all_reduce")[0]] is not unobserved
+        assert dispatch.plans[_keys("all_reduce")[0]] is not unobserved
         counts = {op: rows[12]["count"] for op, rows in comms_logger.stats().items()}
     finally:
         comms_logger.disable()
         comms_logger.reset()
     assert counts == {"all_reduce": 2, "broadcast": 1}
-    assert not _dispatch.plans
+    assert not dispatch.plans
 
 
 @pytest.mark.parametrize("timer", ["c", "python"])

@@ -21,10 +21,10 @@ from commlayer.backends._signature import dtype_codes, mismatch, pack
 from commlayer.backends._signer import Signer, split_counts, verify_enabled
 from commlayer.backends.mpi._ordered import OrderedExecutor
 from commlayer.backends.mpi._signature import SignatureCheck, describe
-from commlayer.dist._groups import ProcessGroup
-from commlayer.dist._rendezvous import _bounded
-from commlayer.dist._trace import translate
 from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from commlayer.facade.failures import translate
+from commlayer.facade.groups import ProcessGroup
+from commlayer.facade.init_method import _bounded
 from commlayer.types import ReduceOp
 from commlayer.work import WaitLimit
 
@@ -157,7 +157,7 @@ _ABANDONED_CONNECT = """
 import socket, sys
 from datetime import timedelta
 import torch.distributed as torch_dist
-from commlayer.dist._rendezvous import _bounded
+from commlayer.facade.init_method import _bounded
 from commlayer.errors import CommTimeoutError
 with socket.socket() as probe:  # a port nobody listens on: torch's client retries past its timeout
     probe.bind(("127.0.0.1", 0))

@@ -13,9 +13,11 @@ import torch.distributed as torch_dist
 
 from commlayer import health
 from commlayer.cli import main as cli_main
-from commlayer.dist._groups import ProcessGroup
-from commlayer.dist._trace import abort_group, debug_mode, describe_call, translate
 from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from commlayer.facade.aborted_groups import abort_group
+from commlayer.facade.debug_check import debug_mode, describe_call
+from commlayer.facade.failures import translate
+from commlayer.facade.groups import ProcessGroup
 from commlayer.flight_recorder import FlightRecorder, mark_completed, prefill, track, write_dump
 from commlayer.trace_analysis import analyze, load_dumps
 from commlayer.work import CompletedWork

@@ -15,8 +15,8 @@ import torch.distributed as torch_dist
 
 from commlayer import dist
 from commlayer.backends.shm import ShmBackend
-from commlayer.dist import _dispatch
-from commlayer.dist._groups import resolve_group
+from commlayer.facade import dispatch
+from commlayer.facade.groups import resolve_group
 from commlayer.types import ReduceOp
 from commlayer.work import Work
 
@@ -74,7 +74,7 @@ def test_launchers_enter_every_call_in_the_flight_recorder(shm_backend: ShmBacke
     recorder = resolve_group("test", None).recorder
     first = len(recorder.snapshot())
     made = _planned_calls(async_op)
-    runs = [plan.run for plan in _dispatch.plans.values()]
+    runs = [plan.run for plan in dispatch.plans.values()]
     assert len(runs) == 4 and all(type(run).__name__ == "builtin_function_or_method" for run in runs)
     entries = recorder.snapshot()[first:]
     assert [entry["seq"] for entry in entries] == list(range(first + 1, first + 1 + len(made)))

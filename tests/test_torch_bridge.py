@@ -18,9 +18,9 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.dist._bridge_work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
 from commlayer.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
-from commlayer.launcher import ProcessSpec, SuperviseOptions, supervise
+from commlayer.facade.torch_bridge_work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
+from commlayer.launch import ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import mpirun_plan, require_mpirun, run_world
 from commlayer.work import CompletedWork, Work
 
@@ -88,7 +88,7 @@ def test_availability_and_complex_support_follow_commlayer_backends() -> None:
 
 
 def test_torch_debug_level_api_turns_on_commlayer_debug_mode() -> None:
-    from commlayer.dist._trace import debug_mode
+    from commlayer.facade.debug_check import debug_mode
 
     assert dist.get_debug_level is torch_dist.get_debug_level and not debug_mode({})
     dist.set_debug_level(dist.DebugLevel.DETAIL)

@@ -21,8 +21,8 @@ import torch
 from commlayer import health
 from commlayer.backend import Backend
 from commlayer.errors import CommError
+from commlayer.fabric_regions import release_regions_of
 from commlayer.rendezvous import discover
-from commlayer.shm_regions import release_regions_of
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
 

@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from commlayer.errors import BackendUnavailableError
-from commlayer.shm_regions import release_regions_of
+from commlayer.fabric_regions import release_regions_of
 
 if TYPE_CHECKING:
     from commlayer.types import GroupSpec

@@ -1,6 +1,6 @@
 """The ``shm`` backend: collectives through one shared-memory segment per group (csrc/shm).
 
-For groups whose ranks share a host (found through the store, see :mod:`._setup`). Each op runs
+For groups whose ranks share a host (found through the store, see :mod:`.process_groups`). Each op runs
 to completion in the calling thread, in call order, so ranks that disagree on ``async_op`` still
 match and an async op returns a completed Work. Every wait spins briefly, then yields the core
 with the GIL released, and ends at the group's timeout or as soon as a peer's process is gone.

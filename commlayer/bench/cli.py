@@ -2,7 +2,7 @@
 
 Two ways to run it:
 
-* ``commlayer bench -n 4 ...`` starts 4 local ranks itself (through :mod:`commlayer.launcher`);
+* ``commlayer bench -n 4 ...`` starts 4 local ranks itself (through :mod:`commlayer.launch`);
   rank 0 hands its records back to this process, which prints and writes the outputs.
 * ``torchrun --nproc-per-node 4 -m commlayer bench ...`` (or under mpirun / srun, e.g.
   ``mpirun -n 4 python -m commlayer bench --backends mpi``): every rank runs the sweep in place,
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from commlayer.launcher import LaunchConfig, launch
+from commlayer.launch import LaunchConfig, launch
 from commlayer.rendezvous import discover
 
 from ..metrics import parse_size

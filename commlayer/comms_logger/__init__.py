@@ -12,7 +12,7 @@ Enable it in code or from the environment::
     [COMMLAYER_COMMS_LOGGER_VERBOSE=1] [COMMLAYER_COMMS_LOGGER_TRACE=trace-{rank}.json] python train.py
 
 How it measures: the facade hands every op's launch to the observer set with
-:func:`commlayer.dist._dispatch.set_observer`. While enabled, the logger synchronises the
+:func:`commlayer.facade.dispatch.set_observer`. While enabled, the logger synchronises the
 accelerator before the launch and again when the op's Work completes, and records the time in
 between; a blocking op is therefore timed exactly, an async one from launch until the caller's
 ``wait()`` (or ``is_completed()``) sees it done. Disabled, no observer is set and the facade pays

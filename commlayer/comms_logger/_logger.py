@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import torch
 
-from ..dist import _dispatch
+from ..facade import dispatch
 from ..metrics import OP_FAMILY, busbw_factor, format_size
 from ..work import Work
 from ._store import TraceEvent, _Accumulator, _Records
@@ -68,7 +68,7 @@ class CommsLogger:
         self.records = records
         self._muted_thread: int | None = None  # summary()'s own traffic is not logged
 
-    def observe(self, call: _dispatch.OpCall, nbytes: int, start: Callable[[], Work]) -> Work:
+    def observe(self, call: dispatch.OpCall, nbytes: int, start: Callable[[], Work]) -> Work:
         if self.options.ops is not None and not self.options.wants(call.op):
             return start()
         if self._muted_thread is not None and threading.get_ident() == self._muted_thread:
@@ -84,13 +84,13 @@ class CommsLogger:
         return start().then(finished)
 
     def wrap_plan(
-        self, call: _dispatch.OpCall, run: Callable[..., Work | None], payload: int
+        self, call: dispatch.OpCall, run: Callable[..., Work | None], payload: int
     ) -> Callable[..., Work | None]:
-        """The per-plan hook (see ``_dispatch.Observer``): a blocking op on CPU tensors
+        """The per-plan hook (see ``dispatch.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""
         if not self.options.wants(call.op):
             return run
-        observed_run = _dispatch.observed(self, call, run, payload)
+        observed_run = dispatch.observed(self, call, run, payload)
         if self.options.verbose or (call.device_type != "cpu" and _candidates(call.backend)):
             return observed_run  # an accelerator's ops are timed between device synchronisations
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)
@@ -98,7 +98,7 @@ class CommsLogger:
             run, observed_run, self, label, self.records, self.options.max_trace_events, payload
         )
 
-    def _record(self, call: _dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
+    def _record(self, call: dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
         if self.records.pending:  # keep events in launch order
             self.records.drain(self.options.max_trace_events)
         size = call.group.size()
@@ -133,7 +133,7 @@ def enable(ops: Iterable[str] | None = None, verbose: bool = False, max_trace_ev
     _drain_pending()
     _records.wall_offset = time.time() - time.perf_counter()
     _active = _last = CommsLogger(LoggerOptions(chosen, bool(verbose), int(max_trace_events)), _records)
-    _dispatch.set_observer(_active)
+    dispatch.set_observer(_active)
 
 
 def disable() -> None:
@@ -141,7 +141,7 @@ def disable() -> None:
     global _active
     _drain_pending()
     _active = None
-    _dispatch.set_observer(None)
+    dispatch.set_observer(None)
 
 
 def is_enabled() -> bool:
@@ -324,7 +324,7 @@ def enable_from_environment(environ: dict[str, str] | os._Environ[str] = os.envi
 
 
 def on_init_process_group() -> None:
-    """The facade's extension hook (see ``commlayer.dist._extensions``): enable from the environment."""
+    """The facade's extension hook (see ``commlayer.facade.extensions``): enable from the environment."""
     if not is_enabled():
         enable_from_environment()
 

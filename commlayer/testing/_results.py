@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launcher import pid_running
+from ..launch import pid_running
 
 __all__ = ["RESULTS_DIR_ENV", "ResultsDir"]
 

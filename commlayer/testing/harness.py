@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..launcher import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
+from ..launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
 from ._results import RESULTS_DIR_ENV, ResultsDir
 from ._shm import release_stale_regions
 from .mpi import mpirun_plan, mpirun_unavailable_reason

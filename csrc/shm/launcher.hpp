@@ -1,6 +1,6 @@
 // Fused launchers: one C function per planned kind of call, ``run(async_op, *tensors)``.
 //
-// The facade calls a backend's plan for every small op (see commlayer.dist._dispatch), so its
+// The facade calls a backend's plan for every small op (see commlayer.facade.dispatch), so its
 // cost is the op's cost at 8 bytes. A pybind11 method plus the Python closure around it spent
 // ~0.4 us per call before the communicator ran (~0.1 us for 2 ranks); this plain CPython
 // function (METH_FASTCALL, bound to a capsule) reads the tensor's address, element count and

@@ -3,7 +3,7 @@
 #include "launcher.h"
 
 // PlannedPaired(plans, kind, relation, no_plan): called as (output, input, group, async_op,
-// scalar, extra), it runs the plan of commlayer.dist._planned's key (kind, group, [scalar,]
+// scalar, extra), it runs the plan of commlayer.facade.planned_collectives's key (kind, group, [scalar,]
 // output's dtype, device, layout, input's dtype, device, layout) when the tensor meta reader
 // reads both tensors, both are contiguous and their element counts fit the plan (relation), and
 // returns no_plan otherwise; the Python lookup then tries (it also takes what the reader does not

@@ -3,7 +3,7 @@
 #include "launcher.h"
 
 // PlannedP2P(plans, kind, async_op, no_plan): called as (tensor, peer, group, tag, group_peer),
-// it runs the plan of commlayer.dist._p2p's key (kind, group, peer, tag, dtype, device, layout)
+// it runs the plan of commlayer.facade.p2p's key (kind, group, peer, tag, dtype, device, layout)
 // when one exists, the peer is an int, group_peer is None and the tensor is contiguous, and
 // returns no_plan otherwise (the Python path then validates, plans or refuses the call). The
 // Python lookup it replaces cost isend ~0.45 us of its ~0.8 us on the project VM.
@@ -250,7 +250,7 @@ int planned_receives(PyObject *planned) {
 }
 
 // PlannedCollective(plans, kind, int_scalar, no_plan): called as (tensor, scalar, group,
-// async_op, extra), it runs the plan of commlayer.dist._planned's key (kind, group, scalar, dtype,
+// async_op, extra), it runs the plan of commlayer.facade.planned_collectives's key (kind, group, scalar, dtype,
 // device, layout) when one exists, extra is None (broadcast's group_src) and the tensor is
 // contiguous, and returns no_plan otherwise. The scalar is all_reduce's reduce op or broadcast's
 // src, which must then be an int (int_scalar). The Python lookup it replaces cost ~0.4 us.

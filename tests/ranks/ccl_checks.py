@@ -52,8 +52,8 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     """The planned ops run backends/ccl/_plans.py's launchers: exact results, sync and async, an
     uneven all-to-all through the op method, and each call in the flight recorder with its op,
     shape, dtype, root and state."""
-    from commlayer.dist import _dispatch
-    from commlayer.dist._groups import resolve_group
+    from commlayer.facade import dispatch
+    from commlayer.facade.groups import resolve_group
 
     rank, size = dist.get_rank(), dist.get_world_size()
     base = torch.arange(6, dtype=torch.float64)
@@ -80,7 +80,7 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     expected_uneven = torch.cat([torch.full((n,), float(peer)) for peer, n in enumerate(splits_out)])
     assert torch.equal(uneven_out, expected_uneven), uneven_out
     planned = [  # this check's plans (float64; earlier checks planned AVG, which the facade emulates)
-        plan.run for key, plan in _dispatch.plans.items() if torch.float64 in key and ReduceOp.AVG not in key
+        plan.run for key, plan in dispatch.plans.items() if torch.float64 in key and ReduceOp.AVG not in key
     ]
     modules = {(run.__module__, run.__qualname__) for run in planned}
     assert modules == {("commlayer.backends.ccl._plans", "_launcher.<locals>.run")}, modules

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from commlayer import comms_logger, dist
-from commlayer.dist import _dispatch
+from commlayer.facade import dispatch
 
 EXPECTED_COUNTS = {
     ("all_reduce", 40): 4,
@@ -39,7 +39,7 @@ EXPECTED_COUNTS = {
 
 def known_sequence(trace_path: str) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
-    assert _dispatch._observer is None, "the logger must not be on before enable()"
+    assert dispatch._observer is None, "the logger must not be on before enable()"
     comms_logger.enable()
     _run_sequence(rank, size)
     local = comms_logger.stats()
@@ -125,7 +125,7 @@ def _check_filter_and_disable(rank: int, size: int) -> None:
     dist.all_gather_into_tensor(torch.empty(2 * size), torch.ones(2))
     assert list(comms_logger.stats()) == ["all_gather_into_tensor"], comms_logger.stats()
     comms_logger.disable()
-    assert _dispatch._observer is None and not comms_logger.is_enabled()
+    assert dispatch._observer is None and not comms_logger.is_enabled()
     dist.all_gather_into_tensor(torch.empty(2 * size), torch.ones(2))
     assert comms_logger.stats()["all_gather_into_tensor"][8 * size]["count"] == 1, (
         "disabled logger still counts"

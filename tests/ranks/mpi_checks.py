@@ -72,8 +72,8 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     """Ordered mode's planned ops run backends/mpi/_plans.py's launchers (the other modes the
     facade's): exact results, sync and async, and each call in the flight recorder with its op,
     shape, dtype, root and completed state."""
-    from commlayer.dist import _dispatch
-    from commlayer.dist._groups import resolve_group
+    from commlayer.facade import dispatch
+    from commlayer.facade.groups import resolve_group
 
     rank, size = dist.get_rank(), dist.get_world_size()
     base = torch.arange(6, dtype=torch.float64)
@@ -86,7 +86,7 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     pending.wait()
     assert torch.equal(tensor, base + 1000 * (size - 1)), tensor
     assert torch.equal(gathered, torch.cat([base + 1000 * peer for peer in range(size)])), gathered
-    launchers = {launcher_kind(plan.run) for key, plan in _dispatch.plans.items() if key[0] == "all_reduce"}
+    launchers = {launcher_kind(plan.run) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"}
     backend = dist.group.WORLD.primary_backend
     ordered = backend.options.mode == "ordered"  # else the facade's launcher
     # One host, the extension built: the C launcher (csrc/mpi) serves ordered mode's plain calls.

@@ -13,8 +13,8 @@ import torch
 from commlayer import dist
 from commlayer.backend import C_LAUNCHER_ENV
 from commlayer.backends.mpi import MpiOptions, _native
-from commlayer.dist import _dispatch
 from commlayer.errors import CollectiveMismatchError
+from commlayer.facade import dispatch
 
 
 def check_c_and_python_launchers_interoperate() -> None:
@@ -37,7 +37,7 @@ def check_c_and_python_launchers_interoperate() -> None:
             del os.environ[C_LAUNCHER_ENV]
         else:
             os.environ[C_LAUNCHER_ENV] = saved
-    kinds = {launcher_kind(plan.run) for key, plan in _dispatch.plans.items() if key[1] is group}
+    kinds = {launcher_kind(plan.run) for key, plan in dispatch.plans.items() if key[1] is group}
     ordered = group.primary_backend.options.mode == "ordered"  # other modes: the facade's launchers
     expected = ("Python" if rank == 0 else "C") if ordered else "facade"
     assert kinds == {expected}, (rank, kinds)

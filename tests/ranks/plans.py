@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from commlayer import comms_logger, dist
-from commlayer.dist import _dispatch, _p2p
-from commlayer.dist._groups import resolve_group
+from commlayer.facade import dispatch, p2p
+from commlayer.facade.groups import resolve_group
 from commlayer.testing.conformance import assert_equal, reduced, values
 from commlayer.types import ReduceOp
 
@@ -116,7 +116,7 @@ def check_ring(members: list[int], group: object, me: int) -> None:
 def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> None:
     """After check_ring, the same sends and receives must not be validated (prepared) again, and
     isend/irecv must find their plans themselves (only send/recv go through _point_to_point)."""
-    prepare, point_to_point = _p2p._prepare, _p2p._point_to_point
+    prepare, point_to_point = p2p._prepare, p2p._point_to_point
 
     def refuse(*args: object) -> None:
         raise AssertionError(f"p2p re-checked: {args[:1]}")
@@ -125,11 +125,11 @@ def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> No
         assert args[-1] is False, f"isend/irecv missed their plan: {args[:1]}"
         return point_to_point(*args)
 
-    _p2p._prepare, _p2p._point_to_point = refuse, blocking_only
+    p2p._prepare, p2p._point_to_point = refuse, blocking_only
     try:
         check_ring(members, group, me)
     finally:
-        _p2p._prepare, _p2p._point_to_point = prepare, point_to_point
+        p2p._prepare, p2p._point_to_point = prepare, point_to_point
     check_ring_recorded(group)
 
 
@@ -164,13 +164,13 @@ def main() -> None:
     me, world = dist.get_rank(), dist.get_world_size()
     everyone = list(range(world))
     run_all(everyone, None, me)
-    assert _dispatch.plans, "the world's ops should have left plans"
+    assert dispatch.plans, "the world's ops should have left plans"
     for ranks in ([0, world - 1], [1, world - 1]):  # one subgroup, destroyed, then another
         subgroup = dist.new_group(ranks)
         run_all(ranks, subgroup, me)
         if me in ranks:
             dist.destroy_process_group(subgroup)
-            assert not _dispatch.plans
+            assert not dispatch.plans
     comms_logger.reset()
     comms_logger.enable()
     try:

@@ -20,7 +20,7 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from commlayer import dist
-from commlayer.dist._torch_pg import CommlayerProcessGroup
+from commlayer.facade.torch_process_group import CommlayerProcessGroup
 
 STEPS = 3
 TOLERANCE = 1e-6

@@ -21,9 +21,11 @@ from ..errors import (
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
-from ._dispatch import forget_plans
-from ._extensions import run_init_hooks
-from ._groups import (
+from .aborted_groups import mark_destroyed
+from .dispatch import forget_plans
+from .dumps import dump_flight_recorder
+from .extensions import run_init_hooks
+from .groups import (
     NON_GROUP_MEMBER,
     ProcessGroup,
     World,
@@ -32,10 +34,11 @@ from ._groups import (
     set_world,
     world_or_none,
 )
-from ._health import start_monitor, stop_monitor
-from ._ignored import note_ignored
-from ._rendezvous import Rendezvous, rendezvous
-from ._trace import dump_flight_recorder, install_handlers, mark_destroyed, new_recorder
+from .ignored_arguments import note_ignored
+from .init_method import Rendezvous, rendezvous
+from .peer_monitor import start_monitor, stop_monitor
+from .recording import new_recorder
+from .signal_handlers import install_handlers
 
 log = logging.getLogger("commlayer.dist")
 
@@ -87,7 +90,7 @@ def is_initialized() -> bool:
 
 
 def after_group_created(group: ProcessGroup) -> None:
-    from ._bridge import after_group_created as prepare_torch_group  # the bridge sits on top
+    from .torch_bridge import after_group_created as prepare_torch_group  # the bridge sits on top
 
     prepare_torch_group(group)
 
@@ -150,7 +153,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down one group, or (``group=None``) every group and the default one."""
     world = current_world("destroy_process_group")
     forget_plans()  # every plan was checked against groups that are going away
-    from ._bridge import release  # the bridge sits on top of the facade
+    from .torch_bridge import release  # the bridge sits on top of the facade
 
     if group is None or group is world.default_group:
         release([*world.groups.values(), world.default_group])

@@ -1,9 +1,9 @@
 """The hot collectives: validated once per kind of call, then run through a plan.
 
 Each op first looks up a plan under a key spelt out inline (what its validation depended on,
-see :mod:`._dispatch`) and runs it after the few per-call checks the key cannot hold; a miss goes
+see :mod:`.dispatch`) and runs it after the few per-call checks the key cannot hold; a miss goes
 to the op's ``_checked_`` twin, which validates in full and builds the plan. ``src`` is a global
-rank, as in torch. Re-exported by :mod:`._collectives`.
+rank, as in torch.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 
 from ..types import ReduceOp
 from ..work import Work
-from . import _validate as check
-from ._complex import complex_as_real
-from ._dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
+from . import validate as check
+from .complex_tensors import complex_as_real
+from .dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
 
 __all__ = [
     "all_gather_into_tensor",

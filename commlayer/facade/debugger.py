@@ -6,8 +6,8 @@ import pdb  # noqa: T100 - dist.breakpoint is a debugger entry point by design
 import sys
 from datetime import timedelta
 
-from ._collectives import barrier
-from ._setup import get_rank
+from .collectives import barrier
+from .process_groups import get_rank
 
 __all__ = ["breakpoint"]
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .launcher import pid_running
+from .launch import pid_running
 
 __all__ = ["release_regions_of", "release_stale_regions"]
 

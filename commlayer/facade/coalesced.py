@@ -16,8 +16,8 @@ import torch
 from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
-from . import _collectives as coll
-from ._groups import current_world, resolve_group
+from . import planned_collectives as planned
+from .groups import current_world, resolve_group
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
@@ -28,7 +28,7 @@ def all_reduce_coalesced(
     """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective."""
     tensors = _check_tensors("all_reduce_coalesced", "tensors", tensors)
     packed = torch.cat([tensor.reshape(-1) for tensor in tensors])
-    work = coll.all_reduce(packed, op=op, group=group, async_op=True)
+    work = planned.all_reduce(packed, op=op, group=group, async_op=True)
     return _finish(work, lambda: _unpack(packed, tensors), async_op)
 
 
@@ -53,7 +53,7 @@ def all_gather_coalesced(
         )
     packed = torch.cat([tensor.reshape(-1) for tensor in inputs])
     gathered = packed.new_empty(resolved.size() * packed.numel())
-    work = coll.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
+    work = planned.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
     rows = gathered.view(resolved.size(), -1)
     unpack = lambda: [_unpack(row, outputs) for row, outputs in zip(rows, output_tensor_lists)]
     return _finish(work, unpack, async_op)

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import UnsupportedError, invalid_argument
 from ..types import ReduceOp
-from ._groups import current_world
+from .groups import current_world
 
 __all__ = ["as_real", "as_real_list", "complex_as_real", "is_complex", "real_for_reduction"]
 

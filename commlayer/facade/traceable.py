@@ -25,8 +25,9 @@ import torch.distributed._functional_collectives as funcol
 
 from ..errors import UnsupportedError
 from ..types import ReduceOp
-from . import _collectives as coll
-from . import _groups
+from . import collectives as coll
+from . import groups
+from . import planned_collectives as planned
 
 __all__ = ["install"]
 
@@ -101,17 +102,17 @@ def broadcast(
 
 
 _TRACEABLE_FORMS: tuple[tuple[Callable[..., Any], Callable[..., Any]], ...] = (
-    (coll.all_reduce, all_reduce),
-    (coll.all_gather_into_tensor, all_gather_into_tensor),
-    (coll.reduce_scatter_tensor, reduce_scatter_tensor),
+    (planned.all_reduce, all_reduce),
+    (planned.all_gather_into_tensor, all_gather_into_tensor),
+    (planned.reduce_scatter_tensor, reduce_scatter_tensor),
     (coll.all_gather, all_gather),
-    (coll.all_to_all_single, all_to_all_single),
-    (coll.broadcast, broadcast),
+    (planned.all_to_all_single, all_to_all_single),
+    (planned.broadcast, broadcast),
 )
 
 
-def _resolve(group: Any) -> _groups.ProcessGroup:
-    return _groups.current_world("torch.compile").default_group if group is None else group
+def _resolve(group: Any) -> groups.ProcessGroup:
+    return groups.current_world("torch.compile").default_group if group is None else group
 
 
 def _torch_group(group: Any) -> Any:
@@ -140,11 +141,11 @@ def on_dynamo_loaded() -> None:
     """Register the traceable forms and give every existing group its torch ProcessGroup."""
     from torch._dynamo.decorators import substitute_in_graph
 
-    from ._bridge import torch_group_for
+    from .torch_bridge import torch_group_for
 
     for original, traceable in _TRACEABLE_FORMS:
         substitute_in_graph(original, skip_signature_check=True)(traceable)
-    world = _groups.world_or_none()
+    world = groups.world_or_none()
     if world is not None:
         for group in (world.default_group, *world.groups.values()):
             torch_group_for(group)

@@ -13,28 +13,21 @@ from typing import Any
 
 import torch.distributed as _torch_dist
 
-from ..types import ReduceOp
-from ..work import Work
-from . import _extensions
-from ._bridge import init_device_mesh, register_with_torch
-from ._coalesced import all_gather_coalesced, all_reduce_coalesced
-from ._collectives import (
+from .facade import extensions
+from .facade.coalesced import all_gather_coalesced, all_reduce_coalesced
+from .facade.collectives import (
     all_gather,
-    all_gather_into_tensor,
-    all_reduce,
     all_to_all,
-    all_to_all_single,
     barrier,
-    broadcast,
     gather,
     reduce,
     reduce_scatter,
-    reduce_scatter_tensor,
     scatter,
 )
-from ._debug import breakpoint
-from ._groups import GroupMember, ProcessGroup, group
-from ._objects import (
+from .facade.debugger import breakpoint
+from .facade.dumps import dump_flight_recorder
+from .facade.groups import GroupMember, ProcessGroup, group
+from .facade.object_collectives import (
     all_gather_object,
     broadcast_object_list,
     gather_object,
@@ -42,8 +35,15 @@ from ._objects import (
     scatter_object_list,
     send_object_list,
 )
-from ._p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, recv, send
-from ._setup import (
+from .facade.p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, recv, send
+from .facade.planned_collectives import (
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all_single,
+    broadcast,
+    reduce_scatter_tensor,
+)
+from .facade.process_groups import (
     destroy_process_group,
     get_backend,
     get_global_rank,
@@ -56,7 +56,7 @@ from ._setup import (
     is_initialized,
     new_group,
 )
-from ._subgroups import (
+from .facade.subgroups import (
     get_backend_config,
     get_default_backend_for_device,
     get_pg_count,
@@ -71,11 +71,13 @@ from ._subgroups import (
     split_group,
     supports_complex,
 )
-from ._torch_names import *
-from ._torch_names import OPTIONAL_NAMES, torch_submodule
-from ._torch_names import __all__ as _torch_names_all
-from ._trace import dump_flight_recorder
-from ._traceable import install as install_traceable_forms
+from .facade.torch_bridge import init_device_mesh, register_with_torch
+from .facade.torch_names import *
+from .facade.torch_names import OPTIONAL_NAMES, torch_submodule
+from .facade.torch_names import __all__ as _torch_names_all
+from .facade.traceable import install as install_traceable_forms
+from .types import ReduceOp
+from .work import Work
 
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
 _all_gather_base = all_gather_single = all_gather_into_tensor
@@ -90,13 +92,13 @@ reduce_op = ReduceOp
 
 def __getattr__(name: str) -> Any:
     """torch.distributed's submodules, version-dependent names and commlayer's facade extensions
-    (``dist.comms_logger``; see ``_extensions``), resolved on first use."""
+    (``dist.comms_logger``; see :mod:`commlayer.facade.extensions`), resolved on first use."""
     module: ModuleType | None = torch_submodule(name)
     if module is not None:
         return module
     if name in OPTIONAL_NAMES and hasattr(_torch_dist, name):
         return getattr(_torch_dist, name)
-    extension = _extensions.load(name)  # dist.comms_logger and other entry-point extensions
+    extension = extensions.load(name)  # dist.comms_logger and other entry-point extensions
     if extension is not None:
         return extension
     raise AttributeError(f"module 'commlayer.dist' has no attribute '{name}'")

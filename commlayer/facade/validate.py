@@ -9,7 +9,7 @@ import torch
 
 from ..errors import InvalidTypeError, UnsupportedError, invalid_argument
 from ..types import ReduceOp
-from ._dispatch import OpCall, device_type
+from .dispatch import OpCall, device_type
 
 __all__ = [
     "check_dtype_match",

@@ -14,9 +14,9 @@ import torch
 from ..errors import CommTimeoutError, InvalidArgumentError, UnsupportedError, invalid_argument
 from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
-from . import _validate as check
-from ._complex import as_real, is_complex
-from ._dispatch import (
+from . import validate as check
+from .complex_tensors import as_real, is_complex
+from .dispatch import (
     NO_PLAN,
     OpCall,
     begin,
@@ -28,8 +28,8 @@ from ._dispatch import (
     run_planned,
     run_staged,
 )
-from ._groups import resolve_group
-from ._trace import wait_translated
+from .failures import wait_translated
+from .groups import resolve_group
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
 

@@ -39,8 +39,9 @@ from ..errors import UnsupportedError, invalid_argument
 from ..flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording, track
 from ..types import ReduceOp
 from ..work import CompletedWork, Work
-from ._groups import ProcessGroup, resolve_group
-from ._trace import on_failure, recorded, recording
+from .failures import on_failure
+from .groups import ProcessGroup, resolve_group
+from .recording import recorded, recording
 
 try:  # the C lookups of planned calls (PlannedP2P, PlannedCollective, PlannedPaired)
     from ..backends import _torch_launcher as native

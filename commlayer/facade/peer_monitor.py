@@ -32,8 +32,8 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from .. import health
-from ..launcher import pid_running
-from ..shm_regions import release_regions_of
+from ..fabric_regions import release_regions_of
+from ..launch import pid_running
 
 __all__ = [
     "HeartbeatOptions",

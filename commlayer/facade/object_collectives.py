@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from ..errors import invalid_argument
-from . import _collectives as coll
-from . import _p2p as p2p
-from ._groups import ProcessGroup, resolve_group
+from . import collectives as coll
+from . import p2p
+from . import planned_collectives as planned
+from .groups import ProcessGroup, resolve_group
 
 __all__ = [
     "all_gather_object",
@@ -59,7 +60,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     sizes = _all_sizes(payload, group, resolved)
     padded = _pad(payload, max(sizes))
     gathered = padded.new_empty(resolved.size() * padded.numel())
-    coll.all_gather_into_tensor(gathered, padded, group=group)
+    planned.all_gather_into_tensor(gathered, padded, group=group)
     for index, rows in enumerate(gathered.view(resolved.size(), -1)):
         object_list[index] = _unpickle(rows[: sizes[index]])
 
@@ -162,9 +163,9 @@ def broadcast_object_list(
     sizes = torch.tensor(
         [p.numel() for p in payloads] or [0] * len(object_list), dtype=torch.int64, device=target
     )
-    coll.broadcast(sizes, src=root, group=group)
+    planned.broadcast(sizes, src=root, group=group)
     data = torch.cat(payloads) if is_root else torch.empty(int(sizes.sum()), dtype=torch.uint8, device=target)
-    coll.broadcast(data, src=root, group=group)
+    planned.broadcast(data, src=root, group=group)
     _unpickle_into(object_list, data, sizes)
 
 
@@ -227,7 +228,7 @@ def scatter_object_list(
         )
     payloads = [_pickle(item, device) for item in scatter_object_input_list] if is_root else []  # type: ignore[union-attr]
     header = torch.tensor([max((p.numel() for p in payloads), default=0)], dtype=torch.int64, device=device)
-    coll.broadcast(header, src=root, group=group)
+    planned.broadcast(header, src=root, group=group)
     width = int(header.item()) + 8  # 8 leading bytes carry each payload's length
     framed = [_frame(p, width) for p in payloads] if is_root else None
     received = torch.empty(width, dtype=torch.uint8, device=device)
@@ -300,7 +301,7 @@ def _check_list(op: str, arg: str, values: Any, size: int, group: ProcessGroup) 
 def _all_sizes(payload: torch.Tensor, group: Any, resolved: ProcessGroup) -> list[int]:
     size = torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device)
     sizes = size.new_empty(resolved.size())
-    coll.all_gather_into_tensor(sizes, size, group=group)
+    planned.all_gather_into_tensor(sizes, size, group=group)
     return sizes.tolist()
 
 

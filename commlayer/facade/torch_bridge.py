@@ -1,7 +1,7 @@
 """The torch bridge, both ways: commlayer groups as torch ProcessGroups, and torch on commlayer.
 
 * ``group.torch_group`` of a group whose backends are not torch's own (mpi, ccl, hccl, plugins) is
-  a :class:`~commlayer.dist._torch_pg.CommlayerProcessGroup` registered in torch's group tables,
+  a :class:`~commlayer.dist.torch_process_group.CommlayerProcessGroup` registered in torch's group tables,
   so DDP, FSDP2, DeviceMesh, DTensor, functional collectives and DCP accept it. The world group's
   bridge becomes torch's default group when torch has none; nothing is communicated.
 * ``torch.distributed.init_process_group("commlayer")`` (the ``"commlayer"`` backend registered
@@ -23,8 +23,8 @@ import torch.distributed.distributed_c10d as c10d
 from ..errors import UnsupportedError
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
-from ._groups import ProcessGroup, current_world, world_or_none
-from ._torch_pg import CommlayerProcessGroup
+from .groups import ProcessGroup, current_world, world_or_none
+from .torch_process_group import CommlayerProcessGroup
 
 __all__ = [
     "BACKEND_NAME",
@@ -68,7 +68,7 @@ def torch_group_for(group: ProcessGroup) -> Any:
 
 def after_group_created(group: ProcessGroup) -> None:
     """Give a new group its torch ProcessGroup at once when torch.compile may trace it."""
-    from ._traceable import dynamo_loaded
+    from .traceable import dynamo_loaded
 
     if dynamo_loaded():
         torch_group_for(group)
@@ -192,7 +192,7 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
 
     DeviceMesh builds every mesh dimension this way; torch destroys the group with the bridge.
     """
-    from ._setup import new_member_group
+    from .process_groups import new_member_group
 
     name = str(options.group_id)
     if not name.isdigit():
@@ -223,7 +223,7 @@ def _refuse_hashed_name_over_torch_groups(group_rank: int) -> None:
 
 
 def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
-    from ._setup import init_process_group
+    from .process_groups import init_process_group
 
     init_process_group(
         backend=spec,

@@ -18,8 +18,8 @@ from ..errors import BackendUnavailableError, UnsupportedError, invalid_argument
 from ..registry import get_backend_class
 from ..selection import DEFAULT_BY_ACCELERATOR
 from ..types import ReduceOp
-from ._groups import NON_GROUP_MEMBER, ProcessGroup, current_world, resolve_group
-from ._setup import new_group
+from .groups import NON_GROUP_MEMBER, ProcessGroup, current_world, resolve_group
+from .process_groups import new_group
 
 __all__ = [
     "get_backend_config",

@@ -76,7 +76,7 @@ class ProcessGroup:
         self.backend_spec = backend_spec
         self.timeout = timeout
         self._backends = dict(backends)
-        # (op, device) -> the OpCall that commlayer.dist._dispatch.begin resolved and checked for
+        # (op, device) -> the OpCall that commlayer.dist.dispatch.begin resolved and checked for
         # it. Immutable entries over a fixed backend map: resolving once saves every later call
         # about 0.3 us. They refer back to this group, so teardown clears them (forget_calls).
         self.op_calls: dict[tuple[str, Any], Any] = {}
@@ -104,7 +104,7 @@ class ProcessGroup:
         return None
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        from ._p2p import monitored_barrier
+        from .p2p import monitored_barrier
 
         monitored_barrier(self, timeout, wait_all_ranks)
 
@@ -130,9 +130,9 @@ class ProcessGroup:
         """The torch ProcessGroup behind this group, for DDP/FSDP (``process_group=g.torch_group``).
 
         torch's own for gloo and nccl groups; for every other backend a torch ProcessGroup whose
-        ops run on this group (see :mod:`commlayer.dist._bridge`).
+        ops run on this group (see :mod:`commlayer.facade.torch_bridge`).
         """
-        from ._bridge import torch_group_for  # the bridge sits on top of the facade
+        from .torch_bridge import torch_group_for  # the bridge sits on top of the facade
 
         return torch_group_for(self)
 

@@ -4,8 +4,8 @@
 ``broadcast(t, src=3, group=g)`` sends global rank 3's tensor to global rank 1 (group rank 1 -> 0).
 
 The hot ops, which run through plans (all_reduce, broadcast, all_gather_into_tensor,
-reduce_scatter_tensor, all_to_all_single), live in :mod:`._planned` and are re-exported here;
-this module holds the ops that validate and launch on every call.
+reduce_scatter_tensor, all_to_all_single), live in :mod:`.planned_collectives`; this module holds
+the ops that validate and launch on every call.
 """
 
 from __future__ import annotations
@@ -18,32 +18,20 @@ import torch
 
 from ..types import ReduceOp
 from ..work import Work
-from . import _validate as check
-from ._complex import complex_as_real
-from ._dispatch import averaged, begin, contiguous, launch, wire_op
-from ._ignored import note_ignored
-from ._planned import (
-    CopyBack,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all_single,
-    broadcast,
-    reduce_scatter_tensor,
-)
-from ._trace import wait_translated
+from . import validate as check
+from .complex_tensors import complex_as_real
+from .dispatch import averaged, begin, contiguous, launch, wire_op
+from .failures import wait_translated
+from .ignored_arguments import note_ignored
+from .planned_collectives import CopyBack
 
 __all__ = [
     "all_gather",
-    "all_gather_into_tensor",
-    "all_reduce",
     "all_to_all",
-    "all_to_all_single",
     "barrier",
-    "broadcast",
     "gather",
     "reduce",
     "reduce_scatter",
-    "reduce_scatter_tensor",
     "scatter",
 ]
 

@@ -21,11 +21,12 @@ import torch.distributed as torch_dist
 from ..errors import invalid_argument
 from ..types import ReduceOp
 from ..work import Work, WorkList
-from . import _collectives as coll
-from . import _p2p as p2p
-from ._bridge_work import BridgeWork, Completer, inline_futures
-from ._coalesced import all_reduce_coalesced
-from ._groups import ProcessGroup
+from . import collectives as coll
+from . import p2p
+from . import planned_collectives as planned
+from .coalesced import all_reduce_coalesced
+from .groups import ProcessGroup
+from .torch_bridge_work import BridgeWork, Completer, inline_futures
 
 __all__ = ["CommlayerProcessGroup"]
 
@@ -45,7 +46,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     #: ``destroy_process_group`` then tears that world down too.
     owns_world = False
     #: True when torch's ``new_group(backend="commlayer")`` built commlayer's group for it (see
-    #: ``commlayer.dist._bridge``); torch's ``destroy_process_group`` then tears that group down.
+    #: ``commlayer.facade.torch_bridge``); torch's ``destroy_process_group`` then tears that group down.
     owns_group = False
 
     def __init__(self, group: ProcessGroup, group_name: str) -> None:
@@ -103,7 +104,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
             tensor = self._single("all_reduce", "tensors", tensors)
         op = ReduceOp.SUM if opts is None or opts.reduceOp == _TORCH_SUM else _reduce_op(opts)
         bridged = BridgeWork()
-        bridged._work = coll.all_reduce(tensor, op, self.commlayer_group, True)
+        bridged._work = planned.all_reduce(tensor, op, self.commlayer_group, True)
         bridged._result = tensors
         bridged._completer = self._completer
         return bridged
@@ -114,7 +115,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         tensor = self._single("broadcast", "tensors", tensors)
-        work = coll.broadcast(tensor, group=self.commlayer_group, async_op=True, group_src=_root(opts))
+        work = planned.broadcast(tensor, group=self.commlayer_group, async_op=True, group_src=_root(opts))
         return self._bridged(work, tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
@@ -134,14 +135,14 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
-        work = coll.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
+        work = planned.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
         return self._bridged(work, [output])
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> BridgeWork:
         works = [
-            coll.all_gather_into_tensor(
+            planned.all_gather_into_tensor(
                 output, _unaliased(tensor, output), self.commlayer_group, async_op=True
             )
             for output, tensor in zip(outputs, inputs)
@@ -158,7 +159,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
-        work = coll.reduce_scatter_tensor(
+        work = planned.reduce_scatter_tensor(
             output, source, _reduce_op(opts), self.commlayer_group, async_op=True
         )
         return self._bridged(work, [output])
@@ -168,7 +169,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     ) -> BridgeWork:
         op = _reduce_op(opts)
         works = [
-            coll.reduce_scatter_tensor(
+            planned.reduce_scatter_tensor(
                 output, _unaliased(tensor, output), op, self.commlayer_group, async_op=True
             )
             for output, tensor in zip(outputs, inputs)
@@ -183,7 +184,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> BridgeWork:
-        work = coll.all_to_all_single(
+        work = planned.all_to_all_single(
             output,
             input,
             output_split_sizes or None,
@@ -264,8 +265,8 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
 
 def _end_world() -> None:
-    from ._groups import world_or_none
-    from ._setup import destroy_process_group
+    from .groups import world_or_none
+    from .process_groups import destroy_process_group
 
     world = world_or_none()
     if world is not None:
@@ -275,8 +276,8 @@ def _end_world() -> None:
 
 
 def _end_group(group: ProcessGroup) -> None:
-    from ._groups import world_or_none
-    from ._setup import destroy_process_group
+    from .groups import world_or_none
+    from .process_groups import destroy_process_group
 
     world = world_or_none()
     if world is not None and world.groups.get(group.group_name) is group:  # not already torn down

@@ -1,0 +1,137 @@
+"""Failed ops become typed commlayer errors naming the op, the group and the rank.
+
+A raw library error (gloo's "Connection reset by peer", a torch timeout, an mpi4py exception)
+is translated here; a peer failure or timeout also aborts the group and asks every rank to dump
+its flight recorder.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from .. import health
+from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from .aborted_groups import abort_group
+from .dumps import dump_flight_recorder
+from .groups import ProcessGroup, resolve_group, world_or_none
+from .peer_monitor import request_dumps
+
+__all__ = ["on_failure", "raise_translated", "translate", "typed_wait_error", "wait_translated"]
+
+log = logging.getLogger("commlayer.dist")
+
+# What gloo, torch and MPI libraries say when a peer's process is gone.
+_PEER_LOSS = re.compile(
+    r"connection (reset|closed|refused)|broken pipe|end of file|peer (closed|disconnected)|"
+    r"socket closed|ECONNRESET|EPIPE|read error",
+    re.IGNORECASE,
+)
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+# What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited").
+_PEER_EXITED = re.compile(r"peer rank \d+ .*exited")
+# commlayer errors that already say everything: passed on as they are.
+_FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
+# Longest a survivor waits for the peer monitor to name the rank whose connection dropped.
+_IDENTIFY_DEAD_PEER_S = 15.0
+
+
+def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
+    """The error to raise for a failed op, after dumping the flight recorder.
+
+    A raw library error (gloo's "Connection reset by peer", a torch timeout, an mpi4py
+    exception) becomes a typed commlayer error naming the op, the group and the rank; a peer
+    failure or timeout also aborts the group, so that later calls on it fail at once. Other
+    ranks are asked (through the store) to dump their recorders too.
+    """
+    translated = translate(group, op, error)
+    if not isinstance(translated, CommError):
+        return translated
+    if isinstance(translated, (PeerFailureError, CommTimeoutError)):
+        abort_group(group, translated)
+    world = world_or_none()
+    if world is None:
+        return translated
+    reason = f"{op} on group '{group.name}' failed: {type(translated).__name__}: {translated}"
+    try:
+        dump_flight_recorder(reason=reason)
+    except Exception as problem:  # noqa: BLE001 - a failed dump must not hide the op's own error
+        log.warning("commlayer: flight recorder dump failed: %s", problem)
+    request_dumps(reason)
+    return translated
+
+
+def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn:
+    """Called from an ``except`` block: re-raise ``error``, or its typed translation."""
+    failure = on_failure(group, op, error)
+    if failure is error:
+        raise error
+    raise failure from error
+
+
+def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> None:
+    """``work.wait(timeout)`` for a facade op that waits outside ``launch`` (send, recv, barrier),
+    with the same error translation, abort and dump as ``launch``."""
+    try:
+        work.wait(timeout)
+    except Exception as error:
+        group = resolve_group(op, group_arg)
+        if group is None:
+            raise
+        raise_translated(group, op, error)
+
+
+def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
+    """A typed, named error for ``error``; commlayer's own errors and bad arguments pass as they are,
+    but a backend's CommError that saw a peer exit becomes a PeerFailureError naming the dead rank."""
+    if not isinstance(error, RuntimeError) or isinstance(error, _FINAL_ERRORS):
+        return error
+    if isinstance(error, CommError) and not _PEER_EXITED.search(str(error)):
+        return error
+    where = f"{op} on group '{group.name}'"
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if _PEER_LOSS.search(str(error)) or _PEER_EXITED.search(str(error)) or health.current() is not None:
+        failure = health.current() or _await_failure(group.timeout)
+        if failure is not None:
+            return health.peer_failure_error(op, group.name, group.global_rank, failure)
+        return PeerFailureError(
+            f"{where}: a peer closed its connection ({text}) and none has been identified as dead "
+            f"yet (rank {group.global_rank})",
+            op=op,
+            group=group.name,
+        )
+    if _TIMEOUT.search(str(error)):
+        return CommTimeoutError(
+            f"{where} did not complete within the group timeout of {group.timeout} (rank "
+            f"{group.global_rank}); a peer failed or did not call the same op in the same order: {text}"
+        )
+    return CommError(
+        f"{where} failed in the backend (rank {group.global_rank}): {type(error).__name__}: {text}"
+    )
+
+
+def _await_failure(timeout: timedelta) -> health.PeerFailure | None:
+    """Give the peer monitor time to name the peer whose connection dropped (bounded)."""
+    deadline = time.monotonic() + min(timeout.total_seconds(), _IDENTIFY_DEAD_PEER_S)
+    while time.monotonic() < deadline:
+        failure = health.current()
+        if failure is not None:
+            return failure
+        time.sleep(0.05)
+    return health.current()
+
+
+def typed_wait_error(work: Any, error: Exception) -> Exception:
+    """The typed error for a raw one raised by ``work.wait()`` (gloo's "Connection reset by
+    peer", a torch timeout): the op and group come from the flight-recorder entry tracking it."""
+    world = world_or_none()
+    if world is None:
+        return error
+    for group in (world.default_group, *world.groups.values()):
+        op = group.recorder.op_of(work)
+        if op is not None:
+            return on_failure(group, op, error)
+    return translate(world.default_group, "wait", error)
