@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from . import __version__
 from .launch import LaunchConfig, SuperviseOptions, launch
 from .launch.commands import LAUNCHERS
 
@@ -59,6 +60,7 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="commlayer", description="commlayer: pluggable communication backends for PyTorch."
     )
+    parser.add_argument("--version", action="version", version=f"commlayer {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends,trace,test-backend}")
     _add_run_arguments(
         commands.add_parser(
@@ -212,7 +214,8 @@ def _list_backends() -> int:
 
     for info in list_backends():
         status = info.availability
-        detail = "available" if status else f"unavailable: {status.reason}"
+        note = f" ({status.reason})" if status.reason else ""
+        detail = f"available{note}" if status else f"unavailable: {status.reason}"
         hint = f" (install: {status.install_hint})" if status.install_hint and not status else ""
         print(f"{info.name:<8} {detail}{hint}    [{info.origin}]")
     return 0
