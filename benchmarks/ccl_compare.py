@@ -2,7 +2,7 @@
 
 One command builds the reference program, runs every job and prints the tables::
 
-    python benchmarks/ccl_compare.py --worlds 2,4 --rounds 3 --json benchmarks/ccl_results.json
+    python benchmarks/ccl_compare.py --worlds 2,4 --rounds 3 --json ccl_results.json
 
 Per world size and round (the order of the two jobs alternates between rounds, so drift on a shared
 host hits both alike):

@@ -1,8 +1,9 @@
 """Every benchmark script runs: each CPU benchmark at tiny sizes, each GPU-only one compiles.
 
 A smoke test, not a measurement: the figures a tiny run prints mean nothing, only that the script
-gets from its arguments to its last line. Each CPU run has a timeout; GPU-only scripts are
-compiled and asked for ``--help`` where they parse arguments, shell scripts are parsed by bash.
+gets from its arguments to its last line. The selected CPU runs start together, a few at a time
+(most of a tiny run is process start-up and rendezvous waits), each under a timeout; GPU-only
+scripts and the helpers are compiled, shell scripts are parsed by bash.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import py_compile
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 DATA = BENCHMARKS / "data"
 TIMEOUT_S = 120
+PARALLEL_RUNS = 3
 QUICK_TEST = "tests/test_mpi_shared_signatures.py::test_agreeing_ranks_get_none_and_slots_alternate"
 
 
@@ -67,20 +71,45 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
     "shm_goals.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
     "zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
 }
-# Scripts that need a GPU (or several): compiled, and asked for --help where they parse arguments.
-GPU_ONLY = {"compile_gpu.py": False, "parallel_gpu.py": True, "zero_gpu.py": True}
+# Scripts that need a GPU (or several): compiled only.
+GPU_ONLY = ("compile_gpu.py", "parallel_gpu.py", "zero_gpu.py")
 
 
 def _scripts(suffix: str) -> list[str]:
     return sorted(path.name for path in BENCHMARKS.glob(f"*{suffix}"))
 
 
-def _run(arguments: list[str]) -> subprocess.CompletedProcess:
+def _skip_reason(script: str) -> str | None:
+    needs = CPU_RUNS[script][1]
+    return needs() if callable(needs) else None
+
+
+def _run(script: str, out: Path) -> subprocess.CompletedProcess:
+    arguments = CPU_RUNS[script][0]
+    if script in ("multirank_loop.py", "multihost_bench.py"):
+        arguments = [*arguments, "--out", str(out / script)]
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    command = [sys.executable, *arguments]
+    command = [sys.executable, str(BENCHMARKS / script), *arguments]
     return subprocess.run(
         command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The selected scripts' tiny runs, started together: script -> the Future of its process."""
+    selected = {
+        item.callspec.params["script"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_cpu_benchmark_runs_at_tiny_sizes"
+    }
+    runnable = [script for script in sorted(selected) if _skip_reason(script) is None]
+    out = tmp_path_factory.mktemp("benchmarks")
+    pool = ThreadPoolExecutor(PARALLEL_RUNS)
+    try:
+        yield {script: pool.submit(_run, script, out) for script in runnable}
+    finally:
+        pool.shutdown(cancel_futures=True)  # a failed run need not wait for the ones not started
 
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:
@@ -90,31 +119,18 @@ def test_every_benchmark_script_has_a_smoke_run() -> None:
 
 
 @pytest.mark.parametrize("script", sorted(CPU_RUNS))
-def test_cpu_benchmark_runs_at_tiny_sizes(script: str, tmp_path: Path) -> None:
-    arguments, needs = CPU_RUNS[script]
-    reason = needs() if callable(needs) else None
+def test_cpu_benchmark_runs_at_tiny_sizes(script: str, cpu_runs: dict[str, Future]) -> None:
+    reason = _skip_reason(script)
     if reason:
         pytest.skip(reason)
-    if script in ("multirank_loop.py", "multihost_bench.py"):
-        arguments = [*arguments, "--out", str(tmp_path / "out")]
-    result = _run([str(BENCHMARKS / script), *arguments])
-    assert result.returncode == 0, (
-        f"{script} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    )
+    result = cpu_runs[script].result()
+    output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{output}"
     assert result.stdout.strip(), f"{script} printed nothing"
 
 
-@pytest.mark.parametrize("script", sorted(GPU_ONLY))
-def test_gpu_benchmark_compiles(script: str, tmp_path: Path) -> None:
-    py_compile.compile(str(BENCHMARKS / script), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
-    if GPU_ONLY[script]:
-        result = _run([str(BENCHMARKS / script), "--help"])
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "usage" in result.stdout
-
-
-@pytest.mark.parametrize("script", [name for name in _scripts(".py") if name.startswith("_")])
-def test_benchmark_helper_compiles(script: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("script", [*GPU_ONLY, *(name for name in _scripts(".py") if name.startswith("_"))])
+def test_gpu_benchmark_and_helper_compile(script: str, tmp_path: Path) -> None:
     py_compile.compile(str(BENCHMARKS / script), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
 
 
