@@ -59,7 +59,7 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
         _needs_mpi,
     ),
     "ccl_compare.py": (
-        ["--worlds", "2", "--rounds", "1", "-e", "8", "--iters", "1", "--warmup", "0"],
+        ["--worlds", "2", "--rounds", "1", "-e", "8", "--iters", "1", "--warmup", "0", "--backends", "ccl"],
         _needs_ccl,
     ),
     "gloo_mismatch_probe.py": (["--modes", "on", "--ops", "all_reduce", "--kinds", "count"], None),
