@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 #: Markdown files outside README.md and docs/ whose headings links may point into.
-ANCHORED_ELSEWHERE: tuple[str, ...] = ()
+ANCHORED_ELSEWHERE: tuple[str, ...] = ("benchmarks/RESULTS.md", "benchmarks/README.md")
 README_MAX_LINES = 200
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
