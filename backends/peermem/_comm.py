@@ -57,20 +57,33 @@ def host_identity() -> str:
 
 
 class PeerWork(Work):
-    """A kernel on the caller's stream: ordered already, so a wait only reports a peer's timeout."""
+    """A kernel on the caller's stream: ordered already, so a wait only reports a peer's timeout
+    and, for a wait on another stream than the launch's, makes that stream wait for the kernel."""
 
-    __slots__ = ("_comm",)
+    __slots__ = ("_comm", "_event")
 
-    def __init__(self, comm: PeerComm, result: tuple[torch.Tensor, ...]) -> None:
+    def __init__(
+        self, comm: PeerComm, result: tuple[torch.Tensor, ...], event: torch.cuda.Event | None
+    ) -> None:
         self._result = result
         self._comm = comm
+        self._event = event
 
-    def _test(self) -> bool:
-        self._comm.raise_if_failed("wait")
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        if self._comm.failed.value:
+            self._comm.raise_if_failed("wait")
+        if self._event is not None:
+            self._event.wait(torch.cuda.current_stream(self._comm.device))
         return True
 
+    def is_completed(self) -> bool:
+        return self.wait()
+
+    def _test(self) -> bool:
+        return self.wait()
+
     def _block(self, timeout_s: float | None) -> bool:
-        return self._test()
+        return self.wait()
 
 
 class PeerComm:
@@ -90,6 +103,8 @@ class PeerComm:
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], tuple[int, int] | None] = {}
         self._launch = lib.launch
         self._stream = torch._C._cuda_getCurrentRawStream
+        #: Nonzero once a call of this group timed out (host-mapped, written by the kernel).
+        self.failed = ctypes.c_int.from_address(lib.lib.pm_error_address(handle))
 
     def route(
         self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None
@@ -112,15 +127,25 @@ class PeerComm:
         return route
 
     def launch(
-        self, name: str, route: tuple[int, int], source: torch.Tensor, output: torch.Tensor, nbytes: int
-    ) -> Work:
-        """Start the kernel on the current stream; ``nbytes`` is what the kernel's ``bytes`` means."""
+        self, route: tuple[int, int], source: torch.Tensor, output: torch.Tensor, nbytes: int, async_op: bool
+    ) -> Work | None:
+        """Start the kernel on the current stream; ``nbytes`` is what the kernel's ``bytes`` means.
+
+        Returns None when the tensors are not 16-byte aligned: the caller then uses NCCL.
+        """
         code, blocks = route
-        stream = self._stream(self.device)
-        rc = self._launch(self.handle, code, source.data_ptr(), output.data_ptr(), nbytes, blocks, stream)
+        rc = self._launch(
+            self.handle, code, source.data_ptr(), output.data_ptr(), nbytes, blocks, self._stream(self.device)
+        )
         if rc:
-            self._fail(name, rc)
-        return PeerWork(self, (output,))
+            if rc == -3:
+                return None
+            self._fail(rc)
+        event = None
+        if async_op:
+            event = torch.cuda.Event()
+            event.record()
+        return PeerWork(self, (output,), event)
 
     def _fail(self, name: str, rc: int) -> None:
         if rc == -2:

@@ -10,9 +10,12 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 __all__ = ["CACHE_ENV", "KernelLibrary", "cache_path", "load_library"]
@@ -24,8 +27,9 @@ SOURCE = Path(__file__).with_name("kernels.cu")
 def cache_path(source: bytes, arch: str, cache_root: str | None = None) -> Path:
     """Where the library built from ``source`` for ``arch`` (e.g. ``sm_90``) is kept."""
     root = Path(cache_root or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "commlayer" / "peermem")
-    digest = hashlib.sha256(source + arch.encode()).hexdigest()[:16]
-    return root / f"peermem-{arch}-{digest}.so"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha256(source + arch.encode() + suffix.encode()).hexdigest()[:16]
+    return root / f"peermem-{arch}-{digest}{suffix}"
 
 
 def find_nvcc() -> str | None:
@@ -45,7 +49,7 @@ def _build(target: Path, arch: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.tmp")
     command = [nvcc, "-O3", f"-arch={arch}", "--fmad=false", "-Xcompiler", "-fPIC", "-shared"]
-    command += ["-cudart", "shared", str(SOURCE), "-o", str(partial)]
+    command += ["-cudart", "shared", f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(partial)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"peermem: building the kernels failed ({' '.join(command)}):\n{result.stderr}")
@@ -64,9 +68,15 @@ class KernelLibrary:
         lib.pm_error.argtypes = [vp, ctypes.POINTER(i), ctypes.POINTER(i)]
         lib.pm_error_string.restype = ctypes.c_char_p
         lib.pm_destroy.argtypes = [vp]
+        lib.pm_error_address.argtypes = [vp]
+        lib.pm_error_address.restype = vp
         self.lib = lib
         self.handle_bytes = lib.pm_handle_bytes()
-        self.launch = lib.pm_launch
+        # The same file imported as a module: its launch() skips ctypes' argument conversions.
+        loader = importlib.machinery.ExtensionFileLoader("_peermem_kernels", str(path))
+        module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+        loader.exec_module(module)
+        self.launch = module.launch
 
     def error_string(self, code: int) -> str:
         return self.lib.pm_error_string(code).decode()

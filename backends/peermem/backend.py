@@ -53,20 +53,15 @@ class PeermemBackend(NcclBackend):
             return None
         return super().recorded_plan(op, fixed, recording)
 
-    def _routable(self, *tensors: torch.Tensor) -> bool:
-        comm = self._comm
-        for tensor in tensors:
-            if tensor.data_ptr() & 15 or tensor.get_device() != comm.device:
-                return False
-        return True
-
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         comm = self._comm
         if comm is not None:
             nbytes = tensor.numel() * tensor.element_size()
             route = comm.route("all_reduce", nbytes, tensor.dtype, op)
-            if route is not None and self._routable(tensor):
-                return comm.launch("all_reduce", route, tensor, tensor, nbytes)
+            if route is not None and tensor.get_device() == comm.device:
+                work = comm.launch(route, tensor, tensor, nbytes, async_op)
+                if work is not None:
+                    return work
         return super().all_reduce(tensor, op, async_op=async_op)
 
     def all_gather_into_tensor(
@@ -76,8 +71,10 @@ class PeermemBackend(NcclBackend):
         if comm is not None and output.dtype == tensor.dtype:
             nbytes = output.numel() * output.element_size()
             route = comm.route("all_gather_into_tensor", nbytes, output.dtype, None)
-            if route is not None and self._routable(output, tensor):
-                return comm.launch("all_gather_into_tensor", route, tensor, output, nbytes // self.size)
+            if route is not None and output.get_device() == comm.device == tensor.get_device():
+                work = comm.launch(route, tensor, output, nbytes // self.size, async_op)
+                if work is not None:
+                    return work
         return super().all_gather_into_tensor(output, tensor, async_op=async_op)
 
     def reduce_scatter_tensor(
@@ -87,6 +84,8 @@ class PeermemBackend(NcclBackend):
         if comm is not None and output.dtype == tensor.dtype:
             nbytes = tensor.numel() * tensor.element_size()
             route = comm.route("reduce_scatter_tensor", nbytes, tensor.dtype, op)
-            if route is not None and self._routable(output, tensor):
-                return comm.launch("reduce_scatter_tensor", route, tensor, output, nbytes // self.size)
+            if route is not None and output.get_device() == comm.device == tensor.get_device():
+                work = comm.launch(route, tensor, output, nbytes // self.size, async_op)
+                if work is not None:
+                    return work
         return super().reduce_scatter_tensor(output, tensor, op, async_op=async_op)

@@ -9,6 +9,7 @@
 // The epoch lives on the device (graph replays advance it) and moves on when a kernel's last
 // block ends. Reductions run in float in rank order 0..n-1, the same code on every rank, so
 // results are bitwise equal everywhere and equal to a host loop in that order.
+#include <Python.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -287,6 +288,7 @@ int pm_handle_bytes(void) { return (int)sizeof(cudaIpcMemHandle_t); }
 int pm_launch(void* comm, int code, const void* in, void* out, unsigned long long bytes, int blocks, void* stream) {
   Comm* c = (Comm*)comm;
   if (*(volatile int*)c->host_error) return -2;
+  if (((uintptr_t)in | (uintptr_t)out) & 15) return -3;
   int kind = code & 15, dtype = (code >> 4) & 15, op = (code >> 8) & 15;
   cudaStream_t s = (cudaStream_t)stream;
   if (dtype == F32) launch_op<float>(c, kind, op, in, out, bytes, blocks, s);
@@ -294,6 +296,9 @@ int pm_launch(void* comm, int code, const void* in, void* out, unsigned long lon
   else launch_op<__half>(c, kind, op, in, out, bytes, blocks, s);
   return (int)cudaGetLastError();
 }
+
+// The host-mapped error words, so that Python reads them without a call.
+void* pm_error_address(void* comm) { return ((Comm*)comm)->host_error; }
 
 // 0 while no call timed out; else 1, with the peer that never came and the block that waited.
 int pm_error(void* comm, int* peer, int* block) {
@@ -318,3 +323,27 @@ void pm_destroy(void* comm) {
 }
 
 }  // extern "C"
+
+// The hot path as a Python function (METH_FASTCALL): launch(comm, code, in, out, bytes, blocks,
+// stream) -> pm_launch's return code, with none of ctypes' per-argument conversions.
+static PyObject* py_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError, "launch(comm, code, in, out, bytes, blocks, stream) takes 7 arguments");
+    return NULL;
+  }
+  void* comm = PyLong_AsVoidPtr(args[0]);
+  int code = (int)PyLong_AsLong(args[1]);
+  void* in = PyLong_AsVoidPtr(args[2]);
+  void* out = PyLong_AsVoidPtr(args[3]);
+  unsigned long long bytes = PyLong_AsUnsignedLongLong(args[4]);
+  int blocks = (int)PyLong_AsLong(args[5]);
+  void* stream = PyLong_AsVoidPtr(args[6]);
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(pm_launch(comm, code, in, out, bytes, blocks, stream));
+}
+
+static PyMethodDef kernel_methods[] = {
+    {"launch", (PyCFunction)(void (*)(void))py_launch, METH_FASTCALL, "Start one collective kernel."},
+    {NULL, NULL, 0, NULL}};
+static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_peermem_kernels", NULL, -1, kernel_methods};
+PyMODINIT_FUNC PyInit__peermem_kernels(void) { return PyModule_Create(&kernel_module); }

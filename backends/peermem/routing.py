@@ -34,19 +34,19 @@ Rows = tuple[tuple[int, str], ...]
 
 CROSSOVERS: Mapping[int, Mapping[str, Rows]] = {
     2: {
-        "all_reduce": ((512 * KiB, "one_shot"), (16 * MiB, "two_shot")),
-        "all_gather_into_tensor": ((16 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((16 * MiB, "one_shot"),),
+        "all_reduce": ((1 * MiB, "one_shot"), (4 * MiB, "two_shot")),
+        "all_gather_into_tensor": ((4 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((4 * MiB, "one_shot"),),
     },
     4: {
-        "all_reduce": ((256 * KiB, "one_shot"), (16 * MiB, "two_shot")),
+        "all_reduce": ((1 * MiB, "one_shot"), (4 * MiB, "two_shot")),
         "all_gather_into_tensor": ((16 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((16 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((4 * MiB, "one_shot"),),
     },
 }
 
 THREADS = 512
-MAX_BLOCKS = 32
+MAX_BLOCKS = 64
 
 
 def fits(op: str, algorithm: str, nbytes: int, world: int, half_bytes: int) -> bool:
