@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define MAX_RANKS 8
-#define MAX_BLOCKS 64
+#define MAX_BLOCKS 128
 #define THREADS 512
 #define FLAG_BYTES (MAX_BLOCKS * MAX_RANKS * 4)
 #define PRIVATE_BYTES 4096
@@ -58,7 +58,9 @@ __device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
 }
 
 // Raise this block's flag in every peer, wait for every peer's; false when one never came.
-__device__ bool block_barrier(const Args& a, uint32_t value, bool* ok) {
+// `pushed`: this block's threads wrote into peers' regions, which each thread fences first.
+__device__ bool block_barrier(const Args& a, uint32_t value, bool* ok, bool pushed = false) {
+  if (pushed) __threadfence_system();
   __syncthreads();
   int t = threadIdx.x;
   if (t < a.world) {
@@ -172,26 +174,36 @@ __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const ch
         *(uint4*)(out + off) = reduce_unit<T, OP>(src, in, a.rank, a.world, off);
     }
   } else if (kind == TWO_SHOT) {  // bytes: the whole tensor, in slices of ceil(bytes / world)
+    // Push, not pull: each rank writes its part of slice s into rank s's slot [rank], reduces its
+    // own slice from local slots, writes the result into every peer's gather area [rank], and
+    // finally copies the gathered slices out of its own region. Only posted writes cross NVLink.
     size_t slice = ((bytes + a.world - 1) / a.world + 15) / 16 * 16;
+    char* gather = stage + a.world * slice;
     for (int s = 0; s < a.world; ++s) {
+      if (s == a.rank) continue;
       size_t begin = s * slice < bytes ? s * slice : bytes;
       size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
-      if (s != a.rank) copy_range(stage + begin, in + begin, len);
+      copy_range(a.base[s] + half + a.rank * slice, in + begin, len);
     }
     size_t mine = a.rank * slice < bytes ? a.rank * slice : bytes;
     size_t mine_len = (mine + slice < bytes ? mine + slice : bytes) - mine;
-    if (block_barrier(a, flag, &ok)) {
+    if (block_barrier(a, flag, &ok, true)) {
+      const char* slots[MAX_RANKS];
+#pragma unroll
+      for (int p = 0; p < MAX_RANKS; ++p) slots[p] = stage + p * slice;
       for (size_t off = first_unit(); off < mine_len; off += unit_stride()) {
-        uint4 r = reduce_unit<T, OP>(src, in, a.rank, a.world, mine + off);
-        *(uint4*)(stage + mine + off) = r;
+        uint4 r = reduce_unit<T, OP>(slots, in + mine, a.rank, a.world, off);
         *(uint4*)(out + mine + off) = r;
+#pragma unroll
+        for (int q = 0; q < MAX_RANKS; ++q)
+          if (q < a.world && q != a.rank) *(uint4*)(a.base[q] + half + (a.world + a.rank) * slice + off) = r;
       }
-      if (block_barrier(a, flag + 1u, &ok)) {
+      if (block_barrier(a, flag + 1u, &ok, true)) {
         for (int s = 0; s < a.world; ++s) {
           if (s == a.rank) continue;
           size_t begin = s * slice < bytes ? s * slice : bytes;
           size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
-          copy_range(out + begin, a.base[s] + half + begin, len);
+          copy_range(out + begin, gather + s * slice, len);
         }
       }
     }
@@ -208,12 +220,15 @@ __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const ch
           if (p < a.world) *(uint4*)(out + p * bytes + off) = units[p];
       }
     }
-  } else {  // REDUCE_SCATTER; bytes: one rank's output chunk
+  } else {  // REDUCE_SCATTER; bytes: one rank's output chunk. Pushed like TWO_SHOT's first half.
     for (int s = 0; s < a.world; ++s)
-      if (s != a.rank) copy_range(stage + s * bytes, in + s * bytes, bytes);
-    if (block_barrier(a, flag, &ok)) {
+      if (s != a.rank) copy_range(a.base[s] + half + a.rank * bytes, in + s * bytes, bytes);
+    if (block_barrier(a, flag, &ok, true)) {
+      const char* slots[MAX_RANKS];
+#pragma unroll
+      for (int p = 0; p < MAX_RANKS; ++p) slots[p] = stage + p * bytes;
       for (size_t off = first_unit(); off < bytes; off += unit_stride())
-        *(uint4*)(out + off) = reduce_unit<T, OP>(src, in, a.rank, a.world, a.rank * bytes + off);
+        *(uint4*)(out + off) = reduce_unit<T, OP>(slots, in + a.rank * bytes, a.rank, a.world, off);
     }
   }
   finish(a, epoch);

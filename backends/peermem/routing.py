@@ -34,26 +34,29 @@ Rows = tuple[tuple[int, str], ...]
 
 CROSSOVERS: Mapping[int, Mapping[str, Rows]] = {
     2: {
-        "all_reduce": ((1 * MiB, "one_shot"), (4 * MiB, "two_shot")),
+        "all_reduce": ((256 * KiB, "one_shot"), (16 * MiB, "two_shot")),
         "all_gather_into_tensor": ((4 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((4 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((16 * MiB, "one_shot"),),
     },
     4: {
-        "all_reduce": ((1 * MiB, "one_shot"), (4 * MiB, "two_shot")),
+        "all_reduce": ((256 * KiB, "one_shot"), (16 * MiB, "two_shot")),
         "all_gather_into_tensor": ((16 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((4 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((16 * MiB, "one_shot"),),
     },
 }
 
 THREADS = 512
-MAX_BLOCKS = 64
+MAX_BLOCKS = 128
 
 
 def fits(op: str, algorithm: str, nbytes: int, world: int, half_bytes: int) -> bool:
     """Whether a call of ``nbytes`` stages within one half of the region (``half_bytes``)."""
     if nbytes % (16 * world if op != "all_reduce" else 16):
         return False
-    staged = nbytes // world if op == "all_gather_into_tensor" else nbytes
+    # Two-shot stages every rank's contributions and the gathered result: twice the tensor.
+    staged = nbytes * (2 if algorithm == "two_shot" else 1)
+    if op == "all_gather_into_tensor":
+        staged = nbytes // world
     return algorithm != "nccl" and staged <= half_bytes
 
 
