@@ -102,14 +102,14 @@ def correctness(checks: Checks, comm, world: int) -> None:
         torch.bfloat16: [8, 8 * 1001, 65536 * 3 + 8, 1 << 21],
     }
     numels[torch.float16] = numels[torch.bfloat16]
-    for forced in ("one_shot", "two_shot", None):
+    for forced in ("one_shot", "two_shot", "push", None):
         comm.forced, comm._routes = forced, {}
         label = forced or "default"
         for dtype in DTYPES.values():
             for numel in numels[dtype]:
                 for op in OPS:
                     checks.all_reduce(numel, dtype, op, label)
-                if forced != "two_shot":
+                if forced in ("one_shot", "push", None):
                     checks.all_gather(numel, dtype, label)
                     for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX):
                         checks.reduce_scatter(numel, dtype, op, label)
@@ -118,7 +118,7 @@ def correctness(checks: Checks, comm, world: int) -> None:
     for step in range(60):
         numel = [8, 4096, 65536, 8 * 1001, 1 << 19][step % 5]
         op = OPS[step % len(OPS)]
-        comm.forced, comm._routes = ("one_shot", "two_shot")[step % 2], {}
+        comm.forced, comm._routes = ("one_shot", "two_shot", "push")[step % 3], {}
         checks.all_reduce(numel, torch.bfloat16, op, f"sequence {step}")
     comm.forced, comm._routes = None, {}
 
@@ -244,6 +244,7 @@ def bench(rank: int, world: int, device: torch.device, backend, pg, rows: list) 
             "default": (forced(None), lambda: dist.all_reduce(x)),
             "cl_one_shot": (forced("one_shot"), lambda: dist.all_reduce(x)),
             "cl_two_shot": (forced("two_shot"), lambda: dist.all_reduce(x)),
+            "cl_push": (forced("push"), lambda: dist.all_reduce(x)),
             # The backend's own method, without the facade: the facade's share of the host path.
             "cl_direct": (forced(None), lambda: backend.all_reduce(x, ReduceOp.SUM, async_op=False).wait()),
         }
@@ -264,6 +265,8 @@ def bench(rank: int, world: int, device: torch.device, backend, pg, rows: list) 
             r_in, r_out = gathered[: chunk * world], scattered[:chunk]
             methods["rs_nccl"] = (None, lambda: torch_dist.reduce_scatter_tensor(r_out, r_in, group=pg))
             methods["rs_default"] = (forced(None), lambda: dist.reduce_scatter_tensor(r_out, r_in))
+            methods["rs_cl_one"] = (forced("one_shot"), lambda: dist.reduce_scatter_tensor(r_out, r_in))
+            methods["rs_cl_push"] = (forced("push"), lambda: dist.reduce_scatter_tensor(r_out, r_in))
         for name, (setup, fn) in methods.items():
             try:
                 if setup:
@@ -392,12 +395,16 @@ def print_tables(rows: list, world: int) -> None:
         "one_shot",
         "two_shot",
         "default",
+        "cl_direct",
         "cl_one_shot",
         "cl_two_shot",
+        "cl_push",
         "ag_nccl",
         "ag_default",
         "rs_nccl",
         "rs_default",
+        "rs_cl_one",
+        "rs_cl_push",
     ]
     for key in ("eager_us", "graph_us"):
         print(f"# world {world}, bf16 sum, {key}")

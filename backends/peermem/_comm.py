@@ -44,6 +44,7 @@ HALF_BYTES_ENV = "COMMLAYER_PEERMEM_BYTES"  # staging bytes per call (the region
 DEFAULT_HALF_BYTES = 32 << 20
 KINDS = {("all_reduce", "one_shot"): 0, ("all_reduce", "two_shot"): 1}
 KINDS.update({("all_gather_into_tensor", "one_shot"): 2, ("reduce_scatter_tensor", "one_shot"): 3})
+KINDS.update({("all_reduce", "push"): 4, ("reduce_scatter_tensor", "push"): 5})
 OP_CODES = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.AVG: 4}
 
 

@@ -23,7 +23,7 @@
 #define PRIVATE_BYTES 4096
 #define DATA_OFFSET (FLAG_BYTES + PRIVATE_BYTES)
 
-enum Kind { ONE_SHOT = 0, TWO_SHOT = 1, ALL_GATHER = 2, REDUCE_SCATTER = 3 };
+enum Kind { ONE_SHOT = 0, TWO_SHOT = 1, ALL_GATHER = 2, REDUCE_SCATTER = 3, TWO_SHOT_PUSH = 4, REDUCE_SCATTER_PUSH = 5 };
 enum Op { SUM = 0, PRODUCT = 1, MIN = 2, MAX = 3, AVG = 4 };
 enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
 
@@ -174,7 +174,31 @@ __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const ch
         *(uint4*)(out + off) = reduce_unit<T, OP>(src, in, a.rank, a.world, off);
     }
   } else if (kind == TWO_SHOT) {  // bytes: the whole tensor, in slices of ceil(bytes / world)
-    // Push, not pull: each rank writes its part of slice s into rank s's slot [rank], reduces its
+    size_t slice = ((bytes + a.world - 1) / a.world + 15) / 16 * 16;
+    for (int s = 0; s < a.world; ++s) {
+      size_t begin = s * slice < bytes ? s * slice : bytes;
+      size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
+      if (s != a.rank) copy_range(stage + begin, in + begin, len);
+    }
+    size_t mine = a.rank * slice < bytes ? a.rank * slice : bytes;
+    size_t mine_len = (mine + slice < bytes ? mine + slice : bytes) - mine;
+    if (block_barrier(a, flag, &ok)) {
+      for (size_t off = first_unit(); off < mine_len; off += unit_stride()) {
+        uint4 r = reduce_unit<T, OP>(src, in, a.rank, a.world, mine + off);
+        *(uint4*)(stage + mine + off) = r;
+        *(uint4*)(out + mine + off) = r;
+      }
+      if (block_barrier(a, flag + 1u, &ok)) {
+        for (int s = 0; s < a.world; ++s) {
+          if (s == a.rank) continue;
+          size_t begin = s * slice < bytes ? s * slice : bytes;
+          size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
+          copy_range(out + begin, a.base[s] + half + begin, len);
+        }
+      }
+    }
+  } else if (kind == TWO_SHOT_PUSH) {  // bytes: the whole tensor, in slices of ceil(bytes / world)
+    // The push variant: each rank writes its part of slice s into rank s's slot [rank], reduces its
     // own slice from local slots, writes the result into every peer's gather area [rank], and
     // finally copies the gathered slices out of its own region. Only posted writes cross NVLink.
     size_t slice = ((bytes + a.world - 1) / a.world + 15) / 16 * 16;
@@ -220,7 +244,7 @@ __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const ch
           if (p < a.world) *(uint4*)(out + p * bytes + off) = units[p];
       }
     }
-  } else {  // REDUCE_SCATTER; bytes: one rank's output chunk. Pushed like TWO_SHOT's first half.
+  } else if (kind == REDUCE_SCATTER_PUSH) {  // bytes: one rank's output chunk; TWO_SHOT_PUSH's first half
     for (int s = 0; s < a.world; ++s)
       if (s != a.rank) copy_range(a.base[s] + half + a.rank * bytes, in + s * bytes, bytes);
     if (block_barrier(a, flag, &ok, true)) {
@@ -229,6 +253,13 @@ __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const ch
       for (int p = 0; p < MAX_RANKS; ++p) slots[p] = stage + p * bytes;
       for (size_t off = first_unit(); off < bytes; off += unit_stride())
         *(uint4*)(out + off) = reduce_unit<T, OP>(slots, in + a.rank * bytes, a.rank, a.world, off);
+    }
+  } else {  // REDUCE_SCATTER; bytes: one rank's output chunk
+    for (int s = 0; s < a.world; ++s)
+      if (s != a.rank) copy_range(stage + s * bytes, in + s * bytes, bytes);
+    if (block_barrier(a, flag, &ok)) {
+      for (size_t off = first_unit(); off < bytes; off += unit_stride())
+        *(uint4*)(out + off) = reduce_unit<T, OP>(src, in, a.rank, a.world, a.rank * bytes + off);
     }
   }
   finish(a, epoch);

@@ -25,7 +25,9 @@ __all__ = [
 
 #: Forces one algorithm for every call the kernels can serve (benchmarks): one of ALGORITHMS.
 ALGORITHM_ENV = "COMMLAYER_PEERMEM_ALGORITHM"
-ALGORITHMS = ("one_shot", "two_shot", "nccl")
+#: one_shot: every rank reads every peer's staged copy; two_shot: reduce-scatter then all-gather,
+#: pulling; push: the same two steps (or a reduce-scatter's one), writing into the owners' regions.
+ALGORITHMS = ("one_shot", "two_shot", "push", "nccl")
 KERNEL_DTYPES: Mapping[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 MEASURED_ON = "4x NVIDIA H100 80GB HBM3 (NVLink), torch 2.11+cu130"
 
@@ -34,19 +36,20 @@ Rows = tuple[tuple[int, str], ...]
 
 CROSSOVERS: Mapping[int, Mapping[str, Rows]] = {
     2: {
-        "all_reduce": ((256 * KiB, "one_shot"), (16 * MiB, "two_shot")),
+        "all_reduce": ((4 * MiB, "one_shot"), (16 * MiB, "push")),
         "all_gather_into_tensor": ((4 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((16 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((4 * MiB, "one_shot"), (16 * MiB, "push")),
     },
     4: {
-        "all_reduce": ((256 * KiB, "one_shot"), (16 * MiB, "two_shot")),
+        "all_reduce": ((1 * MiB, "one_shot"), (4 * MiB, "two_shot")),
         "all_gather_into_tensor": ((16 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((16 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((4 * MiB, "one_shot"),),
     },
 }
 
 THREADS = 512
-MAX_BLOCKS = 128
+MAX_BLOCKS = 64
+PUSH_MAX_BLOCKS = 128
 
 
 def fits(op: str, algorithm: str, nbytes: int, world: int, half_bytes: int) -> bool:
@@ -54,7 +57,7 @@ def fits(op: str, algorithm: str, nbytes: int, world: int, half_bytes: int) -> b
     if nbytes % (16 * world if op != "all_reduce" else 16):
         return False
     # Two-shot stages every rank's contributions and the gathered result: twice the tensor.
-    staged = nbytes * (2 if algorithm == "two_shot" else 1)
+    staged = nbytes * (2 if op == "all_reduce" and algorithm == "push" else 1)
     if op == "all_gather_into_tensor":
         staged = nbytes // world
     return algorithm != "nccl" and staged <= half_bytes
@@ -68,7 +71,7 @@ def choose(
     half_bytes: int,
     forced: str | None = None,
 ) -> str:
-    """The algorithm for one call: ``one_shot``, ``two_shot`` or ``nccl``.
+    """The algorithm for one call: one of :data:`ALGORITHMS`.
 
     Args:
         table: crossovers by group size (:data:`CROSSOVERS`); a size missing from it uses the
@@ -80,7 +83,9 @@ def choose(
         forced: an algorithm to use wherever the kernels can serve the call.
     """
     if forced is not None:
-        if forced == "two_shot" and op != "all_reduce":
+        if (forced == "two_shot" and op != "all_reduce") or (
+            forced == "push" and op == "all_gather_into_tensor"
+        ):
             forced = "one_shot"
         return forced if fits(op, forced, nbytes, world, half_bytes) else "nccl"
     sizes = [size for size in table if size <= world]
@@ -94,7 +99,9 @@ def choose(
 
 def grid_blocks(op: str, algorithm: str, nbytes: int, world: int, max_blocks: int = MAX_BLOCKS) -> int:
     """Blocks of the kernel's grid: a function of the call alone, so equal on every rank."""
-    if op == "all_reduce" and algorithm == "two_shot":
+    if algorithm == "push":
+        max_blocks = PUSH_MAX_BLOCKS
+    if op == "all_reduce" and algorithm in ("two_shot", "push"):
         units = -(-nbytes // world) // 16
     elif op == "all_reduce":
         units = nbytes // 16
