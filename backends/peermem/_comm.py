@@ -15,7 +15,6 @@ import os
 import socket
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -239,8 +238,3 @@ def attach(spec: GroupSpec) -> PeerComm | None:
             lib.lib.pm_destroy(handle)
         return None
     return PeerComm(lib, handle, spec, torch.cuda.current_device(), half_bytes)
-
-
-def describe(comm: Any) -> str:
-    """One line on who serves a group, for logs."""
-    return "NCCL only" if comm is None else f"peer memory over {comm.world} GPUs of one host"

@@ -5,7 +5,14 @@ tensors on a group whose ranks share one host run as one kernel over peer-mapped
 whenever the measured crossover table (:mod:`.routing`) says that beats NCCL; every other call,
 and every group spanning hosts, runs on NCCL unchanged. The kernels reduce in rank order, so every
 rank ends with bitwise the same result, and they run on the caller's stream, so CUDA graphs
-capture them like any kernel.
+capture them like any kernel. A peer that never reaches a kernel's flag ends the wait after the
+group's timeout; the next call or ``wait()`` of the group raises CommTimeoutError naming it.
+
+Environment: ``COMMLAYER_PEERMEM=0`` sends every call to NCCL; ``COMMLAYER_PEERMEM_BYTES`` sets the
+staging bytes per call (default 32 MiB; each rank maps two such halves per group);
+``COMMLAYER_PEERMEM_ALGORITHM`` forces one_shot, two_shot, push or nccl wherever the kernels fit
+(benchmarks); ``COMMLAYER_PEERMEM_CACHE`` is where the nvcc build is kept (default
+``~/.cache/commlayer/peermem``).
 """
 
 from __future__ import annotations
