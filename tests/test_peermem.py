@@ -13,7 +13,7 @@ import torch
 import commlayer
 from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem import PeermemBackend
-from commlayer.backends.peermem._comm import KINDS, OP_CODES, _local_attach
+from commlayer.backends.peermem._comm import KINDS, OP_CODES, _local_attach, timeout_error
 from commlayer.backends.peermem._library import SOURCE, cache_path
 from commlayer.backends.peermem.reference import fixed_order_reduce, reference_reduce_scatter
 from commlayer.backends.peermem.routing import (
@@ -147,3 +147,10 @@ def test_registered_and_chosen_by_default() -> None:
     assert resolve_backend_spec(None, {}, "cuda") == "cpu:gloo,cuda:peermem"
     if not torch.cuda.is_available():
         assert "no CUDA device" in rows["peermem"].availability.reason
+
+
+def test_a_missing_peer_is_named_in_a_typed_timeout() -> None:
+    spec = GroupSpec(name="tp", ranks=(4, 6, 7), global_rank=7, store=None)
+    error = timeout_error(spec, 1, "wait")
+    assert isinstance(error, commlayer.errors.CommTimeoutError) and isinstance(error, TimeoutError)
+    assert "group rank 1 (global rank 6)" in str(error) and "waiting rank 2" in str(error)

@@ -34,6 +34,7 @@ __all__ = [
     "PeerWork",
     "attach",
     "host_identity",
+    "timeout_error",
 ]
 
 _log = logging.getLogger(__name__)
@@ -147,24 +148,18 @@ class PeerComm:
             event.record()
         return PeerWork(self, (output,), event)
 
-    def _fail(self, name: str, rc: int) -> None:
+    def _fail(self, rc: int) -> None:
         if rc == -2:
-            self.raise_if_failed(name)
+            self.raise_if_failed("collective")
         raise RuntimeError(
-            f"peermem {name}: kernel launch failed on rank {self.spec.group_rank}: "
-            f"{self.lib.error_string(rc)}"
+            f"peermem: kernel launch failed on rank {self.spec.group_rank}: {self.lib.error_string(rc)}"
         )
 
     def raise_if_failed(self, name: str) -> None:
         """Raise CommTimeoutError, naming the peer, once any earlier call of this group timed out."""
         peer, block = ctypes.c_int(), ctypes.c_int()
         if self.lib.lib.pm_error(self.handle, ctypes.byref(peer), ctypes.byref(block)):
-            missing = peer.value
-            raise CommTimeoutError(
-                f"peermem {name}: group rank {missing} (global rank {self.spec.ranks[missing]}) did not "
-                f"reach a collective within {self.spec.timeout} (group '{self.spec.name}', waiting rank "
-                f"{self.spec.group_rank}); the group's peer-memory state is unusable: destroy the group"
-            )
+            raise timeout_error(self.spec, peer.value, name)
 
     def close(self) -> None:
         """Free the region once every member has stopped using it (or the wait for them ended)."""
@@ -182,6 +177,15 @@ class PeerComm:
             )
         self.lib.lib.pm_destroy(self.handle)
         self.handle = None
+
+
+def timeout_error(spec: GroupSpec, missing: int, name: str) -> CommTimeoutError:
+    """The error of a call whose kernel waited ``spec.timeout`` for group rank ``missing``."""
+    return CommTimeoutError(
+        f"peermem {name}: group rank {missing} (global rank {spec.ranks[missing]}) did not reach a "
+        f"collective within {spec.timeout} (group '{spec.name}', waiting rank {spec.group_rank}); "
+        "the group's peer-memory state is unusable: destroy the group"
+    )
 
 
 def _prefix(spec: GroupSpec) -> str:
