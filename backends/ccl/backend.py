@@ -67,7 +67,7 @@ class CclBackend(Backend):
         self._expired: str | None = None  # why the communicator became unusable
         # oneCCL alone returns garbage for a dtype of one element size (float32 against int32) and
         # on the rank with the larger count: each collective's signature is compared first, as on
-        # gloo (one small MAX all-reduce; tests/test_faults_defaults.py).
+        # gloo (one small MAX all-reduce; tests/reliability/test_faults_defaults.py).
         checked = spec.size > 1 and verify_enabled(VERIFY_ENV)
         self._signer = (
             Signer(_SignatureChannel(self), spec.name, spec.global_rank, spec.group_rank, _CHECKED_BY)
