@@ -25,6 +25,8 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
+from . import settings
+
 __all__ = [
     "COMPLETED",
     "DEFAULT_CAPACITY",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 DEFAULT_CAPACITY = 2000
-CAPACITY_ENV = "COMMLAYER_FLIGHT_RECORDER_SIZE"
+CAPACITY_ENV = settings.FLIGHT_RECORDER_SIZE.name
 STARTED = "started"
 COMPLETED = "completed"
 P2P_OPS = frozenset({"send", "recv"})
@@ -55,13 +57,7 @@ _Tensor = torch.Tensor
 
 def capacity_from_env(environ: dict[str, str] | os._Environ = os.environ) -> int:
     """Ring size from ``$COMMLAYER_FLIGHT_RECORDER_SIZE`` (default 2000, at least 1)."""
-    raw = environ.get(CAPACITY_ENV, "")
-    if not raw:
-        return DEFAULT_CAPACITY
-    try:
-        return max(1, int(raw))
-    except ValueError:
-        raise ValueError(f"${CAPACITY_ENV} expected a positive integer, received {raw!r}") from None
+    return max(1, int(settings.FLIGHT_RECORDER_SIZE.value(environ)))
 
 
 # The tensor of a planned op's call that its entry records (the index in the launcher's

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from commlayer import health
+from commlayer import health, settings
 from commlayer.backend import Backend
 from commlayer.errors import CommError
 from commlayer.fabric_regions import release_regions_of
@@ -44,7 +44,7 @@ INSTALL_HINT = (
 
 
 _EXPIRED_ADVICE = "This communicator cannot be used any more."
-VERIFY_ENV = "COMMLAYER_CCL_VERIFY"
+VERIFY_ENV = settings.CCL_VERIFY.name
 _CHECKED_BY = f"Checked by the ccl backend before communicating; {VERIFY_ENV}=0 turns the check off."
 
 

@@ -20,6 +20,7 @@ SOURCES = {"commlayer": REPO / "commlayer", "commlayer.backends": REPO / "backen
 
 # Layers, lowest first; a module may import only from its own layer or lower ones.
 LAYERS = (
+    ("commlayer.settings",),
     (
         "commlayer.types",
         "commlayer.errors",

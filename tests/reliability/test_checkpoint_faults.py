@@ -54,13 +54,9 @@ def test_a_kill_inside_a_save_leaves_a_loadable_checkpoint(
     window: str, step: int, world_of_one: None, tmp_path: Path
 ) -> None:
     """Killed before the link switch: the old version loads; after it: the new one does."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "COMMLAYER_CHECKPOINT_TEST_PAUSE": f"{window}:30",
-    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     saver = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.checkpoint_faults_ranks", str(tmp_path)],
+        [sys.executable, "-m", "tests.reliability.checkpoint_faults_ranks", str(tmp_path), window, "30"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
