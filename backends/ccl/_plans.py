@@ -7,8 +7,8 @@ or reduce op, the mismatch check -- is looked up once here, so a call enters the
 on the tensors' memory and waits unless async: what the op methods do, less their per-call
 lookups, frames and the facade's generic launcher around them.
 
-An all-to-all with uneven splits takes the op method (its splits come with each call). A friend
-of :class:`~.backend.CclBackend`: it reads the backend's private state, once per plan.
+An all-to-all with uneven splits takes the op method (its splits come with each call). The
+backend hands the launchers what they need as a :class:`LaunchContext`, read once per plan.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,39 +30,65 @@ from commlayer.flight_recorder import (
     WORK,
     Recording,
 )
-from commlayer.work import Work
+from commlayer.work import WaitLimit, Work
 
-from ._native import CclWork
+from ._native import CclWork, NativeTypes
 
-# The backend these launchers serve (backend.CclBackend, which imports this module).
-CclBackend = Any
+if TYPE_CHECKING:
+    from .._signer import Signer
+    from ._bootstrap import Connection
+
 # post(*arguments) -> (oneCCL's event, the Work's result): the op, checked first when the check is
 # on; None where this call must take the op method (an all-to-all's uneven splits).
 Post = Callable[..., tuple[Any, tuple[torch.Tensor, ...]] | None]
 
-__all__ = ["fused_launcher"]
+__all__ = ["LaunchContext", "fused_launcher"]
 
 _monotonic_ns = time.monotonic_ns
 _weak = weakref.ref
 
 
+@dataclass(frozen=True)
+class LaunchContext:
+    """One communicator's state as its launchers use it.
+
+    Args:
+        types: oneCCL's datatypes and reductions.
+        signer: the signature check, None when it is off.
+        live: the communicator's connection, raising CommError once it is shut down or expired.
+        limit: the group's wait limit.
+        expire: marks the communicator unusable after an op timed out (the Work calls it).
+        size: the group's size.
+        op_method: the backend's method of each op (``op_method(op)``), for the calls the
+            launchers hand back to it (an all-to-all's uneven splits).
+    """
+
+    types: NativeTypes
+    signer: Signer | None
+    live: Callable[[], Connection]
+    limit: WaitLimit
+    expire: Callable[[str], None]
+    size: int
+    op_method: Callable[[str], Callable[..., Work]]
+
+
 def fused_launcher(
-    backend: CclBackend, op: str, fixed: tuple[Any, ...], recording: Recording
+    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording
 ) -> Callable[..., Work | None] | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
     poster = _POSTERS.get(op)
-    if poster is None or recording.dtype not in backend._types.datatypes:
+    if poster is None or recording.dtype not in context.types.datatypes:
         return None
-    post = poster(backend, fixed, recording.dtype)
-    return None if post is None else _launcher(backend, op, fixed, recording, post)
+    post = poster(context, fixed, recording.dtype)
+    return None if post is None else _launcher(context, op, fixed, recording, post)
 
 
 def _launcher(
-    backend: CclBackend, op: str, fixed: tuple[Any, ...], recording: Recording, post: Post
+    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording, post: Post
 ) -> Callable[..., Work | None]:
     next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, method = PLANNED_PAYLOAD[op], getattr(backend, op)
-    limit, expire = backend._limit, backend._expire
+    payload, method = PLANNED_PAYLOAD[op], context.op_method(op)
+    limit, expire = context.limit, context.expire
 
     def run(async_op: bool, *arguments: Any) -> Work | None:
         seq = next_seq()
@@ -86,21 +113,21 @@ def _launcher(
     return run
 
 
-def _verify(backend: CclBackend) -> Callable[..., None] | None:
+def _verify(context: LaunchContext) -> Callable[..., None] | None:
     """The mismatch check's ``verify(op, dtype, count, root, reduce_op)``, None when it is off."""
-    signer = backend._signer
+    signer = context.signer
     return None if signer is None else signer.verify
 
 
 # --- what each op posts --------------------------------------------------------------------
 
 
-def _all_reduce(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
     (reduce_op,) = fixed
-    reduction = backend._types.reductions.get(reduce_op)
+    reduction = context.types.reductions.get(reduce_op)
     if reduction is None:  # AVG: the facade runs it as SUM before it plans
         return None
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
 
     def post(tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
         count, pointer = tensor.numel(), tensor.data_ptr()
@@ -111,9 +138,9 @@ def _all_reduce(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype)
     return post
 
 
-def _broadcast(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
     (root,) = fixed
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
 
     def post(tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
         count = tensor.numel()
@@ -124,8 +151,10 @@ def _broadcast(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) 
     return post
 
 
-def _all_gather_into_tensor(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+def _all_gather_into_tensor(
+    context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype
+) -> Post | None:
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
 
     def post(output: torch.Tensor, tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
         count = tensor.numel()
@@ -137,12 +166,12 @@ def _all_gather_into_tensor(backend: CclBackend, fixed: tuple[Any, ...], dtype: 
     return post
 
 
-def _reduce_scatter_tensor(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+def _reduce_scatter_tensor(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
     (reduce_op,) = fixed
-    reduction = backend._types.reductions.get(reduce_op)
+    reduction = context.types.reductions.get(reduce_op)
     if reduction is None:
         return None
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
 
     def post(output: torch.Tensor, tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
         count = output.numel()
@@ -154,9 +183,9 @@ def _reduce_scatter_tensor(backend: CclBackend, fixed: tuple[Any, ...], dtype: t
     return post
 
 
-def _all_to_all_single(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
-    datatype, signer, live = backend._types.datatypes[dtype], backend._signer, backend._live
-    size = backend.size
+def _all_to_all_single(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+    datatype, signer, live = context.types.datatypes[dtype], context.signer, context.live
+    size = context.size
 
     def post(
         output: torch.Tensor, tensor: torch.Tensor, *splits: Any
@@ -171,7 +200,7 @@ def _all_to_all_single(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch
     return post
 
 
-_POSTERS: dict[str, Callable[[CclBackend, tuple[Any, ...], torch.dtype], Post | None]] = {
+_POSTERS: dict[str, Callable[[LaunchContext, tuple[Any, ...], torch.dtype], Post | None]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "all_gather_into_tensor": _all_gather_into_tensor,

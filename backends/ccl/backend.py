@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from commlayer import health, settings
 from commlayer.backend import Backend
 from commlayer.errors import CommError
 from commlayer.fabric_regions import release_regions_of
+from commlayer.flight_recorder import Recording
 from commlayer.rendezvous import discover
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
@@ -32,7 +34,7 @@ from ._bootstrap import Connection, connect, disconnect
 from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
-from ._plans import fused_launcher
+from ._plans import LaunchContext, fused_launcher
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
@@ -119,8 +121,15 @@ class CclBackend(Backend):
         """``ip_port`` of the oneCCL KVS this communicator was built from (for diagnostics)."""
         return self._live().address
 
-    # The planned collectives' fused launchers (see Backend.recorded_plan and _plans.py).
-    recorded_plan = fused_launcher
+    def recorded_plan(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording
+    ) -> Callable[..., Work | None] | None:
+        """The fused launcher of a planned collective (see Backend.recorded_plan and _plans.py)."""
+        methods = functools.partial(getattr, self)
+        context = LaunchContext(
+            self._types, self._signer, self._live, self._limit, self._expire, self.size, methods
+        )
+        return fused_launcher(context, op, fixed, recording)
 
     # --- the mandatory core ----------------------------------------------------------------
 

@@ -11,7 +11,7 @@ Against the facade's generic launcher around the op method this saves the per-ca
 CUDA tensors (staged or CUDA-aware) and uneven all-to-all splits take the op method itself.
 Where the C launcher can be built (:mod:`._native`), it serves the plain synchronous calls and
 hands every other call to the Python launcher built here.
-A friend of :class:`~.backend.MpiBackend`: it reads the backend's private state, once per plan.
+The backend hands the launchers what they need as a :class:`~._launch_context.LaunchContext`.
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ from commlayer.flight_recorder import (
 )
 from commlayer.work import Work
 
+from ._launch_context import LaunchContext
 from ._native import native_launcher
 from ._ordered import OrderedWork
-
-# The backend these launchers serve (backend.MpiBackend, which imports this module).
-MpiBackend = Any
 
 __all__ = ["ordered_launcher"]
 
@@ -52,34 +50,34 @@ Prepared = tuple[tuple[Any, ...], list[torch.Tensor]]
 
 
 def ordered_launcher(
-    backend: MpiBackend, op: str, fixed: tuple[Any, ...], recording: Recording
+    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording
 ) -> Callable[..., Work | None] | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
-    if op not in PLANNED_PAYLOAD or backend._ordered is None:
+    if op not in PLANNED_PAYLOAD:
         return None
     try:
-        call, prepare, key = _PREPARERS[op](backend, fixed, recording.dtype)
+        call, prepare, key = _PREPARERS[op](context, fixed, recording.dtype)
     except KeyError:  # a dtype or reduction MPI has no type for: the op method raises it per call
         return None
     # blocking(count, *arguments): the MPI call, after the mismatch check (when on) of ``count`` elements.
-    check = backend._check
+    check = context.check
     blocking = (lambda count, *arguments: call(*arguments)) if check is None else check.checked(op, key, call)
-    run = _launcher(backend, op, fixed, recording, blocking, prepare)
+    run = _launcher(context, op, fixed, recording, blocking, prepare)
     if check is not None and check.shared is not None:
-        run = _publishing_early(backend, op, recording, check, key, call, prepare, run)
-    native = native_launcher(backend, op, fixed, recording, key, run)
+        run = _publishing_early(context, op, recording, check, key, call, prepare, run)
+    native = native_launcher(context, op, fixed, recording, key, run)
     if native is None:
         return run
     prefill(recording.ring)  # the C launcher rewrites entries in place: no list per call
     return native
 
 
-def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
+def _messages(context: LaunchContext, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
     """``message(tensor)``: ``[buffer, datatype]`` over the tensor's memory, remembered by address
     and size. Training loops and benchmarks pass the same few buffers again and again, and MPI's
     buffer view (which owns nothing) costs more to build than to look up; a view of the same
     address and size is the same message whichever tensor it came from."""
-    wrap, datatype, remembered = backend._from_address, backend._datatypes[dtype], {}
+    wrap, datatype, remembered = context.mpi.buffer.fromaddress, context.datatypes[dtype], {}
 
     def message(tensor: torch.Tensor) -> list[Any]:
         where = (tensor.data_ptr(), tensor.nbytes)
@@ -94,7 +92,7 @@ def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor
 
 
 def _launcher(
-    backend: MpiBackend,
+    context: LaunchContext,
     op: str,
     fixed: tuple[Any, ...],
     recording: Recording,
@@ -102,8 +100,8 @@ def _launcher(
     prepare: Callable[..., Prepared | None],
 ) -> Callable[..., Work | None]:
     next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, method = PLANNED_PAYLOAD[op], getattr(backend, op)
-    executor, limit = backend._ordered, backend._limit
+    payload, method = PLANNED_PAYLOAD[op], context.op_method(op)
+    executor, limit = context.executor, context.limit
 
     def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         seq = next_seq()
@@ -134,7 +132,7 @@ def _launcher(
 
 
 def _publishing_early(
-    backend: MpiBackend,
+    context: LaunchContext,
     op: str,
     recording: Recording,
     check: Any,
@@ -148,9 +146,9 @@ def _publishing_early(
     check waits for the slowest rank, and this way that wait overlaps ~0.5 us of each rank's own
     Python. Asynchronous calls, and calls behind queued ones, check on the worker (``otherwise``)."""
     next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, executor, limit = PLANNED_PAYLOAD[op], backend._ordered, backend._limit
+    payload, executor, limit = PLANNED_PAYLOAD[op], context.executor, context.limit
     publish, gathered = check.shared.publish, check.gathered(op, key, call)
-    queue = executor._queue  # a friend's state, read once: empty means the call runs in place
+    queue = executor.pending  # read once: empty means the call runs in place
 
     def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         prepared = None if async_op or queue else prepare(*tensors)
@@ -175,42 +173,42 @@ def _publishing_early(
 # --- what each op passes to MPI --------------------------------------------------------------
 
 
-def _key(backend: MpiBackend, op: str, dtype: torch.dtype, root: int = -1, reduce_op: Any = None) -> int:
+def _key(context: LaunchContext, op: str, dtype: torch.dtype, root: int = -1, reduce_op: Any = None) -> int:
     """The mismatch check's key of ``op`` (0 when the check is off); the key reads only the dtype."""
-    check = backend._check
+    check = context.check
     return 0 if check is None else check.key(op, torch.empty(0, dtype=dtype), root, reduce_op)
 
 
-def _all_reduce(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (reduce_op,) = fixed
-    message, in_place = _messages(backend, dtype), backend._in_place
-    reduction = backend._reductions[reduce_op][dtype]
+    message, in_place = _messages(context, dtype), context.mpi.IN_PLACE
+    reduction = context.reductions[reduce_op][dtype]
 
     def prepare(tensor: torch.Tensor) -> Prepared | None:
         if tensor.is_cuda:
             return None
         return (tensor.numel(), in_place, message(tensor), reduction), [tensor]
 
-    return backend._comm.Allreduce, prepare, _key(backend, "all_reduce", dtype, reduce_op=reduce_op)
+    return context.comm.Allreduce, prepare, _key(context, "all_reduce", dtype, reduce_op=reduce_op)
 
 
-def _broadcast(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (root,) = fixed
-    message = _messages(backend, dtype)
+    message = _messages(context, dtype)
 
     def prepare(tensor: torch.Tensor) -> Prepared | None:
         if tensor.is_cuda:
             return None
         return (tensor.numel(), message(tensor), root), [tensor]
 
-    return backend._comm.Bcast, prepare, _key(backend, "broadcast", dtype, root)
+    return context.comm.Bcast, prepare, _key(context, "broadcast", dtype, root)
 
 
 def _pair(
-    call: Callable[..., Any], backend: MpiBackend, dtype: torch.dtype, *extra: Any
+    call: Callable[..., Any], context: LaunchContext, dtype: torch.dtype, *extra: Any
 ) -> Callable[[torch.Tensor, torch.Tensor], Prepared | None]:
     """``prepare(output, input)`` of an op that passes (input, output, *extra) to MPI."""
-    message = _messages(backend, dtype)
+    message = _messages(context, dtype)
 
     def prepare(output: torch.Tensor, tensor: torch.Tensor, *splits: Any) -> Prepared | None:
         if tensor.is_cuda or any(split is not None for split in splits):
@@ -220,25 +218,25 @@ def _pair(
     return prepare
 
 
-def _all_gather(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
-    prepare = _pair(lambda tensor, output: tensor.numel(), backend, dtype)
-    return backend._comm.Allgather, prepare, _key(backend, "all_gather_into_tensor", dtype)
+def _all_gather(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    prepare = _pair(lambda tensor, output: tensor.numel(), context, dtype)
+    return context.comm.Allgather, prepare, _key(context, "all_gather_into_tensor", dtype)
 
 
-def _reduce_scatter(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _reduce_scatter(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (reduce_op,) = fixed
-    reduction = backend._reductions[reduce_op][dtype]
-    prepare = _pair(lambda tensor, output: output.numel(), backend, dtype, reduction)
-    key = _key(backend, "reduce_scatter_tensor", dtype, reduce_op=reduce_op)
-    return backend._comm.Reduce_scatter_block, prepare, key
+    reduction = context.reductions[reduce_op][dtype]
+    prepare = _pair(lambda tensor, output: output.numel(), context, dtype, reduction)
+    key = _key(context, "reduce_scatter_tensor", dtype, reduce_op=reduce_op)
+    return context.comm.Reduce_scatter_block, prepare, key
 
 
-def _all_to_all(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
-    prepare = _pair(lambda tensor, output: tensor.numel(), backend, dtype)
-    return backend._comm.Alltoall, prepare, _key(backend, "all_to_all_single", dtype)
+def _all_to_all(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    prepare = _pair(lambda tensor, output: tensor.numel(), context, dtype)
+    return context.comm.Alltoall, prepare, _key(context, "all_to_all_single", dtype)
 
 
-_PREPARERS: dict[str, Callable[[MpiBackend, tuple[Any, ...], torch.dtype], tuple[Any, ...]]] = {
+_PREPARERS: dict[str, Callable[[LaunchContext, tuple[Any, ...], torch.dtype], tuple[Any, ...]]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "all_gather_into_tensor": _all_gather,
