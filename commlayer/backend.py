@@ -171,7 +171,8 @@ class Backend(GenericCollectives, ABC):
     ) -> Callable[..., Work | None] | None:
         """Optional: a fused launcher like :meth:`plan`'s that also enters every call in the
         group's flight recorder itself, as ``recording`` describes (its docstring lists the
-        steps), saving the facade's recording wrapper: the hot path's cheapest form.
+        steps), saving the facade's recording wrapper: the hot path's cheapest form. A launcher
+        written in Python gets those steps from ``recording.launcher`` (or ``op_launcher``).
 
         Tried before :meth:`plan`; None (the default) falls back to it.
         """

@@ -16,23 +16,12 @@ The backend hands the launchers what they need as a :class:`~._launch_context.La
 
 from __future__ import annotations
 
-import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from commlayer.flight_recorder import (
-    COMPLETED,
-    COMPLETED_NS,
-    PLANNED_PAYLOAD,
-    STARTED,
-    STATE,
-    WORK,
-    Recording,
-    prefill,
-)
+from commlayer.flight_recorder import PLANNED_PAYLOAD, Recording, prefill
 from commlayer.work import Work
 
 from ._launch_context import LaunchContext
@@ -41,9 +30,7 @@ from ._ordered import OrderedWork
 
 __all__ = ["ordered_launcher"]
 
-_monotonic_ns = time.monotonic_ns
 _REMEMBERED_MESSAGES = 64  # per launcher (one kind of call): a bucketed model's buffers fit
-_weak = weakref.ref
 
 # (the element count the ranks must agree on followed by the MPI call's arguments, the result)
 Prepared = tuple[tuple[Any, ...], list[torch.Tensor]]
@@ -62,9 +49,10 @@ def ordered_launcher(
     # blocking(count, *arguments): the MPI call, after the mismatch check (when on) of ``count`` elements.
     check = context.check
     blocking = (lambda count, *arguments: call(*arguments)) if check is None else check.checked(op, key, call)
-    run = _launcher(context, op, fixed, recording, blocking, prepare)
+    start = _starter(context, op, fixed, blocking, prepare)
     if check is not None and check.shared is not None:
-        run = _publishing_early(context, op, recording, check, key, call, prepare, run)
+        start = _publishing_early(context, op, check, key, call, prepare, start)
+    run = recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor=op in ("all_reduce", "broadcast"))
     native = native_launcher(context, op, fixed, recording, key, run)
     if native is None:
         return run
@@ -91,83 +79,57 @@ def _messages(context: LaunchContext, dtype: torch.dtype) -> Callable[[torch.Ten
     return message
 
 
-def _launcher(
+def _starter(
     context: LaunchContext,
     op: str,
     fixed: tuple[Any, ...],
-    recording: Recording,
     blocking: Callable[..., None],
     prepare: Callable[..., Prepared | None],
 ) -> Callable[..., Work | None]:
-    next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, method = PLANNED_PAYLOAD[op], context.op_method(op)
-    executor, limit = context.executor, context.limit
+    """``start(async_op, *tensors)`` (see Recording.launcher): the op method's Work for CUDA
+    tensors and uneven splits, an OrderedWork when async, else the blocking call in place."""
+    method, executor, limit = context.op_method(op), context.executor, context.limit
 
-    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
-        seq = next_seq()
-        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            prepared = prepare(*tensors)
-            if prepared is None:  # CUDA or uneven splits: the op method
-                work = method(*tensors, *fixed, async_op=async_op)
-                if async_op:
-                    entry[WORK] = _weak(work)
-                    return work
-                work.wait()
-            elif async_op:
-                arguments, result = prepared
-                work = OrderedWork(executor.submit(blocking, arguments), op, limit, result, tensors)
-                entry[WORK] = _weak(work)
-                return work
-            else:
-                executor.run(blocking, prepared[0], op, limit)
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
+    def start(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+        prepared = prepare(*tensors)
+        if prepared is None:  # CUDA or uneven splits: the op method
+            return method(*tensors, *fixed, async_op=async_op)
+        if async_op:
+            arguments, result = prepared
+            return OrderedWork(executor.submit(blocking, arguments), op, limit, result, tensors)
+        executor.run(blocking, prepared[0], op, limit)
         return None
 
-    return run
+    return start
 
 
 def _publishing_early(
     context: LaunchContext,
     op: str,
-    recording: Recording,
     check: Any,
     key: int,
     call: Callable[..., Any],
     prepare: Callable[..., Prepared | None],
     otherwise: Callable[..., Work | None],
 ) -> Callable[..., Work | None]:
-    """``run`` whose synchronous in-place calls publish their signature before the recorder and the
-    executor, and gather the peers' right before the MPI call (see SharedSignatures.publish): the
-    check waits for the slowest rank, and this way that wait overlaps ~0.5 us of each rank's own
-    Python. Asynchronous calls, and calls behind queued ones, check on the worker (``otherwise``)."""
-    next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, executor, limit = PLANNED_PAYLOAD[op], context.executor, context.limit
+    """``start`` whose synchronous in-place calls publish their signature before the executor and
+    gather the peers' right before the MPI call (see SharedSignatures.publish): the check waits
+    for the slowest rank, and this way that wait overlaps each rank's own Python. Asynchronous
+    calls, and calls behind queued ones, check on the worker (``otherwise``)."""
+    executor, limit = context.executor, context.limit
     publish, gathered = check.shared.publish, check.gathered(op, key, call)
     queue = executor.pending  # read once: empty means the call runs in place
 
-    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+    def start(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         prepared = None if async_op or queue else prepare(*tensors)
         if prepared is None:
             return otherwise(async_op, *tensors)
         arguments = prepared[0]
         sequence = publish(key, arguments[0])
-        seq = next_seq()
-        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            executor.run(gathered, (sequence, *arguments), op, limit)
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
+        executor.run(gathered, (sequence, *arguments), op, limit)
         return None
 
-    return run
+    return start
 
 
 # --- what each op passes to MPI --------------------------------------------------------------

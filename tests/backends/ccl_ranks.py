@@ -82,8 +82,8 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     planned = [  # this check's plans (float64; earlier checks planned AVG, which the facade emulates)
         plan.run for key, plan in dispatch.plans.items() if torch.float64 in key and ReduceOp.AVG not in key
     ]
-    modules = {(run.__module__, run.__qualname__) for run in planned}
-    assert modules == {("commlayer.backends.ccl._plans", "_launcher.<locals>.run")}, modules
+    modules = {run.__module__ for run in planned}  # the recorder's launcher, named after ccl's start
+    assert modules == {"commlayer.backends.ccl._plans"}, modules
     entries = [entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]]
     seen = [
         (entry["op"], entry["shape"], entry["dtype"], entry["root"], entry["state"]) for entry in entries[-5:]

@@ -54,6 +54,67 @@ def test_recorder_numbers_collectives_and_p2p_separately_and_wraps() -> None:
     assert recorder.to_json()["last_collective"] == 4
 
 
+class _Failed(Exception):
+    pass
+
+
+def _fail(error: Exception):
+    raise _Failed(str(error)) from error
+
+
+def _start(async_op: bool, output: torch.Tensor, tensor: torch.Tensor):
+    """Recording.launcher's body: raises on an empty input, else the async op's Work, or for a
+    sync op one to wait for (None when the output is empty: done already)."""
+    if tensor.numel() == 0:
+        raise RuntimeError("peer gone")
+    return CompletedWork() if async_op or output.numel() else None
+
+
+def _method(output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool):
+    """A backend op method: always a Work."""
+    return _start(True, output, tensor)
+
+
+def _plan_run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor):
+    """A plan's launcher: the async op's Work, None once a sync op is done."""
+    work = _start(True, output, tensor)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+@pytest.mark.parametrize("kind", ["launcher", "op_launcher", "recorded"])
+def test_every_recording_launcher_enters_tracks_completes_and_fails_alike(kind: str) -> None:
+    """The entry protocol's three Python forms: the entry describes the payload tensor, a sync
+    call completes it, an async one tracks its Work weakly, and an error goes to ``fail``."""
+    recorder = FlightRecorder("dp", (0, 1), capacity=8)
+    if kind == "recorded":
+        run = recorder.recorded("all_gather_into_tensor", -1, 1, _plan_run, _fail)
+    else:
+        recording = recorder.recording("all_gather_into_tensor", torch.float32, -1, _fail)
+        if kind == "launcher":
+            run = recording.launcher(1, _start)
+            assert run.__module__ == __name__ and run.__wrapped__ is _start
+        else:
+            run = recording.op_launcher(1, _method, ())
+    assert run(False, torch.ones(4), torch.ones(2)) is None
+    assert run(False, torch.empty(0), torch.ones(2)) is None
+    work = run(True, torch.ones(4), torch.ones(2))
+    with pytest.raises(_Failed, match="peer gone"):
+        run(False, torch.ones(4), torch.empty(0))
+    entries = recorder.snapshot()
+    assert [(entry["seq"], entry["shape"], entry["dtype"]) for entry in entries] == [
+        (1, [2], "float32"),
+        (2, [2], "float32"),
+        (3, [2], "float32"),
+        (4, [0], "float32"),
+    ]
+    assert [entry["state"] for entry in entries] == ["completed", "completed", "completed", "started"]
+    assert all(entry["completed_ns"] >= entry["queued_ns"] > 0 for entry in entries[:2])
+    assert recorder.op_of(work) == "all_gather_into_tensor" and entries[2]["completed_ns"] is None
+
+
 def test_a_prefilled_ring_keeps_distinct_blanks_that_no_reader_reports() -> None:
     recorder = FlightRecorder("dp", (0, 1), capacity=4)
     work = CompletedWork()
@@ -175,3 +236,20 @@ def test_health_reports_the_first_failure_once_to_listeners() -> None:
 def test_write_dump_is_json(tmp_path: Path) -> None:
     path = write_dump(tmp_path / "new", 5, {"rank": 5})
     assert json.loads(path.read_text()) == {"rank": 5} and path.name == "rank5.json"
+
+
+def test_a_one_tensor_launcher_enters_and_completes_like_the_general_one() -> None:
+    recorder = FlightRecorder("dp", (0, 1), capacity=4)
+    recording = recorder.recording("broadcast", torch.float32, 1, _fail)
+    run = recording.launcher(0, lambda async_op, tensor: _start(async_op, tensor, tensor), one_tensor=True)
+    assert run(False, torch.ones(3)) is None
+    work = run(True, torch.ones(3))
+    with pytest.raises(_Failed, match="peer gone"):
+        run(False, torch.empty(0))
+    entries = recorder.snapshot()
+    assert [(entry["shape"], entry["root"], entry["state"]) for entry in entries] == [
+        ([3], 1, "completed"),
+        ([3], 1, "completed"),
+        ([0], 1, "started"),
+    ]
+    assert recorder.op_of(work) == "broadcast"
