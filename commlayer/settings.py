@@ -51,6 +51,17 @@ class Setting:
         raw = (os.environ if environ is None else environ).get(self.name, "").strip()
         return raw or None
 
+    def required(self, environ: Mapping[str, str] | None = None) -> str:
+        """The variable's stripped value, for one its reader cannot run without.
+
+        Raises:
+            KeyError: it is unset or empty.
+        """
+        raw = self.text(environ)
+        if raw is None:
+            raise KeyError(f"${self.name} must be set: {self.meaning}")
+        return raw
+
     def value(self, environ: Mapping[str, str] | None = None) -> Value:
         """The variable parsed as its ``kind``, or ``default`` when it is unset or empty.
 

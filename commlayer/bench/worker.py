@@ -18,11 +18,11 @@ __all__ = ["main"]
 
 
 def main() -> int:
-    options = BenchOptions.from_json(str(settings.BENCH_OPTIONS.text()))
+    options = BenchOptions.from_json(settings.BENCH_OPTIONS.required())
     progress = settings.BENCH_PROGRESS.text()
     result = run_sweep(options, StepFileWriter(progress) if progress else None)
     if result is not None:
-        target = Path(str(settings.BENCH_RESULT.text()))
+        target = Path(settings.BENCH_RESULT.required())
         staging = target.with_suffix(".partial")
         staging.write_text(json.dumps(result.to_json()), encoding="utf-8")
         staging.replace(target)  # the parent never reads a half-written file

@@ -27,7 +27,7 @@ FAILURE_EXIT_CODE = 1
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = _parse(argv)
-    results = ResultsDir(Path(str(settings.TESTING_RESULTS_DIR.text())))
+    results = ResultsDir(Path(settings.TESTING_RESULTS_DIR.required()))
     info = discover(os.environ)
     if info is None:
         raise RuntimeError(

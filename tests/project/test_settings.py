@@ -128,3 +128,9 @@ def test_value_reads_the_process_environment_by_default(monkeypatch: pytest.Monk
     assert settings.HEARTBEAT_MISSES.value() == 4
     monkeypatch.delenv("COMMLAYER_HEARTBEAT_MISSES")
     assert settings.HEARTBEAT_MISSES.value() == 10
+
+
+def test_required_names_the_variable_when_it_is_missing() -> None:
+    assert settings.BENCH_RESULT.required({"COMMLAYER_BENCH_RESULT": " out.json "}) == "out.json"
+    with pytest.raises(KeyError, match=r"\$COMMLAYER_BENCH_RESULT must be set"):
+        settings.BENCH_RESULT.required({})
