@@ -25,11 +25,13 @@ from typing import Any
 
 import torch
 
+from commlayer import settings
+
 from ._signer import Signer
 
 __all__ = ["CHECKED_BY", "VERIFY_ENV", "SignedProcessGroup"]
 
-VERIFY_ENV = "COMMLAYER_GLOO_VERIFY"
+VERIFY_ENV = settings.GLOO_VERIFY.name
 CHECKED_BY = f"Checked by the gloo backend before communicating; {VERIFY_ENV}=0 turns the check off."
 
 

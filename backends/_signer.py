@@ -9,13 +9,13 @@ why it waits instead of overlapping the data op is in :mod:`._gloo_check`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
+from commlayer import settings
 from commlayer.errors import CollectiveMismatchError
 
 from ._signature import agree, dtype_codes, mismatch, pack
@@ -29,9 +29,9 @@ _UNKNOWN = -(1 << 62)  # below any element count, and below any negated one
 _MAX = options(torch_dist.AllreduceOptions, False, reduceOp=torch_dist.ReduceOp.MAX)
 
 
-def verify_enabled(variable: str, environ: Mapping[str, str] = os.environ) -> bool:
-    """False when the environment variable ``variable`` is 0 (or false/off/no): a backend's switch."""
-    return environ.get(variable, "1").strip().lower() not in ("0", "false", "off", "no")
+def verify_enabled(variable: str, environ: Mapping[str, str] | None = None) -> bool:
+    """False when the setting ``variable`` (a backend's switch) is 0 (or false/off/no)."""
+    return bool(settings.by_name(variable).value(environ))
 
 
 class Signer:

@@ -17,8 +17,6 @@ launchers below stay the reference and the fallback (``COMMLAYER_C_LAUNCHER=0`` 
 
 from __future__ import annotations
 
-import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +24,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.backend import C_LAUNCHER_ENV, c_launchers_enabled
-from commlayer.flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording
+from commlayer.flight_recorder import COMPLETED, STARTED, Recording
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, TorchWork, Work, _raise_typed
 
@@ -47,8 +45,6 @@ __all__ = [
 Launcher = Callable[..., Work | None]
 
 TORCH_OPS = {op: getattr(torch_dist.ReduceOp, op.name) for op in ReduceOp}
-_monotonic_ns = time.monotonic_ns
-_weak = weakref.ref
 
 
 def options(kind: Any, async_op: bool, **fields: Any) -> Any:
@@ -103,9 +99,10 @@ def fused_plan(process_group: Any, op: str, fixed: tuple[Any, ...], recording: R
     return None if build is None else build(recording, process_group, *fixed)
 
 
-# Every launcher below starts with the same three lines (the flight recorder's entry, see
-# Recording) and ends with the same two (a blocking op marked completed); in between, one
-# ProcessGroup call. ``fail`` translates a library error inside the except block.
+# Every Python launcher below is ``Recording.launcher`` (the flight recorder's entry, the Work
+# tracked or the blocking op marked completed, a library error translated) around one
+# ProcessGroup call: ``start(async_op, *tensors)`` returns the async op's Work, or the torch Work
+# a blocking op waits for (NCCL may run one on the caller's stream and return none).
 
 
 def _listed(
@@ -115,27 +112,13 @@ def _listed(
     compiled = _native_launcher(recording, 0, method, (sync_options, async_options))
     if compiled is not None:
         return compiled
-    next_seq, ring, capacity, op, dtype, root, fail = recording
 
-    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
-        seq = next_seq()
-        entry = [seq, op, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            if async_op:  # an async op always returns a Work: no wrap()
-                work = TorchWork(method([tensor], async_options), (tensor,))
-                entry[WORK] = _weak(work)
-                return work
-            torch_work = method([tensor], sync_options)
-            if torch_work is not None:  # NCCL may run a blocking op on the caller's stream: none
-                torch_work.wait()
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
-        return None
+    def start(async_op: bool, tensor: torch.Tensor) -> Any:
+        if async_op:  # an async op always returns a Work: no wrap()
+            return TorchWork(method([tensor], async_options), (tensor,))
+        return method([tensor], sync_options)
 
-    return run
+    return recording.launcher(0, start, one_tensor=True)
 
 
 def _paired(
@@ -150,29 +133,15 @@ def _paired(
     compiled = _native_launcher(recording, 1, method, (sync_options, async_options), payload=payload)
     if compiled is not None:
         return compiled
-    next_seq, ring, capacity, op, dtype, root, fail = recording
 
-    def run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work | None:
-        seq = next_seq()
-        entry = [seq, op, (output, tensor)[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            flat_output = output if output.dim() == 1 else output.view(-1)
-            flat_input = tensor if tensor.dim() == 1 else tensor.view(-1)
-            if async_op:
-                work = TorchWork(method(flat_output, flat_input, async_options), (output,))
-                entry[WORK] = _weak(work)
-                return work
-            torch_work = method(flat_output, flat_input, sync_options)
-            if torch_work is not None:
-                torch_work.wait()
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
-        return None
+    def start(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Any:
+        flat_output = output if output.dim() == 1 else output.view(-1)
+        flat_input = tensor if tensor.dim() == 1 else tensor.view(-1)
+        if async_op:
+            return TorchWork(method(flat_output, flat_input, async_options), (output,))
+        return method(flat_output, flat_input, sync_options)
 
-    return run
+    return recording.launcher(payload, start)
 
 
 def _all_reduce(recording: Recording, process_group: Any, op: ReduceOp) -> Launcher:
@@ -205,26 +174,12 @@ def _point_to_point(recording: Recording, method: Callable[..., Any], peer: int,
     compiled = _native_launcher(recording, 2, method, (None, None), (peer, tag))
     if compiled is not None:
         return compiled
-    next_seq, ring, capacity, op, dtype, root, fail = recording
 
-    def run(async_op: bool, tensor: torch.Tensor) -> Work | None:
-        seq = next_seq()
-        entry = [seq, op, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            torch_work = method([tensor], peer, tag)
-            if async_op:
-                work = TorchWork(torch_work, (tensor,))
-                entry[WORK] = _weak(work)
-                return work
-            torch_work.wait()
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
-        return None
+    def start(async_op: bool, tensor: torch.Tensor) -> Any:
+        torch_work = method([tensor], peer, tag)
+        return TorchWork(torch_work, (tensor,)) if async_op else torch_work
 
-    return run
+    return recording.launcher(0, start, one_tensor=True)
 
 
 def _all_gather_into_tensor(recording: Recording, process_group: Any) -> Launcher:
@@ -247,34 +202,20 @@ def _all_to_all_single(recording: Recording, process_group: Any) -> Launcher:
     method = process_group.alltoall_base
     sync_options = options(torch_dist.AllToAllOptions, False)
     async_options = options(torch_dist.AllToAllOptions, True)
-    next_seq, ring, capacity, op, dtype, root, fail = recording
 
-    def run(
+    def start(
         async_op: bool,
         output: torch.Tensor,
         tensor: torch.Tensor,
         output_splits: list[int] | None,
         input_splits: list[int] | None,
-    ) -> Work | None:
-        seq = next_seq()
-        entry = [seq, op, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:  # [] is torch's spelling of "equal splits"
-            if async_op:
-                torch_work = method(output, tensor, output_splits or [], input_splits or [], async_options)
-                work = TorchWork(torch_work, (output,))
-                entry[WORK] = _weak(work)
-                return work
-            torch_work = method(output, tensor, output_splits or [], input_splits or [], sync_options)
-            if torch_work is not None:
-                torch_work.wait()
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
-        return None
+    ) -> Any:  # [] is torch's spelling of "equal splits"
+        if async_op:
+            torch_work = method(output, tensor, output_splits or [], input_splits or [], async_options)
+            return TorchWork(torch_work, (output,))
+        return method(output, tensor, output_splits or [], input_splits or [], sync_options)
 
-    return run
+    return recording.launcher(1, start)
 
 
 _BUILDERS: dict[str, Callable[..., Launcher]] = {

@@ -7,7 +7,7 @@ host where torch_npu reports an NPU (``commlayer.selection`` maps the ``npu`` ac
 ``cpu:gloo,npu:hccl``).
 
 No Ascend NPU was available to this project: the dispatch path is tested end to end with a test
-double of torch_npu (tests/doubles/fake_torch_npu_double), never against real HCCL.
+double of torch_npu (tests/backends/doubles/fake_torch_npu_double), never against real HCCL.
 
 Importing this module imports torch_npu when it is installed, because torch_npu's import is
 what registers the "hccl" torch backend and ``torch.npu``.

@@ -1,7 +1,7 @@
 """Repeat real multi-rank tests many times and count hangs and exit aborts.
 
 Each run is one multi-rank test (one fresh world), run by pytest (``--batch`` tests per pytest
-process): the fault-injection worlds (tests/test_faults.py, tests/test_faults_defaults.py: deaths,
+process): the fault-injection worlds (tests/reliability/test_faults.py, tests/reliability/test_faults_defaults.py: deaths,
 skipped collectives, mismatches, slow ranks, unmatched p2p, a held MASTER_PORT) on gloo, shm, ccl
 and mpi, the 2-rank conformance worlds on each, and, after every ``--wide-every`` of those, the
 next of the 3- and 4-rank worlds (WIDE_WORLDS: the conformance suite at 3 and 4 ranks on every
@@ -29,28 +29,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-FAULT_FILES = ("tests/test_faults.py", "tests/test_faults_defaults.py")
+FAULT_FILES = ("tests/reliability/test_faults.py", "tests/reliability/test_faults_defaults.py")
 COMPAT_WORLDS = (
-    "tests/test_compat.py::test_compatibility_suite_on_gloo[2]",
-    "tests/test_shm.py::test_compatibility_suite_on_shm[2]",
-    "tests/test_ccl.py::test_compatibility_suite_on_ccl[2]",
-    "tests/test_mpi_worlds.py::test_compatibility_suite_on_mpi[2]",
+    "tests/facade/test_compat.py::test_compatibility_suite_on_gloo[2]",
+    "tests/backends/test_shm.py::test_compatibility_suite_on_shm[2]",
+    "tests/backends/test_ccl.py::test_compatibility_suite_on_ccl[2]",
+    "tests/backends/test_mpi.py::test_compatibility_suite_on_mpi[2]",
 )
 # (test id, backend, world size): every backend at 3 and 4 ranks, the heavier worlds once each.
 WIDE_WORLDS = (
-    ("tests/test_compat.py::test_compatibility_suite_on_gloo[3]", "gloo", 3),
-    ("tests/test_shm.py::test_compatibility_suite_on_shm[3]", "shm", 3),
-    ("tests/test_mpi_worlds.py::test_compatibility_suite_on_mpi[4]", "mpi", 4),
-    ("tests/test_ccl.py::test_compatibility_suite_on_ccl[3]", "ccl", 3),
-    ("tests/test_mesh.py::test_each_group_all_reduce_sums_exactly_its_members", "gloo", 4),
-    ("tests/test_shm.py::test_compatibility_suite_on_shm[4]", "shm", 4),
-    ("tests/test_torch_bridge.py::test_torch_stack_matches_gloo[shm-local]", "shm", 3),
-    ("tests/test_mpi_worlds.py::test_compatibility_suite_on_mpi[3]", "mpi", 3),
-    ("tests/test_ccl.py::test_compatibility_suite_on_ccl[4]", "ccl", 4),
-    ("tests/test_parallel.py::test_ulysses_and_moe_equal_single_process_on_gloo[4]", "gloo", 4),
-    ("tests/test_torch_bridge.py::test_torch_2d_device_mesh_on_shm_matches_gloo", "shm", 4),
+    ("tests/facade/test_compat.py::test_compatibility_suite_on_gloo[3]", "gloo", 3),
+    ("tests/backends/test_shm.py::test_compatibility_suite_on_shm[3]", "shm", 3),
+    ("tests/backends/test_mpi.py::test_compatibility_suite_on_mpi[4]", "mpi", 4),
+    ("tests/backends/test_ccl.py::test_compatibility_suite_on_ccl[3]", "ccl", 3),
+    ("tests/parallel/test_mesh.py::test_each_group_all_reduce_sums_exactly_its_members", "gloo", 4),
+    ("tests/backends/test_shm.py::test_compatibility_suite_on_shm[4]", "shm", 4),
+    ("tests/facade/test_torch_bridge.py::test_torch_stack_matches_gloo[shm-local]", "shm", 3),
+    ("tests/backends/test_mpi.py::test_compatibility_suite_on_mpi[3]", "mpi", 3),
+    ("tests/backends/test_ccl.py::test_compatibility_suite_on_ccl[4]", "ccl", 4),
+    ("tests/parallel/test_parallel.py::test_ulysses_and_moe_equal_single_process_on_gloo[4]", "gloo", 4),
+    ("tests/facade/test_torch_bridge.py::test_torch_2d_device_mesh_on_shm_matches_gloo", "shm", 4),
     (
-        "tests/test_zero_hybrid.py::test_hybrid_sharding_trains_like_one_process_and_checkpoints_cross_mesh_shapes",
+        "tests/zero/test_zero_hybrid.py::test_hybrid_sharding_trains_like_one_process_and_checkpoints_cross_mesh_shapes",
         "gloo",
         4,
     ),

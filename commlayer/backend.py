@@ -44,13 +44,13 @@ and register it under the ``commlayer.backends`` entry-point group::
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 
+from . import settings
 from .errors import UnsupportedError
 from .fallbacks import GenericCollectives
 from .flight_recorder import Recording
@@ -62,12 +62,12 @@ __all__ = ["C_LAUNCHER_ENV", "Backend", "c_launchers_enabled"]
 
 #: ``0`` keeps every backend's launchers in Python: the reference that a C launcher (a
 #: ``recorded_plan`` built in C, the comms logger's timer) must behave exactly like.
-C_LAUNCHER_ENV = "COMMLAYER_C_LAUNCHER"
+C_LAUNCHER_ENV = settings.C_LAUNCHER.name
 
 
 def c_launchers_enabled() -> bool:
     """Whether new plans may use C launchers (built ones): ``$COMMLAYER_C_LAUNCHER`` is not ``0``."""
-    return os.environ.get(C_LAUNCHER_ENV, "1") != "0"
+    return bool(settings.C_LAUNCHER.value())
 
 
 class Backend(GenericCollectives, ABC):
@@ -171,7 +171,8 @@ class Backend(GenericCollectives, ABC):
     ) -> Callable[..., Work | None] | None:
         """Optional: a fused launcher like :meth:`plan`'s that also enters every call in the
         group's flight recorder itself, as ``recording`` describes (its docstring lists the
-        steps), saving the facade's recording wrapper: the hot path's cheapest form.
+        steps), saving the facade's recording wrapper: the hot path's cheapest form. A launcher
+        written in Python gets those steps from ``recording.launcher`` (or ``op_launcher``).
 
         Tried before :meth:`plan`; None (the default) falls back to it.
         """

@@ -14,6 +14,7 @@ is plain JSON, one file per rank; ``commlayer trace analyze DIR`` merges them
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 import torch
+
+from . import settings
 
 __all__ = [
     "COMPLETED",
@@ -41,7 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_CAPACITY = 2000
-CAPACITY_ENV = "COMMLAYER_FLIGHT_RECORDER_SIZE"
+CAPACITY_ENV = settings.FLIGHT_RECORDER_SIZE.name
 STARTED = "started"
 COMPLETED = "completed"
 P2P_OPS = frozenset({"send", "recv"})
@@ -50,18 +53,13 @@ P2P_OPS = frozenset({"send", "recv"})
 SEQ, OP, SHAPE, DTYPE, ROOT, STATE, QUEUED_NS, COMPLETED_NS, WORK = range(9)
 
 _monotonic_ns = time.monotonic_ns
+_weak = weakref.ref
 _Tensor = torch.Tensor
 
 
 def capacity_from_env(environ: dict[str, str] | os._Environ = os.environ) -> int:
     """Ring size from ``$COMMLAYER_FLIGHT_RECORDER_SIZE`` (default 2000, at least 1)."""
-    raw = environ.get(CAPACITY_ENV, "")
-    if not raw:
-        return DEFAULT_CAPACITY
-    try:
-        return max(1, int(raw))
-    except ValueError:
-        raise ValueError(f"${CAPACITY_ENV} expected a positive integer, received {raw!r}") from None
+    return max(1, int(settings.FLIGHT_RECORDER_SIZE.value(environ)))
 
 
 # The tensor of a planned op's call that its entry records (the index in the launcher's
@@ -80,7 +78,7 @@ class Recording(NamedTuple):
     """What a fused launcher needs to enter its calls in a ring itself, with no Python call.
 
     A wrapper frame and an ``enter`` call cost a planned op more than the entry's own work, so
-    launchers that record (``Backend.recorded_plan``) inline these steps, in this order::
+    launchers that record (``Backend.recorded_plan``) take these steps inline, in this order::
 
         seq = next_seq()
         entry = [seq, op, shape, dtype, root, STARTED, monotonic_ns(), 0, None]
@@ -90,6 +88,9 @@ class Recording(NamedTuple):
     one shape of a list, as :meth:`FlightRecorder.enter` records them). On any exception
     the launcher calls ``fail(error)`` inside its ``except`` block: it re-raises ``error`` or
     its typed translation (and dumps the rings, see ``commlayer.facade.failures``).
+
+    In Python these steps are written once, in :meth:`launcher`; C launchers (csrc) take the
+    same steps from the tuple's fields.
     """
 
     next_seq: Callable[[], int]
@@ -99,6 +100,89 @@ class Recording(NamedTuple):
     dtype: torch.dtype
     root: int
     fail: Callable[[Exception], NoReturn]
+
+    def launcher(
+        self, payload: int, start: Callable[..., Any], one_tensor: bool = False
+    ) -> Callable[..., Any]:
+        """``run(async_op, *tensors)``: each call entered as listed above, around ``start``.
+
+        Args:
+            payload: the index of the tensor the entry describes.
+            start: ``start(async_op, *tensors)`` begins the op and returns the async op's Work
+                (tracked weakly, returned to the caller), or for a synchronous op what to wait
+                for, or None when it has already completed.
+            one_tensor: the op takes exactly one tensor: ``run(async_op, tensor)`` passes it on
+                without ``*args`` packing (as cheap as the steps written inline).
+        """
+        next_seq, ring, capacity, name, dtype, root, fail = self
+        if one_tensor:
+            return functools.update_wrapper(self._one_tensor_launcher(start), start)
+
+        def run(async_op: bool, *tensors: Any) -> Any:
+            seq = next_seq()
+            entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+            ring[seq % capacity] = entry
+            try:
+                work = start(async_op, *tensors)
+                if async_op:
+                    entry[WORK] = _weak(work)
+                    return work
+                if work is not None:
+                    work.wait()
+            except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+                fail(error)
+            entry[STATE] = COMPLETED
+            entry[COMPLETED_NS] = _monotonic_ns()
+            return None
+
+        return functools.update_wrapper(run, start)  # named after start: where the launcher's op is
+
+    def _one_tensor_launcher(self, start: Callable[..., Any]) -> Callable[..., Any]:
+        next_seq, ring, capacity, name, dtype, root, fail = self
+
+        def run_one(async_op: bool, tensor: Any) -> Any:
+            seq = next_seq()
+            entry = [seq, name, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+            ring[seq % capacity] = entry
+            try:
+                work = start(async_op, tensor)
+                if async_op:
+                    entry[WORK] = _weak(work)
+                    return work
+                if work is not None:
+                    work.wait()
+            except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+                fail(error)
+            entry[STATE] = COMPLETED
+            entry[COMPLETED_NS] = _monotonic_ns()
+            return None
+
+        return run_one
+
+    def op_launcher(
+        self, payload: int, method: Callable[..., Any], fixed: tuple[Any, ...]
+    ) -> Callable[..., Any]:
+        """:meth:`launcher` around a backend's op method itself, without a frame of its own:
+        ``run(async_op, *tensors)`` calls ``method(*tensors, *fixed, async_op=async_op)``."""
+        next_seq, ring, capacity, name, dtype, root, fail = self
+
+        def run(async_op: bool, *tensors: Any) -> Any:
+            seq = next_seq()
+            entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+            ring[seq % capacity] = entry
+            try:
+                work = method(*tensors, *fixed, async_op=async_op)
+                if async_op:
+                    entry[WORK] = _weak(work)
+                    return work
+                work.wait()
+            except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+                fail(error)
+            entry[STATE] = COMPLETED
+            entry[COMPLETED_NS] = _monotonic_ns()
+            return None
+
+        return run
 
 
 class FlightRecorder:
@@ -145,6 +229,60 @@ class FlightRecorder:
             return Recording(self._p2p.__next__, self._p2p_ring, self.capacity, "p2p:" + op, dtype, -1, fail)
         return Recording(self._collectives.__next__, self._ring, self.capacity, op, dtype, root, fail)
 
+    def recorded(
+        self,
+        op: str,
+        root: int,
+        payload: int,
+        run: Callable[..., Any],
+        fail: Callable[[Exception], NoReturn],
+        one_tensor: bool = False,
+    ) -> Callable[..., Any]:
+        """``run`` (a plan's launcher, ``run(async_op, *tensors)``) with each call entered through
+        :meth:`enter` (so debug mode verifies it first), tracked or completed after, and its
+        errors passed to ``fail`` (which re-raises them, translated).
+
+        Args:
+            op: the op as entered.
+            root: the group rank of a rooted op, else -1.
+            payload: the index of the tensor the entry describes.
+            run: the launcher to record.
+            fail: called inside the except block with the error.
+            one_tensor: ``run`` takes exactly one tensor (no ``*args`` packing: about 0.1 us less).
+        """
+        enter = self.enter
+        if one_tensor:
+
+            def run_recorded_one(async_op: bool, tensor: Any) -> Any:
+                entry = enter(op, tensor, root)
+                try:
+                    work = run(async_op, tensor)
+                except Exception as error:  # noqa: BLE001 - re-raised (translated); zero-cost until raised
+                    fail(error)
+                if work is None:
+                    entry[STATE] = COMPLETED
+                    entry[COMPLETED_NS] = _monotonic_ns()
+                else:
+                    entry[WORK] = _weak(work)
+                return work
+
+            return run_recorded_one
+
+        def run_recorded(async_op: bool, *tensors: Any) -> Any:
+            entry = enter(op, tensors[payload], root)
+            try:
+                work = run(async_op, *tensors)
+            except Exception as error:  # noqa: BLE001 - re-raised, translated
+                fail(error)
+            if work is None:
+                entry[STATE] = COMPLETED
+                entry[COMPLETED_NS] = _monotonic_ns()
+            else:
+                entry[WORK] = _weak(work)
+            return work
+
+        return run_recorded
+
     def op_of(self, work: Any) -> str | None:
         """The op (``recv``, not ``p2p:recv``) whose entry tracks ``work``, if still in the rings."""
         for entry in (*self._ring, *self._p2p_ring):
@@ -187,7 +325,7 @@ def prefill(ring: list[list[Any] | None]) -> None:
 
 
 def mark_completed(entry: list[Any]) -> None:
-    """What ``launch`` does inline after a synchronous op returns (kept here as the reference)."""
+    """A synchronous op's entry, completed (``launch`` takes these two steps inline)."""
     entry[STATE] = COMPLETED
     entry[COMPLETED_NS] = _monotonic_ns()
 

@@ -33,6 +33,8 @@ import socket
 import struct
 from collections.abc import Mapping
 
+from . import settings
+
 __all__ = [
     "INTERFACE_VARIABLES",
     "SOCKET_IFNAME_ENV",
@@ -42,7 +44,7 @@ __all__ = [
     "route_interface",
 ]
 
-SOCKET_IFNAME_ENV = "COMMLAYER_SOCKET_IFNAME"
+SOCKET_IFNAME_ENV = settings.SOCKET_IFNAME.name
 INTERFACE_VARIABLES = (
     "GLOO_SOCKET_IFNAME",
     "NCCL_SOCKET_IFNAME",
@@ -64,7 +66,7 @@ def interface_environment(environ: Mapping[str, str], master_addr: str | None = 
     >>> interface_environment({"COMMLAYER_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "ib0"})["GLOO_SOCKET_IFNAME"]
     'eth1'
     """
-    name = environ.get(SOCKET_IFNAME_ENV) or None
+    name = settings.SOCKET_IFNAME.text(environ)
     if name is None:
         master = master_addr if master_addr is not None else environ.get("MASTER_ADDR")
         name = route_interface(master) if master else None

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
+from . import settings
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -25,7 +26,7 @@ __all__ = [
     "resolve_backend_spec",
 ]
 
-BACKEND_ENV = "COMMLAYER_BACKEND"
+BACKEND_ENV = settings.BACKEND.name
 
 # On CPU, shm: shared memory between the ranks of each host (a group spanning hosts runs two-level,
 # with gloo between hosts; see commlayer.backends.shm).
@@ -68,7 +69,7 @@ def resolve_backend_spec(
     """
     if backend is not None and str(backend).lower() not in ("", "undefined"):
         return str(backend).lower()
-    override = environ.get(BACKEND_ENV, "").strip().lower()
+    override = (settings.BACKEND.text(environ) or "").lower()
     if override:
         return override
     if accelerator not in DEFAULT_BY_ACCELERATOR:

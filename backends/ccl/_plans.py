@@ -7,171 +7,168 @@ or reduce op, the mismatch check -- is looked up once here, so a call enters the
 on the tensors' memory and waits unless async: what the op methods do, less their per-call
 lookups, frames and the facade's generic launcher around them.
 
-An all-to-all with uneven splits takes the op method (its splits come with each call). A friend
-of :class:`~.backend.CclBackend`: it reads the backend's private state, once per plan.
+An all-to-all with uneven splits takes the op method (its splits come with each call). The
+backend hands the launchers what they need as a :class:`LaunchContext`, read once per plan.
 """
 
 from __future__ import annotations
 
-import time
-import weakref
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commlayer.flight_recorder import (
-    COMPLETED,
-    COMPLETED_NS,
-    PLANNED_PAYLOAD,
-    STARTED,
-    STATE,
-    WORK,
-    Recording,
-)
-from commlayer.work import Work
+from commlayer.flight_recorder import PLANNED_PAYLOAD, Recording
+from commlayer.work import WaitLimit, Work
 
-from ._native import CclWork
+from ._native import CclWork, NativeTypes
 
-# The backend these launchers serve (backend.CclBackend, which imports this module).
-CclBackend = Any
-# post(*arguments) -> (oneCCL's event, the Work's result): the op, checked first when the check is
-# on; None where this call must take the op method (an all-to-all's uneven splits).
-Post = Callable[..., tuple[Any, tuple[torch.Tensor, ...]] | None]
+if TYPE_CHECKING:
+    from .._signer import Signer
+    from ._bootstrap import Connection
 
-__all__ = ["fused_launcher"]
+# start(async_op, *arguments) -> the call's Work: the op posted (checked first when the check is
+# on), or the op method's Work where the call must take it (an all-to-all's uneven splits).
+Start = Callable[..., Work]
 
-_monotonic_ns = time.monotonic_ns
-_weak = weakref.ref
+__all__ = ["LaunchContext", "fused_launcher"]
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """One communicator's state as its launchers use it.
+
+    Args:
+        types: oneCCL's datatypes and reductions.
+        signer: the signature check, None when it is off.
+        live: the communicator's connection, raising CommError once it is shut down or expired.
+        limit: the group's wait limit.
+        expire: marks the communicator unusable after an op timed out (the Work calls it).
+        size: the group's size.
+        op_method: the backend's method of each op (``op_method(op)``), for the calls the
+            launchers hand back to it (an all-to-all's uneven splits).
+    """
+
+    types: NativeTypes
+    signer: Signer | None
+    live: Callable[[], Connection]
+    limit: WaitLimit
+    expire: Callable[[str], None]
+    size: int
+    op_method: Callable[[str], Callable[..., Work]]
 
 
 def fused_launcher(
-    backend: CclBackend, op: str, fixed: tuple[Any, ...], recording: Recording
+    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording
 ) -> Callable[..., Work | None] | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
-    poster = _POSTERS.get(op)
-    if poster is None or recording.dtype not in backend._types.datatypes:
+    starter = _STARTERS.get(op)
+    if starter is None or recording.dtype not in context.types.datatypes:
         return None
-    post = poster(backend, fixed, recording.dtype)
-    return None if post is None else _launcher(backend, op, fixed, recording, post)
+    start = starter(context, fixed, recording.dtype)
+    one_tensor = op in _ONE_TENSOR
+    return None if start is None else recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor)
 
 
-def _launcher(
-    backend: CclBackend, op: str, fixed: tuple[Any, ...], recording: Recording, post: Post
-) -> Callable[..., Work | None]:
-    next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, method = PLANNED_PAYLOAD[op], getattr(backend, op)
-    limit, expire = backend._limit, backend._expire
-
-    def run(async_op: bool, *arguments: Any) -> Work | None:
-        seq = next_seq()
-        entry = [seq, name, arguments[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            posted = post(*arguments)
-            if posted is None:
-                work = method(*arguments, *fixed, async_op=async_op)
-            else:
-                work = CclWork(posted[0], op, limit, expire, posted[1], arguments)
-            if async_op:
-                entry[WORK] = _weak(work)
-                return work
-            work.wait()
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
-        return None
-
-    return run
-
-
-def _verify(backend: CclBackend) -> Callable[..., None] | None:
+def _verify(context: LaunchContext) -> Callable[..., None] | None:
     """The mismatch check's ``verify(op, dtype, count, root, reduce_op)``, None when it is off."""
-    signer = backend._signer
+    signer = context.signer
     return None if signer is None else signer.verify
 
 
 # --- what each op posts --------------------------------------------------------------------
 
 
-def _all_reduce(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
     (reduce_op,) = fixed
-    reduction = backend._types.reductions.get(reduce_op)
+    reduction = context.types.reductions.get(reduce_op)
     if reduction is None:  # AVG: the facade runs it as SUM before it plans
         return None
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
+    limit, expire = context.limit, context.expire
 
-    def post(tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    def start(async_op: bool, tensor: torch.Tensor) -> Work:
         count, pointer = tensor.numel(), tensor.data_ptr()
         if verify is not None:
             verify("all_reduce", dtype, count, -1, reduce_op)
-        return live().communicator.allreduce(pointer, pointer, count, datatype, reduction), (tensor,)
+        event = live().communicator.allreduce(pointer, pointer, count, datatype, reduction)
+        return CclWork(event, "all_reduce", limit, expire, (tensor,), (tensor,))
 
-    return post
+    return start
 
 
-def _broadcast(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
     (root,) = fixed
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
+    limit, expire = context.limit, context.expire
 
-    def post(tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    def start(async_op: bool, tensor: torch.Tensor) -> Work:
         count = tensor.numel()
         if verify is not None:
             verify("broadcast", dtype, count, root)
-        return live().communicator.broadcast(tensor.data_ptr(), count, datatype, root), (tensor,)
+        event = live().communicator.broadcast(tensor.data_ptr(), count, datatype, root)
+        return CclWork(event, "broadcast", limit, expire, (tensor,), (tensor,))
 
-    return post
+    return start
 
 
-def _all_gather_into_tensor(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+def _all_gather_into_tensor(
+    context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype
+) -> Start | None:
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
+    limit, expire = context.limit, context.expire
 
-    def post(output: torch.Tensor, tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    def start(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work:
         count = tensor.numel()
         if verify is not None:
             verify("all_gather_into_tensor", dtype, count)
         event = live().communicator.allgather(tensor.data_ptr(), output.data_ptr(), count, datatype)
-        return event, (output,)
+        return CclWork(event, "all_gather_into_tensor", limit, expire, (output,), (output, tensor))
 
-    return post
+    return start
 
 
-def _reduce_scatter_tensor(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
+def _reduce_scatter_tensor(
+    context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype
+) -> Start | None:
     (reduce_op,) = fixed
-    reduction = backend._types.reductions.get(reduce_op)
+    reduction = context.types.reductions.get(reduce_op)
     if reduction is None:
         return None
-    datatype, verify, live = backend._types.datatypes[dtype], _verify(backend), backend._live
+    datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
+    limit, expire = context.limit, context.expire
 
-    def post(output: torch.Tensor, tensor: torch.Tensor) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    def start(async_op: bool, output: torch.Tensor, tensor: torch.Tensor) -> Work:
         count = output.numel()
         if verify is not None:
             verify("reduce_scatter_tensor", dtype, count, -1, reduce_op)
         source, target = tensor.data_ptr(), output.data_ptr()
-        return live().communicator.reduce_scatter(source, target, count, datatype, reduction), (output,)
+        event = live().communicator.reduce_scatter(source, target, count, datatype, reduction)
+        return CclWork(event, "reduce_scatter_tensor", limit, expire, (output,), (output, tensor))
 
-    return post
+    return start
 
 
-def _all_to_all_single(backend: CclBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> Post | None:
-    datatype, signer, live = backend._types.datatypes[dtype], backend._signer, backend._live
-    size = backend.size
+def _all_to_all_single(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
+    datatype, signer, live = context.types.datatypes[dtype], context.signer, context.live
+    size, limit, expire = context.size, context.limit, context.expire
+    method = context.op_method("all_to_all_single")
 
-    def post(
-        output: torch.Tensor, tensor: torch.Tensor, *splits: Any
-    ) -> tuple[Any, tuple[torch.Tensor, ...]] | None:
+    def start(async_op: bool, output: torch.Tensor, tensor: torch.Tensor, *splits: Any) -> Work:
         if any(splits):  # uneven splits, given with each call: the op method's counts
-            return None
+            return method(output, tensor, *splits, *fixed, async_op=async_op)
         if signer is not None:
             signer.verify_all_to_all_single("all_to_all_single", output, tensor, None, None)
         count = tensor.numel() // size
-        return live().communicator.alltoall(tensor.data_ptr(), output.data_ptr(), count, datatype), (output,)
+        event = live().communicator.alltoall(tensor.data_ptr(), output.data_ptr(), count, datatype)
+        return CclWork(event, "all_to_all_single", limit, expire, (output,), (output, tensor, *splits))
 
-    return post
+    return start
 
 
-_POSTERS: dict[str, Callable[[CclBackend, tuple[Any, ...], torch.dtype], Post | None]] = {
+_ONE_TENSOR = frozenset({"all_reduce", "broadcast"})
+_STARTERS: dict[str, Callable[[LaunchContext, tuple[Any, ...], torch.dtype], Start | None]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "all_gather_into_tensor": _all_gather_into_tensor,

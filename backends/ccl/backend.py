@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -18,10 +19,11 @@ from typing import Any
 
 import torch
 
-from commlayer import health
+from commlayer import health, settings
 from commlayer.backend import Backend
 from commlayer.errors import CommError
 from commlayer.fabric_regions import release_regions_of
+from commlayer.flight_recorder import Recording
 from commlayer.rendezvous import discover
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
@@ -33,7 +35,7 @@ from ._build import BuildUnavailable, build_plan, built_extension, cached_extens
 from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
-from ._plans import fused_launcher
+from ._plans import LaunchContext, fused_launcher
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
@@ -46,7 +48,7 @@ INSTALL_HINT = (
 
 
 _EXPIRED_ADVICE = "This communicator cannot be used any more."
-VERIFY_ENV = "COMMLAYER_CCL_VERIFY"
+VERIFY_ENV = settings.CCL_VERIFY.name
 _CHECKED_BY = f"Checked by the ccl backend before communicating; {VERIFY_ENV}=0 turns the check off."
 
 
@@ -69,7 +71,7 @@ class CclBackend(Backend):
         self._expired: str | None = None  # why the communicator became unusable
         # oneCCL alone returns garbage for a dtype of one element size (float32 against int32) and
         # on the rank with the larger count: each collective's signature is compared first, as on
-        # gloo (one small MAX all-reduce; tests/test_faults_defaults.py).
+        # gloo (one small MAX all-reduce; tests/reliability/test_faults_defaults.py).
         checked = spec.size > 1 and verify_enabled(VERIFY_ENV)
         self._signer = (
             Signer(_SignatureChannel(self), spec.name, spec.global_rank, spec.group_rank, _CHECKED_BY)
@@ -123,8 +125,15 @@ class CclBackend(Backend):
         """``ip_port`` of the oneCCL KVS this communicator was built from (for diagnostics)."""
         return self._live().address
 
-    # The planned collectives' fused launchers (see Backend.recorded_plan and _plans.py).
-    recorded_plan = fused_launcher
+    def recorded_plan(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording
+    ) -> Callable[..., Work | None] | None:
+        """The fused launcher of a planned collective (see Backend.recorded_plan and _plans.py)."""
+        methods = functools.partial(getattr, self)
+        context = LaunchContext(
+            self._types, self._signer, self._live, self._limit, self._expire, self.size, methods
+        )
+        return fused_launcher(context, op, fixed, recording)
 
     # --- the mandatory core ----------------------------------------------------------------
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from commlayer import settings
+
 __all__ = [
     "CUDA_AWARE_ENV",
     "copy_back",
@@ -29,18 +31,16 @@ __all__ = [
 
 log = logging.getLogger("commlayer.backends.mpi")
 
-CUDA_AWARE_ENV = "COMMLAYER_MPI_CUDA_AWARE"
+CUDA_AWARE_ENV = settings.MPI_CUDA_AWARE.name
 _SONAMES = ("libmpi.so.40", "libmpi.so.12", "libmpi.so")
 _MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's enum value for CUDA in MPIX_GPU_query_support
 
 
 def cuda_aware(environ: Mapping[str, str]) -> bool:
     """Whether device pointers may be handed to the loaded MPI library."""
-    override = environ.get(CUDA_AWARE_ENV, "").strip().lower()
-    if override in ("1", "true", "yes", "on"):
-        return True
-    if override in ("0", "false", "no", "off"):
-        return False
+    override = settings.MPI_CUDA_AWARE.value(environ)
+    if override is not None:
+        return bool(override)
     library = _loaded_libmpi()
     return library is not None and _library_reports_cuda(library)
 

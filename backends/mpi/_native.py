@@ -28,14 +28,14 @@ from commlayer.backend import c_launchers_enabled
 from commlayer.flight_recorder import COMPLETED, STARTED, Recording
 from commlayer.work import Work
 
+from ._launch_context import LaunchContext
+
 try:
     from . import _launcher as _extension  # csrc/mpi/launcher.cpp
 except ImportError:  # a checkout laid out without building: the Python launchers serve
     _extension = None
 
 __all__ = ["native_enabled", "native_launcher"]
-
-MpiBackend = Any  # backend.MpiBackend, which imports this module through _plans
 
 # op -> (the MPI function, the index of the tensor the recorder enters)
 _CALLS = {
@@ -55,7 +55,7 @@ _MPI_LIBRARY = re.compile(r"/libmpi\.so(\.\d+)*$")
 
 
 def native_launcher(
-    backend: MpiBackend,
+    context: LaunchContext,
     op: str,
     fixed: tuple[Any, ...],
     recording: Recording,
@@ -64,7 +64,7 @@ def native_launcher(
 ) -> Callable[..., Work | None] | None:
     """The C ``run(async_op, *tensors)`` of ``op`` whose unusual calls go to ``otherwise``; None
     where it cannot be built (see the module docstring)."""
-    check, mpi = backend._check, backend._mpi
+    check, mpi = context.check, context.mpi
     if not native_enabled() or op not in _CALLS:
         return None
     if check is not None and (check.shared is None or check.shared.addresses() is None):
@@ -76,17 +76,17 @@ def native_launcher(
     return _extension.launcher(
         op=op,
         function=functions[name],
-        handles=_handles(backend, op, fixed, recording, handle_size),
+        handles=_handles(context, op, fixed, recording, handle_size),
         int_handles=handle_size == ctypes.sizeof(ctypes.c_int),
         root=fixed[0] if op == "broadcast" else 0,
-        size=backend.size,
+        size=context.size,
         item_size=recording.dtype.itemsize,
-        queue=backend._ordered._queue,
+        queue=context.executor.pending,
         otherwise=otherwise,
-        watchdog=backend._ordered.started_watchdog(),
-        limit=backend._limit,
+        watchdog=context.executor.started_watchdog(),
+        limit=context.limit,
         error_type=mpi.Exception,
-        shared=None if check is None else _shared(backend, op, fixed, key),
+        shared=None if check is None else _shared(context, op, fixed, key),
         recording=(*recording, payload, STARTED, COMPLETED),
     )
 
@@ -97,36 +97,36 @@ def native_enabled() -> bool:
 
 
 def _handles(
-    backend: MpiBackend, op: str, fixed: tuple[Any, ...], recording: Recording, size: int
+    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording, size: int
 ) -> tuple[int, int, int, int]:
     """(communicator, datatype, reduction or 0) as unsigned integers of ``size`` bytes, and
     MPI_IN_PLACE's address."""
     reduction = (
-        backend._reductions[fixed[0]][recording.dtype]
+        context.reductions[fixed[0]][recording.dtype]
         if op in ("all_reduce", "reduce_scatter_tensor")
         else None
     )
     mask = (1 << (8 * size)) - 1  # MPICH's handles are C ints, which mpi4py may give as negatives
     handles = (
-        backend._comm.handle,
-        backend._datatypes[recording.dtype].handle,
+        context.comm.handle,
+        context.datatypes[recording.dtype].handle,
         getattr(reduction, "handle", 0),
     )
-    in_place = int(backend._in_place) & ((1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1)  # an address
+    in_place = int(context.mpi.IN_PLACE) & ((1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1)  # an address
     return (*(value & mask for value in handles), in_place)
 
 
-def _shared(backend: MpiBackend, op: str, fixed: tuple[Any, ...], key: int) -> tuple[Any, ...]:
+def _shared(context: LaunchContext, op: str, fixed: tuple[Any, ...], key: int) -> tuple[Any, ...]:
     """The check's slots as the C launcher reads them, whether it may speculate (see
     _shared_signatures), and Python's checks of a published call for whatever the launcher leaves
     to them (a late peer, a mismatch; before and after a speculative call)."""
-    check = backend._check
+    check = context.check
     shared = check.shared
     mine, peers = shared.addresses()
     verify, speculated = check.gathered(op, key, _nothing), check.speculated(op, key)
     # Spin before yielding only while every rank can have a CPU of its own (as csrc/shm does).
-    spin_polls = _SPIN_POLLS if backend.size <= len(os.sched_getaffinity(0)) else _SHARED_CPU_SPIN_POLLS
-    speculates = op in _INPUT_UNWRITTEN or (op == "broadcast" and fixed[0] == backend._comm.Get_rank())
+    spin_polls = _SPIN_POLLS if context.size <= len(os.sched_getaffinity(0)) else _SHARED_CPU_SPIN_POLLS
+    speculates = op in _INPUT_UNWRITTEN or (op == "broadcast" and fixed[0] == context.rank)
     return (shared.sequence_counter(), mine, peers, key, verify, spin_polls, speculates, speculated)
 
 

@@ -87,6 +87,12 @@ class OrderedExecutor:
         if queued.error is not None:
             raise queued.error
 
+    @property
+    def pending(self) -> deque[_Call]:
+        """The calls queued and not finished yet: while it is empty a synchronous call runs in
+        place (the fused launchers read its length, the C one without a method call)."""
+        return self._queue
+
     def started_watchdog(self) -> _Watchdog:
         """The watchdog of synchronous calls, started: for launchers that stamp it themselves
         (csrc/mpi/launcher.cpp stamps ``op``, ``limit`` and ``started`` exactly as :meth:`run`)."""

@@ -11,75 +11,61 @@ Against the facade's generic launcher around the op method this saves the per-ca
 CUDA tensors (staged or CUDA-aware) and uneven all-to-all splits take the op method itself.
 Where the C launcher can be built (:mod:`._native`), it serves the plain synchronous calls and
 hands every other call to the Python launcher built here.
-A friend of :class:`~.backend.MpiBackend`: it reads the backend's private state, once per plan.
+The backend hands the launchers what they need as a :class:`~._launch_context.LaunchContext`.
 """
 
 from __future__ import annotations
 
-import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from commlayer.flight_recorder import (
-    COMPLETED,
-    COMPLETED_NS,
-    PLANNED_PAYLOAD,
-    STARTED,
-    STATE,
-    WORK,
-    Recording,
-    prefill,
-)
+from commlayer.flight_recorder import PLANNED_PAYLOAD, Recording, prefill
 from commlayer.work import Work
 
+from ._launch_context import LaunchContext
 from ._native import native_launcher
 from ._ordered import OrderedWork
 
-# The backend these launchers serve (backend.MpiBackend, which imports this module).
-MpiBackend = Any
-
 __all__ = ["ordered_launcher"]
 
-_monotonic_ns = time.monotonic_ns
 _REMEMBERED_MESSAGES = 64  # per launcher (one kind of call): a bucketed model's buffers fit
-_weak = weakref.ref
 
 # (the element count the ranks must agree on followed by the MPI call's arguments, the result)
 Prepared = tuple[tuple[Any, ...], list[torch.Tensor]]
 
 
 def ordered_launcher(
-    backend: MpiBackend, op: str, fixed: tuple[Any, ...], recording: Recording
+    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording
 ) -> Callable[..., Work | None] | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
-    if op not in PLANNED_PAYLOAD or backend._ordered is None:
+    if op not in PLANNED_PAYLOAD:
         return None
     try:
-        call, prepare, key = _PREPARERS[op](backend, fixed, recording.dtype)
+        call, prepare, key = _PREPARERS[op](context, fixed, recording.dtype)
     except KeyError:  # a dtype or reduction MPI has no type for: the op method raises it per call
         return None
     # blocking(count, *arguments): the MPI call, after the mismatch check (when on) of ``count`` elements.
-    check = backend._check
+    check = context.check
     blocking = (lambda count, *arguments: call(*arguments)) if check is None else check.checked(op, key, call)
-    run = _launcher(backend, op, fixed, recording, blocking, prepare)
+    start = _starter(context, op, fixed, blocking, prepare)
     if check is not None and check.shared is not None:
-        run = _publishing_early(backend, op, recording, check, key, call, prepare, run)
-    native = native_launcher(backend, op, fixed, recording, key, run)
+        start = _publishing_early(context, op, check, key, call, prepare, start)
+    run = recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor=op in ("all_reduce", "broadcast"))
+    native = native_launcher(context, op, fixed, recording, key, run)
     if native is None:
         return run
     prefill(recording.ring)  # the C launcher rewrites entries in place: no list per call
     return native
 
 
-def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
+def _messages(context: LaunchContext, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
     """``message(tensor)``: ``[buffer, datatype]`` over the tensor's memory, remembered by address
     and size. Training loops and benchmarks pass the same few buffers again and again, and MPI's
     buffer view (which owns nothing) costs more to build than to look up; a view of the same
     address and size is the same message whichever tensor it came from."""
-    wrap, datatype, remembered = backend._from_address, backend._datatypes[dtype], {}
+    wrap, datatype, remembered = context.mpi.buffer.fromaddress, context.datatypes[dtype], {}
 
     def message(tensor: torch.Tensor) -> list[Any]:
         where = (tensor.data_ptr(), tensor.nbytes)
@@ -93,124 +79,98 @@ def _messages(backend: MpiBackend, dtype: torch.dtype) -> Callable[[torch.Tensor
     return message
 
 
-def _launcher(
-    backend: MpiBackend,
+def _starter(
+    context: LaunchContext,
     op: str,
     fixed: tuple[Any, ...],
-    recording: Recording,
     blocking: Callable[..., None],
     prepare: Callable[..., Prepared | None],
 ) -> Callable[..., Work | None]:
-    next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, method = PLANNED_PAYLOAD[op], getattr(backend, op)
-    executor, limit = backend._ordered, backend._limit
+    """``start(async_op, *tensors)`` (see Recording.launcher): the op method's Work for CUDA
+    tensors and uneven splits, an OrderedWork when async, else the blocking call in place."""
+    method, executor, limit = context.op_method(op), context.executor, context.limit
 
-    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
-        seq = next_seq()
-        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            prepared = prepare(*tensors)
-            if prepared is None:  # CUDA or uneven splits: the op method
-                work = method(*tensors, *fixed, async_op=async_op)
-                if async_op:
-                    entry[WORK] = _weak(work)
-                    return work
-                work.wait()
-            elif async_op:
-                arguments, result = prepared
-                work = OrderedWork(executor.submit(blocking, arguments), op, limit, result, tensors)
-                entry[WORK] = _weak(work)
-                return work
-            else:
-                executor.run(blocking, prepared[0], op, limit)
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
+    def start(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+        prepared = prepare(*tensors)
+        if prepared is None:  # CUDA or uneven splits: the op method
+            return method(*tensors, *fixed, async_op=async_op)
+        if async_op:
+            arguments, result = prepared
+            return OrderedWork(executor.submit(blocking, arguments), op, limit, result, tensors)
+        executor.run(blocking, prepared[0], op, limit)
         return None
 
-    return run
+    return start
 
 
 def _publishing_early(
-    backend: MpiBackend,
+    context: LaunchContext,
     op: str,
-    recording: Recording,
     check: Any,
     key: int,
     call: Callable[..., Any],
     prepare: Callable[..., Prepared | None],
     otherwise: Callable[..., Work | None],
 ) -> Callable[..., Work | None]:
-    """``run`` whose synchronous in-place calls publish their signature before the recorder and the
-    executor, and gather the peers' right before the MPI call (see SharedSignatures.publish): the
-    check waits for the slowest rank, and this way that wait overlaps ~0.5 us of each rank's own
-    Python. Asynchronous calls, and calls behind queued ones, check on the worker (``otherwise``)."""
-    next_seq, ring, capacity, name, dtype, root, fail = recording
-    payload, executor, limit = PLANNED_PAYLOAD[op], backend._ordered, backend._limit
+    """``start`` whose synchronous in-place calls publish their signature before the executor and
+    gather the peers' right before the MPI call (see SharedSignatures.publish): the check waits
+    for the slowest rank, and this way that wait overlaps each rank's own Python. Asynchronous
+    calls, and calls behind queued ones, check on the worker (``otherwise``)."""
+    executor, limit = context.executor, context.limit
     publish, gathered = check.shared.publish, check.gathered(op, key, call)
-    queue = executor._queue  # a friend's state, read once: empty means the call runs in place
+    queue = executor.pending  # read once: empty means the call runs in place
 
-    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+    def start(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         prepared = None if async_op or queue else prepare(*tensors)
         if prepared is None:
             return otherwise(async_op, *tensors)
         arguments = prepared[0]
         sequence = publish(key, arguments[0])
-        seq = next_seq()
-        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        try:
-            executor.run(gathered, (sequence, *arguments), op, limit)
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
+        executor.run(gathered, (sequence, *arguments), op, limit)
         return None
 
-    return run
+    return start
 
 
 # --- what each op passes to MPI --------------------------------------------------------------
 
 
-def _key(backend: MpiBackend, op: str, dtype: torch.dtype, root: int = -1, reduce_op: Any = None) -> int:
+def _key(context: LaunchContext, op: str, dtype: torch.dtype, root: int = -1, reduce_op: Any = None) -> int:
     """The mismatch check's key of ``op`` (0 when the check is off); the key reads only the dtype."""
-    check = backend._check
+    check = context.check
     return 0 if check is None else check.key(op, torch.empty(0, dtype=dtype), root, reduce_op)
 
 
-def _all_reduce(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (reduce_op,) = fixed
-    message, in_place = _messages(backend, dtype), backend._in_place
-    reduction = backend._reductions[reduce_op][dtype]
+    message, in_place = _messages(context, dtype), context.mpi.IN_PLACE
+    reduction = context.reductions[reduce_op][dtype]
 
     def prepare(tensor: torch.Tensor) -> Prepared | None:
         if tensor.is_cuda:
             return None
         return (tensor.numel(), in_place, message(tensor), reduction), [tensor]
 
-    return backend._comm.Allreduce, prepare, _key(backend, "all_reduce", dtype, reduce_op=reduce_op)
+    return context.comm.Allreduce, prepare, _key(context, "all_reduce", dtype, reduce_op=reduce_op)
 
 
-def _broadcast(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (root,) = fixed
-    message = _messages(backend, dtype)
+    message = _messages(context, dtype)
 
     def prepare(tensor: torch.Tensor) -> Prepared | None:
         if tensor.is_cuda:
             return None
         return (tensor.numel(), message(tensor), root), [tensor]
 
-    return backend._comm.Bcast, prepare, _key(backend, "broadcast", dtype, root)
+    return context.comm.Bcast, prepare, _key(context, "broadcast", dtype, root)
 
 
 def _pair(
-    call: Callable[..., Any], backend: MpiBackend, dtype: torch.dtype, *extra: Any
+    call: Callable[..., Any], context: LaunchContext, dtype: torch.dtype, *extra: Any
 ) -> Callable[[torch.Tensor, torch.Tensor], Prepared | None]:
     """``prepare(output, input)`` of an op that passes (input, output, *extra) to MPI."""
-    message = _messages(backend, dtype)
+    message = _messages(context, dtype)
 
     def prepare(output: torch.Tensor, tensor: torch.Tensor, *splits: Any) -> Prepared | None:
         if tensor.is_cuda or any(split is not None for split in splits):
@@ -220,25 +180,25 @@ def _pair(
     return prepare
 
 
-def _all_gather(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
-    prepare = _pair(lambda tensor, output: tensor.numel(), backend, dtype)
-    return backend._comm.Allgather, prepare, _key(backend, "all_gather_into_tensor", dtype)
+def _all_gather(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    prepare = _pair(lambda tensor, output: tensor.numel(), context, dtype)
+    return context.comm.Allgather, prepare, _key(context, "all_gather_into_tensor", dtype)
 
 
-def _reduce_scatter(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _reduce_scatter(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (reduce_op,) = fixed
-    reduction = backend._reductions[reduce_op][dtype]
-    prepare = _pair(lambda tensor, output: output.numel(), backend, dtype, reduction)
-    key = _key(backend, "reduce_scatter_tensor", dtype, reduce_op=reduce_op)
-    return backend._comm.Reduce_scatter_block, prepare, key
+    reduction = context.reductions[reduce_op][dtype]
+    prepare = _pair(lambda tensor, output: output.numel(), context, dtype, reduction)
+    key = _key(context, "reduce_scatter_tensor", dtype, reduce_op=reduce_op)
+    return context.comm.Reduce_scatter_block, prepare, key
 
 
-def _all_to_all(backend: MpiBackend, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
-    prepare = _pair(lambda tensor, output: tensor.numel(), backend, dtype)
-    return backend._comm.Alltoall, prepare, _key(backend, "all_to_all_single", dtype)
+def _all_to_all(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    prepare = _pair(lambda tensor, output: tensor.numel(), context, dtype)
+    return context.comm.Alltoall, prepare, _key(context, "all_to_all_single", dtype)
 
 
-_PREPARERS: dict[str, Callable[[MpiBackend, tuple[Any, ...], torch.dtype], tuple[Any, ...]]] = {
+_PREPARERS: dict[str, Callable[[LaunchContext, tuple[Any, ...], torch.dtype], tuple[Any, ...]]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "all_gather_into_tensor": _all_gather,

@@ -32,12 +32,14 @@ import torch
 
 from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, invalid_argument
+from commlayer.flight_recorder import Recording
 from commlayer.rendezvous import RendezvousInfo
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, WaitLimit, Work
 
 from . import _cuda, _layouts
 from ._datatypes import MpiTypes
+from ._launch_context import LaunchContext
 from ._ordered import OrderedExecutor, OrderedWork
 from ._plans import ordered_launcher
 from ._runtime import (
@@ -165,8 +167,16 @@ class MpiBackend(Backend):
         """The MPI library serving this communicator, e.g. ``Open MPI v5.0.11, ...``."""
         return library_version(self._mpi)
 
-    # Ordered mode's fused launchers of the planned collectives (see Backend.recorded_plan).
-    recorded_plan = ordered_launcher
+    def recorded_plan(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording
+    ) -> Callable[..., Work | None] | None:
+        """Ordered mode's fused launcher of a planned collective (see Backend.recorded_plan)."""
+        if self._ordered is None:
+            return None
+        state = (self._comm, self._mpi, self.size, self._comm.Get_rank(), self._ordered, self._limit)
+        methods = functools.partial(getattr, self)
+        context = LaunchContext(*state, self._check, self._datatypes, self._reductions, methods)
+        return ordered_launcher(context, op, fixed, recording)
 
     # --- the mandatory core ----------------------------------------------------------------
 

@@ -18,13 +18,13 @@ and ``b`` (ranks 2, 3)::
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from commlayer import settings
 from commlayer.errors import BackendUnavailableError, CommError
-from commlayer.netif import SOCKET_IFNAME_ENV, interface_addresses
+from commlayer.netif import interface_addresses
 from commlayer.ports import free_port
 from commlayer.rendezvous import RendezvousInfo
 
@@ -87,7 +87,7 @@ def master_address(
     others = [host for host in hosts if host != hosts[0]]
     if not others:
         return _LOOPBACK
-    named = os.environ.get(SOCKET_IFNAME_ENV)
+    named = settings.SOCKET_IFNAME.text()
     if named and named in interface_addresses():
         return interface_addresses()[named]
     route = route_towards or _source_address_towards

@@ -6,21 +6,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from commlayer import settings
 from commlayer.errors import invalid_argument
 
 __all__ = ["BLOCKING_SYNC_ENV", "MODES", "MODE_ENV", "VERIFY_ENV", "MpiOptions"]
 
-MODE_ENV = "COMMLAYER_MPI_MODE"
+MODE_ENV = settings.MPI_MODE.name
 # "0" turns off the check that ranks agree on each collective's signature (see _signature).
-VERIFY_ENV = "COMMLAYER_MPI_VERIFY"
+VERIFY_ENV = settings.MPI_VERIFY.name
 # Kept from before modes existed: "1" means mode "blocking".
-BLOCKING_SYNC_ENV = "COMMLAYER_MPI_BLOCKING_SYNC"
+BLOCKING_SYNC_ENV = settings.MPI_BLOCKING_SYNC.name
 
 #: How collectives reach MPI (see the mpi backend's module doc):
 #: "ordered"  every collective is MPI's blocking call, in call order; async ones on a worker thread;
 #: "requests" every collective is a non-blocking request; synchronous ones wait for it in place;
 #: "blocking" synchronous ops are blocking calls, async ones requests: ranks must agree on async_op.
-MODES = ("ordered", "requests", "blocking")
+MODES = settings.MPI_MODE.choices
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,9 @@ class MpiOptions:
                 type(options).__name__,
                 rank,
             )
-        mode = environ.get(MODE_ENV, "").strip().lower()
-        if not mode and environ.get(BLOCKING_SYNC_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        mode = (settings.MPI_MODE.text(environ) or "").lower()
+        if not mode and settings.MPI_BLOCKING_SYNC.value(environ):
             mode = "blocking"
         if mode and mode not in MODES:
             raise invalid_argument("mpi backend", f"${MODE_ENV}", f"one of {MODES}", repr(mode), rank)
-        verify = environ.get(VERIFY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-        return cls(mode or "ordered", verify)
+        return cls(mode or "ordered", bool(settings.MPI_VERIFY.value(environ)))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from commlayer import settings
 from commlayer.types import GroupSpec
 
 from ._native import load_extension
@@ -24,13 +25,13 @@ from .options import ShmOptions
 
 __all__ = ["HOST_ID_ENV", "HostMap", "build_comm", "exchange_hosts", "host_identity"]
 
-HOST_ID_ENV = "COMMLAYER_HOST_ID"
+HOST_ID_ENV = settings.HOST_ID.name
 _SHARED_MEMORY = Path("/dev/shm")
 
 
 def host_identity(environ: Mapping[str, str]) -> str:
     """What makes two processes one host: host name, kernel and /dev/shm."""
-    override = environ.get(HOST_ID_ENV, "").strip()
+    override = settings.HOST_ID.text(environ) or ""
     if override:
         return f"override:{override}"
     try:

@@ -25,6 +25,7 @@ from pathlib import Path
 from commlayer.launch import LaunchConfig, launch
 from commlayer.rendezvous import discover
 
+from .. import settings
 from ..metrics import parse_size
 from .cases import BENCH_OPS, check_values_exact
 from .options import BENCH_DTYPES, BenchOptions
@@ -35,9 +36,9 @@ from .table import format_report
 
 __all__ = ["add_arguments", "main"]
 
-OPTIONS_ENV = "COMMLAYER_BENCH_OPTIONS"
-RESULT_ENV = "COMMLAYER_BENCH_RESULT"
-PROGRESS_ENV = "COMMLAYER_BENCH_PROGRESS"
+OPTIONS_ENV = settings.BENCH_OPTIONS.name
+RESULT_ENV = settings.BENCH_RESULT.name
+PROGRESS_ENV = settings.BENCH_PROGRESS.name
 
 #: Backends whose ranks must be started by a particular launcher (``-n`` cannot), and that launcher.
 NEEDS_LAUNCHER = {"mpi": "mpirun", "mpi4py": "mpirun"}

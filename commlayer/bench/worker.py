@@ -7,10 +7,9 @@ rank 0's result and progress in ``$COMMLAYER_BENCH_RESULT`` / ``$COMMLAYER_BENCH
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from .cli import OPTIONS_ENV, PROGRESS_ENV, RESULT_ENV
+from .. import settings
 from .options import BenchOptions
 from .progress import StepFileWriter
 from .runner import run_sweep
@@ -19,11 +18,11 @@ __all__ = ["main"]
 
 
 def main() -> int:
-    options = BenchOptions.from_json(os.environ[OPTIONS_ENV])
-    progress = os.environ.get(PROGRESS_ENV)
+    options = BenchOptions.from_json(settings.BENCH_OPTIONS.required())
+    progress = settings.BENCH_PROGRESS.text()
     result = run_sweep(options, StepFileWriter(progress) if progress else None)
     if result is not None:
-        target = Path(os.environ[RESULT_ENV])
+        target = Path(settings.BENCH_RESULT.required())
         staging = target.with_suffix(".partial")
         staging.write_text(json.dumps(result.to_json()), encoding="utf-8")
         staging.replace(target)  # the parent never reads a half-written file

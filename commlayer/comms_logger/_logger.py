@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import torch
 
+from .. import settings
 from ..facade import dispatch
 from ..metrics import OP_FAMILY, busbw_factor, format_size
 from ..work import Work
@@ -41,10 +42,10 @@ __all__ = [
     "summary",
 ]
 
-ENV_ENABLE = "COMMLAYER_COMMS_LOGGER"
-ENV_OPS = "COMMLAYER_COMMS_LOGGER_OPS"
-ENV_VERBOSE = "COMMLAYER_COMMS_LOGGER_VERBOSE"
-ENV_TRACE = "COMMLAYER_COMMS_LOGGER_TRACE"
+ENV_ENABLE = settings.COMMS_LOGGER.name
+ENV_OPS = settings.COMMS_LOGGER_OPS.name
+ENV_VERBOSE = settings.COMMS_LOGGER_VERBOSE.name
+ENV_TRACE = settings.COMMS_LOGGER_TRACE.name
 _ACCELERATORS = ("cuda", "xpu", "npu", "hpu")
 
 
@@ -314,12 +315,13 @@ def _print_event(rank: int, event: TraceEvent) -> None:
 
 def enable_from_environment(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     """COMMLAYER_COMMS_LOGGER=1 enables at import; at exit rank 0 prints its own table."""
-    if environ.get(ENV_ENABLE, "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not settings.COMMS_LOGGER.value(environ):
         return False
-    ops = environ.get(ENV_OPS) or None
-    verbose = environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
-    enable(ops=ops, verbose=verbose)
-    atexit.register(_report_at_exit, environ.get(ENV_TRACE))
+    enable(
+        ops=settings.COMMS_LOGGER_OPS.text(environ),
+        verbose=bool(settings.COMMS_LOGGER_VERBOSE.value(environ)),
+    )
+    atexit.register(_report_at_exit, settings.COMMS_LOGGER_TRACE.text(environ))
     return True
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
+from .. import settings
 from ..errors import CollectiveMismatchError, CommTimeoutError, describe_ranks
 from ..flight_recorder import DTYPE, OP, ROOT, SEQ, SHAPE
 from .groups import world_or_none
@@ -26,7 +27,7 @@ __all__ = ["DEBUG_ENV", "FingerprintCheck", "debug_mode", "describe_call"]
 
 log = logging.getLogger("commlayer.dist")
 
-DEBUG_ENV = "COMMLAYER_DEBUG"
+DEBUG_ENV = settings.DEBUG.name
 # All-to-all inputs may differ in shape between ranks (uneven splits): only op and dtype count.
 _SHAPE_FREE_OPS = frozenset({"all_to_all", "all_to_all_single"})
 _FINGERPRINT_PREFIX = "commlayer/fingerprint"
@@ -38,7 +39,7 @@ def debug_mode(environ: Mapping[str, str] = os.environ) -> bool:
     Also on after ``dist.set_debug_level(dist.DebugLevel.DETAIL)``, torch's debug-level API.
     """
     return (
-        environ.get(DEBUG_ENV, "").lower() == "detail"
+        (settings.DEBUG.text(environ) or "").lower() == "detail"
         or environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
         or torch_dist.get_debug_level() == torch_dist.DebugLevel.DETAIL
     )

@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import logging
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -36,7 +35,7 @@ import torch
 
 from ..backend import Backend
 from ..errors import UnsupportedError, invalid_argument
-from ..flight_recorder import COMPLETED, COMPLETED_NS, STARTED, STATE, WORK, Recording, track
+from ..flight_recorder import COMPLETED, COMPLETED_NS, STATE, Recording, track
 from ..types import ReduceOp
 from ..work import CompletedWork, Work
 from .failures import on_failure
@@ -74,7 +73,6 @@ __all__ = [
 
 log = logging.getLogger("commlayer.dist")
 _monotonic_ns = time.monotonic_ns
-_weak = weakref.ref
 
 
 class OpCall(NamedTuple):
@@ -243,29 +241,15 @@ def _fused_launcher(
     backend: Backend, op: str, fixed: tuple[Any, ...], payload: int, flat: bool, record: Recording
 ) -> Callable[..., Work | None]:
     """``run(async_op, *tensors)`` around a backend op, entering each call in the flight recorder
-    inline (the steps ``Recording`` lists): what mpi, oneCCL and plugin backends' plans run."""
+    inline (``Recording``'s launchers): what mpi, oneCCL and plugin backends' plans run."""
     method = getattr(backend, op)
-    next_seq, ring, capacity, name, dtype, root, fail = record
+    if not flat:
+        return record.op_launcher(payload, method, fixed)
 
-    def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
-        seq = next_seq()
-        entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
-        ring[seq % capacity] = entry
-        if flat:
-            tensors = tuple(_flat(tensor) for tensor in tensors)
-        try:
-            work = method(*tensors, *fixed, async_op=async_op)
-            if async_op:
-                entry[WORK] = _weak(work)
-                return work
-            work.wait()
-        except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
-            fail(error)
-        entry[STATE] = COMPLETED
-        entry[COMPLETED_NS] = _monotonic_ns()
-        return None
+    def start(async_op: bool, *tensors: torch.Tensor) -> Work:
+        return method(*(_flat(tensor) for tensor in tensors), *fixed, async_op=async_op)
 
-    return run
+    return record.launcher(payload, start)
 
 
 def observed(

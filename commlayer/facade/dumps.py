@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from ..flight_recorder import write_dump
 from .groups import World, world_or_none
 
@@ -22,13 +23,13 @@ __all__ = ["TRACE_DIR_ENV", "dump_flight_recorder", "trace_directory"]
 
 log = logging.getLogger("commlayer.dist")
 
-TRACE_DIR_ENV = "COMMLAYER_TRACE_DIR"
+TRACE_DIR_ENV = settings.TRACE_DIR.name
 _dump_lock = threading.Lock()
 
 
 def trace_directory() -> Path:
     """``$COMMLAYER_TRACE_DIR``, else ``<tmp>/commlayer-trace``."""
-    configured = os.environ.get(TRACE_DIR_ENV)
+    configured = settings.TRACE_DIR.text()
     return Path(configured) if configured else Path(tempfile.gettempdir()) / "commlayer-trace"
 
 

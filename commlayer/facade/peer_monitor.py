@@ -31,7 +31,7 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
-from .. import health
+from .. import health, settings
 from ..fabric_regions import release_regions_of
 from ..launch import pid_running
 
@@ -64,8 +64,8 @@ class HeartbeatOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> HeartbeatOptions:
-        interval = float(environ.get("COMMLAYER_HEARTBEAT_INTERVAL", cls.interval_s))
-        misses = int(environ.get("COMMLAYER_HEARTBEAT_MISSES", cls.misses))
+        interval = float(settings.HEARTBEAT_INTERVAL.value(environ))
+        misses = int(settings.HEARTBEAT_MISSES.value(environ))
         return cls(interval, max(2, misses))
 
     @property

@@ -446,7 +446,7 @@ def _checked_all_to_all_single(
 
 def _paired_key(op: str, group: Any, output: torch.Tensor, tensor: torch.Tensor, *scalars: Any) -> tuple:
     """The plan key of a two-tensor op: what its validation depended on (each op's fast path
-    spells the same tuple out, saving this frame; tests/test_plans.py checks that they agree)."""
+    spells the same tuple out, saving this frame; tests/facade/test_plans.py checks that they agree)."""
     return (
         op,
         group,

@@ -9,22 +9,13 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from torch import dtype as torch_dtype
 
-from ..flight_recorder import (
-    COMPLETED,
-    COMPLETED_NS,
-    STATE,
-    WORK,
-    FlightRecorder,
-    Recording,
-    capacity_from_env,
-)
+from ..flight_recorder import FlightRecorder, Recording, capacity_from_env
 from .debug_check import FingerprintCheck, debug_mode
 from .failures import raise_translated
 
@@ -60,40 +51,10 @@ def recorded(
     call: Any, op: str, fixed: tuple[Any, ...], payload: int, run: Callable[..., Any]
 ) -> Callable[..., Any]:
     """``run`` (a plan's launcher) with every call entered in the group's flight recorder, and
-    its failures translated like ``launch``'s. This wrapper is the recorder's whole per-call
-    cost on the planned hot path (benchmarks/reliability_overhead.py measures it)."""
-    enter = call.group.recorder.enter
+    its failures translated like ``launch``'s (:meth:`FlightRecorder.recorded`). This wrapper is
+    the recorder's whole per-call cost on the planned hot path (benchmarks/reliability_overhead.py
+    measures it)."""
     group = call.group
     root = fixed[0] if op in _ROOTED_PLANS else -1
-
-    if op in _ONE_TENSOR_PLANS:
-
-        def run_recorded_one(async_op: bool, tensor: Any) -> Any:
-            entry = enter(op, tensor, root)
-            try:
-                work = run(async_op, tensor)
-            except Exception as error:  # noqa: BLE001 - re-raised (translated); zero-cost until raised
-                raise_translated(group, op, error)
-            if work is None:
-                entry[STATE] = COMPLETED
-                entry[COMPLETED_NS] = _monotonic_ns()
-            else:
-                entry[WORK] = weakref.ref(work)
-            return work
-
-        return run_recorded_one
-
-    def run_recorded(async_op: bool, *tensors: Any) -> Any:
-        entry = enter(op, tensors[payload], root)
-        try:
-            work = run(async_op, *tensors)
-        except Exception as error:  # noqa: BLE001 - re-raised, translated
-            raise_translated(group, op, error)
-        if work is None:
-            entry[STATE] = COMPLETED
-            entry[COMPLETED_NS] = _monotonic_ns()
-        else:
-            entry[WORK] = weakref.ref(work)
-        return work
-
-    return run_recorded
+    fail = functools.partial(raise_translated, group, op)
+    return group.recorder.recorded(op, root, payload, run, fail, one_tensor=op in _ONE_TENSOR_PLANS)

@@ -34,13 +34,14 @@ import torch
 import torch.distributed as torch_dist
 from torch.futures import Future
 
+from .. import settings
 from ..errors import invalid_argument
 from ..rendezvous import RendezvousEnvError, discover
 from ..work import Work
 
 __all__ = ["FUTURES_ENV", "BridgeWork", "Completer", "has_spare_cpu", "inline_futures"]
 
-FUTURES_ENV = "COMMLAYER_BRIDGE_FUTURES"
+FUTURES_ENV = settings.BRIDGE_FUTURES.name
 _FUTURES_MODES = ("auto", "background", "inline")
 
 _JOIN_TIMEOUT_S = 5.0
@@ -49,7 +50,7 @@ _Pending = tuple[Future, Work, list[torch.Tensor]]
 
 def inline_futures(environ: Mapping[str, str]) -> bool:
     """Whether ``$COMMLAYER_BRIDGE_FUTURES`` (and, for ``auto``, this rank's CPUs) asks for inline futures."""
-    mode = environ.get(FUTURES_ENV, "").strip().lower() or "auto"
+    mode = (settings.BRIDGE_FUTURES.text(environ) or "auto").lower()
     if mode not in _FUTURES_MODES:
         raise invalid_argument(
             "torch bridge", f"${FUTURES_ENV}", f"one of {_FUTURES_MODES}", repr(mode), None

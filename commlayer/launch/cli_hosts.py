@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..netif import SOCKET_IFNAME_ENV, route_interface
+from .. import settings
+from ..netif import route_interface
 from .commands import JobPlan
 from .environment import exported_environment, find_env_file
 from .hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
@@ -18,7 +19,7 @@ from .supervise import SuperviseOptions
 __all__ = ["job_plan", "run_hosts"]
 
 DEFAULT_MASTER_PORT = 29500
-SSH_ENV = "COMMLAYER_SSH"
+SSH_ENV = settings.SSH.name
 
 
 def run_hosts(args: argparse.Namespace, program: tuple[str, ...]) -> int:
@@ -49,7 +50,7 @@ def job_plan(args: argparse.Namespace, program: tuple[str, ...]) -> JobPlan:
     hosts = select_hosts(read_hostfile(args.hostfile), args.include, args.exclude)
     if args.nproc_per_node is not None:
         hosts = [_first_slots(entry, args.nproc_per_node) for entry in hosts]
-    ssh = shlex.split(args.ssh or os.environ.get(SSH_ENV) or "ssh")
+    ssh = shlex.split(args.ssh or str(settings.SSH.value()))
     master_addr = args.master_addr or hosts[0].host
     return JobPlan(
         hosts=tuple(hosts),
@@ -59,7 +60,7 @@ def job_plan(args: argparse.Namespace, program: tuple[str, ...]) -> JobPlan:
         exported=exported_environment(os.environ, find_env_file()),
         cwd=str(Path.cwd()),
         ssh=tuple(ssh),
-        interface=os.environ.get(SOCKET_IFNAME_ENV) or route_interface(master_addr),
+        interface=settings.SOCKET_IFNAME.text() or route_interface(master_addr),
     )
 
 

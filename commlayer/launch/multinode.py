@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import settings
 from .commands import JobPlan, mpirun_argv, pdsh_argv, srun_argv, ssh_argv
 from .supervise import LaunchResult, ProcessOutcome, ProcessSpec, SuperviseOptions, supervise
 
@@ -83,7 +84,7 @@ def host_processes(plan: JobPlan, launcher: str, environ: Mapping[str, str]) -> 
 
 def find_mpirun(environ: Mapping[str, str]) -> str:
     """``$COMMLAYER_MPIRUN`` or ``mpirun``, looked up on PATH after this interpreter's own bin folder."""
-    name = environ.get("COMMLAYER_MPIRUN", "mpirun")
+    name = settings.MPIRUN.text(environ) or "mpirun"
     found = shutil.which(name, path=search_path(environ))
     if found is None:
         raise ValueError(

@@ -16,11 +16,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import settings
 from ..launch import pid_running
 
 __all__ = ["RESULTS_DIR_ENV", "ResultsDir"]
 
-RESULTS_DIR_ENV = "COMMLAYER_TESTING_RESULTS_DIR"
+RESULTS_DIR_ENV = settings.TESTING_RESULTS_DIR.name
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .. import settings
 from ..rendezvous import discover
-from ._results import RESULTS_DIR_ENV, ResultsDir
+from ._results import ResultsDir
 
 FAILURE_EXIT_CODE = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = _parse(argv)
-    results = ResultsDir(Path(os.environ[RESULTS_DIR_ENV]))
+    results = ResultsDir(Path(settings.TESTING_RESULTS_DIR.required()))
     info = discover(os.environ)
     if info is None:
         raise RuntimeError(

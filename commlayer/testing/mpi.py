@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import settings
+
 __all__ = [
     "MPIRUN_ENV",
     "MPI_CHOICE_ENV",
@@ -34,8 +36,8 @@ __all__ = [
     "mpirun_unavailable_reason",
 ]
 
-MPI_CHOICE_ENV = "COMMLAYER_MPI"
-MPIRUN_ENV = "COMMLAYER_MPIRUN"
+MPI_CHOICE_ENV = settings.MPI.name
+MPIRUN_ENV = settings.MPIRUN.name
 _CHOICES = {
     "openmpi": "openmpi",
     "open-mpi": "openmpi",
@@ -82,7 +84,7 @@ def mpirun_plan(world_size: int, environ: Mapping[str, str]) -> MpirunPlan:
     flavor = _library_flavor(env)
     if choice is not None and _FAMILY[choice] != _FAMILY[flavor]:
         raise MpirunError(
-            f"{MPI_CHOICE_ENV}={env[MPI_CHOICE_ENV]!r} but mpi4py loads {flavor} "
+            f"{MPI_CHOICE_ENV}={settings.MPI.text(env)!r} but mpi4py loads {flavor} "
             f"(MPI4PY_LIBMPI={env.get('MPI4PY_LIBMPI')!r}); point MPI4PY_LIBMPI at the {choice} library"
         )
     executable = _launcher(flavor, env)
@@ -109,7 +111,7 @@ def mpirun_unavailable_reason(environ: Mapping[str, str] | None = None) -> str |
 
 
 def _choice(env: Mapping[str, str]) -> str | None:
-    raw = env.get(MPI_CHOICE_ENV)
+    raw = settings.MPI.text(env)
     if raw is None:
         return None
     if raw.lower() not in _CHOICES:
@@ -156,10 +158,11 @@ def _probe_library(library_env: tuple[tuple[str, str], ...]) -> str:
 
 
 def _launcher(flavor: str, env: Mapping[str, str]) -> str:
-    if MPIRUN_ENV in env:
-        found = shutil.which(env[MPIRUN_ENV], path=_search_path(env))
+    named = settings.MPIRUN.text(env)
+    if named is not None:
+        found = shutil.which(named, path=_search_path(env))
         if found is None:
-            raise MpirunError(f"{MPIRUN_ENV}: expected an executable mpirun, received {env[MPIRUN_ENV]!r}")
+            raise MpirunError(f"{MPIRUN_ENV}: expected an executable mpirun, received {named!r}")
         return found
     for name in _LAUNCHER_NAMES[_FAMILY[flavor]]:
         found = shutil.which(name, path=_search_path(env))

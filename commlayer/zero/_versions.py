@@ -11,9 +11,6 @@ any point leaves the tag pointing at a complete version; a crash between the swi
 delete only leaves a stale directory, removed by the next save. Every file carries a SHA-256
 checksum (``<file>.sha256`` while writing, collected into meta.json), verified on load: a damaged
 or missing shard fails naming the file and the rank that wrote it.
-
-``COMMLAYER_CHECKPOINT_TEST_PAUSE=before_switch:SECONDS`` (or ``after_switch``) widens the two
-windows for the fault-injection tests, which kill the saving process inside them.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import time
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -29,7 +25,6 @@ from ..errors import CheckpointError
 __all__ = ["checksum_file", "collect_checksums", "next_version", "publish", "resolve", "verify"]
 
 _SLOTS = ("A", "B")
-_PAUSE_ENV = "COMMLAYER_CHECKPOINT_TEST_PAUSE"
 _CHUNK = 1 << 22
 
 
@@ -70,7 +65,6 @@ def publish(root: Path, tag: str, version: Path) -> None:
     """Point ``root/tag`` at ``version`` atomically, then delete the version it replaced."""
     link = root / tag
     previous = _previous_version(root, tag, link)
-    _pause("before_switch")
     fresh = root / f".{tag}.link"
     if fresh.is_symlink() or fresh.exists():
         fresh.unlink()
@@ -81,7 +75,6 @@ def publish(root: Path, tag: str, version: Path) -> None:
         os.replace(link, legacy)  # resolve() finds the newest complete version if we die here
         previous = legacy
     os.replace(fresh, link)
-    _pause("after_switch")
     if previous is not None and previous != version:
         shutil.rmtree(previous, ignore_errors=True)
 
@@ -125,9 +118,3 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: stream.read(_CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _pause(point: str) -> None:
-    wanted, _, seconds = os.environ.get(_PAUSE_ENV, "").partition(":")
-    if wanted == point:
-        time.sleep(float(seconds or 0))
