@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from . import __version__
+from . import __version__, settings
 from .launch import LaunchConfig, ProcessSpec, SuperviseOptions, launch, supervise
 from .launch.commands import LAUNCHERS
 
@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _launcher_of_chosen_backend() -> str:
     """How the backend that $COMMLAYER_BACKEND names starts its worlds ("mpirun" for mpi), else "local"."""
-    name = os.environ.get("COMMLAYER_BACKEND")
+    name = settings.BACKEND.text()
     if not name:
         return "local"
     from .errors import BackendUnavailableError

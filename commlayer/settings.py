@@ -108,6 +108,7 @@ class Setting:
 AREAS = {
     "backends": ("Backends", "Which backend runs, and how the built-in ones behave."),
     "mpi": ("The mpi backend", "Its mode and what it hands to the MPI library."),
+    "peermem": ("The peermem backend", "commlayer's own intra-host GPU collectives, the CUDA default."),
     "network": ("Network", "Which network interface the ranks use."),
     "reliability": ("Reliability", "Checks before communicating, and failure detection."),
     "observability": ("Observability", "The flight recorder, its dumps and the comms logger."),
@@ -144,6 +145,38 @@ HOST_ID = Setting(
     None,
     "host identity for shm (ranks with different ids never share memory)",
     "backends",
+)
+CACHE_DIR = Setting(
+    "COMMLAYER_CACHE_DIR",
+    str,
+    None,
+    "where builds made at first use are cached (ccl's binding); default $XDG_CACHE_HOME/commlayer",
+    "backends",
+)
+PEERMEM = Setting(
+    "COMMLAYER_PEERMEM", bool, True, "0 sends every call of the peermem backend to NCCL", "peermem"
+)
+PEERMEM_BYTES = Setting(
+    "COMMLAYER_PEERMEM_BYTES",
+    int,
+    32 << 20,
+    "staging bytes per call; each rank maps two such halves per group",
+    "peermem",
+)
+PEERMEM_ALGORITHM = Setting(
+    "COMMLAYER_PEERMEM_ALGORITHM",
+    str,
+    None,
+    "force one algorithm wherever the kernels fit (benchmarks); default: the crossover table",
+    "peermem",
+    ("one_shot", "two_shot", "push", "nccl"),
+)
+PEERMEM_CACHE = Setting(
+    "COMMLAYER_PEERMEM_CACHE",
+    str,
+    None,
+    "where the kernels' nvcc build is kept; default ~/.cache/commlayer/peermem",
+    "peermem",
 )
 MPI_MODE = Setting(
     "COMMLAYER_MPI_MODE",

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from commlayer import settings
+
 from ._locate import OneCclInstall
 
 __all__ = [
@@ -38,7 +40,7 @@ __all__ = [
     "cached_extension",
 ]
 
-CACHE_ENV = "COMMLAYER_CACHE_DIR"
+CACHE_ENV = settings.CACHE_DIR.name
 _SOURCE_NAME = "binding.cpp"
 # A wheel carries the source as package data; a checkout (or an editable install) has it in csrc/.
 _SOURCE_PLACES = (
@@ -94,9 +96,10 @@ class BuildPlan:
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     """The folder that holds commlayer's built binding (see the module docstring)."""
+    configured = settings.CACHE_DIR.text(environ)
+    if configured is not None:
+        return Path(configured)
     environ = os.environ if environ is None else environ
-    if environ.get(CACHE_ENV):
-        return Path(environ[CACHE_ENV])
     base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "commlayer"
 

@@ -11,19 +11,19 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
-import os
 import socket
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 
+from commlayer import settings
 from commlayer.errors import CommTimeoutError
 from commlayer.types import GroupSpec, ReduceOp
 from commlayer.work import Work
 
 from ._library import KernelLibrary, load_library
-from .routing import ALGORITHM_ENV, ALGORITHMS, CROSSOVERS, KERNEL_DTYPES, choose, grid_blocks
+from .routing import CROSSOVERS, KERNEL_DTYPES, choose, grid_blocks
 
 __all__ = [
     "DISABLE_ENV",
@@ -39,8 +39,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-DISABLE_ENV = "COMMLAYER_PEERMEM"  # "0" sends every call to NCCL
-HALF_BYTES_ENV = "COMMLAYER_PEERMEM_BYTES"  # staging bytes per call (the region holds two)
+DISABLE_ENV = settings.PEERMEM.name
+HALF_BYTES_ENV = settings.PEERMEM_BYTES.name
 DEFAULT_HALF_BYTES = 32 << 20
 KINDS = {("all_reduce", "one_shot"): 0, ("all_reduce", "two_shot"): 1}
 KINDS.update({("all_gather_into_tensor", "one_shot"): 2, ("reduce_scatter_tensor", "one_shot"): 3})
@@ -96,10 +96,7 @@ class PeerComm:
         self.lib, self.handle, self.spec, self.device = lib, handle, spec, device
         self.half_bytes = half_bytes
         self.world = spec.size
-        forced = os.environ.get(ALGORITHM_ENV, "").strip().lower() or None
-        if forced is not None and forced not in ALGORITHMS:
-            raise ValueError(f"${ALGORITHM_ENV} expected one of {ALGORITHMS}, received {forced!r}")
-        self.forced = forced
+        self.forced = settings.PEERMEM_ALGORITHM.value()
         self.table = CROSSOVERS
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], tuple[int, int] | None] = {}
         self._launch = lib.launch
@@ -196,7 +193,7 @@ def _local_attach(spec: GroupSpec, half_bytes: int) -> tuple[KernelLibrary | Non
     """This rank's library, region and IPC handle, or the reason it has none."""
     if not (2 <= spec.size <= 8):
         return None, None, b"", f"group of {spec.size} ranks (the kernels serve 2 to 8)"
-    if os.environ.get(DISABLE_ENV, "1").strip() == "0":
+    if not settings.PEERMEM.value():
         return None, None, b"", f"${DISABLE_ENV}=0"
     try:
         device = torch.cuda.current_device()
@@ -222,7 +219,7 @@ def _all_posted(spec: GroupSpec, key: str, value: str) -> list[str]:
 
 def attach(spec: GroupSpec) -> PeerComm | None:
     """Map the group's regions (collective over its members); None when NCCL must serve it."""
-    half_bytes = int(os.environ.get(HALF_BYTES_ENV, DEFAULT_HALF_BYTES))
+    half_bytes = int(settings.PEERMEM_BYTES.value())
     lib, handle, ipc, reason = _local_attach(spec, half_bytes)
     posted = _all_posted(
         spec, "handle", json.dumps({"host": host_identity(), "ipc": ipc.hex(), "why": reason})

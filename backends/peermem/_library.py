@@ -18,15 +18,19 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
+from commlayer import settings
+
 __all__ = ["CACHE_ENV", "KernelLibrary", "cache_path", "load_library"]
 
-CACHE_ENV = "COMMLAYER_PEERMEM_CACHE"
+CACHE_ENV = settings.PEERMEM_CACHE.name
 SOURCE = Path(__file__).with_name("kernels.cu")
 
 
 def cache_path(source: bytes, arch: str, cache_root: str | None = None) -> Path:
     """Where the library built from ``source`` for ``arch`` (e.g. ``sm_90``) is kept."""
-    root = Path(cache_root or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "commlayer" / "peermem")
+    root = Path(
+        cache_root or settings.PEERMEM_CACHE.text() or Path.home() / ".cache" / "commlayer" / "peermem"
+    )
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     digest = hashlib.sha256(source + arch.encode() + suffix.encode()).hexdigest()[:16]
     return root / f"peermem-{arch}-{digest}{suffix}"

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 import torch
 
+from commlayer import settings
+
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_ENV",
@@ -24,7 +26,7 @@ __all__ = [
 ]
 
 #: Forces one algorithm for every call the kernels can serve (benchmarks): one of ALGORITHMS.
-ALGORITHM_ENV = "COMMLAYER_PEERMEM_ALGORITHM"
+ALGORITHM_ENV = settings.PEERMEM_ALGORITHM.name
 #: one_shot: every rank reads every peer's staged copy; two_shot: reduce-scatter then all-gather,
 #: pulling; push: the same two steps (or a reduce-scatter's one), writing into the owners' regions.
 ALGORITHMS = ("one_shot", "two_shot", "push", "nccl")
