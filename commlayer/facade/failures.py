@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from .. import health
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from ..metrics import format_duration
 from .aborted_groups import abort_group
 from .dumps import dump_flight_recorder
 from .groups import ProcessGroup, resolve_group, world_or_none
@@ -105,7 +106,7 @@ def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
         )
     if _TIMEOUT.search(str(error)):
         return CommTimeoutError(
-            f"{where} did not complete within the group timeout of {group.timeout} (rank "
+            f"{where} did not complete within the group timeout of {format_duration(group.timeout.total_seconds())} (rank "
             f"{group.global_rank}); a peer failed or did not call the same op in the same order: {text}"
         )
     return CommError(
