@@ -155,16 +155,24 @@ def test_default_master_port_is_shared_and_module_mode_works(
 def test_first_failure_stops_the_others_and_returns_its_code(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["run", "-n", "4", SCRIPT, "--fail-rank", "2", "--exit-code", "3", "--block"]
     assert cli.main(argv) == 3
-    assert capsys.readouterr().err.splitlines()[-1].startswith(
-        "commlayer run: rank 2 exited with code 3; stopped 3 other ranks; every rank's output is in "
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            "commlayer run: rank 2 exited with code 3; stopped 3 other ranks; every rank's output is in "
+        )
     )
 
 
 @pytest.mark.multirank
 def test_timeout_stops_every_rank(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "-n", "2", "--timeout", "1", SCRIPT, "--block"]) == 124
-    assert capsys.readouterr().err.splitlines()[-1].startswith(
-        "commlayer run: timed out after 1 s; stopped rank 0, rank 1 (still running); every rank's output is in "
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            "commlayer run: timed out after 1 s; stopped rank 0, rank 1 (still running); every rank's output is in "
+        )
     )
 
 
