@@ -21,7 +21,8 @@ __all__ = ["main"]
 def main() -> int:
     options = BenchOptions.from_json(os.environ[OPTIONS_ENV])
     progress = os.environ.get(PROGRESS_ENV)
-    result = run_sweep(options, StepFileWriter(progress) if progress else None)
+    writer = StepFileWriter(progress) if progress else None
+    result = run_sweep(options, writer, writer.row if writer is not None else None)
     if result is not None:
         target = Path(os.environ[RESULT_ENV])
         staging = target.with_suffix(".partial")
