@@ -78,7 +78,7 @@ def get_backend_class(name: str) -> type[Backend]:
         with _lock:
             known = list(_entries)
         raise BackendUnavailableError(
-            f"unknown backend '{name}'{did_you_mean(name, known)}.\n{_describe_all()}"
+            f"unknown backend '{name}'{did_you_mean(name, known) or '.'}\n{_describe_all()}"
         )
     backend_class, availability = _load(entry)
     if backend_class is None or not availability:
