@@ -77,7 +77,7 @@ class Work(ABC):
         if not self._done:
             if not self._block(to_seconds(timeout)):
                 raise CommTimeoutError(
-                    f"{type(self).__name__}: wait timed out after {timeout}{self._pending_note}"
+                    f"{type(self).__name__}: wait timed out after {format_duration(to_seconds(timeout))}{self._pending_note}"
                 )
             self._complete()
         if self._error is not None:
