@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from commlayer.launch import LaunchConfig, launch
+from commlayer.launch.nproc import resolve_nproc
 from commlayer.rendezvous import discover
 
 from ..metrics import parse_size
@@ -60,10 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-n",
         "--nproc-per-node",
         dest="nproc",
-        type=_positive_int,
+        type=_nproc,
         default=None,
         metavar="N",
-        help="start N local ranks (leave out under torchrun, mpirun or srun)",
+        help="start N local ranks, or auto|gpu|cpu as torchrun (leave out under torchrun, mpirun or srun)",
     )
     parser.add_argument(
         "--backends",
@@ -343,6 +344,13 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _nproc(text: str) -> int:
+    try:
+        return resolve_nproc(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("argument '-n' ")) from None
 
 
 def _positive_int(text: str) -> int:

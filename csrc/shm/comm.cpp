@@ -67,6 +67,10 @@ std::uint64_t pack_signature(int kind, std::size_t count, DType dtype, int reduc
 // A duration as people write it ("3 s", "1 min 30 s"), matching commlayer.metrics.format_duration.
 std::string describe_duration(double seconds) {
     char text[48];
+    if (seconds < 1) {
+        std::snprintf(text, sizeof text, "%.3g ms", seconds * 1000);
+        return text;
+    }
     if (seconds < 60) {
         std::snprintf(text, sizeof text, "%.3g s", seconds);
         return text;
