@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 # The oneCCL extension: "auto" (default) builds it when oneCCL is found and skips it with a note
-# otherwise; "1" (CI) makes a missing oneCCL a build error; "0" never builds it.
+# otherwise (the ccl backend then compiles it on first use); "1" (CI) makes a missing oneCCL a
+# build error; "0" never builds it.
 BUILD_CCL_ENV = "COMMLAYER_BUILD_CCL"
+CCL_SOURCE = Path("csrc", "ccl", "binding.cpp")
 
 
 def _packages() -> list[str]:
@@ -39,21 +43,26 @@ def _skip(reason: str, required: bool) -> list[Extension]:
     if required:
         sys.exit(f"commlayer: {BUILD_CCL_ENV}=1 but the oneCCL extension cannot be built: {reason}")
     print(
-        f"commlayer: NOTE: skipping the optional oneCCL extension ({reason}); the 'ccl' backend "
-        "will be unavailable. Install it with: pip install 'commlayer[ccl]' (the commlayer-ccl "
-        "distribution), or from a checkout: pip install pybind11 'oneccl-cpu-devel==2021.14.*' "
-        "and COMMLAYER_BUILD_CCL=1 pip install --no-build-isolation -e .",
+        f"commlayer: NOTE: not prebuilding the optional oneCCL extension ({reason}); the 'ccl' backend "
+        "compiles it on first use where oneCCL's headers, pybind11 and a C++ compiler are installed "
+        "(pip install 'commlayer[ccl]').",
         file=sys.stderr,
     )
     return []
 
 
-def ccl_extensions(mode: str | None = None) -> list[Extension]:
-    """The oneCCL binding commlayer.backends.ccl._C, or nothing when oneCCL is not installed.
+class BuildPyWithCclSource(build_py):
+    """Also ships csrc/ccl/binding.cpp inside the package, for the ccl backend's first-use build."""
 
-    packaging/commlayer-ccl/setup.py calls it with ``mode="1"``: that distribution builds the
-    binding against the oneccl-cpu-devel wheel its build requirements bring.
-    """
+    def run(self) -> None:
+        super().run()
+        target = Path(self.build_lib, "commlayer", "backends", "ccl", "_csrc", CCL_SOURCE.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / CCL_SOURCE, target)
+
+
+def ccl_extensions(mode: str | None = None) -> list[Extension]:
+    """The oneCCL binding commlayer.backends.ccl._C, or nothing when oneCCL is not installed."""
     mode = (mode or os.environ.get(BUILD_CCL_ENV, "auto")).strip().lower()
     if mode == "0":
         return _skip(f"{BUILD_CCL_ENV}=0", required=False)
@@ -68,7 +77,7 @@ def ccl_extensions(mode: str | None = None) -> list[Extension]:
     print(f"commlayer: building the oneCCL extension against {install.prefix}", file=sys.stderr)
     extension = Extension(
         "commlayer.backends.ccl._C",
-        sources=[os.path.relpath(ROOT / "csrc" / "ccl" / "binding.cpp")],
+        sources=[str(CCL_SOURCE)],
         include_dirs=[pybind11.get_include(), str(install.include_dir)],
         library_dirs=[str(install.lib_dir)],
         libraries=["ccl"],
@@ -171,9 +180,10 @@ def _tensor_meta_extensions() -> list[Extension]:
     ]
 
 
-if __name__ == "__main__":  # packaging/commlayer-ccl/setup.py imports this file for ccl_extensions
+if __name__ == "__main__":
     setup(
         packages=_packages(),
+        cmdclass={"build_py": BuildPyWithCclSource},
         ext_modules=_shm_extensions()
         + _mpi_launcher_extensions()
         + _torch_launcher_extensions()

@@ -38,6 +38,8 @@ _OPS = (
     "gather",
     "scatter",
     "reduce_scatter",
+    "all_gather_v",
+    "reduce_scatter_v",
 )
 _OP_CODES = {name: code for code, name in enumerate(_OPS)}
 _REDUCE_CODES = {reduce_op: code + 1 for code, reduce_op in enumerate(ReduceOp)}

@@ -23,8 +23,7 @@ import torch.distributed as torch_dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dispatch_overhead import per_call_us
-from reliability_overhead import _NullBackend
+from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist
@@ -73,7 +72,7 @@ def _summary(times: dict[str, float]) -> dict[str, float]:
 
 def stand_in_costs(iters: int, repeats: int) -> dict[str, dict[str, float]]:
     """Per-op times (us) of every path and step on the null backend, in this process."""
-    commlayer.register_backend("null", _NullBackend)
+    commlayer.register_backend("null", NullBackend)
     dist.init_process_group("null", store=torch_dist.HashStore(), rank=0, world_size=1)
     try:
         tensor = torch.ones(1)

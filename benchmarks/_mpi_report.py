@@ -38,8 +38,11 @@ def write_results(path: Path, records: list[Record], command: str) -> None:
     path.write_text(header + ",\n".join(f"  {row}" for row in rows) + "\n ]\n}\n")
 
 
-def read_results(path: Path) -> list[Record]:
-    return [Record(**row) for row in json.loads(path.read_text())["records"]]
+def read_results(path: Path) -> list[list[Record]]:
+    """Every run in a results file: one run as written by ``--out``, or several under ``runs``."""
+    document = json.loads(path.read_text())
+    runs = document.get("runs", [document])
+    return [[Record(**row) for row in run["records"]] for run in runs]
 
 
 def render(records: list[Record]) -> str:

@@ -2,7 +2,7 @@
 
 One command builds the reference program, runs every job and prints the tables::
 
-    python benchmarks/ccl_compare.py --worlds 2,4 --rounds 3 --json benchmarks/ccl_results.json
+    python benchmarks/ccl_compare.py --worlds 2,4 --rounds 3 --json ccl_results.json
 
 Per world size and round (the order of the two jobs alternates between rounds, so drift on a shared
 host hits both alike):
@@ -59,6 +59,7 @@ class Settings:
     factor: float
     iters: int
     warmup: int
+    backends: str = "ccl,gloo,mpi"
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,9 @@ def _ccl_environment(install: OneCclInstall, world_size: int) -> dict[str, str]:
 
 
 def run_commlayer(world_size: int, settings: Settings) -> list[Sample]:
-    backends = "ccl,gloo" if mpirun_unavailable_reason() else "ccl,gloo,mpi"
+    backends = settings.backends
+    if mpirun_unavailable_reason():
+        backends = ",".join(name for name in backends.split(",") if name != "mpi")
     with tempfile.TemporaryDirectory(prefix="ccl-compare-") as directory:
         output = Path(directory) / "bench.json"
         bench = [
@@ -316,6 +319,7 @@ def _parse() -> tuple[Settings, Path | None]:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="write samples and summary here")
+    parser.add_argument("--backends", default="ccl,gloo,mpi", help="commlayer's side (mpi needs mpirun)")
     options = parser.parse_args()
     settings = Settings(
         tuple(int(n) for n in options.worlds.split(",")),
@@ -325,6 +329,7 @@ def _parse() -> tuple[Settings, Path | None]:
         float(options.factor),
         options.iters,
         options.warmup,
+        options.backends,
     )
     size_sweep(settings.min_bytes, settings.max_bytes, settings.factor)  # validates the range
     return settings, options.json

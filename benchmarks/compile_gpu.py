@@ -1,4 +1,4 @@
-"""Issue 9 on 2 GPUs: commlayer.dist collectives under torch.compile(fullgraph=True) on nccl, and
+"""On 2 GPUs: commlayer.dist collectives under torch.compile(fullgraph=True) on nccl, and
 CUDA-graph capture of ``dist.all_reduce`` (replay against eager time per op).
 
     torchrun --nproc-per-node 2 benchmarks/compile_gpu.py "$OUT/compile_gpu.json"

@@ -1,4 +1,4 @@
-# Issue 9's GPU checks on 2 GPUs: fullgraph compile on nccl, CUDA-graph capture of dist.all_reduce.
+# The compile checks on 2 GPUs: fullgraph compile on nccl, CUDA-graph capture of dist.all_reduce.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
 SITE=/tmp/h09_site source benchmarks/gpu_site.sh || exit 1

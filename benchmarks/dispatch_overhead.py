@@ -6,7 +6,7 @@ Two measurements, both in one process so nothing but dispatch differs:
   stage, wrap the Work, wait) is all that is timed.
 * ``gloo``: a world of one on gloo, facade vs raw ``torch.distributed`` on the same tensor.
 
-    python benchmarks/dispatch_overhead.py [--iters 20000]
+    python benchmarks/dispatch_overhead.py [--iters 5000] [--repeats 25]
 """
 
 from __future__ import annotations
@@ -41,12 +41,22 @@ class NullBackend(Backend):
     def new_group(self, spec: GroupSpec) -> NullBackend | None:
         return type(self)(spec) if spec.is_member else None
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp) -> Work:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Work:
         return CompletedWork()
 
-    all_gather_into_tensor = broadcast = send = recv = lambda self, *args: CompletedWork()  # type: ignore[assignment]
+    def all_gather_into_tensor(self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool) -> Work:
+        return CompletedWork()
 
-    def barrier(self) -> Work:
+    def broadcast(self, tensor: torch.Tensor, root: int, *, async_op: bool) -> Work:
+        return CompletedWork()
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool) -> Work:
+        return CompletedWork()
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool) -> Work:
+        return CompletedWork()
+
+    def barrier(self, *, async_op: bool) -> Work:
         return CompletedWork()
 
 
@@ -76,7 +86,7 @@ def measure(backend: str, iters: int, repeats: int) -> tuple[float, float]:
     if backend == "gloo":
         direct = lambda: torch_dist.all_reduce(tensor)
     else:
-        direct = lambda: communicator.all_reduce(tensor, ReduceOp.SUM).wait()
+        direct = lambda: communicator.all_reduce(tensor, ReduceOp.SUM, async_op=False).wait()
     try:
         best = per_call_us({"facade": lambda: dist.all_reduce(tensor), "direct": direct}, iters, repeats)
     finally:

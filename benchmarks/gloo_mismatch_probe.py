@@ -9,9 +9,9 @@ world (group timeout 3 s) in which rank 1 makes the difference, once with
 rank records what its call did: returned (with no error: garbage or a meaningless result), raised
 (type, seconds), or died (exit code).
 
-    python benchmarks/gloo_mismatch_probe.py [--modes off,on]
+    python benchmarks/gloo_mismatch_probe.py [--modes off,on] [--ops all_reduce,...] [--out PATH]
 
-writes benchmarks/data/gloo_mismatch_probe_<modes>.json (e.g. ``_off_on``) and prints one line per case.
+prints one line per case, and writes the outcomes as JSON to ``--out`` when given.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "benchmarks" / "data"
 WORLD_LIMIT_S = 40
 ROOTED = ("reduce", "broadcast", "gather", "scatter")
 REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
@@ -170,15 +169,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--modes", default="off,on", help="off: COMMLAYER_GLOO_VERIFY=0; on: the default")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated ops to probe")
+    parser.add_argument("--kinds", default="", help="comma-separated differences to probe (default: all)")
+    parser.add_argument("--out", type=Path, default=None, help="write the outcomes here as JSON")
     args = parser.parse_args()
+    ops, kinds = set(args.ops.split(",")), set(args.kinds.split(",")) if args.kinds else None
     results = []
     for mode in args.modes.split(","):
         for op, kind in cases():
-            results.append(run_case(op, kind, mode == "on"))
-            print(_line(results[-1]), flush=True)
-    out = DATA / f"gloo_mismatch_probe_{args.modes.replace(',', '_')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"load": os.getloadavg()[0], "results": results}, indent=1))
+            if op in ops and (kinds is None or kind in kinds):
+                results.append(run_case(op, kind, mode == "on"))
+                print(_line(results[-1]), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"load": os.getloadavg()[0], "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's GPU figures in one command: commlayer against raw torch.distributed on NCCL, every
+# The GPU facade overhead figures in one command: commlayer against raw torch.distributed on NCCL, every
 # hot op, sync and async, 8 B to 4 MiB in steps of 4 (FACTOR; the added-latency range) and on to
 # 256 MiB (busbw), 61 rounds (ROUNDS), each rank pinned to a core of its own, raw torch also timed
 # against itself in the same rotation (--control: the noise floor of each size's busbw ratio),

@@ -53,10 +53,10 @@ def measure_launch(calls: int, rounds: int) -> dict[str, float]:
     call = dispatch.begin("all_reduce", None, torch.device("cpu"))
     assert call is not None
     done, tensor = CompletedWork(), torch.ones(1)
-    start = lambda backend: done
+    start = lambda backend, mode: done
     launch = dispatch.launch
     variants = {
-        "backend call + wait": lambda: start(call.backend).wait(),
+        "backend call + wait": lambda: start(call.backend, None).wait(),
         "launch, logger disabled": lambda: launch(call, start, async_op=False, payload=tensor),
     }
     results = ns_per_call(variants, calls, rounds)

@@ -13,9 +13,9 @@ world (checked, the default: the signature reduction overlaps the op), on a grou
 ProcessGroup (raw), and the design not taken (serial: a 32-byte reduction waited for before the
 unchecked op, what a check-then-run design would cost).
 
-    python benchmarks/mismatch_check_overhead.py [--iters 2000] [--repeats 7] [--mpi openmpi | --gloo]
+    python benchmarks/mismatch_check_overhead.py [--iters 2000] [--repeats 7] [--mpi openmpi | --gloo] [--out PATH]
 
-writes benchmarks/data/mismatch_check_overhead_<mpi, default or gloo>.json and prints a table.
+prints a table, and writes the rows as JSON to ``--out`` when given.
 """
 
 from __future__ import annotations
@@ -24,34 +24,39 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 1024, 65536, 1 << 20, 4 << 20)
-DATA = ROOT / "benchmarks" / "data"
 
 
 def launch(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    out = DATA / f"mismatch_check_overhead_{'gloo' if args.gloo else args.mpi or 'default'}.json"
-    body = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--gloo-body" if args.gloo else "--rank-body",
-        str(args.iters),
-        str(args.repeats),
-        str(out),
-    ]
-    if args.gloo:
-        _launch_gloo(body)
-    else:
-        _launch_mpi(body, args.mpi)
-    result = json.loads(out.read_text())
+    with tempfile.TemporaryDirectory(prefix="mismatch-check-") as scratch:
+        out = Path(scratch) / "rows.json"
+        body = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--gloo-body" if args.gloo else "--rank-body",
+            str(args.iters),
+            str(args.repeats),
+            str(out),
+            str(args.max_bytes),
+        ]
+        if args.gloo:
+            _launch_gloo(body)
+        else:
+            _launch_mpi(body, args.mpi)
+        result = json.loads(out.read_text())
+        if args.out is not None:
+            shutil.copyfile(out, args.out)
     print(f"{result['library']}; load average {result['load']:.1f}; median of {args.repeats} repeats")
     raw = "raw torch" if args.gloo else "raw mpi4py"
     serial = f" {'serial us':>10} {'serial adds':>11}" if args.gloo else ""
@@ -88,7 +93,7 @@ def _launch_gloo(body: list[str]) -> None:
         raise SystemExit(f"gloo ranks failed: {result.summary()}")
 
 
-def gloo_body(iters: int, repeats: int, out: Path) -> None:
+def gloo_body(iters: int, repeats: int, out: Path, max_bytes: int) -> None:
     """One rank of ``--gloo``: checked, unchecked and raw torch all_reduce, interleaved."""
     import torch
     import torch.distributed as torch_dist
@@ -106,7 +111,7 @@ def gloo_body(iters: int, repeats: int, out: Path) -> None:
         return float(value)
 
     rows = []
-    for size in SIZES:
+    for size in (size for size in SIZES if size <= max_bytes):
         tensor = torch.ones(max(1, size // 4))
         variants = {
             "checked": functools.partial(dist.all_reduce, tensor),
@@ -154,7 +159,7 @@ def _interleaved(variants: dict[str, Any], calls: int, repeats: int, world: Any,
     return {f"{name}_us": statistics.median(values) for name, values in timings.items()}
 
 
-def rank_body(iters: int, repeats: int, out: Path) -> None:
+def rank_body(iters: int, repeats: int, out: Path, max_bytes: int) -> None:
     import torch
     from mpi4py import MPI
 
@@ -165,7 +170,7 @@ def rank_body(iters: int, repeats: int, out: Path) -> None:
     unchecked = dist.new_group([0, 1], pg_options=MpiOptions(verify=False))
     raw_comm = MPI.COMM_WORLD.Dup()
     rows = []
-    for size in SIZES:
+    for size in (size for size in SIZES if size <= max_bytes):
         tensor = torch.ones(max(1, size // 4))
         raw = _raw_allreduce(raw_comm, tensor, MPI)
         calls = _calls(iters, size)
@@ -210,7 +215,7 @@ def _per_call(call: Any, iters: int, comm: Any, mpi: Any) -> float:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("--rank-body", "--gloo-body"):
         body = rank_body if sys.argv[1] == "--rank-body" else gloo_body
-        body(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+        body(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]))
         return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,6 +224,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--mpi", default="", help="openmpi or intel-mpi (default: what mpi4py loads)")
     parser.add_argument("--gloo", action="store_true", help="gloo's check instead of mpi's (no mpirun)")
+    parser.add_argument("--max-bytes", type=int, default=SIZES[-1], help="largest size timed")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows here as JSON")
     launch(parser.parse_args())
 
 

@@ -2,8 +2,8 @@
 
 One command launches every job (world sizes x MPI launcher/library pairs) and prints the tables::
 
-    python benchmarks/mpi_bench.py --world-sizes 2,4 --pairs default,openmpi --out benchmarks/mpi_bench_results.json
-    python benchmarks/mpi_bench.py --render benchmarks/mpi_bench_results.json     # the tables again
+    python benchmarks/mpi_bench.py --world-sizes 2,4 --pairs default,openmpi --out results.json
+    python benchmarks/mpi_bench.py --render benchmarks/data/mpi_ordered_default/vm.json   # the tables again
 
 Each job runs this file under mpirun (the pair's launcher, from commlayer.testing.mpirun_plan) and
 measures all_reduce (SUM, float32, in place), all_gather and reduce_scatter (one tensor each),
@@ -335,7 +335,7 @@ def main() -> None:
     parser.add_argument(
         "--pairs", default="default,openmpi", help=f"launcher/library pairs: {', '.join(PAIRS)}"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "mpi_bench_results.json")
+    parser.add_argument("--out", type=Path, default=None, help="write the records here as JSON")
     parser.add_argument("--render", type=Path, help="print the tables of a results file and exit")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
@@ -361,11 +361,12 @@ def main() -> None:
             arguments.job.write_text(json.dumps(payload, indent=1))
         return
     if arguments.render is not None:
-        print(render(read_results(arguments.render)))
+        print("\n".join(render(records) for records in read_results(arguments.render)))
         return
     with tempfile.TemporaryDirectory(prefix="mpi-bench-") as scratch:
         records = launch_jobs(arguments, Path(scratch))
-    write_results(arguments.out, records, " ".join(["python", *sys.argv]))
+    if arguments.out is not None:
+        write_results(arguments.out, records, " ".join(["python", *sys.argv]))
     print(f"machine: {machine()}")
     print(render(records))
 

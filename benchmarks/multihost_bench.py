@@ -1,6 +1,6 @@
 """`commlayer bench` on one host and across two namespace hosts, unshaped and shaped, in one run.
 
-    sudo .venv/bin/python benchmarks/multihost_bench.py [--out benchmarks/data/multihost] [--max-bytes 16M]
+    sudo .venv/bin/python benchmarks/multihost_bench.py [--out DIR] [--max-bytes 16M] [--configs one-host,two-hosts]
 
 Configurations (4 ranks each, the same sweep, measured back to back so they share the machine's load):
 
@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs.append(("two-hosts-netem-1ms", LinkShape(delay_ms=1.0), False))
     else:
         print(f"netem configuration skipped: {reason}", file=sys.stderr)
+    if args.configs:
+        chosen = set(args.configs.split(","))
+        configs = [config for config in configs if config[0] in chosen]
     results = {name: _measure(name, link, one_host, sweep, args.out) for name, link, one_host in configs}
     print(_table(results))
     return 0
@@ -81,7 +84,8 @@ def _measure(name: str, link: LinkShape | None, one_host: bool, sweep: list[str]
             argv = [*run, "-m", "commlayer", "bench", *bench]
         print(f"== {name}: {link.describe() if link else 'unshaped'}", file=sys.stderr, flush=True)
         subprocess.run(cluster.hosts[0].command(argv, cwd=job), check=True, timeout=1800)
-    return json.loads(target.read_text(encoding="utf-8"))
+    document = json.loads(target.read_text(encoding="utf-8"))
+    return document["records"] if isinstance(document, dict) else document
 
 
 def _table(results: dict[str, list[dict]]) -> str:
@@ -102,11 +106,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "data" / "multihost")
+    parser.add_argument(
+        "--out", type=Path, default=Path("/tmp/multihost_bench"), help="one JSON per configuration"
+    )
     parser.add_argument("--backends", default="gloo,shm")
     parser.add_argument("--ops", default="all_reduce,all_gather,pingpong")
     parser.add_argument("--max-bytes", default="16M")
     parser.add_argument("--rate", type=int, default=1000, help="tbf rate of the shaped links, Mbit/s")
+    parser.add_argument("--configs", default="", help="comma-separated configuration names (default: all)")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""Repeat real multi-rank tests many times and count hangs and exit aborts (issue 13's 200-run loop).
+"""Repeat real multi-rank tests many times and count hangs and exit aborts.
 
 Each run is one multi-rank test (one fresh world), run by pytest (``--batch`` tests per pytest
 process): the fault-injection worlds (tests/test_faults.py, tests/test_faults_defaults.py: deaths,
@@ -13,7 +13,7 @@ process group is killed, and its first test without a result is the hang), ``abo
 whose output shows a process that died unexpectedly: "terminate called", a core dump, a fatal
 Python error; or pytest itself died of a signal), ``fail`` (any other test failure). One JSON line per run goes to ``--out``; the summary is printed at the end.
 
-    python benchmarks/multirank_loop.py --runs 200 --out benchmarks/data/multirank_loop.jsonl
+    python benchmarks/multirank_loop.py --runs 200 --out loop.jsonl
 """
 
 from __future__ import annotations
@@ -150,14 +150,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=6, help="tests per pytest process")
     parser.add_argument("--wide-every", type=int, default=5, help="2-rank runs between two wide worlds")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tests", default="", help="comma-separated test ids to cycle instead of the suite")
     args = parser.parse_args()
-    tests = collect(args.python, args.wide_every)
+    tests = args.tests.split(",") if args.tests else collect(args.python, args.wide_every)
     counts: dict[str, int] = {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     runs, cursor = 0, 0
     with args.out.open("a") as sink:
         while runs < args.runs:
-            batch = [tests[(cursor + offset) % len(tests)] for offset in range(args.batch)]
+            batch = [
+                tests[(cursor + offset) % len(tests)] for offset in range(min(args.batch, args.runs - runs))
+            ]
             cursor += args.batch
             for record in one_batch(args.python, batch, args.timeout):
                 counted = record["outcome"] not in ("skipped", "not run")

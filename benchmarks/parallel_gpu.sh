@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's GPU figures in one command: Ulysses and MoE against DeepSpeed's anchors, and ZeRO
+# The parallel layers' GPU figures in one command: Ulysses and MoE against DeepSpeed's anchors, and ZeRO
 # stage 3 vs stage 1 vs FSDP2 at 2.68B, every run on the same machine, each under its own timeout.
 #
 #   bash benchmarks/parallel_gpu.sh [RUN ...]     (from the repository root)

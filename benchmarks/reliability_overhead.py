@@ -5,8 +5,7 @@ without them, measured in one run.
   (isolates commlayer's own cost), its plan's launcher as built (the facade's fused launcher,
   which enters each call in the recorder inline) against the plain launcher the same backend op
   gets without a recorder; the difference is the recorder's per-call cost. The torch backends'
-  launchers record inline the same way (``torch_vs_commlayer.py --standin --before c3ce9eb``
-  compares them with issue 14's hot path before the recorder existed).
+  launchers record inline the same way.
 * ``debug``: 2 ranks on gloo, all_reduce of 4 floats on a group built with debug mode off and on
   (``COMMLAYER_DEBUG=detail`` compares each call's fingerprint across ranks through the store).
 
@@ -22,7 +21,6 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -36,14 +34,6 @@ from commlayer import dist
 from commlayer.facade import dispatch
 from commlayer.launch import LaunchConfig, SuperviseOptions, launch
 from commlayer.types import ReduceOp
-from commlayer.work import CompletedWork, Work
-
-
-class _NullBackend(NullBackend):
-    """dispatch_overhead's null backend, taking the contract's async_op keyword."""
-
-    def all_reduce(self, tensor: torch.Tensor, op: Any, *, async_op: bool = True) -> Work:
-        return CompletedWork()
 
 
 def recorder_cost(backend: str, iters: int, repeats: int) -> tuple[float, float]:
@@ -111,7 +101,7 @@ def main() -> None:
     if args.debug_rank:
         debug_rank(args.debug_iters)
         return
-    commlayer.register_backend("null", _NullBackend)
+    commlayer.register_backend("null", NullBackend)
     print(f"# {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}")
     print(f"{'case':<34} {'with_us':>9} {'without_us':>11} {'added_us':>9}")
     for backend in ("null",):

@@ -8,7 +8,7 @@ plan's fused launcher and the native op, each timed alone in one world-of-one pr
 ``dist - launcher`` is the lookup's cost, ``launcher - native`` the launcher's (plus the pybind11
 call's ~0.1 us, which ``native`` pays and the launcher does not). A world of one has no peer, so
 the native op is a copy and a one-input reduce: 2 ranks add the cross-core synchronisation
-(issue 10's ``commlayer bench`` runs measure that). Best of ``--repeats`` batches.
+(``commlayer bench`` runs at 2 ranks measure that). Best of ``--repeats`` batches.
 
     python benchmarks/shm_call_cost.py [--iters 50000] [--repeats 7] [--json PATH]
 """

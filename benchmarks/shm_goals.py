@@ -1,6 +1,7 @@
-"""Issue 10's goals, read off one ``commlayer bench --json`` file of all_reduce records.
+"""shm's goals, read off one ``commlayer bench --json`` file of all_reduce records.
 
-    python benchmarks/shm_goals.py benchmarks/data/shm_bench_2ranks_final.json
+    python benchmarks/shm_goals.py 2ranks.json
+    python benchmarks/shm_goals.py benchmarks/data/cpu_collectives/vm.json --run "4 ranks"
 
 One row per size: shm's time against raw mpi4py's (goal: <= 1.0 from 8 B to 64 KiB), shm's
 speed-up over gloo (goal: >= 100x up to 64 KiB), shm's busbw against raw mpi4py's (goal: >= 1.0
@@ -17,7 +18,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from commlayer.bench.records import BenchRecord, read_json
+import json
+
+from commlayer.bench.records import BenchRecord
 
 SMALL_LIMIT = 64 * 1024  # latency goals up to here, busbw goals from here
 
@@ -60,7 +63,13 @@ def _mark(cell: str, missed: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("json", type=Path, help="records written by commlayer bench --json")
-    print("\n".join(goal_rows(read_json(parser.parse_args().json))))
+    parser.add_argument("--run", default="2 ranks", help="the run to read in a file of several runs")
+    args = parser.parse_args()
+    document = json.loads(args.json.read_text())
+    if isinstance(document, dict) and "records" in document:  # one commlayer bench file: metadata, records
+        document = document["records"]
+    rows = document["runs"][args.run] if isinstance(document, dict) else document
+    print("\n".join(goal_rows([BenchRecord(**row) for row in rows])))
 
 
 if __name__ == "__main__":

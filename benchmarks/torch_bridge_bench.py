@@ -1,4 +1,4 @@
-"""The torch bridge's cost, as ratios and differences measured in one run (issue 9).
+"""The torch bridge's cost, as ratios and differences measured in one run.
 
 1. DDP, 2 CPU ranks (one compute thread each), a model of many small buckets (48 Linear layers,
    one bucket each), steps/s of: torch's gloo; mpi through the bridge with futures completed in
@@ -10,7 +10,7 @@
    and against the facade, with the bridge's own steps timed one by one (see ``_bridge_costs``):
    on a null backend in this process (Python only) and on a 1-rank mpi world.
 
-    .venv/bin/python benchmarks/torch_bridge_bench.py [--json benchmarks/torch_bridge_results.json]
+    .venv/bin/python benchmarks/torch_bridge_bench.py [--json benchmarks/data/torch_bridge/vm.json]
     .venv/bin/python benchmarks/torch_bridge_bench.py --width 256 --batch 64  # more compute per bucket
 """
 
@@ -49,8 +49,8 @@ DDP_RUNS = {
 }
 
 
-def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
-    """One rank of a DDP run: steps/s over STEPS steps, written by rank 0."""
+def ddp_rank(out_path: str, width: str, batch_size: str, steps: str = str(STEPS)) -> None:
+    """One rank of a DDP run: steps/s over ``steps`` timed steps, written by rank 0."""
     pending = _count_pending_futures()
     torch.set_num_threads(1)  # two ranks on two cores: one compute thread each, for every variant
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = torch.randn(int(batch_size), int(width))
-    for step in range(WARMUP_STEPS + STEPS):
+    for step in range(WARMUP_STEPS + int(steps)):
         if step == WARMUP_STEPS:
             dist.barrier()
             started = time.perf_counter()
@@ -72,7 +72,11 @@ def ddp_rank(out_path: str, width: str, batch_size: str) -> None:
     if dist.get_rank() == 0:
         in_flight = pending[0] / pending[1] if pending[1] else None
         auto_inline = torch_bridge_work.inline_futures({**os.environ, torch_bridge_work.FUTURES_ENV: "auto"})
-        result = {"steps_per_s": STEPS / elapsed, "in_flight": in_flight, "auto_picks_inline": auto_inline}
+        result = {
+            "steps_per_s": int(steps) / elapsed,
+            "in_flight": in_flight,
+            "auto_picks_inline": auto_inline,
+        }
         Path(out_path).write_text(json.dumps(result))
 
 
@@ -91,12 +95,12 @@ def _count_pending_futures() -> list[int]:
     return counts
 
 
-def _ddp(out: Path, width: int, batch_size: int) -> dict:
+def _ddp(out: Path, width: int, batch_size: int, steps: int) -> dict:
     runs = {}
     for name, (backend, launcher, futures) in DDP_RUNS.items():
         path = out / f"{name}.json"
         target = "benchmarks.torch_bridge_bench:ddp_rank"
-        args = [str(path), str(width), str(batch_size)]
+        args = [str(path), str(width), str(batch_size), str(steps)]
         env = {torch_bridge_work.FUTURES_ENV: futures}
         run_world(target, 2, backend=backend, launcher=launcher, timeout=600, env=env, args=args)
         runs[name] = json.loads(path.read_text())
@@ -116,10 +120,10 @@ def _ddp(out: Path, width: int, batch_size: int) -> dict:
     return summary
 
 
-def _mpi_costs(out: Path) -> dict:
+def _mpi_costs(out: Path, calls: int, repeats: int) -> dict:
     path = out / "op.json"
     target = "_bridge_costs:mpi_rank"
-    args = [str(path), str(OP_CALLS), str(REPEATS)]
+    args = [str(path), str(calls), str(repeats)]
     run_world(target, 1, backend="mpi", launcher="mpirun", timeout=600, args=args)
     return json.loads(path.read_text())
 
@@ -130,14 +134,17 @@ def main() -> None:
     parser.add_argument("--skip-ddp", action="store_true", help="only the per-op part")
     parser.add_argument("--width", type=int, default=32, help="DDP: features of each Linear layer")
     parser.add_argument("--batch", type=int, default=8, help="DDP: rows per batch")
+    parser.add_argument("--steps", type=int, default=STEPS, help="DDP: timed steps per run")
+    parser.add_argument("--calls", type=int, default=OP_CALLS, help="per-op part: calls per round")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="per-op part: interleaved rounds")
     options = parser.parse_args()
     results: dict = {"machine": os.environ.get("BENCH_MACHINE", "2-core VM, shared with other builds")}
     results["load_average_before"] = round(os.getloadavg()[0], 1)
-    results["per_op_stand_in"] = stand_in_costs(OP_CALLS * 4, REPEATS)
+    results["per_op_stand_in"] = stand_in_costs(options.calls * 4, options.repeats)
     with tempfile.TemporaryDirectory() as scratch:
-        results["per_op_mpi"] = _mpi_costs(Path(scratch))
+        results["per_op_mpi"] = _mpi_costs(Path(scratch), options.calls, options.repeats)
         if not options.skip_ddp:
-            results["ddp"] = _ddp(Path(scratch), options.width, options.batch)
+            results["ddp"] = _ddp(Path(scratch), options.width, options.batch, options.steps)
     results["load_average_after"] = round(os.getloadavg()[0], 1)
     print(json.dumps(results, indent=1))
     if options.json:

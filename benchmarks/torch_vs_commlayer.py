@@ -14,8 +14,8 @@ ratio, so that drift on a shared host cancels within each pair. busbw uses nccl-
 raw at each size is the method's own noise floor, to tell a real dip in the busbw ratio from a
 noisy one; ``best`` is the ratio of each side's best round.
 
-How noise is kept from deciding the busbw ratio (issue 14: raw torch timed against itself with
-15 rounds dipped below 0.98 at 0-7 of 26 sizes per op on the GPU hosts): ``--pin`` binds each rank
+How noise is kept from deciding the busbw ratio (raw torch timed against itself with 15 rounds
+dipped below 0.98 at 0-7 of 26 sizes per op on the GPU hosts): ``--pin`` binds each rank
 to its own CPU core (the host-side launch path of a small op is what varies most, and a rank that
 the scheduler migrates or shares a core pays microseconds at random), more and shorter rounds
 (``--rounds 61``), and the ratio is read from each side's fastest half of rounds
@@ -28,7 +28,7 @@ floor at every size, and the JSON keeps every round's time for other estimators.
 ProcessGroup method side by side; ``--before REF`` also runs that on the commlayer of git commit
 REF, alternating, in the same run (see ``_standin.py``)::
 
-    python benchmarks/torch_vs_commlayer.py --standin --before dffbc2e^
+    python benchmarks/torch_vs_commlayer.py --standin --before main
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from commlayer import dist
 from commlayer.metrics import busbw_gbps, format_size, parse_size
 
 _FAMILY = {"send_recv": "pingpong"}
-LATENCY_LIMIT = 4 << 20  # the "added latency" summary covers 8 B to 4 MiB, as issue 14 asks
+LATENCY_LIMIT = 4 << 20  # the "added latency" summary covers 8 B to 4 MiB
 
 
 def round_seconds(call: Call, iters: int, device: torch.device) -> float:
@@ -97,7 +97,7 @@ def compare(
         "added_us": statistics.median(b - a for a, b in zip(raw, ours)) * 1e6,
         # The busbw ratio from each side's fastest half of rounds (see fastest_half_mean).
         "busbw_ratio": fastest_half_mean(raw) / fastest_half_mean(ours),
-        # The earlier estimator: median ratio of adjacent rounds (drift cancels within a pair).
+        # A second estimator: median ratio of adjacent rounds (drift cancels within a pair).
         "pair_ratio": statistics.median(a / b for a, b in zip(raw, ours)),
         "best_ratio": min(raw) / min(ours),  # best round of each: interference only ever adds time
         "raw_busbw_gbps": busbw_gbps(family, calls.nbytes, raw_s, world),

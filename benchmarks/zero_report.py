@@ -1,7 +1,8 @@
 """Table of a zero_gpu.sh run: tokens/s and peak GiB per mode, and commlayer's ratios.
 
 ``python benchmarks/zero_report.py results.jsonl`` reads the JSON lines that zero_anchor.py and
-zero_gpu.py print (one per mode) and prints a Markdown table plus the issue's goals: each
+zero_gpu.py print (one per mode), or a JSON list of them (``benchmarks/data/zero_training/``), and
+prints a Markdown table plus the goals: each
 commlayer stage >= 1.3x DeepSpeed's same stage, stage 3 >= FSDP2, peak memory <= DeepSpeed's.
 """
 
@@ -28,12 +29,13 @@ ORDER = [
 
 
 def read(path: Path) -> dict[str, dict]:
-    rows = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            rows[row["mode"]] = row
-    return rows
+    """One row per mode from JSON lines (a run's output) or a JSON list (benchmarks/data)."""
+    text = path.read_text()
+    if text.lstrip().startswith("["):
+        listed = json.loads(text)
+    else:
+        listed = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return {row["mode"]: row for row in listed}
 
 
 def table(rows: dict[str, dict]) -> list[str]:

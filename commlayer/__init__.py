@@ -11,9 +11,13 @@ without importing torch; only the ranks pay for it.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+try:
+    __version__ = metadata.version("commlayer")  # pyproject.toml's, as installed
+except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 _LAZY = {
     "dist": ("commlayer.dist", None),

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from .launch import LaunchConfig, SuperviseOptions, launch
+from . import __version__
+from .launch import LaunchConfig, ProcessSpec, SuperviseOptions, launch, supervise
 from .launch.commands import LAUNCHERS
 from .launch.job import JOB_ID_ENV, new_job_id
 from .launch.nproc import NPROC_CHOICES, resolve_nproc
@@ -69,6 +70,7 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="commlayer", description="commlayer: pluggable communication backends for PyTorch."
     )
+    parser.add_argument("--version", action="version", version=f"commlayer {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{run,bench,backends,trace,test-backend}")
     _add_run_arguments(
         commands.add_parser(
@@ -173,7 +175,8 @@ def _add_hosts_arguments(run: argparse.ArgumentParser) -> None:
         "--launcher",
         choices=LAUNCHERS,
         default=None,
-        help="how ranks start on the hosts (default ssh; pdsh, mpirun, srun use those tools)",
+        help="how ranks start on the hosts (default ssh; pdsh, mpirun, srun use those tools); without "
+        "--hostfile, mpirun starts this host's ranks (the default where $COMMLAYER_BACKEND is mpi)",
     )
     run.add_argument(
         "--ssh",
@@ -217,9 +220,9 @@ def _run(args: argparse.Namespace) -> int:
         from .launch.cli_hosts import run_hosts  # only multi-host runs read hostfiles
 
         return run_hosts(args, (sys.executable, "-u", *program, *args.script_args))
-    stray = [
-        f"--{name}" for name in ("include", "exclude", "launcher", "ssh") if getattr(args, name) is not None
-    ]
+    stray = [f"--{name}" for name in ("include", "exclude", "ssh") if getattr(args, name) is not None]
+    if args.launcher not in (None, "mpirun"):
+        stray.append(f"--launcher {args.launcher}")
     if stray:
         print(
             f"commlayer run: {', '.join(stray)} expected together with --hostfile, received without it",
@@ -231,6 +234,9 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"commlayer run: {error}", file=sys.stderr)
         return 2
+    if (args.launcher or _launcher_of_chosen_backend()) == "mpirun":
+        args.nproc_per_node = nproc
+        return _run_under_mpirun(args, program)
     job = os.environ.get(JOB_ID_ENV) or new_job_id()
     log_dir = args.log_dir or default_log_dir(job)
     config = LaunchConfig(
@@ -249,12 +255,51 @@ def _run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _launcher_of_chosen_backend() -> str:
+    """How the backend that $COMMLAYER_BACKEND names starts its worlds ("mpirun" for mpi), else "local"."""
+    name = os.environ.get("COMMLAYER_BACKEND")
+    if not name:
+        return "local"
+    from .errors import BackendUnavailableError
+    from .registry import get_backend_class  # imports torch: only when a backend is named
+
+    try:
+        return get_backend_class(name).launcher
+    except BackendUnavailableError:  # unknown, unavailable or a device map: the ranks report it
+        return "local"
+
+
+def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int:
+    """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads."""
+    from .testing.mpi import MpirunError, mpirun_plan
+
+    environ = dict(os.environ)
+    # Without MASTER_ADDR the ranks agree on rank 0's store over MPI (commlayer.backends.mpi.discovery).
+    if args.master_addr is not None:
+        environ["MASTER_ADDR"] = args.master_addr
+    if args.master_port is not None:
+        environ["MASTER_PORT"] = str(args.master_port)
+    try:
+        plan = mpirun_plan(args.nproc_per_node or 1, environ)
+    except MpirunError as problem:
+        print(f"commlayer run: the ranks need an MPI launcher: {problem}", file=sys.stderr)
+        return 2
+    command = (*plan.argv, sys.executable, "-u", *program, *args.script_args)
+    options = SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir)
+    result = supervise([ProcessSpec("mpirun", command, plan.env, tag="")], options)
+    summary = result.summary()
+    if summary is not None:
+        print(summary, file=sys.stderr, flush=True)
+    return result.exit_code
+
+
 def _list_backends() -> int:
     from .registry import list_backends  # imports torch: only this subcommand pays for it
 
     for info in list_backends():
         status = info.availability
-        detail = "available" if status else f"unavailable: {status.reason}"
+        note = f" ({status.reason})" if status.reason else ""
+        detail = f"available{note}" if status else f"unavailable: {status.reason}"
         hint = f" (install: {status.install_hint})" if status.install_hint and not status else ""
         print(f"{info.name:<8} {detail}{hint}    [{info.origin}]")
     return 0

@@ -76,6 +76,7 @@ from .facade.torch_names import *
 from .facade.torch_names import OPTIONAL_NAMES, torch_submodule
 from .facade.torch_names import __all__ as _torch_names_all
 from .facade.traceable import install as install_traceable_forms
+from .facade.uneven_collectives import all_gather_v, reduce_scatter_v
 from .types import ReduceOp
 from .work import Work
 
@@ -115,6 +116,7 @@ __all__ = [  # noqa: PLE0604 - torch's names are strings too, listed at import
     "all_gather_into_tensor",
     "all_gather_object",
     "all_gather_single",
+    "all_gather_v",
     "all_reduce",
     "all_reduce_coalesced",
     "all_to_all",
@@ -161,6 +163,7 @@ __all__ = [  # noqa: PLE0604 - torch's names are strings too, listed at import
     "reduce_scatter",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "reduce_scatter_v",
     "scatter",
     "scatter_object_list",
     "send",

@@ -104,6 +104,39 @@ class GenericCollectives:
 
         return work.then(scatter_rows)
 
+    def all_gather_v(
+        self: CoreOps, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
+        # Every rank pads its part to the largest one, so one even all-gather carries them all.
+        widest = max(output.numel() for output in outputs)
+        padded = tensor.new_zeros(widest)
+        padded[: tensor.numel()].copy_(tensor.view(-1))
+        gathered = tensor.new_empty(self.size * widest)
+        work = self.all_gather_into_tensor(gathered, padded, async_op=async_op)
+
+        def unpad_rows() -> None:
+            for row, output in zip(gathered.view(self.size, widest), outputs):
+                output.view(-1).copy_(row[: output.numel()])
+
+        return work.then(unpad_rows)
+
+    def reduce_scatter_v(
+        self: CoreOps,
+        output: torch.Tensor,
+        inputs: Sequence[torch.Tensor],
+        op: ReduceOp,
+        *,
+        async_op: bool = True,
+    ) -> Work:
+        # Padding is reduced with the rest and then dropped, so it may hold any value (zeros).
+        widest = max(chunk.numel() for chunk in inputs)
+        padded = output.new_zeros(self.size, widest)
+        for row, chunk in zip(padded, inputs):
+            row[: chunk.numel()].copy_(chunk.view(-1))
+        mine = output.new_empty(widest)
+        work = self.reduce_scatter_tensor(mine, padded.view(-1), op, async_op=async_op)
+        return work.then(lambda: output.view(-1).copy_(mine[: output.numel()]))
+
     def reduce_scatter_tensor(
         self: CoreOps, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:

@@ -2,7 +2,7 @@
 
 Pure functions of their arguments, so every rule is unit-tested without a device::
 
-    resolve_backend_spec(None, {}, "cuda")                      -> "cpu:gloo,cuda:nccl"
+    resolve_backend_spec(None, {}, "cuda")                      -> "cpu:gloo,cuda:peermem"
     resolve_backend_spec(None, {}, "cpu")                       -> "shm" (or "gloo" where shm is unavailable)
     resolve_backend_spec(None, {"COMMLAYER_BACKEND": "mpi"}, "cpu") -> "mpi"
     parse_backend_spec("cpu:gloo,cuda:nccl", devices_of)        -> {"cpu": "gloo", "cuda": "nccl"}
@@ -31,7 +31,8 @@ BACKEND_ENV = "COMMLAYER_BACKEND"
 # with gloo between hosts; see commlayer.backends.shm).
 DEFAULT_BY_ACCELERATOR: Mapping[str, str] = {
     "cpu": "shm",
-    "cuda": "cpu:gloo,cuda:nccl",
+    # peermem is NCCL with commlayer's own kernels for the intra-host calls they win.
+    "cuda": "cpu:gloo,cuda:peermem",
     "xpu": "cpu:gloo,xpu:ccl",
     "npu": "cpu:gloo,npu:hccl",
 }

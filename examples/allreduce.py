@@ -30,7 +30,8 @@ def main() -> None:
 
 
 def _device() -> torch.device:
-    if dist.get_backend() in ("nccl", "cpu:gloo,cuda:nccl") and torch.cuda.is_available():
+    backend = dist.get_backend()
+    if ("nccl" in backend or "peermem" in backend) and torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)

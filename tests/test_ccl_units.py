@@ -1,8 +1,8 @@
 """The ccl backend's pure logic and wiring, in this process (multi-rank runs are in test_ccl.py).
 
-Pure logic: where oneCCL is looked for, which environment is set, store keys, split counts.
-Wiring: the entry point, declared capabilities, availability and its reason when the extension
-is missing, backend selection, and the extension's own argument checks.
+Pure logic: where oneCCL is looked for, which environment is set, store keys, split counts, the
+first-use build's plan and cache. Wiring: the entry point, declared capabilities, availability
+and its reason when the extension is missing, backend selection, the extension's argument checks.
 """
 
 from __future__ import annotations
@@ -16,6 +16,14 @@ import torch
 
 from commlayer.backends.ccl import INSTALL_HINT, CclBackend, _native
 from commlayer.backends.ccl._bootstrap import GroupKeys, printable
+from commlayer.backends.ccl._build import (
+    CACHE_ENV,
+    BuildPlan,
+    BuildUnavailable,
+    build_plan,
+    cache_root,
+    cached_extension,
+)
 from commlayer.backends.ccl._environment import HostLayout, oneccl_defaults
 from commlayer.backends.ccl._locate import OneCclInstall, candidate_prefixes, find_oneccl
 from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
@@ -153,12 +161,55 @@ def test_missing_extension_is_reported_with_reason_and_install_command(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(_native, "EXTENSION", "commlayer.backends.ccl._not_built")
+    monkeypatch.setenv("CXX", "commlayer-no-such-compiler")  # nor can it be built on first use
     availability = CclBackend.is_available()
     assert not availability
     assert "not built" in availability.reason and "_not_built" in availability.reason
+    assert "no C++ compiler (commlayer-no-such-compiler)" in availability.reason
     assert availability.install_hint == INSTALL_HINT
     assert "pip install" in INSTALL_HINT and "'commlayer[ccl]'" in INSTALL_HINT
     assert "--no-build-isolation" in INSTALL_HINT
+
+
+@pytest.mark.skipif(find_oneccl(require_headers=True) is None, reason="oneCCL's headers are not installed")
+def test_missing_extension_that_can_be_built_is_available_with_where_it_will_be_built(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_native, "EXTENSION", "commlayer.backends.ccl._not_built")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    availability = CclBackend.is_available()
+    assert availability and "compiles on first use" in availability.reason
+    assert f"into {tmp_path / 'ccl'}" in availability.reason and not any(tmp_path.iterdir())
+
+
+# --- the first-use build -----------------------------------------------------------------------
+
+
+def test_build_plan_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(BuildUnavailable, match="oneCCL is not installed"):
+        build_plan(None)
+    runtime_only = OneCclInstall(tmp_path, tmp_path / "lib", include_dir=None)
+    with pytest.raises(BuildUnavailable, match=rf"oneCCL at {tmp_path} has no headers \(oneccl-cpu-devel\)"):
+        build_plan(runtime_only)
+
+
+def test_build_cache_key_follows_source_and_versions_and_lives_under_the_cache_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    source = tmp_path / "binding.cpp"
+    source.write_text("// one")
+    install = OneCclInstall(tmp_path, tmp_path / "lib", tmp_path / "include")
+    plan = BuildPlan(source, "c++", ("/pybind11", str(install.include_dir)), install, "oneccl-cpu==1")
+    key = plan.key
+    assert BuildPlan(source, "c++", plan.include_dirs, install, "oneccl-cpu==2").key != key
+    source.write_text("// two")
+    assert plan.key != key
+    assert f"-Wl,-rpath,{tmp_path / 'lib'}" in plan.command(tmp_path / "out.so")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    assert plan.target.parent == tmp_path / "cache" / "ccl" / plan.key
+    assert cached_extension(plan) is None
+    assert cache_root({"XDG_CACHE_HOME": "/x"}) == Path("/x/commlayer")
+    assert cache_root({CACHE_ENV: "/y", "XDG_CACHE_HOME": "/x"}) == Path("/y")
 
 
 @pytest.mark.ccl

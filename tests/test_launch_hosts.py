@@ -198,6 +198,8 @@ def test_cli_refuses_host_options_without_a_hostfile_and_bad_hostfiles(
 ) -> None:
     assert cli.main(["run", "--include", "a", "x.py"]) == 2
     assert "--include expected together with --hostfile" in capsys.readouterr().err
+    assert cli.main(["run", "--launcher", "ssh", "x.py"]) == 2  # mpirun alone starts local ranks
+    assert "--launcher ssh expected together with --hostfile" in capsys.readouterr().err
     assert cli.main(["run", "--hostfile", str(tmp_path / "missing"), "x.py"]) == 2
     assert "argument '--hostfile' expected a readable file" in capsys.readouterr().err
     hostfile = tmp_path / "hf"

@@ -14,7 +14,7 @@ DEVICES = {"gloo": ["cpu"], "nccl": ["cuda"], "mpi": ["cpu", "cuda"], "ccl": ["c
     ("accelerator", "expected"),
     [
         ("cpu", "shm"),
-        ("cuda", "cpu:gloo,cuda:nccl"),
+        ("cuda", "cpu:gloo,cuda:peermem"),
         ("xpu", "cpu:gloo,xpu:ccl"),
         ("npu", "cpu:gloo,npu:hccl"),
     ],
@@ -35,7 +35,7 @@ def test_only_the_automatic_choice_falls_back_to_gloo_where_shm_cannot_run() -> 
     assert resolve_backend_spec(None, {}, "cpu", no_shm) == "gloo"
     assert resolve_backend_spec("shm", {}, "cpu", no_shm) == "shm"  # asked for: fails loudly later
     assert resolve_backend_spec(None, {BACKEND_ENV: "shm"}, "cpu", no_shm) == "shm"
-    assert resolve_backend_spec(None, {}, "cuda", no_shm) == "cpu:gloo,cuda:nccl"
+    assert resolve_backend_spec(None, {}, "cuda", no_shm) == "cpu:gloo,cuda:peermem"
 
 
 def test_unknown_accelerator_is_a_clear_error() -> None:

@@ -1,15 +1,18 @@
 """Glue between torch tensors and the oneCCL extension: loading it, dtypes, ops and Work.
 
-The extension (``commlayer.backends.ccl._C``, built from csrc/ccl/binding.cpp) takes raw data
-pointers, element counts and oneCCL datatypes; this module turns tensors into those and wraps the
-returned oneCCL events as :class:`commlayer.work.Work`.
+The extension (``commlayer.backends.ccl._C``, built from csrc/ccl/binding.cpp by setup.py or, on
+first use, by ``_build``) takes raw data pointers, element counts and oneCCL datatypes; this module
+turns tensors into those and wraps the returned oneCCL events as :class:`commlayer.work.Work`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -25,7 +28,9 @@ __all__ = [
     "ExtensionMissing",
     "NativeTypes",
     "buffer",
+    "load_built",
     "load_extension",
+    "prebuilt_missing",
 ]
 
 EXTENSION = "commlayer.backends.ccl._C"
@@ -63,6 +68,24 @@ def load_extension() -> ModuleType:
         return importlib.import_module(EXTENSION)
     except ImportError as error:
         raise ExtensionMissing(f"cannot import {EXTENSION}: {error}") from error
+
+
+def prebuilt_missing(error: ExtensionMissing) -> bool:
+    """Whether ``error`` says no extension was installed at all (not that an installed one is broken)."""
+    cause = error.__cause__
+    return isinstance(cause, ModuleNotFoundError) and cause.name == EXTENSION
+
+
+def load_built(path: Path) -> ModuleType:
+    """Import the binding compiled at ``path`` (see ``_build``) as the extension module."""
+    spec = importlib.util.spec_from_file_location(EXTENSION, path)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as error:
+        raise ExtensionMissing(f"cannot load the oneCCL binding built at {path}: {error}") from error
+    sys.modules[EXTENSION] = module  # later load_extension() calls find it here
+    return module
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from commlayer.work import WaitLimit, Work
 from .._signer import Signer, verify_enabled
 from . import _native
 from ._bootstrap import Connection, connect, disconnect
+from ._build import BuildUnavailable, build_plan, built_extension, cached_extension
 from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
@@ -37,8 +38,9 @@ from ._plans import fused_launcher
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
 INSTALL_HINT = (
-    "pip install 'commlayer[ccl]' (brings the commlayer-ccl binding and oneccl-cpu 2021.14); from a "
-    "checkout: pip install pybind11 'oneccl-cpu-devel==2021.14.*', then "
+    "pip install 'commlayer[ccl]' (oneccl-cpu 2021.14 with its headers and pybind11; the binding then "
+    "compiles once, on first use, with the system's C++17 compiler); or prebuild it in a checkout: "
+    "pip install pybind11 'oneccl-cpu-devel==2021.14.*', then "
     "COMMLAYER_BUILD_CCL=1 pip install --no-build-isolation -e ."
 )
 
@@ -81,8 +83,10 @@ class CclBackend(Backend):
     @classmethod
     def is_available(cls) -> Availability:
         try:
-            _load_native()
+            _load_native(build=False)
         except ExtensionMissing as error:
+            if _native.prebuilt_missing(error):
+                return _buildable()
             install = find_oneccl(require_headers=False)
             where = f"oneCCL found at {install.prefix}" if install else "oneCCL is not installed"
             return Availability.no(f"the oneCCL extension is not built ({where}): {error}", INSTALL_HINT)
@@ -344,8 +348,11 @@ def _host_layout(spec: GroupSpec) -> HostLayout:
     return HostLayout(found.local_rank, found.local_world_size, usable_cpus())
 
 
-def _load_native(timeout: timedelta | None = None, host: HostLayout | None = None) -> ModuleType:
-    """Set oneCCL's environment (when a world is being built), preload libccl, import the extension."""
+def _load_native(
+    timeout: timedelta | None = None, host: HostLayout | None = None, build: bool = True
+) -> ModuleType:
+    """Set oneCCL's environment (when a world is being built), preload libccl, import the extension:
+    the prebuilt one, else the one built on first use (compiled now unless ``build`` is False)."""
     install = find_oneccl(require_headers=False)
     if timeout is not None and host is not None:
         apply_defaults(install, timeout, host)
@@ -356,7 +363,35 @@ def _load_native(timeout: timedelta | None = None, host: HostLayout | None = Non
             ctypes.CDLL(str(install.library), mode=ctypes.RTLD_GLOBAL)
         except OSError as error:
             raise ExtensionMissing(f"cannot load {install.library}: {error}") from error
-    return _native.load_extension()
+    try:
+        return _native.load_extension()
+    except ExtensionMissing as missing:
+        if not _native.prebuilt_missing(missing):
+            raise
+        return _load_built(missing, build)
+
+
+def _load_built(missing: ExtensionMissing, build: bool) -> ModuleType:
+    """The binding of the first-use build; ``missing`` again when there is none and ``build`` is off."""
+    try:
+        plan = build_plan(find_oneccl(require_headers=True))
+        path = built_extension(plan) if build else cached_extension(plan)
+    except BuildUnavailable as error:
+        raise ExtensionMissing(f"{missing}; and it cannot be built here: {error}") from error
+    if path is None:
+        raise missing
+    return _native.load_built(path)
+
+
+def _buildable() -> Availability:
+    """No extension yet: available when the first world can build it."""
+    try:
+        plan = build_plan(find_oneccl(require_headers=True))
+    except BuildUnavailable as error:
+        return Availability.no(
+            f"the oneCCL extension is not built and cannot be built here: {error}", INSTALL_HINT
+        )
+    return Availability(True, f"its binding compiles on first use, into {plan.cache_folder}")
 
 
 def _element_counts(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[int]:

@@ -253,6 +253,37 @@ class MpiBackend(Backend):
             "all_gather", async_op, calls, (mine, gathered), outputs, keep_alive, signature, unpack
         )
 
+    def all_gather_v(
+        self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+    ) -> Work:
+        if tensor.is_cuda and not self._cuda_aware:
+            return self._via_host("all_gather_v", outputs, tensor, async_op=async_op)
+        counts = [output.numel() for output in outputs]
+        landing = tensor.new_empty(sum(counts))
+        mine, gathered = self._message(tensor), self._message(landing, _layouts.layout(counts))
+        unpack = functools.partial(_layouts.unpack, landing, outputs)
+        calls = (self._comm.Allgatherv, self._comm.Iallgatherv)
+        # The facade has already agreed the counts across ranks: only op and dtype are compared.
+        signature = self._signature("all_gather_v", tensor, 0)
+        return self._collective(
+            "all_gather_v", async_op, calls, (mine, gathered), outputs, (tensor, landing), signature, unpack
+        )
+
+    def reduce_scatter_v(
+        self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
+        if output.is_cuda and not self._cuda_aware:
+            return self._via_host("reduce_scatter_v", output, inputs, op, async_op=async_op)
+        packed = torch.cat([chunk.reshape(-1) for chunk in inputs])  # MPI reduces one contiguous buffer
+        counts = [chunk.numel() for chunk in inputs]
+        send, receive = self._message(packed), self._message(output)
+        calls = (self._comm.Reduce_scatter, self._comm.Ireduce_scatter)
+        arguments = (send, receive, counts, self._reductions[op][output.dtype])
+        signature = self._signature("reduce_scatter_v", output, 0, reduce_op=op)
+        return self._collective(
+            "reduce_scatter_v", async_op, calls, arguments, [output], (packed, output), signature
+        )
+
     def reduce_scatter(
         self, output: torch.Tensor, inputs: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
     ) -> Work:

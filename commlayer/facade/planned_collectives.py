@@ -18,6 +18,7 @@ from ..work import Work
 from . import validate as check
 from .complex_tensors import complex_as_real
 from .dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
+from .uneven_collectives import all_gather_into_tensor_v
 
 __all__ = [
     "all_gather_into_tensor",
@@ -176,7 +177,11 @@ def _checked_broadcast(
 
 
 def all_gather_into_tensor(
-    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+    sizes: Sequence[int] | None = None,
 ) -> Work | None:
     """Gather every rank's ``input_tensor`` into one ``output_tensor``, rank-major.
 
@@ -186,6 +191,9 @@ def all_gather_into_tensor(
         input_tensor (Tensor): this rank's contribution.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        sizes (list[int], optional): a commlayer extension: every rank's element count, when
+            they differ (the same list on every rank); the output is their flat concatenation.
+            See :func:`~commlayer.facade.uneven_collectives.all_gather_into_tensor_v`.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -205,6 +213,8 @@ def all_gather_into_tensor(
         >>> output  # 2 ranks
         tensor([0., 0., 1., 1.])
     """
+    if sizes is not None:
+        return all_gather_into_tensor_v(output_tensor, input_tensor, sizes, group, async_op)
     work = _planned_all_gather(output_tensor, input_tensor, group, async_op, None, None)
     if work is not NO_PLAN:
         return work

@@ -108,7 +108,7 @@ def init_process_group(
 ) -> None:
     """Join the job and build the default group, exactly like ``torch.distributed``'s.
 
-    ``backend=None`` picks from the accelerator (cuda -> ``"cpu:gloo,cuda:nccl"``, cpu ->
+    ``backend=None`` picks from the accelerator (cuda -> ``"cpu:gloo,cuda:peermem"``, cpu ->
     ``"shm"``, or ``"gloo"`` where shm cannot run) unless ``$COMMLAYER_BACKEND`` names one.
     Backends are resolved before the rendezvous, so a missing one fails fast with the list of installed backends.
     """

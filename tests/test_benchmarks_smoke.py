@@ -1,0 +1,142 @@
+"""Every benchmark script runs: each CPU benchmark at tiny sizes, each GPU-only one compiles.
+
+A smoke test, not a measurement: the figures a tiny run prints mean nothing, only that the script
+gets from its arguments to its last line. The selected CPU runs start together, a few at a time
+(most of a tiny run is process start-up and rendezvous waits), each under a timeout; GPU-only
+scripts and the helpers are compiled, shell scripts are parsed by bash.
+"""
+
+from __future__ import annotations
+
+import os
+import py_compile
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from commlayer.testing.cluster import cluster_unavailable_reason
+from commlayer.testing.cluster_ssh import sshd_unavailable_reason
+from commlayer.testing.mpi import mpirun_unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+DATA = BENCHMARKS / "data"
+TIMEOUT_S = 120
+PARALLEL_RUNS = 3
+QUICK_TEST = "tests/test_mpi_shared_signatures.py::test_agreeing_ranks_get_none_and_slots_alternate"
+
+
+def _needs_mpi() -> str | None:
+    return mpirun_unavailable_reason()
+
+
+def _needs_ccl() -> str | None:
+    from commlayer.backends.ccl._locate import find_oneccl
+
+    return None if find_oneccl(require_headers=True) else "oneCCL headers not found"
+
+
+def _needs_namespaces() -> str | None:
+    return cluster_unavailable_reason() or sshd_unavailable_reason()
+
+
+# script -> (arguments of a tiny run, what it needs beyond this Python: a reason to skip or None)
+CPU_RUNS: dict[str, tuple[list[str], object]] = {
+    "dispatch_overhead.py": (["--iters", "20", "--repeats", "1"], None),
+    "logger_overhead.py": (["--calls", "100", "--rounds", "1"], None),
+    "reliability_overhead.py": (["--iters", "20", "--repeats", "1", "--debug-iters", "2"], None),
+    "shm_call_cost.py": (["--iters", "20", "--repeats", "1"], None),
+    "torch_vs_commlayer.py": (["--standin", "--rounds", "1", "--iters", "1"], None),
+    "torch_bridge_bench.py": (["--calls", "10", "--repeats", "1", "--skip-ddp"], _needs_mpi),
+    "mismatch_check_overhead.py": (["--iters", "10", "--repeats", "1", "--max-bytes", "8"], _needs_mpi),
+    "mpi_bench.py": (
+        ["--world-sizes", "2", "--pairs", "default", "--variants", "mpi", "--rounds", "1"]
+        + ["--budget", "0.001", "--max-bytes", "8", "--timeout", "100"],
+        _needs_mpi,
+    ),
+    "ccl_compare.py": (
+        ["--worlds", "2", "--rounds", "1", "-e", "8", "--iters", "1", "--warmup", "0", "--backends", "ccl"],
+        _needs_ccl,
+    ),
+    "gloo_mismatch_probe.py": (["--modes", "on", "--ops", "all_reduce", "--kinds", "count"], None),
+    "multirank_loop.py": (["--runs", "1", "--batch", "1", "--tests", QUICK_TEST], None),
+    "multihost_bench.py": (
+        ["--max-bytes", "8", "--ops", "all_reduce", "--backends", "gloo", "--configs", "two-hosts"],
+        _needs_namespaces,
+    ),
+    "shm_goals.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
+    "zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
+}
+# Scripts that need a GPU (or several): compiled only.
+GPU_ONLY = ("compile_gpu.py", "parallel_gpu.py", "zero_gpu.py")
+
+
+def _scripts(suffix: str) -> list[str]:
+    return sorted(path.name for path in BENCHMARKS.glob(f"*{suffix}"))
+
+
+def _skip_reason(script: str) -> str | None:
+    needs = CPU_RUNS[script][1]
+    return needs() if callable(needs) else None
+
+
+def _run(script: str, out: Path) -> subprocess.CompletedProcess:
+    arguments = CPU_RUNS[script][0]
+    if script in ("multirank_loop.py", "multihost_bench.py"):
+        arguments = [*arguments, "--out", str(out / script)]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    command = [sys.executable, str(BENCHMARKS / script), *arguments]
+    return subprocess.run(
+        command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The selected scripts' tiny runs, started together: script -> the Future of its process."""
+    selected = {
+        item.callspec.params["script"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_cpu_benchmark_runs_at_tiny_sizes"
+    }
+    runnable = [script for script in sorted(selected) if _skip_reason(script) is None]
+    out = tmp_path_factory.mktemp("benchmarks")
+    pool = ThreadPoolExecutor(PARALLEL_RUNS)
+    try:
+        yield {script: pool.submit(_run, script, out) for script in runnable}
+    finally:
+        pool.shutdown(cancel_futures=True)  # a failed run need not wait for the ones not started
+
+
+def test_every_benchmark_script_has_a_smoke_run() -> None:
+    """A new benchmark script gets a tiny run here (or a place among the GPU-only scripts)."""
+    helpers = {name for name in _scripts(".py") if name.startswith("_")}
+    assert set(_scripts(".py")) - helpers == set(CPU_RUNS) | set(GPU_ONLY)
+
+
+@pytest.mark.parametrize("script", sorted(CPU_RUNS))
+def test_cpu_benchmark_runs_at_tiny_sizes(script: str, cpu_runs: dict[str, Future]) -> None:
+    reason = _skip_reason(script)
+    if reason:
+        pytest.skip(reason)
+    result = cpu_runs[script].result()
+    output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{output}"
+    assert result.stdout.strip(), f"{script} printed nothing"
+
+
+@pytest.mark.parametrize("script", [*GPU_ONLY, *(name for name in _scripts(".py") if name.startswith("_"))])
+def test_gpu_benchmark_and_helper_compile(script: str, tmp_path: Path) -> None:
+    py_compile.compile(str(BENCHMARKS / script), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
+
+
+@pytest.mark.parametrize("script", _scripts(".sh"))
+def test_benchmark_shell_script_parses(script: str) -> None:
+    result = subprocess.run(
+        ["bash", "-n", str(BENCHMARKS / script)], check=False, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr

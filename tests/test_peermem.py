@@ -1,0 +1,156 @@
+"""Pure logic of the peermem backend: routing, the fixed-order reference, codes shared with the
+kernels, the build cache and registration. The kernels themselves run on GPU machines
+(benchmarks/peermem_gpu.py); nothing here needs a device."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import commlayer
+from commlayer.backends.nccl import NcclBackend
+from commlayer.backends.peermem import PeermemBackend
+from commlayer.backends.peermem._comm import KINDS, OP_CODES, _local_attach, timeout_error
+from commlayer.backends.peermem._library import SOURCE, cache_path
+from commlayer.backends.peermem.reference import fixed_order_reduce, reference_reduce_scatter
+from commlayer.backends.peermem.routing import (
+    CROSSOVERS,
+    KERNEL_DTYPES,
+    MAX_BLOCKS,
+    PUSH_MAX_BLOCKS,
+    THREADS,
+    choose,
+    fits,
+    grid_blocks,
+)
+from commlayer.selection import resolve_backend_spec
+from commlayer.types import GroupSpec, ReduceOp
+
+KiB, MiB, HALF = 1 << 10, 1 << 20, 32 << 20
+
+
+def _enum(name: str) -> dict[str, int]:
+    body = re.search(rf"enum {name} \{{([^}}]*)\}}", SOURCE.read_text()).group(1)
+    return {key.strip(): int(value) for key, value in (item.split("=") for item in body.split(","))}
+
+
+def test_python_codes_match_the_kernel_enums() -> None:
+    kinds, ops, dtypes = _enum("Kind"), _enum("Op"), _enum("Dtype")
+    assert KINDS == {
+        ("all_reduce", "one_shot"): kinds["ONE_SHOT"],
+        ("all_reduce", "two_shot"): kinds["TWO_SHOT"],
+        ("all_reduce", "push"): kinds["TWO_SHOT_PUSH"],
+        ("all_gather_into_tensor", "one_shot"): kinds["ALL_GATHER"],
+        ("reduce_scatter_tensor", "one_shot"): kinds["REDUCE_SCATTER"],
+        ("reduce_scatter_tensor", "push"): kinds["REDUCE_SCATTER_PUSH"],
+    }
+    assert {op.name: code for op, code in OP_CODES.items()} == ops
+    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    assert {names[dtype]: code for dtype, code in KERNEL_DTYPES.items()} == dtypes
+    limits = dict(re.findall(r"#define (MAX_BLOCKS|THREADS) (\d+)", SOURCE.read_text()))
+    assert int(limits["THREADS"]) == THREADS and int(limits["MAX_BLOCKS"]) >= max(MAX_BLOCKS, PUSH_MAX_BLOCKS)
+
+
+def test_choose_follows_the_table_then_nccl() -> None:
+    rows = CROSSOVERS[4]["all_reduce"]
+    for bound, algorithm in rows:
+        assert choose(CROSSOVERS, "all_reduce", bound, 4, HALF) == algorithm
+    assert choose(CROSSOVERS, "all_reduce", 16, 4, HALF) == rows[0][1]
+    assert choose(CROSSOVERS, "all_reduce", rows[-1][0] + 16, 4, HALF) == "nccl"
+    assert choose(CROSSOVERS, "all_reduce", 64 * MiB, 2, HALF) == "nccl"
+
+
+def test_group_sizes_outside_the_table() -> None:
+    assert choose(CROSSOVERS, "all_reduce", 4 * KiB, 1, HALF) == "nccl"
+    # 3 ranks use the 2-rank rows, 8 ranks the 4-rank rows.
+    assert choose(CROSSOVERS, "all_reduce", 4 * KiB, 3, HALF) == CROSSOVERS[2]["all_reduce"][0][1]
+    assert choose(CROSSOVERS, "all_reduce", 4 * KiB, 8, HALF) == CROSSOVERS[4]["all_reduce"][0][1]
+
+
+def test_unaligned_or_oversized_calls_go_to_nccl() -> None:
+    assert choose(CROSSOVERS, "all_reduce", 18, 4, HALF) == "nccl"  # not whole 16-byte units
+    assert choose(CROSSOVERS, "all_gather_into_tensor", 16, 4, HALF) == "nccl"  # 4-byte chunks
+    assert choose(CROSSOVERS, "reduce_scatter_tensor", 64 * 4, 4, HALF) != "nccl"
+    assert not fits("all_reduce", "one_shot", 2 * HALF, 4, HALF)
+    assert fits("all_reduce", "two_shot", HALF, 4, HALF)
+    assert not fits("all_reduce", "push", HALF, 4, HALF)  # push stages twice the tensor
+    assert fits("all_gather_into_tensor", "one_shot", 4 * HALF, 4, HALF)
+
+
+def test_forced_algorithm_where_the_kernels_can_serve() -> None:
+    assert choose(CROSSOVERS, "all_reduce", 64 * MiB, 4, 128 * MiB, forced="two_shot") == "two_shot"
+    assert choose(CROSSOVERS, "all_gather_into_tensor", 4 * KiB, 4, HALF, forced="two_shot") == "one_shot"
+    assert choose(CROSSOVERS, "all_gather_into_tensor", 4 * KiB, 4, HALF, forced="push") == "one_shot"
+    assert choose(CROSSOVERS, "reduce_scatter_tensor", 4 * KiB, 4, HALF, forced="push") == "push"
+    assert choose(CROSSOVERS, "all_reduce", 18, 4, HALF, forced="one_shot") == "nccl"
+    assert choose(CROSSOVERS, "all_reduce", 4 * KiB, 4, HALF, forced="nccl") == "nccl"
+
+
+def test_grid_is_a_function_of_the_call_within_limits() -> None:
+    assert grid_blocks("all_reduce", "one_shot", 16, 4) == 1
+    assert grid_blocks("all_reduce", "one_shot", THREADS * 16 * 3, 4) == 3
+    assert grid_blocks("all_reduce", "one_shot", 64 * MiB, 4) == MAX_BLOCKS
+    assert grid_blocks("all_reduce", "push", 64 * MiB, 4) == PUSH_MAX_BLOCKS
+    # Two-shot's grid covers one slice; a gather's and a scatter's one rank's chunk.
+    assert grid_blocks("all_reduce", "two_shot", THREADS * 16 * 8, 4) == 2
+    assert grid_blocks("reduce_scatter_tensor", "one_shot", THREADS * 16 * 8, 4) == 2
+
+
+def test_reference_accumulates_in_float_in_rank_order() -> None:
+    bf16 = [torch.tensor([256.0, 1.0], dtype=torch.bfloat16), torch.tensor([1.0, 2.0], dtype=torch.bfloat16)]
+    bf16.append(torch.tensor([1.0, -3.0], dtype=torch.bfloat16))
+    # In bfloat16 steps 256 + 1 rounds back to 256; in float the sum is 258, which bfloat16 holds.
+    assert fixed_order_reduce(bf16, ReduceOp.SUM).tolist() == [258.0, 0.0]
+    assert fixed_order_reduce(bf16, ReduceOp.AVG).tolist() == [86.0, 0.0]
+    assert fixed_order_reduce(bf16, ReduceOp.MIN).tolist() == [1.0, -3.0]
+    assert fixed_order_reduce(bf16, ReduceOp.MAX).tolist() == [256.0, 2.0]
+    assert fixed_order_reduce(bf16, ReduceOp.PRODUCT).tolist() == [256.0, -6.0]
+    assert fixed_order_reduce(bf16, ReduceOp.SUM).dtype == torch.bfloat16
+
+
+def test_reference_order_is_rank_order_for_float32() -> None:
+    big, small = torch.tensor([1e8], dtype=torch.float32), torch.tensor([1.0], dtype=torch.float32)
+    # float32 addition is not associative (1e8 + 1 == 1e8), so the order is part of the result.
+    assert fixed_order_reduce([big, small, -big, small], ReduceOp.SUM).item() == 1.0
+    assert fixed_order_reduce([big, -big, small, small], ReduceOp.SUM).item() == 2.0
+
+
+def test_reference_reduce_scatter_takes_the_rank_chunk() -> None:
+    inputs = [torch.arange(8, dtype=torch.float32) + 10 * r for r in range(4)]
+    assert reference_reduce_scatter(inputs, ReduceOp.SUM, 2).tolist() == [4 * 4 + 60.0, 4 * 5 + 60.0]
+    with pytest.raises(ValueError, match="argument 'op'"):
+        fixed_order_reduce(inputs, ReduceOp.BAND)
+
+
+def test_cache_path_names_source_and_arch(tmp_path: Path) -> None:
+    first = cache_path(b"a", "sm_90", str(tmp_path))
+    assert first.parent == tmp_path and "sm_90" in first.name
+    assert cache_path(b"b", "sm_90", str(tmp_path)) != first
+    assert cache_path(b"a", "sm_80", str(tmp_path)) != first
+    assert cache_path(b"a", "sm_90", str(tmp_path)) == first
+
+
+def test_groups_the_kernels_cannot_serve_say_why() -> None:
+    spec = GroupSpec(name="g", ranks=tuple(range(9)), global_rank=0, store=None)
+    assert _local_attach(spec, HALF)[3].startswith("group of 9 ranks")
+    single = GroupSpec(name="g", ranks=(0,), global_rank=0, store=None)
+    assert _local_attach(single, HALF)[0] is None
+
+
+def test_registered_and_chosen_by_default() -> None:
+    rows = {info.name: info for info in commlayer.list_backends()}
+    assert rows["peermem"].origin == "commlayer.backends.peermem:PeermemBackend"
+    assert PeermemBackend.capabilities == NcclBackend.capabilities
+    assert resolve_backend_spec(None, {}, "cuda") == "cpu:gloo,cuda:peermem"
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in rows["peermem"].availability.reason
+
+
+def test_a_missing_peer_is_named_in_a_typed_timeout() -> None:
+    spec = GroupSpec(name="tp", ranks=(4, 6, 7), global_rank=7, store=None)
+    error = timeout_error(spec, 1, "wait")
+    assert isinstance(error, commlayer.errors.CommTimeoutError) and isinstance(error, TimeoutError)
+    assert "group rank 1 (global rank 6)" in str(error) and "waiting rank 2" in str(error)
