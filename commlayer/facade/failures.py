@@ -32,8 +32,9 @@ _PEER_LOSS = re.compile(
     re.IGNORECASE,
 )
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
-# What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited").
-_PEER_EXITED = re.compile(r"peer rank \d+ .*exited")
+# What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited",
+# or "stopped waiting for peer rank 1: the peer monitor reported that a rank of the job exited").
+_PEER_EXITED = re.compile(r"peer rank \d+\b.*exited")
 # commlayer errors that already say everything: passed on as they are.
 _FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 # Longest a survivor waits for the peer monitor to name the rank whose connection dropped.
