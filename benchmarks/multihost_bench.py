@@ -84,7 +84,8 @@ def _measure(name: str, link: LinkShape | None, one_host: bool, sweep: list[str]
             argv = [*run, "-m", "commlayer", "bench", *bench]
         print(f"== {name}: {link.describe() if link else 'unshaped'}", file=sys.stderr, flush=True)
         subprocess.run(cluster.hosts[0].command(argv, cwd=job), check=True, timeout=1800)
-    return json.loads(target.read_text(encoding="utf-8"))
+    document = json.loads(target.read_text(encoding="utf-8"))
+    return document["records"] if isinstance(document, dict) else document
 
 
 def _table(results: dict[str, list[dict]]) -> str:

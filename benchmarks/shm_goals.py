@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--run", default="2 ranks", help="the run to read in a file of several runs")
     args = parser.parse_args()
     document = json.loads(args.json.read_text())
+    if isinstance(document, dict) and "records" in document:  # one commlayer bench file: metadata, records
+        document = document["records"]
     rows = document["runs"][args.run] if isinstance(document, dict) else document
     print("\n".join(goal_rows([BenchRecord(**row) for row in rows])))
 

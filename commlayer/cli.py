@@ -20,9 +20,16 @@ from types import ModuleType
 from . import __version__, settings
 from .launch import LaunchConfig, ProcessSpec, SuperviseOptions, launch, supervise
 from .launch.commands import LAUNCHERS
+from .launch.job import JOB_ID_ENV, new_job_id
+from .launch.nproc import NPROC_CHOICES, resolve_nproc
+from .launch.report import default_log_dir, final_report
 
 __all__ = ["main"]
 
+# After the first rank fails, how long the others may take to fail by themselves (a survivor of a
+# dead peer raises its typed error once the peer monitor misses its heartbeats, ~5 s by default)
+# before the launcher stops them; it stops them sooner once each has printed its exception.
+_SETTLE_S = 10.0
 _BENCH_MODULE = "commlayer.bench.cli"
 _CERTIFY_MODULE = "commlayer.testing.conformance.cli"
 
@@ -46,9 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "backends":
         return _list_backends()
     if args.command == "trace":
-        from .trace_analysis import main as analyze_traces  # reads JSON only; imported on demand
+        from . import trace_analysis  # reads JSON only; imported on demand
 
-        return analyze_traces(args.directory)
+        if args.trace_command == "export":
+            return trace_analysis.export(args.directory, args.out)
+        return trace_analysis.main(args.directory)
     if args.command == "test-backend":
         return int(importlib.import_module(_CERTIFY_MODULE).main(args))
     if args.command == "bench" and bench_cli is not None:
@@ -73,11 +82,26 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
         bench_cli.add_arguments(bench)
     commands.add_parser("backends", help="list installed backends and whether each can run here")
     trace = commands.add_parser("trace", help="read flight-recorder dumps (commlayer.trace_analysis)")
-    trace_commands = trace.add_subparsers(dest="trace_command", metavar="{analyze}", required=True)
+    trace_commands = trace.add_subparsers(dest="trace_command", metavar="{analyze,export}", required=True)
     analyze = trace_commands.add_parser(
-        "analyze", help="merge every rank's dump in DIR and say what happened"
+        "analyze", help="merge every rank's dump of one job and say what happened"
     )
-    analyze.add_argument("directory", metavar="DIR", help="folder of rank<N>.json dumps")
+    analyze.add_argument(
+        "directory",
+        metavar="DIR",
+        nargs="?",
+        default=None,
+        help="a job's folder of rank<N>.json dumps, or a folder of job folders (its newest job); "
+        "default: $COMMLAYER_TRACE_DIR, else <tmp>/commlayer-trace",
+    )
+    export = trace_commands.add_parser(
+        "export", help="write one job's dumps in torch's flight-recorder format (for torchfrtrace)"
+    )
+    export.add_argument(
+        "--torch", action="store_true", required=True, help="torch's format (the one offered)"
+    )
+    export.add_argument("directory", metavar="DIR", help="a job's dump folder, or a folder of job folders")
+    export.add_argument("out", metavar="OUT", help="folder to write one torch dump per rank into")
     certify = commands.add_parser(
         "test-backend", help="run the conformance suite on a backend and print its certificate"
     )
@@ -91,10 +115,11 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc_per_node",
-        type=_positive_int,
+        type=_nproc,
         default=None,
         metavar="N",
-        help="ranks to start on this host (default 1); with --hostfile, per host (default: its slots)",
+        help=f"ranks to start on this host: a number or one of {'|'.join(NPROC_CHOICES)} as torchrun "
+        "(auto: one per GPU, else one per CPU; default 1); with --hostfile, per host (default: its slots)",
     )
     run.add_argument(
         "-m",
@@ -123,7 +148,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         dest="log_dir",
         type=Path,
         default=None,
-        help="also write each rank's output to DIR/rankN.log",
+        help="write each rank's output to DIR/rankN.log (default: <tmp>/commlayer-run/<job id>)",
     )
     run.add_argument(
         "--timeout",
@@ -185,6 +210,13 @@ def _add_certify_arguments(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     program = ("-m", args.script) if args.module else (args.script,)
     if args.hostfile is not None:
+        if args.nproc_per_node is not None and not args.nproc_per_node.isdigit():
+            print(
+                f"commlayer run: with --hostfile, -n expected a number, received {args.nproc_per_node!r}",
+                file=sys.stderr,
+            )
+            return 2
+        args.nproc_per_node = None if args.nproc_per_node is None else int(args.nproc_per_node)
         from .launch.cli_hosts import run_hosts  # only multi-host runs read hostfiles
 
         return run_hosts(args, (sys.executable, "-u", *program, *args.script_args))
@@ -197,19 +229,29 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        nproc = resolve_nproc(args.nproc_per_node or "1")
+    except ValueError as error:
+        print(f"commlayer run: {error}", file=sys.stderr)
+        return 2
     if (args.launcher or _launcher_of_chosen_backend()) == "mpirun":
+        args.nproc_per_node = nproc
         return _run_under_mpirun(args, program)
+    job = os.environ.get(JOB_ID_ENV) or new_job_id()
+    log_dir = args.log_dir or default_log_dir(job)
     config = LaunchConfig(
         command=(sys.executable, *program, *args.script_args),
-        nproc_per_node=args.nproc_per_node or 1,
+        nproc_per_node=nproc,
         master_addr=args.master_addr or "127.0.0.1",
         master_port=args.master_port,
-        options=SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir),
+        env={**os.environ, JOB_ID_ENV: job},
+        options=SuperviseOptions(
+            timeout=args.timeout, log_dir=log_dir, hold_tracebacks=True, settle=_SETTLE_S
+        ),
     )
     result = launch(config)
-    summary = result.summary()
-    if summary is not None:
-        print(summary, file=sys.stderr, flush=True)
+    for line in final_report(result, log_dir):
+        print(line, file=sys.stderr, flush=True)
     return result.exit_code
 
 
@@ -276,6 +318,14 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {text!r}")
     return int(text)
+
+
+def _nproc(text: str) -> str:
+    if text not in NPROC_CHOICES and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 1, received {text!r} (or one of {', '.join(NPROC_CHOICES)})"
+        )
+    return text
 
 
 def _port(text: str) -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "RendezvousError",
     "UnsupportedError",
     "invalid_argument",
+    "missing_extra",
 ]
 
 
@@ -110,3 +111,17 @@ def invalid_argument(
     """Build the uniform message: ``all_reduce: argument 'op' expected X, received Y (rank 3)``."""
     where = f" (rank {rank})" if rank is not None and rank >= 0 else ""
     return error(f"{op}: argument '{arg}' expected {expected}, received {received}{where}")
+
+
+def missing_extra(missing: ModuleNotFoundError, extra: str, feature: str) -> ModuleNotFoundError:
+    """The error to raise when ``feature`` needs a module of the optional part ``extra``.
+
+    ``raise missing_extra(error, "zero", "commlayer.zero") from None`` says
+    ``commlayer.zero needs pydantic, which is not installed: pip install 'commlayer[zero]'``.
+    """
+    module = (missing.name or "a module").split(".")[0]
+    hint = ModuleNotFoundError(
+        f"{feature} needs {module}, which is not installed: pip install 'commlayer[{extra}]'",
+        name=missing.name,
+    )
+    return hint

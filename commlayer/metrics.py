@@ -28,6 +28,7 @@ __all__ = [
     "algbw_gbps",
     "busbw_factor",
     "busbw_gbps",
+    "format_duration",
     "format_size",
     "parse_size",
     "size_sweep",
@@ -102,6 +103,22 @@ def format_size(nbytes: int) -> str:
             value = nbytes / scale
             return f"{value:.0f}{unit}" if value == int(value) else f"{value:.3g}{unit}"
     return f"{nbytes}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people write it: 3 -> ``"3 s"``, 0.25 -> ``"250 ms"``, 90 -> ``"1 min 30 s"``,
+    7260 -> ``"2 h 1 min"``; whole units drop their zero parts."""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(hours, "h"), (minutes, "min"), (secs, "s")] if hours else [(minutes, "min"), (secs, "s")]
+    if hours:
+        parts = parts[:2]
+    return " ".join(f"{value} {unit}" for value, unit in parts if value) or "0 s"
 
 
 def size_sweep(min_bytes: int, max_bytes: int, step_factor: float) -> list[int]:

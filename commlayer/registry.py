@@ -6,8 +6,9 @@ when that backend is asked for, so ``import commlayer`` never pays for mpi4py or
 
 from __future__ import annotations
 
+import difflib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -18,6 +19,7 @@ from .types import Availability
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendInfo",
+    "did_you_mean",
     "get_backend_class",
     "list_backends",
     "register_backend",
@@ -73,11 +75,21 @@ def get_backend_class(name: str) -> type[Backend]:
     _ensure_entry_points()
     entry = _entries.get(name)
     if entry is None:
-        raise BackendUnavailableError(f"unknown backend '{name}'.\n{_describe_all()}")
+        with _lock:
+            known = list(_entries)
+        raise BackendUnavailableError(
+            f"unknown backend '{name}'{did_you_mean(name, known) or '.'}\n{_describe_all()}"
+        )
     backend_class, availability = _load(entry)
     if backend_class is None or not availability:
         raise BackendUnavailableError(f"backend '{name}' is not available here.\n{_describe_all()}")
     return backend_class
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'nccl'?"`` for a name close to a known one (difflib), else ``""``."""
+    close = difflib.get_close_matches(str(name).lower(), sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def list_backends() -> list[BackendInfo]:

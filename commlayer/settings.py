@@ -259,6 +259,13 @@ TRACE_DIR = Setting(
     "where flight-recorder dumps go (default <tmp>/commlayer-trace)",
     "observability",
 )
+JOB_ID = Setting(
+    "COMMLAYER_JOB_ID",
+    str,
+    None,
+    "the job's id, naming its dump and log folders; `commlayer run` sets it (else the launcher's own id)",
+    "observability",
+)
 COMMS_LOGGER = Setting(
     "COMMLAYER_COMMS_LOGGER",
     bool,
@@ -314,6 +321,13 @@ TESTING_RESULTS_DIR = Setting(
     None,
     "folder where run_world's ranks write their results",
     "internal",
+)
+BENCH_PROGRESS_EVERY = Setting(
+    "COMMLAYER_BENCH_PROGRESS_EVERY",
+    float,
+    10.0,
+    "seconds between `commlayer bench`'s progress lines when its output is not a terminal",
+    "observability",
 )
 BENCH_OPTIONS = Setting(
     "COMMLAYER_BENCH_OPTIONS", str, None, "`commlayer bench` options, as JSON, for its ranks", "internal"

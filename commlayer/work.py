@@ -20,6 +20,7 @@ import torch
 
 from . import health
 from .errors import CommTimeoutError
+from .metrics import format_duration
 
 __all__ = [
     "CompletedWork",
@@ -76,7 +77,7 @@ class Work(ABC):
         if not self._done:
             if not self._block(to_seconds(timeout)):
                 raise CommTimeoutError(
-                    f"{type(self).__name__}: wait timed out after {timeout}{self._pending_note}"
+                    f"{type(self).__name__}: wait timed out after {format_duration(to_seconds(timeout))}{self._pending_note}"
                 )
             self._complete()
         if self._error is not None:
@@ -234,7 +235,7 @@ class WaitLimit:
         advice = f" {self.advice}" if self.advice else ""
         return CommTimeoutError(
             f"{op}: the {self.library} operation did not complete within the group's timeout of "
-            f"{self.group_timeout_s:g} s (rank {self.rank}) on group '{self.group or '?'}'; a peer "
+            f"{format_duration(self.group_timeout_s)} (rank {self.rank}) on group '{self.group or '?'}'; a peer "
             f"failed or did not call the same op in the same order.{advice}"
         )
 

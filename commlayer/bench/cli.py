@@ -12,7 +12,6 @@ Two ways to run it:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -23,16 +22,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from commlayer.launch import LaunchConfig, launch
+from commlayer.launch.nproc import resolve_nproc
 from commlayer.rendezvous import discover
 
 from .. import settings
 from ..metrics import parse_size
 from .cases import BENCH_OPS, check_values_exact
+from .metadata import run_metadata
 from .options import BENCH_DTYPES, BenchOptions
 from .progress import ProgressBar, follow_file
-from .records import SweepResult, write_csv, write_json
+from .records import BenchRecord, SweepResult, write_csv, write_json
 from .runner import count_steps, run_sweep
-from .table import format_report
+from .table import RowPrinter, format_closing
 
 __all__ = ["add_arguments", "main"]
 
@@ -61,15 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-n",
         "--nproc-per-node",
         dest="nproc",
-        type=_positive_int,
+        type=_nproc,
         default=None,
         metavar="N",
-        help="start N local ranks (leave out under torchrun, mpirun or srun)",
+        help="start N local ranks, or auto|gpu|cpu as torchrun (leave out under torchrun, mpirun or srun)",
     )
     parser.add_argument(
         "--backends",
-        default="gloo",
-        help="comma-separated backends to compare (default gloo); also the references mpi4py (raw MPI, under mpirun) and memcpy",
+        default=None,
+        help="comma-separated backends to compare (default: this host's default backend, as "
+        "init_process_group() picks it); also the references mpi4py (raw MPI, under mpirun) and memcpy",
     )
     parser.add_argument(
         "--ops",
@@ -80,7 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-b", "--min-bytes", default="8", type=_size, help="smallest message S (default 8; K/M/G suffixes)"
     )
-    parser.add_argument("-e", "--max-bytes", default="1G", type=_size, help="largest message S (default 1G)")
+    parser.add_argument(
+        "-e", "--max-bytes", default="32M", type=_size, help="largest message S (default 32M)"
+    )
     parser.add_argument(
         "-f", "--step-factor", default=2.0, type=float, help="size multiplier between steps (default 2)"
     )
@@ -118,7 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", dest="timeout_s", default=300.0, type=float, help="seconds before a stuck rank fails"
     )
     parser.add_argument(
-        "--json", type=Path, default=None, metavar="FILE", help="write the records as a JSON list"
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the records as JSON, after a header saying where and how they were measured",
     )
     parser.add_argument("--csv", type=Path, default=None, metavar="FILE", help="write the records as CSV")
     parser.add_argument(
@@ -130,8 +138,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = _options(args)
         check_values_exact(options.torch_dtype, _world_size(args))
-        if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--plot needs matplotlib: pip install 'commlayer[bench]'")
+        if args.plot is not None:
+            _require_matplotlib()
     except ValueError as error:
         print(f"commlayer bench: {error}", file=sys.stderr)
         return 2
@@ -172,7 +180,12 @@ def _run_ranks(options: BenchOptions, nproc: int, scratch: Path) -> SweepResult 
     # No overall time limit: a 1 GiB CPU sweep takes long; a stuck op fails after --timeout.
     config = LaunchConfig((sys.executable, "-m", "commlayer.bench.worker"), nproc, env=env)
     bar, stop = ProgressBar(count_steps(options)), threading.Event()
-    follower = threading.Thread(target=follow_file, args=(progress_path, bar, stop), daemon=True)
+    printer = RowPrinter(options, nproc)
+    follower = threading.Thread(
+        target=follow_file,
+        args=(progress_path, bar, stop, lambda row, device: printer(BenchRecord(**row), device)),
+        daemon=True,
+    )
     follower.start()
     try:
         outcome = launch(config)
@@ -194,7 +207,7 @@ def _run_in_place(options: BenchOptions, args: argparse.Namespace) -> int:
         )
     bar = ProgressBar(count_steps(options))
     try:
-        result = run_sweep(options, bar.update)
+        result = run_sweep(options, bar.update, RowPrinter(options, _world_size(args)))
     finally:
         bar.close()
     if result is None:
@@ -203,16 +216,20 @@ def _run_in_place(options: BenchOptions, args: argparse.Namespace) -> int:
 
 
 def _publish(result: SweepResult, options: BenchOptions, args: argparse.Namespace) -> int:
-    """Print the tables and write the requested files; non-zero if any element was wrong."""
-    print(format_report(result, options), end="", flush=True)
+    """Print what follows the streamed rows, write the requested files (saying where); non-zero
+    if any element was wrong."""
+    print(format_closing(result), end="", flush=True)
     if args.json is not None:
-        write_json(args.json, result.records)
+        write_json(args.json, result.records, run_metadata())
+        print(f"wrote {args.json}", flush=True)
     if args.csv is not None:
         write_csv(args.csv, result.records)
+        print(f"wrote {args.csv}", flush=True)
     if args.plot is not None:
         from .plot import write_plot  # matplotlib only when a plot is asked for
 
         write_plot(args.plot, result.records, _plot_title(result, options))
+        print(f"wrote {args.plot}", flush=True)
     wrong = sum(record.wrong for record in result.records)
     if wrong:
         print(f"commlayer bench: {wrong} wrong elements (see the 'wrong' column)", file=sys.stderr)
@@ -225,7 +242,7 @@ def _publish(result: SweepResult, options: BenchOptions, args: argparse.Namespac
 
 def _options(args: argparse.Namespace) -> BenchOptions:
     return BenchOptions(
-        backends=_names(args.backends),
+        backends=_names(args.backends or _host_default_backend()),
         ops=_names(args.ops),
         min_bytes=args.min_bytes,
         max_bytes=args.max_bytes,
@@ -239,6 +256,30 @@ def _options(args: argparse.Namespace) -> BenchOptions:
         device=args.device,
         timeout_s=args.timeout_s,
     )
+
+
+def _require_matplotlib() -> None:
+    """--plot's check before any rank starts: matplotlib comes with the optional "bench" part."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        raise ValueError("--plot needs matplotlib: pip install 'commlayer[bench]'") from None
+
+
+def _host_default_backend() -> str:
+    """What ``init_process_group()`` picks on this host (shm on a CPU host, nccl with CUDA)."""
+    from commlayer.registry import get_backend_class
+    from commlayer.selection import detect_accelerator, resolve_backend_spec
+
+    def available(name: str) -> bool:
+        try:
+            get_backend_class(name)
+        except Exception:  # noqa: BLE001 - unknown or unavailable: the next default is tried
+            return False
+        return True
+
+    spec = resolve_backend_spec(None, os.environ, detect_accelerator(), available)
+    return spec.split(",")[0].split(":")[-1]
 
 
 def _world_size(args: argparse.Namespace) -> int:
@@ -304,6 +345,13 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _nproc(text: str) -> int:
+    try:
+        return resolve_nproc(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("argument '-n' ")) from None
 
 
 def _positive_int(text: str) -> int:

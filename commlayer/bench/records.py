@@ -1,7 +1,9 @@
 """One measured row of ``commlayer bench``, and its JSON / CSV files.
 
-A JSON file is a list of objects with exactly :data:`RECORD_KEYS`; the CSV file has the same
-columns in the same order. ``wrong`` counts wrong result elements, summed over ranks: of one
+A JSON file is ``{"metadata": {...}, "records": [...]}``: the metadata says where and how the
+run was made (:func:`run_metadata`: host, CPU, GPUs, versions of Python, torch, commlayer, MPI and
+oneCCL where present, the date and the exact command), each record is an object with exactly
+:data:`RECORD_KEYS`; the CSV file has the records' columns in the same order. ``wrong`` counts wrong result elements, summed over ranks: of one
 verification run after the timed iterations, or of every timed iteration with ``--check``.
 """
 
@@ -66,13 +68,18 @@ class SweepResult:
         )
 
 
-def write_json(path: str | Path, records: Iterable[BenchRecord]) -> None:
-    rows = [record.as_dict() for record in records]
-    Path(path).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+def write_json(
+    path: str | Path, records: Iterable[BenchRecord], metadata: dict[str, Any] | None = None
+) -> None:
+    document = {"metadata": metadata or {}, "records": [record.as_dict() for record in records]}
+    Path(path).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
 def read_json(path: str | Path) -> list[BenchRecord]:
-    return [BenchRecord(**row) for row in json.loads(Path(path).read_text(encoding="utf-8"))]
+    """The records of a JSON file (also of the older bare-list files)."""
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    rows = document["records"] if isinstance(document, dict) else document
+    return [BenchRecord(**row) for row in rows]
 
 
 def write_csv(path: str | Path, records: Sequence[BenchRecord]) -> None:

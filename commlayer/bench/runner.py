@@ -36,13 +36,15 @@ from .options import BenchOptions
 from .raw import RAW_BACKENDS, MemcpyCalls, RawMpiCalls
 from .records import BenchRecord, SweepResult
 
-__all__ = ["StepReporter", "count_steps", "run_sweep"]
+__all__ = ["RowReporter", "StepReporter", "count_steps", "run_sweep"]
 
 CONTROL_BACKEND = "gloo"
 _ACCELERATORS = ("cuda", "xpu", "npu", "hpu")
 
 #: Called on rank 0 after each measured (or skipped) step: (steps done, label).
 StepReporter = Callable[[int, str], None]
+#: Called on rank 0 with each record the moment it is measured, and its backend's device.
+RowReporter = Callable[[BenchRecord, str], None]
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ def count_steps(options: BenchOptions) -> int:
     return len(options.backends) * sum(len(plan.sizes(op)) for op in options.ops)
 
 
-def run_sweep(options: BenchOptions, report_step: StepReporter | None = None) -> SweepResult | None:
+def run_sweep(
+    options: BenchOptions, report_step: StepReporter | None = None, report_row: RowReporter | None = None
+) -> SweepResult | None:
     """Initialise the control world, run every backend in turn, tear everything down.
 
     Returns the result on rank 0 and None on every other rank.
@@ -70,18 +74,21 @@ def run_sweep(options: BenchOptions, report_step: StepReporter | None = None) ->
     dist.init_process_group(CONTROL_BACKEND, timeout=timedelta(seconds=options.timeout_s))
     try:
         check_values_exact(options.torch_dtype, dist.get_world_size())  # results are always verified
-        return _Sweep(options, report_step).run()
+        return _Sweep(options, report_step, report_row).run()
     finally:
         dist.destroy_process_group()
 
 
 class _Sweep:
-    def __init__(self, options: BenchOptions, report_step: StepReporter | None) -> None:
+    def __init__(
+        self, options: BenchOptions, report_step: StepReporter | None, report_row: RowReporter | None
+    ) -> None:
         self.options = options
         self.plan = _Plan(options)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.report_step = report_step if self.rank == 0 else None
+        self.report_row = report_row if self.rank == 0 else None
         self.steps_done = 0
         self.records: list[BenchRecord] = []
         self.notes: list[str] = []
@@ -261,6 +268,8 @@ class _Sweep:
                 wrong=int(per_rank[:, -1].sum()),
             )
         )
+        if self.report_row is not None:
+            self.report_row(self.records[-1], dict(self.devices).get(backend, "?"))
 
     def _skip_steps(self, backend: str, ops: Any) -> None:
         for op in ops:

@@ -13,13 +13,15 @@ Example (2 ranks, gloo and mpi)::
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import TextIO
 
 from .options import BenchOptions
 from .records import BenchRecord, SweepResult
 
-__all__ = ["format_report", "format_side_by_side", "format_table"]
+__all__ = ["RowPrinter", "format_closing", "format_report", "format_side_by_side", "format_table"]
 
 _COLUMNS = ("bytes", "count", "dtype", "time_us", "algbw_GB/s", "busbw_GB/s", "wrong")
 _WIDTHS = (12, 12, 10, 12, 12, 12, 8)
@@ -40,20 +42,54 @@ def format_report(result: SweepResult, options: BenchOptions) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
+class RowPrinter:
+    """Prints each row the moment it is measured (flushed, in a pipe too); a table's header
+    comes before its first row. :func:`format_closing` then adds what needs every row."""
+
+    def __init__(self, options: BenchOptions, world_size: int, stream: TextIO | None = None) -> None:
+        self.options = options
+        self.world_size = world_size
+        self.stream = stream
+        self._table: tuple[str, str] | None = None
+
+    def __call__(self, record: BenchRecord, device: str) -> None:
+        lines = []
+        if self._table != (record.op, record.backend):
+            lines += ([""] if self._table is not None else []) + [
+                _header(record.op, record.backend, self.world_size, device, self.options),
+                _line(_COLUMNS),
+            ]
+            self._table = (record.op, record.backend)
+        lines.append(_row_line(record))
+        print("\n".join(lines), file=self.stream or sys.stdout, flush=True)
+
+
+def format_closing(result: SweepResult) -> str:
+    """What follows the streamed tables: the side-by-side summary and the skip notes."""
+    blocks = []
+    summary = format_side_by_side(result.records)
+    if summary:
+        blocks.append(summary)
+    if result.notes:
+        blocks.append("\n".join("note: " + note.replace("\n", "\n      ") for note in result.notes))
+    return "".join("\n" + block + "\n" for block in blocks)
+
+
 def format_table(rows: Sequence[BenchRecord], header: str) -> str:
-    lines = [header, _line(_COLUMNS)]
-    for row in rows:
-        cells = (
-            row.bytes,
-            row.count,
-            row.dtype,
-            f"{row.time_us:.2f}",
-            _bandwidth(row.algbw_gbps),
-            _bandwidth(row.busbw_gbps),
-            row.wrong,
-        )
-        lines.append(_line(cells))
-    return "\n".join(lines)
+    return "\n".join([header, _line(_COLUMNS), *(_row_line(row) for row in rows)])
+
+
+def _row_line(row: BenchRecord) -> str:
+    cells = (
+        row.bytes,
+        row.count,
+        row.dtype,
+        f"{row.time_us:.2f}",
+        _bandwidth(row.algbw_gbps),
+        _bandwidth(row.busbw_gbps),
+        row.wrong,
+    )
+    return _line(cells)
 
 
 def format_side_by_side(records: Sequence[BenchRecord]) -> str:

@@ -20,7 +20,8 @@ __all__ = ["main"]
 def main() -> int:
     options = BenchOptions.from_json(settings.BENCH_OPTIONS.required())
     progress = settings.BENCH_PROGRESS.text()
-    result = run_sweep(options, StepFileWriter(progress) if progress else None)
+    writer = StepFileWriter(progress) if progress else None
+    result = run_sweep(options, writer, writer.row if writer is not None else None)
     if result is not None:
         target = Path(settings.BENCH_RESULT.required())
         staging = target.with_suffix(".partial")

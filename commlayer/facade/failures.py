@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from .. import health
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from ..metrics import format_duration
 from .aborted_groups import abort_group
 from .dumps import dump_flight_recorder
 from .groups import ProcessGroup, resolve_group, world_or_none
@@ -31,8 +32,9 @@ _PEER_LOSS = re.compile(
     re.IGNORECASE,
 )
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
-# What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited").
-_PEER_EXITED = re.compile(r"peer rank \d+ .*exited")
+# What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited",
+# or "stopped waiting for peer rank 1: the peer monitor reported that a rank of the job exited").
+_PEER_EXITED = re.compile(r"peer rank \d+\b.*exited")
 # commlayer errors that already say everything: passed on as they are.
 _FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 # Longest a survivor waits for the peer monitor to name the rank whose connection dropped.
@@ -105,7 +107,7 @@ def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
         )
     if _TIMEOUT.search(str(error)):
         return CommTimeoutError(
-            f"{where} did not complete within the group timeout of {group.timeout} (rank "
+            f"{where} did not complete within the group timeout of {format_duration(group.timeout.total_seconds())} (rank "
             f"{group.global_rank}); a peer failed or did not call the same op in the same order: {text}"
         )
     return CommError(

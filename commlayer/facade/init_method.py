@@ -26,6 +26,7 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from ..errors import CommTimeoutError, RendezvousError, invalid_argument
+from ..metrics import format_duration
 from ..netif import apply_interface_environment
 from ..registry import get_backend_class
 from ..rendezvous import RendezvousInfo, discover
@@ -129,7 +130,7 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
     connector = threading.Thread(target=attempt, name="commlayer-store-connect", daemon=True)
     connector.start()
     expired = CommTimeoutError(
-        f"init_process_group: {store} did not answer within the timeout of {timeout} (rank {rank}); "
+        f"init_process_group: {store} did not answer within the timeout of {format_duration(timeout.total_seconds())} (rank {rank}); "
         "another program may hold MASTER_PORT, or the store's host (rank 0) failed or hangs, or "
         "another rank did not join"
     )

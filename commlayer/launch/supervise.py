@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
+from ..metrics import format_duration
+from .tracebacks import TracebackHold, strip_torch_prefix
+
 __all__ = [
     "TIMEOUT_EXIT_CODE",
     "LaunchResult",
@@ -54,8 +57,12 @@ class SuperviseOptions:
     # mpirun job wrote a traceback but mpirun itself keeps waiting for the other ranks).
     stop_check: Callable[[], str | None] | None = None
     # After the first failure, keep watching this long for others to fail by themselves before
-    # stopping the rest (ranks on several hosts fail together; the caller picks the root cause).
+    # stopping the rest (ranks on several hosts fail together; the caller picks the root cause);
+    # with hold_tracebacks, no longer than until each has printed its exception.
     settle: float = 0.0
+    # Hold each process's stderr from its first Python traceback on, for the caller to show
+    # (ProcessOutcome.held and .exception); echoed output then stays one screen long.
+    hold_tracebacks: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
@@ -83,6 +90,8 @@ class ProcessOutcome:
     exit_code: int  # negative: killed by that signal number (the subprocess convention)
     stopped: bool  # still running when the supervisor stopped the world
     output_tail: tuple[str, ...]  # last lines of stdout and stderr, interleaved as they came
+    held: tuple[str, ...] = ()  # stderr from its first traceback on, not echoed (hold_tracebacks)
+    exception: str | None = None  # "ValueError: text": the last exception its tracebacks named
 
 
 @dataclass(frozen=True)
@@ -115,14 +124,15 @@ class LaunchResult:
         stopped = self.stopped_labels
         if self.first_failure is not None:
             failed = self.outcomes[self.first_failure]
-            others = f"{len(stopped)} other rank" + ("" if len(stopped) == 1 else "s")
-            return f"{prefix}: {failed.label} {_describe_exit(failed.exit_code)}; stopped {others}"
+            others = f"{len(stopped) or 'no'} other rank" + ("" if len(stopped) <= 1 else "s")
+            raised = f" raised {failed.exception} and" if failed.exception else ""
+            return f"{prefix}: {failed.label}{raised} {_describe_exit(failed.exit_code)}; stopped {others}"
         if self.signal_received is not None:
             name = signal.Signals(self.signal_received).name
             killed = f"; killed {_listing(stopped)} (still running after the grace period)" if stopped else ""
             return f"{prefix}: received {name} and forwarded it to every process{killed}"
         if self.timed_out:
-            after = "" if self.timeout is None else f" after {self.timeout:g}s"
+            after = "" if self.timeout is None else f" after {format_duration(self.timeout)}"
             return f"{prefix}: timed out{after}; stopped {_listing(stopped)} (still running)"
         if self.stop_reason is not None:
             return f"{prefix}: {self.stop_reason}; stopped {_listing(stopped)}"
@@ -175,7 +185,7 @@ def _watch(running: list[_Running], options: SuperviseOptions, received: list[in
     settled = 0.0
     remaining = len(running)
     while remaining:
-        if failure is not None and time.monotonic() >= settled:
+        if failure is not None and (time.monotonic() >= settled or _all_reported(running)):
             break
         if received:
             # Give the ranks the grace period to act on the forwarded signal (e.g. checkpoint).
@@ -196,6 +206,11 @@ def _watch(running: list[_Running], options: SuperviseOptions, received: list[in
     if failure is not None:
         return _Ending(first_failure=failure)
     return _Ending(signal_received=received[0] if received else None)
+
+
+def _all_reported(running: list[_Running]) -> bool:
+    """Every process has exited or printed the exception it is exiting with (held tracebacks)."""
+    return all(not process.alive() or process.raised() for process in running)
 
 
 @contextlib.contextmanager
@@ -301,6 +316,7 @@ class _Running:
         self.threads: list[threading.Thread] = []
         self.log = _open_log(options.log_dir, spec.label)
         self.log_lock = threading.Lock()
+        self.hold = TracebackHold() if options.hold_tracebacks else None
         try:
             self.popen = subprocess.Popen(
                 spec.argv,
@@ -317,8 +333,11 @@ class _Running:
         self.pid = self.popen.pid
 
     def start_threads(self, echo_lock: threading.Lock | None) -> None:
-        for pipe, sink in ((self.popen.stdout, sys.stdout), (self.popen.stderr, sys.stderr)):
-            self._spawn_thread(self._copy, pipe, sink if echo_lock else None, echo_lock)
+        for pipe, sink, hold in (
+            (self.popen.stdout, sys.stdout, None),
+            (self.popen.stderr, sys.stderr, self.hold),
+        ):
+            self._spawn_thread(self._copy, pipe, sink if echo_lock else None, echo_lock, hold)
 
     def report_exit_to(self, exits: queue.Queue[tuple[int, int]]) -> None:
         self._spawn_thread(lambda: exits.put((self.index, self.popen.wait())))
@@ -329,18 +348,31 @@ class _Running:
         thread.start()
         self.threads.append(thread)
 
-    def _copy(self, pipe: IO[bytes], sink: TextIO | None, echo_lock: threading.Lock | None) -> None:
+    def _copy(
+        self,
+        pipe: IO[bytes],
+        sink: TextIO | None,
+        echo_lock: threading.Lock | None,
+        hold: TracebackHold | None,
+    ) -> None:
         for raw in iter(pipe.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            line = line if line.endswith("\n") else line + "\n"
-            self.tail.append(line.rstrip("\n"))
+            line = strip_torch_prefix(raw.decode("utf-8", errors="replace").rstrip("\n"))
+            self.tail.append(line)
             if self.log is not None:
                 with self.log_lock:
-                    self.log.write(line)
-            if sink is not None and echo_lock is not None:
-                with echo_lock:
-                    sink.write(self.tag + line)
-                    sink.flush()
+                    self.log.write(line + "\n")
+            self._echo(hold.feed(line) if hold is not None else [line], sink, echo_lock)
+        if hold is not None:
+            self._echo(hold.flush(), sink, echo_lock)
+
+    def _echo(self, lines: list[str], sink: TextIO | None, echo_lock: threading.Lock | None) -> None:
+        if lines and sink is not None and echo_lock is not None:
+            with echo_lock:
+                sink.write("".join(self.tag + line + "\n" for line in lines))
+                sink.flush()
+
+    def raised(self) -> bool:
+        return self.hold is not None and self.hold.exception is not None
 
     def alive(self) -> bool:
         return self.popen.returncode is None and pid_running(self.pid)
@@ -375,8 +407,15 @@ class _Running:
 
     def outcome(self, stopped: bool) -> ProcessOutcome:
         code = self.popen.returncode
+        held = () if self.hold is None else tuple(self.hold.lines)
+        exception = None if self.hold is None else self.hold.exception
         return ProcessOutcome(
-            self.spec.label, -signal.SIGKILL if code is None else code, stopped, tuple(self.tail)
+            self.spec.label,
+            -signal.SIGKILL if code is None else code,
+            stopped,
+            tuple(self.tail),
+            held,
+            exception,
         )
 
 

@@ -21,7 +21,13 @@ from typing import Any
 import torch
 
 from .. import dist
-from ..errors import NotInitializedError
+from ..errors import NotInitializedError, missing_extra
+
+try:  # the config is checked with pydantic, commlayer's optional "zero" part
+    import pydantic  # noqa: F401
+except ModuleNotFoundError as missing:
+    raise missing_extra(missing, "zero", "commlayer.zero") from None
+
 from ..mesh import Mesh, init_mesh
 from .checkpoint import consolidated_state_dict
 from .checks import check_model_and_optimizer

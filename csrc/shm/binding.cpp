@@ -103,12 +103,23 @@ void reduce_local(Address out, const std::vector<Address>& inputs, std::size_t c
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "commlayer shared-memory communicator (csrc/shm)";
-    // The native errors *are* commlayer's (subclasses), so ops need no translating try/except.
+    // Native errors surface as commlayer's public types themselves (no private subclasses), so
+    // users see CommTimeoutError, not a name inside this extension, and ops need no translating.
     const py::module_ errors = py::module_::import("commlayer.errors");
-    launch_errors.timeout = py::register_exception<TimeoutError>(m, "ShmTimeout", errors.attr("CommTimeoutError")).ptr();
-    launch_errors.peer = py::register_exception<PeerError>(m, "ShmPeerError", errors.attr("CommError")).ptr();
-    launch_errors.mismatch =
-        py::register_exception<MismatchError>(m, "ShmMismatch", errors.attr("CollectiveMismatchError")).ptr();
+    launch_errors.timeout = py::object(errors.attr("CommTimeoutError")).release().ptr();
+    launch_errors.peer = py::object(errors.attr("CommError")).release().ptr();
+    launch_errors.mismatch = py::object(errors.attr("CollectiveMismatchError")).release().ptr();
+    py::register_exception_translator([](std::exception_ptr raised) {
+        try {
+            if (raised) std::rethrow_exception(raised);
+        } catch (const TimeoutError& error) {
+            PyErr_SetString(launch_errors.timeout, error.what());
+        } catch (const PeerError& error) {
+            PyErr_SetString(launch_errors.peer, error.what());
+        } catch (const MismatchError& error) {
+            PyErr_SetString(launch_errors.mismatch, error.what());
+        }
+    });
 
     py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping")
         .def(py::init<const std::string&, std::size_t, bool>(), py::arg("name"), py::arg("bytes"),

@@ -64,6 +64,24 @@ std::uint64_t pack_signature(int kind, std::size_t count, DType dtype, int reduc
 }
 
 // "all_reduce(float32[8], op sum)", "broadcast(int64[4], root 1)", "barrier()".
+// A duration as people write it ("3 s", "1 min 30 s"), matching commlayer.metrics.format_duration.
+std::string describe_duration(double seconds) {
+    char text[48];
+    if (seconds < 1) {
+        std::snprintf(text, sizeof text, "%.3g ms", seconds * 1000);
+        return text;
+    }
+    if (seconds < 60) {
+        std::snprintf(text, sizeof text, "%.3g s", seconds);
+        return text;
+    }
+    const long whole = static_cast<long>(seconds + 0.5);
+    const long minutes = whole / 60, rest = whole % 60;
+    if (rest == 0) std::snprintf(text, sizeof text, "%ld min", minutes);
+    else std::snprintf(text, sizeof text, "%ld min %ld s", minutes, rest);
+    return text;
+}
+
 std::string describe_signature(std::uint64_t signature) {
     const int kind = static_cast<int>(signature >> 60);
     if (kind > kAllToAll) return "an unknown op";
@@ -225,7 +243,7 @@ void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
         }
         if (timed_out) {
             fail(where + "peer rank " + std::to_string(peer) + " did not arrive within the group's timeout of " +
-                     std::to_string(policy_.timeout_s) + " s (it is stuck, or called a different op)",
+                     describe_duration(policy_.timeout_s) + " (it is stuck, or called a different op)",
                  true);
         }
     }

@@ -103,7 +103,7 @@ def test_untimed_wait_ends_at_the_group_timeout_and_keeps_buffers_alive() -> Non
     work = Expiring(flag.event, flag.limit, keep_alive=(buffer,))
     with pytest.raises(CommTimeoutError) as raised:
         work.wait()
-    expected = "flag: the test operation did not complete within the group's timeout of 0.1 s (rank 0)"
+    expected = "flag: the test operation did not complete within the group's timeout of 100 ms (rank 0)"
     assert str(raised.value).startswith(expected) and str(raised.value).endswith("End the job.")
     assert expired == [str(raised.value)]
     assert any(kept == (buffer,) for kept in _abandoned())

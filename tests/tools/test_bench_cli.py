@@ -33,7 +33,8 @@ def _bench(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _check_records(rows: list[dict], backend: str, ops: list[str], world_size: int) -> None:
+def _check_records(rows: list[dict] | dict, backend: str, ops: list[str], world_size: int) -> None:
+    rows = rows["records"] if isinstance(rows, dict) else rows  # a JSON file: metadata, then records
     assert all(tuple(row) == RECORD_KEYS for row in rows)
     mine = [row for row in rows if row["backend"] == backend]
     expected = [
@@ -131,6 +132,8 @@ def test_in_place_under_a_launcher_with_async_ops(tmp_path: Path) -> None:
         timeout=180,
         args=[
             str(target),
+            "--backends",
+            "gloo",
             "--ops",
             "all_reduce,all_gather,reduce_scatter",
             "--async",
@@ -162,7 +165,7 @@ def test_backends_side_by_side(tmp_path: Path) -> None:
         str(tmp_path / "out.json"),
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = json.loads((tmp_path / "out.json").read_text())
+    rows = json.loads((tmp_path / "out.json").read_text())["records"]
     for backend in ("gloo", "ccl"):
         _check_records(rows, backend, ["all_reduce", "barrier"], 2)
     summary = done.stdout.split("# side by side")[1].splitlines()
@@ -204,7 +207,7 @@ def test_mpi_next_to_gloo_under_mpirun(tmp_path: Path) -> None:
             "2",
         ],
     )
-    rows = json.loads(target.read_text())
+    rows = json.loads(target.read_text())["records"]
     for backend in ("gloo", "mpi"):
         _check_records(rows, backend, ["all_reduce", "all_to_all", "pingpong"], 2)
 

@@ -178,7 +178,7 @@ def _record(backend: str, op: str, nbytes: int, time_us: float, busbw: float, wr
 def test_json_and_csv_have_exactly_the_record_keys(tmp_path) -> None:
     records = [_record("gloo", "all_reduce", 8, 12.5, 0.25), _record("gloo", "barrier", 0, 3.0, 0.0, wrong=3)]
     write_json(tmp_path / "out.json", records)
-    rows = json.loads((tmp_path / "out.json").read_text())
+    rows = json.loads((tmp_path / "out.json").read_text())["records"]
     assert [tuple(row) for row in rows] == [RECORD_KEYS] * 2
     assert RECORD_KEYS == (
         "backend",

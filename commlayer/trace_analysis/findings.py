@@ -1,4 +1,4 @@
-"""``commlayer trace analyze DIR``: merge every rank's flight-recorder dump and say what happened.
+"""What the dumps of one job say: who is missing, mismatched calls, who waits where.
 
 Each rank's dump (``rank<N>.json``, see :mod:`commlayer.flight_recorder`) lists the last
 collectives of every group it belongs to. Lined up by sequence number they answer the questions a
@@ -11,38 +11,15 @@ hang raises. Example, rank 2 of 4 stuck in computation while the others wait::
 from __future__ import annotations
 
 import json
-import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .errors import describe_ranks
+from ..errors import describe_ranks
 
-__all__ = ["GroupView", "analyze", "load_dumps", "main"]
+__all__ = ["GroupView", "analyze", "describe"]
 
-_DUMP_NAME = re.compile(r"rank(\d+)\.json")
 _SHAPE_FREE_OPS = frozenset({"all_to_all", "all_to_all_single"})
-
-
-def load_dumps(directory: str | Path) -> dict[int, dict[str, Any]]:
-    """Every ``rank<N>.json`` in ``directory``, by rank; ValueError names an unreadable file."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        raise ValueError(f"trace analyze: argument 'DIR' expected a directory of dumps, received '{folder}'")
-    dumps: dict[int, dict[str, Any]] = {}
-    for path in sorted(folder.iterdir()):
-        match = _DUMP_NAME.fullmatch(path.name)
-        if match is None:
-            continue
-        try:
-            dumps[int(match.group(1))] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise ValueError(f"trace analyze: cannot read the dump '{path}': {error}") from error
-    if not dumps:
-        raise ValueError(f"trace analyze: no rank<N>.json dumps in '{folder}'")
-    return dumps
 
 
 @dataclass(frozen=True)
@@ -167,16 +144,3 @@ def _pending_p2p(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
                         f"rank {rank}: {describe(entry)} on group '{group['group']}' never completed"
                     )
     return lines
-
-
-def main(directory: str, out: Any = None) -> int:
-    """Print the analysis of ``directory``; 0 if it could be read, 2 otherwise."""
-    stream = out or sys.stdout
-    try:
-        findings = analyze(load_dumps(directory))
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
-    for line in findings:
-        print(line, file=stream)
-    return 0

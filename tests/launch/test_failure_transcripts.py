@@ -1,0 +1,106 @@
+"""A failed ``commlayer run`` fits on one screen: one full traceback, one line per other rank,
+one prefix per line, one flight-recorder notice per rank, durations as people write them.
+
+Each test runs the real launcher on real ranks (shm, the CPU default) and counts the lines it
+printed; the rank programs are in failure_transcripts_ranks.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multirank
+
+ROOT = Path(__file__).resolve().parents[2]
+RANKS = Path(__file__).with_name("failure_transcripts_ranks.py")
+_TAG = re.compile(r"^\[rank(\d+)\] ")
+
+
+def run_scenario(scenario: str, ranks: int, tmp_path: Path) -> tuple[list[str], int]:
+    """``commlayer run -n RANKS failure_transcripts_ranks.py SCENARIO``: its output lines and exit code."""
+    env = {
+        key: value for key, value in os.environ.items() if key not in ("RANK", "WORLD_SIZE", "MASTER_PORT")
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),
+        COMMLAYER_TRACE_DIR=str(tmp_path / "trace"),
+    )
+    env.pop("COMMLAYER_DEBUG", None)
+    argv = [sys.executable, "-m", "commlayer", "run", "-n", str(ranks), "--log-dir", str(tmp_path / "logs")]
+    done = subprocess.run(
+        [*argv, str(RANKS), scenario], capture_output=True, text=True, timeout=180, env=env, check=False
+    )
+    return (done.stdout + done.stderr).splitlines(), done.returncode
+
+
+def rank_lines(lines: list[str], rank: int, containing: str) -> list[str]:
+    return [line for line in lines if line.startswith(f"[rank{rank}] ") and containing in line]
+
+
+def full_traceback(lines: list[str]) -> list[str]:
+    """The one full traceback: from its first line to its rank's exception line."""
+    start = next(
+        index for index, line in enumerate(lines) if line.endswith("Traceback (most recent call last):")
+    )
+    tag = _TAG.match(lines[start]).group(0)
+    for end in range(start + 1, len(lines)):
+        body = lines[end][len(tag) :]
+        if lines[end].startswith(tag) and body[:1].isalpha():
+            return lines[start : end + 1]
+    raise AssertionError("the traceback has no exception line:\n" + "\n".join(lines))
+
+
+def check_common(lines: list[str]) -> None:
+    transcript = "\n".join(lines)
+    assert not [line for line in lines if re.match(r"^\[rank\d+\] \[rank\d+\]", line)], transcript
+    assert not [line for line in lines if re.match(r"^\[rank\d+\] frame #\d+", line)], transcript
+    assert "3.000000" not in transcript and "_C.Shm" not in transcript, transcript
+    for rank in range(8):
+        assert len(rank_lines(lines, rank, "flight recorder of rank")) <= 1, transcript
+
+
+def test_a_typo_on_four_ranks_prints_one_traceback_and_a_line_per_other_rank(tmp_path: Path) -> None:
+    lines, code = run_scenario("typo", 4, tmp_path)
+    transcript = "\n".join(lines)
+    assert code == 1, transcript
+    check_common(lines)
+    traceback = full_traceback(lines)
+    assert sum("Traceback (most recent call last)" in line for line in lines) == 1, transcript
+    assert len(lines) - len(traceback) <= 15, transcript
+    failed = int(_TAG.match(traceback[0]).group(1))
+    summary = lines[-1]
+    assert summary.startswith(f"commlayer run: rank {failed} raised AttributeError: SUMM"), transcript
+    assert f"{tmp_path / 'logs'}/rank<N>.log" in summary, transcript
+    for rank in range(4):
+        assert len(rank_lines(lines, rank, "AttributeError: SUMM")) == 1, transcript
+        log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
+        assert "Traceback (most recent call last)" in log and "AttributeError: SUMM" in log, log
+
+
+def test_a_timeout_prints_one_typed_line_per_waiting_rank(tmp_path: Path) -> None:
+    lines, code = run_scenario("timeout", 3, tmp_path)
+    transcript = "\n".join(lines)
+    assert code == 1, transcript
+    check_common(lines)
+    for rank in (0, 2):  # rank 1 is stuck in computation and never enters the all_reduce
+        typed = rank_lines(lines, rank, "CommTimeoutError: ")
+        assert len(typed) == 1, transcript
+        assert "timeout of 3 s" in typed[0], transcript
+    assert not [line for line in lines if "TCPStore" in line and "Exception raised from" in line], transcript
+
+
+def test_survivors_of_a_dead_peer_print_one_typed_line_each(tmp_path: Path) -> None:
+    lines, code = run_scenario("dead-peer", 3, tmp_path)
+    transcript = "\n".join(lines)
+    assert code == 3, transcript
+    check_common(lines)
+    assert "Traceback (most recent call last)" not in transcript, transcript  # the dead rank raised nothing
+    for rank in (0, 2):
+        assert len(rank_lines(lines, rank, "PeerFailureError: ")) == 1, transcript
+    assert lines[-1].startswith("commlayer run: rank 1 exited with code 3"), transcript
