@@ -21,6 +21,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .errors import InvalidArgumentError
+
 __all__ = ["RendezvousEnvError", "RendezvousInfo", "discover", "expand_slurm_nodelist"]
 
 _DIGITS = re.compile(r"\d+")
@@ -40,8 +42,9 @@ class RendezvousInfo:
     source: str  # "torchrun" | "openmpi" | "mpich" | "intel-mpi" | "pmi" | "pmix" | "slurm"
 
 
-class RendezvousEnvError(ValueError):
-    """A launcher variable is present but malformed or inconsistent with the others."""
+class RendezvousEnvError(InvalidArgumentError):
+    """A launcher variable is present but malformed or inconsistent with the others (a ValueError
+    and a ``torch.distributed.DistError``, like every commlayer error)."""
 
     def __init__(self, variable: str, expected: str, received: str | None) -> None:
         self.variable = variable
