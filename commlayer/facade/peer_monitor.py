@@ -252,7 +252,9 @@ _world_store: Any = None
 _world_rank = -1
 
 
-def start_monitor(store: Any, rank: int, size: int, on_dump_request: Callable[[str], Any]) -> None:
+def start_monitor(
+    store: Any, rank: int, size: int, on_dump_request: Callable[[str], Any], prefix: str = ""
+) -> None:
     """Start watching the peers of a new world (nothing to watch in a world of one).
 
     The monitor talks to the store over its own connection: a TCPStore client serialises its
@@ -266,6 +268,8 @@ def start_monitor(store: Any, rank: int, size: int, on_dump_request: Callable[[s
     if size == 1 or not options.enabled:
         return
     _world_store, _world_rank = _own_connection(store, options), rank
+    if prefix:  # a shrunk world: its ranks are renumbered, its keys live apart
+        _world_store = torch_dist.PrefixStore(prefix, _world_store)
     _publish_process(_world_store, rank)
     _monitor = PeerMonitor(_world_store, rank, size, options, on_dump_request)
     _monitor.start()
@@ -300,9 +304,10 @@ def _own_connection(store: Any, options: HeartbeatOptions) -> Any:
     return torch_dist.TCPStore(base.host, base.port, is_master=False, timeout=timeout, wait_for_workers=False)
 
 
-def stop_monitor() -> None:
+def stop_monitor(announce: bool = True) -> None:
+    """Stop watching; ``announce``: a rank leaving after a peer failure says so to the others."""
     global _monitor, _world_store
-    if _monitor is not None and (_saw_peer_loss or health.current() is not None):
+    if announce and _monitor is not None and (_saw_peer_loss or health.current() is not None):
         announce_death("left the job after a peer failed", consequence=True)
     monitor, _monitor = _monitor, None
     _world_store = None

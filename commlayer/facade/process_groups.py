@@ -165,6 +165,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         stop_monitor()
         _shutdown(reversed(list(world.world_backends.values())))
         _leave(world)
+        _shutdown_retired(world)
         set_world(None)
         return
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
@@ -452,6 +453,14 @@ def _leave(world: World) -> None:
             world.store.wait(keys, min(world.timeout, _LEAVE_TIMEOUT))
         except Exception as error:  # noqa: BLE001 - a dead peer must not turn teardown into a crash
             log.warning("destroy_process_group: not every rank left within %s: %s", _LEAVE_TIMEOUT, error)
+
+
+def _shutdown_retired(world: World) -> None:
+    """The communicators of the world before shrink_group: their excluded ranks count as failed,
+    so that no teardown waits for them."""
+    if world.retired_backends:
+        health.report(world.excluded_ranks[0], "left out of the world by shrink_group")
+        _shutdown(world.retired_backends)
 
 
 def _shutdown(backends: Iterable[Backend]) -> None:
