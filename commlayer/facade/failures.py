@@ -19,6 +19,7 @@ from .aborted_groups import abort_group
 from .dumps import dump_flight_recorder
 from .groups import ProcessGroup, resolve_group, world_or_none
 from .peer_monitor import identify_dead_peer, note_peer_loss, request_dumps
+from .progress import describe_laggards
 
 __all__ = ["on_failure", "raise_translated", "translate", "typed_wait_error", "wait_translated"]
 
@@ -34,6 +35,8 @@ _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 # What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited"),
 # or when the peer monitor's report ended its wait (shm names no rank then: the report does).
 _PEER_EXITED = re.compile(r"peer rank \d+ .*exited|peer monitor reported that a rank of the job exited")
+# A timeout that already names the rank it waited for (debug mode's check, shm's own wait).
+_NAMES_A_RANK = re.compile(r"rank \d+ did not (call|arrive)")
 # commlayer errors that already say everything: passed on as they are.
 _FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 # Longest a survivor waits for the peer monitor to name the rank whose connection dropped.
@@ -51,6 +54,8 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
     translated = translate(group, op, error)
     if not isinstance(translated, CommError):
         return translated
+    if isinstance(translated, CommTimeoutError) and health.current() is None:
+        translated = _naming_laggards(group, translated)
     if isinstance(translated, (PeerFailureError, CommTimeoutError)):
         abort_group(group, translated)
     world = world_or_none()
@@ -63,6 +68,21 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
         log.warning("commlayer: flight recorder dump failed: %s", problem)
     request_dumps(reason)
     return translated
+
+
+def _naming_laggards(group: ProcessGroup, timeout: CommTimeoutError) -> CommTimeoutError:
+    """The timeout, naming the peers that did not call the op, when they can tell."""
+    if _NAMES_A_RANK.search(str(timeout)):  # debug mode's check, or the backend, named it already
+        return timeout
+    laggards = describe_laggards(group)
+    if not laggards:
+        return timeout
+    try:
+        named = type(timeout)(f"{timeout}; {laggards}")
+    except TypeError:  # a subclass with another constructor
+        named = CommTimeoutError(f"{timeout}; {laggards}")
+    named.__cause__ = timeout.__cause__
+    return named
 
 
 def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn:

@@ -45,8 +45,10 @@ from ..launch import pid_running
 __all__ = [
     "HeartbeatOptions",
     "PeerMonitor",
+    "add_beat_hook",
     "announce_death",
     "identify_dead_peer",
+    "monitor_store",
     "note_peer_loss",
     "publish_death",
     "request_dumps",
@@ -201,6 +203,8 @@ class PeerMonitor:
                 self._declare_dead(int(cause), f"named by rank {peer}, which went down after it")
                 return
         self._check_heartbeats(consequences=set(notices))
+        for hook in tuple(_beat_hooks):
+            hook(self.store, self.rank)
         if not self._dumped and self.store.check([_DUMP_REQUEST]):
             self._dumped = True
             reason = self.store.get(_DUMP_REQUEST).decode(errors="replace")
@@ -245,6 +249,21 @@ class PeerMonitor:
         if host == socket.gethostname():
             _dead_processes.add((host, int(pid)))
             release_dead_regions()
+
+
+# Run by the monitor at every beat with (store, rank): answers to requests of the peers.
+_beat_hooks: list[Callable[[Any, int], None]] = []
+
+
+def add_beat_hook(hook: Callable[[Any, int], None]) -> None:
+    """Call ``hook(store, rank)`` from the monitor thread at every beat (it must not block)."""
+    if hook not in _beat_hooks:
+        _beat_hooks.append(hook)
+
+
+def monitor_store() -> tuple[Any, int]:
+    """The monitor's own store connection and this rank's number (None, -1 when not monitoring)."""
+    return _world_store, _world_rank
 
 
 _monitor: PeerMonitor | None = None

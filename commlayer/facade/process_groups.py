@@ -37,6 +37,7 @@ from .groups import (
 from .ignored_arguments import note_ignored
 from .init_method import Rendezvous, rendezvous
 from .peer_monitor import start_monitor, stop_monitor
+from .progress import install as install_progress_answers
 from .recording import new_recorder
 from .signal_handlers import install_handlers
 
@@ -143,6 +144,7 @@ def init_process_group(
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
     after_group_created(default)
     install_handlers()
+    install_progress_answers()
     start_monitor(
         meeting.store, meeting.rank, meeting.world_size, lambda why: dump_flight_recorder(reason=why)
     )
