@@ -39,7 +39,7 @@ import torch.distributed as torch_dist
 
 from .. import health
 from ..errors import CommTimeoutError, PeerFailureError
-from ..fabric_regions import release_regions_of
+from ..fabric_regions import note_local_peers, release_regions_of
 from ..launch import pid_running
 
 __all__ = [
@@ -170,6 +170,7 @@ class PeerMonitor:
             host, pid = self.store.get(_PROCESS.format(peer)).decode().split()
             if host == self._host:
                 self.local_pids[peer] = int(pid)
+                note_local_peers([int(pid)])
 
     def gone_local_peers(self) -> list[int]:
         """The peers on this host whose process is gone, in the order this rank saw them go (no
