@@ -1,8 +1,8 @@
 """A rank that skips a collective: do the others name it?
 
-``python -m tests.reliability.skip_ranks BACKEND`` forks a fresh 3-rank world (3 s group timeout).
-After four exactly checked all_reduces rank 2 skips the fifth and waits; ranks 0 and 1 time out
-in it and record their error; every rank stays until both have. One JSON line per waiting rank
+``python -m tests.reliability.skip_ranks BACKEND [OP]`` forks a fresh 3-rank world (3 s group
+timeout). After four exactly checked all_reduces rank 2 skips OP (all_reduce or barrier) and
+waits; ranks 0 and 1 time out in it and record their error; every rank stays until both have. One JSON line per waiting rank
 on stdout.
 """
 
@@ -28,7 +28,7 @@ WORLD_SIZE = 3
 SKIPPER = 2
 
 
-def run_rank(backend: str, rank: int, port: int, out: Path) -> dict[str, Any] | None:
+def run_rank(backend: str, op: str, rank: int, port: int, out: Path) -> dict[str, Any] | None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
     os.environ.update(WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE))
     dist.init_process_group(backend, timeout=timedelta(seconds=3))
@@ -38,7 +38,10 @@ def run_rank(backend: str, rank: int, port: int, out: Path) -> dict[str, Any] | 
         assert torch.equal(tensor, torch.full((4,), float(3 * step + 3))), tensor
     if rank != SKIPPER:
         try:
-            dist.all_reduce(torch.ones(4))
+            if op == "barrier":
+                dist.barrier()
+            else:
+                dist.all_reduce(torch.ones(4))
             record = {"rank": rank, "outcome": "returned"}
         except Exception as error:  # noqa: BLE001 - the record is what the test checks
             bases = [kind.__name__ for kind in type(error).__mro__]
@@ -59,10 +62,12 @@ def _write(out: Path, record: dict[str, Any]) -> None:
     os.replace(partial, out / f"rank{record['rank']}.json")
 
 
-def _child(backend: str, rank: int, port: int, out: Path) -> None:
+def _child(backend: str, op: str, rank: int, port: int, out: Path) -> None:
     code = 0
     try:
-        record = run_rank(backend, rank, port, out)
+        record = run_rank(backend, op, rank, port, out)
+        if record is None:
+            dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - reported in the record
         record, code = {"rank": rank, "outcome": "crashed", "error": traceback.format_exc()}, 1
     if record is not None:
@@ -71,14 +76,14 @@ def _child(backend: str, rank: int, port: int, out: Path) -> None:
     os._exit(code)
 
 
-def main(backend: str) -> None:
+def main(backend: str, op: str) -> None:
     out = Path(tempfile.mkdtemp(prefix="skip-"))
     pids = []
     port = free_port()
     for rank in range(WORLD_SIZE):
         pid = os.fork()
         if pid == 0:
-            _child(backend, rank, port, out)
+            _child(backend, op, rank, port, out)
         pids.append(pid)
     codes = _reap(pids, 90.0)
     for rank in range(WORLD_SIZE):
@@ -88,4 +93,4 @@ def main(backend: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "all_reduce")
