@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -97,14 +98,22 @@ class TorchBackend(Backend):
         return cls(spec, torch_dist.group.WORLD)
 
     def new_group(self, spec: GroupSpec) -> TorchBackend | None:
-        process_group = self._torch_new_group(spec)
+        # Called on the world communicator: a world rank is its group rank (a shrunk world's
+        # ranks differ from torch's own, which the mapping keeps).
+        torch_ranks = [torch_dist.get_global_rank(self._pg, rank) for rank in spec.ranks]
+        process_group = self._torch_new_group(spec, torch_ranks)
         return type(self)(spec, process_group) if spec.is_member else None
 
+    def shrink(self, survivors: tuple[int, ...], spec: GroupSpec) -> TorchBackend:
+        """A torch group over the survivors, synchronised by them alone through torch's store."""
+        torch_ranks = [torch_dist.get_global_rank(self._pg, rank) for rank in survivors]
+        return type(self)(spec, self._torch_new_group(replace(spec, members_only=True), torch_ranks))
+
     @classmethod
-    def _torch_new_group(cls, spec: GroupSpec) -> Any:
+    def _torch_new_group(cls, spec: GroupSpec, torch_ranks: list[int] | None = None) -> Any:
         # Members only: torch synchronises just them (its group name then comes from their ranks).
         return torch_dist.new_group(
-            ranks=list(spec.ranks),
+            ranks=list(spec.ranks) if torch_ranks is None else torch_ranks,
             timeout=spec.timeout,
             backend=cls.torch_backend,
             use_local_synchronization=spec.members_only,
@@ -132,7 +141,8 @@ class TorchBackend(Backend):
         return fused_plan(self._pg, op, fixed, recording)
 
     def _global(self, group_rank: int) -> int:
-        return self.spec.ranks[group_rank]
+        """torch's global rank of ``group_rank`` (not the facade's, once the world shrank)."""
+        return torch_dist.get_global_rank(self._pg, group_rank)
 
     # --- core ----------------------------------------------------------------------------
 

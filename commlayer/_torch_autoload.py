@@ -35,14 +35,14 @@ def fill_torch_launcher_variables(environ: MutableMapping[str, str]) -> None:
     Nothing changes when RANK is already set (torchrun, ``commlayer run``), when MASTER_ADDR or
     MASTER_PORT is missing (env:// could not use them), or when no launcher is found.
     """
-    from .rendezvous import RendezvousEnvError, discover
+    from .rendezvous import discover
 
     if "RANK" in environ or "MASTER_ADDR" not in environ or "MASTER_PORT" not in environ:
         return
     try:
         info = discover(environ)
-    except RendezvousEnvError:
-        return  # malformed launcher variables: commlayer's own init reports them clearly
+    except ValueError:  # RendezvousEnvError: commlayer's own init reports those clearly
+        return
     if info is None:
         return
     environ["RANK"], environ["WORLD_SIZE"] = str(info.rank), str(info.world_size)

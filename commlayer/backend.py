@@ -16,7 +16,9 @@ The rules, all of them:
   whose ``source_rank()`` is the sender's group rank;
 - ``ReduceOp.AVG`` reaches the backend only if ``capabilities.native_avg``; otherwise the facade
   runs SUM and divides;
-- anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError.
+- anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError;
+- ``shrink`` (``dist.shrink_group``) runs on the survivors alone and never waits for an excluded
+  rank; it ends within the new group's timeout.
 
 Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
 (:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -126,6 +129,24 @@ class Backend(GenericCollectives, ABC):
         members call it (torch's own ``new_group`` on a ``"commlayer"`` world): a backend that
         cannot build a group from its members alone raises UnsupportedError.
         """
+
+    def shrink(self, survivors: tuple[int, ...], spec: GroupSpec) -> Backend:
+        """A fresh communicator over the ranks of this one that remain (``dist.shrink_group``).
+
+        Called by the surviving ranks only, never by an excluded (possibly dead) one, so it must
+        not talk to the excluded ranks or wait for them: build the new communicator from the
+        survivors alone, through ``spec.store``. ``survivors`` are the kept ranks as ranks of
+        this communicator, in the new group's order; ``spec`` describes the new communicator in
+        the facade's numbering (renumbered 0..n-1 when the world itself shrinks, so a backend
+        that talks to its library in its own numbering maps through ``survivors``). It must end
+        within ``spec.timeout``, raising a typed error (CommTimeoutError) when a survivor does
+        not join. A backend that cannot raises UnsupportedError saying why.
+
+        The default builds the new communicator as a member-only group (``new_group`` with
+        ``members_only``) on ``spec.store``, which every backend whose groups are built from
+        the store alone supports.
+        """
+        return self.new_group(replace(spec, members_only=True))
 
     @classmethod
     def complete_rendezvous(cls, info: RendezvousInfo) -> RendezvousInfo:

@@ -56,6 +56,7 @@ from .facade.process_groups import (
     is_initialized,
     new_group,
 )
+from .facade.shrink import shrink_group
 from .facade.subgroups import (
     get_backend_config,
     get_default_backend_for_device,
@@ -167,6 +168,7 @@ __all__ = [  # noqa: PLE0604 - torch's names are strings too, listed at import
     "scatter",
     "scatter_object_list",
     "send",
+    "shrink_group",
     "send_object_list",
     "split_group",
     "supports_complex",

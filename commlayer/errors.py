@@ -23,6 +23,7 @@ __all__ = [
     "InvalidTypeError",
     "NotInitializedError",
     "PeerFailureError",
+    "RendezvousEnvError",
     "RendezvousError",
     "UnsupportedError",
     "invalid_argument",
@@ -60,6 +61,21 @@ class InvalidArgumentError(CommError, ValueError):
 
 class InvalidTypeError(InvalidArgumentError, TypeError):
     """An argument of the wrong Python type."""
+
+
+class RendezvousEnvError(InvalidArgumentError):
+    """A launcher variable is present but malformed or inconsistent with the others (a ValueError
+    and a ``torch.distributed.DistError``); ``commlayer.rendezvous`` raises it."""
+
+    def __init__(self, variable: str, expected: str, received: str | None) -> None:
+        self.variable = variable
+        self.expected = expected
+        self.received = received
+        shown = "nothing (it is unset)" if received is None else repr(received)
+        super().__init__(f"launcher environment variable {variable}: expected {expected}, received {shown}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.variable, self.expected, self.received)
 
 
 class UnsupportedError(InvalidArgumentError):

@@ -11,13 +11,14 @@ and tests that kill ranks on purpose clean up after themselves.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .launch import pid_running
 
-__all__ = ["release_regions_of", "release_stale_regions"]
+__all__ = ["note_local_peers", "release_job_regions", "release_regions_of", "release_stale_regions"]
 
 _SHARED_MEMORY = Path("/dev/shm")
 _REGION_NAME = re.compile(r"(\d+):\d+:\d+")
@@ -28,6 +29,23 @@ def release_stale_regions(created_after: float, directory: Path = _SHARED_MEMORY
     return _release(
         directory, lambda pid, entry: not pid_running(pid) and entry.stat().st_mtime >= created_after
     )
+
+
+# Processes of this job's other ranks on this host (the peer monitor learns them): a rank that
+# ends the job with MPI_Abort removes their regions too, since the launcher then kills them
+# before they can remove their own (unlinking a region its owner still maps is harmless).
+_local_peers: set[int] = set()
+
+
+def note_local_peers(pids: Iterable[int]) -> None:
+    """Remember the pids of this job's other ranks on this host."""
+    _local_peers.update(pids)
+
+
+def release_job_regions() -> list[Path]:
+    """Remove this process's regions and those of the job's other ranks on this host: called by a
+    rank about to abort the job."""
+    return release_regions_of({os.getpid(), *_local_peers})
 
 
 def release_regions_of(pids: Iterable[int], directory: Path = _SHARED_MEMORY) -> list[Path]:

@@ -20,8 +20,9 @@ import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RendezvousEnvError", "RendezvousInfo", "discover", "expand_slurm_nodelist"]
+__all__ = ["RendezvousEnvError", "RendezvousInfo", "discover", "expand_slurm_nodelist"]  # noqa: F822 - see __getattr__
 
 _DIGITS = re.compile(r"\d+")
 _TASKS_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
@@ -40,15 +41,20 @@ class RendezvousInfo:
     source: str  # "torchrun" | "openmpi" | "mpich" | "intel-mpi" | "pmi" | "pmix" | "slurm"
 
 
-class RendezvousEnvError(ValueError):
-    """A launcher variable is present but malformed or inconsistent with the others."""
+def __getattr__(name: str) -> Any:
+    # RendezvousEnvError is a torch DistError, defined beside commlayer's other errors; this module
+    # stays free of torch, which torch's own import runs (commlayer._torch_autoload).
+    if name == "RendezvousEnvError":
+        from .errors import RendezvousEnvError
 
-    def __init__(self, variable: str, expected: str, received: str | None) -> None:
-        self.variable = variable
-        self.expected = expected
-        self.received = received
-        shown = "nothing (it is unset)" if received is None else repr(received)
-        super().__init__(f"launcher environment variable {variable}: expected {expected}, received {shown}")
+        return RendezvousEnvError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _env_error(variable: str, expected: str, received: str | None) -> Exception:
+    from .errors import RendezvousEnvError
+
+    return RendezvousEnvError(variable, expected, received)
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,7 @@ def _slurm_local_world_size(environ: Mapping[str, str]) -> tuple[int, str]:
     """This node's task count: the entry of the first tasks-per-node list for SLURM_NODEID."""
     name = next((candidate for candidate in _TASKS_PER_NODE_VARIABLES if candidate in environ), None)
     if name is None:
-        raise RendezvousEnvError(
+        raise _env_error(
             "SLURM_TASKS_PER_NODE",
             "a tasks-per-node list such as '4' or '2(x3),1' (SLURM_LOCALID is set)",
             None,
@@ -210,12 +216,12 @@ def _slurm_local_world_size(environ: Mapping[str, str]) -> tuple[int, str]:
     if "SLURM_NODEID" not in environ:
         if len(set(counts)) == 1:
             return counts[0], name
-        raise RendezvousEnvError(
+        raise _env_error(
             "SLURM_NODEID", f"this node's index, to pick an entry of {name}={environ[name]!r}", None
         )
     node = _required_int(environ, "SLURM_NODEID", minimum=0, because="SLURM_LOCALID is set")
     if node >= len(counts):
-        raise RendezvousEnvError(
+        raise _env_error(
             "SLURM_NODEID",
             f"a node index below {len(counts)}, the number of nodes in {name}={environ[name]!r}",
             str(node),
@@ -233,7 +239,7 @@ def _expand_tasks_per_node(value: str, variable: str) -> list[int]:
             or int(match.group(1)) < 1
             or (match.group(2) is not None and int(match.group(2)) < 1)
         ):
-            raise RendezvousEnvError(variable, "a comma list of task counts like '4' or '2(x3),1'", value)
+            raise _env_error(variable, "a comma list of task counts like '4' or '2(x3),1'", value)
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
@@ -241,13 +247,13 @@ def _expand_tasks_per_node(value: str, variable: str) -> list[int]:
 def _check_consistent(counts: _Counts) -> None:
     rank_name, size_name, local_rank_name, local_size_name = counts.names
     if counts.rank >= counts.world_size:
-        raise RendezvousEnvError(rank_name, f"a rank below {size_name}={counts.world_size}", str(counts.rank))
+        raise _env_error(rank_name, f"a rank below {size_name}={counts.world_size}", str(counts.rank))
     if counts.local_world_size > counts.world_size:
-        raise RendezvousEnvError(
+        raise _env_error(
             local_size_name, f"at most {size_name}={counts.world_size}", str(counts.local_world_size)
         )
     if counts.local_rank >= counts.local_world_size:
-        raise RendezvousEnvError(
+        raise _env_error(
             local_rank_name,
             f"a local rank below {local_size_name}={counts.local_world_size}",
             str(counts.local_rank),
@@ -258,7 +264,7 @@ def _master_addr(environ: Mapping[str, str], source: str) -> str | None:
     if "MASTER_ADDR" in environ:
         address = environ["MASTER_ADDR"]
         if not address or any(character.isspace() for character in address):
-            raise RendezvousEnvError("MASTER_ADDR", "a host name or IP address", address)
+            raise _env_error("MASTER_ADDR", "a host name or IP address", address)
         return address
     if source != "slurm":
         return None
@@ -269,14 +275,14 @@ def _master_addr(environ: Mapping[str, str], source: str) -> str | None:
 def _master_port(environ: Mapping[str, str]) -> int | None:
     port = _optional_int(environ, "MASTER_PORT", minimum=1)
     if port is not None and port > 65535:
-        raise RendezvousEnvError("MASTER_PORT", "a TCP port between 1 and 65535", environ["MASTER_PORT"])
+        raise _env_error("MASTER_PORT", "a TCP port between 1 and 65535", environ["MASTER_PORT"])
     return port
 
 
 def _required_int(environ: Mapping[str, str], name: str, minimum: int, because: str) -> int:
     value = _optional_int(environ, name, minimum)
     if value is None:
-        raise RendezvousEnvError(name, f"{_int_kind(minimum)} because {because}", None)
+        raise _env_error(name, f"{_int_kind(minimum)} because {because}", None)
     return value
 
 
@@ -285,7 +291,7 @@ def _optional_int(environ: Mapping[str, str], name: str, minimum: int) -> int | 
     if raw is None:
         return None
     if _DIGITS.fullmatch(raw) is None or int(raw) < minimum:
-        raise RendezvousEnvError(name, _int_kind(minimum), raw)
+        raise _env_error(name, _int_kind(minimum), raw)
     return int(raw)
 
 
@@ -314,11 +320,11 @@ def _split_top_level(nodelist: str, variable: str) -> list[str]:
     for character in nodelist:
         if character == "[":
             if inside:
-                raise RendezvousEnvError(variable, "a host list without nested '[' brackets", nodelist)
+                raise _env_error(variable, "a host list without nested '[' brackets", nodelist)
             inside = True
         elif character == "]":
             if not inside:
-                raise RendezvousEnvError(variable, "a host list whose ']' closes an open '['", nodelist)
+                raise _env_error(variable, "a host list whose ']' closes an open '['", nodelist)
             inside = False
         if character == "," and not inside:
             patterns.append("".join(current))
@@ -326,10 +332,10 @@ def _split_top_level(nodelist: str, variable: str) -> list[str]:
         else:
             current.append(character)
     if inside:
-        raise RendezvousEnvError(variable, "a host list whose '[' brackets are all closed", nodelist)
+        raise _env_error(variable, "a host list whose '[' brackets are all closed", nodelist)
     patterns.append("".join(current))
     if any(not pattern for pattern in patterns):
-        raise RendezvousEnvError(variable, "a non-empty comma list of host names", nodelist)
+        raise _env_error(variable, "a non-empty comma list of host names", nodelist)
     return patterns
 
 
@@ -350,8 +356,6 @@ def _expand_bracket(body: str, nodelist: str, variable: str) -> list[str]:
         start, _, end = item.partition("-")
         end = end if "-" in item else start
         if _DIGITS.fullmatch(start) is None or _DIGITS.fullmatch(end) is None or int(end) < int(start):
-            raise RendezvousEnvError(
-                variable, f"bracket ranges like 'node[01-04,07]', not '[{body}]'", nodelist
-            )
+            raise _env_error(variable, f"bracket ranges like 'node[01-04,07]', not '[{body}]'", nodelist)
         numbers.extend(str(number).zfill(len(start)) for number in range(int(start), int(end) + 1))
     return numbers

@@ -108,6 +108,13 @@ class CclBackend(Backend):
             return None
         return type(self)(spec, self._native, connect(spec, self._native))
 
+    def shrink(self, survivors: tuple[int, ...], spec: GroupSpec) -> CclBackend:
+        """A fresh communicator over the survivors through its own KVS; the waits a dead peer
+        stopped may run again (the group that had it is aborted by the facade)."""
+        if hasattr(self._native, "set_abort"):
+            self._native.set_abort(False)
+        return type(self)(spec, self._native, connect(spec, self._native))
+
     def shutdown(self) -> None:
         connection, self._connection = self._connection, None
         _open_backends.discard(self)

@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from commlayer.errors import BackendUnavailableError
-from commlayer.fabric_regions import release_regions_of
+from commlayer.fabric_regions import release_job_regions
 
 if TYPE_CHECKING:
     from commlayer.types import GroupSpec
@@ -211,7 +211,7 @@ def end_job(reason: str) -> None:
         "with MPI_Abort\n"
     )
     sys.stderr.flush()
-    release_regions_of([os.getpid()])  # libfabric's, which an aborted process leaves behind
+    release_job_regions()  # libfabric's, which the aborted processes leave behind
     if _mpi is not None:
         _mpi.COMM_WORLD.Abort(1)
     os._exit(1)  # a world of one, or an MPI whose Abort returned
@@ -250,7 +250,7 @@ def _install_abort_on_uncaught_exception(mpi: ModuleType) -> None:
                 "cancel it, so this job ends with MPI_Abort instead of MPI_Finalize\n"
             )
         sys.stderr.flush()
-        release_regions_of([os.getpid()])
+        release_job_regions()
         mpi.COMM_WORLD.Abort(1)
 
     sys.excepthook = remember_and_report

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from commlayer import health
 from commlayer.backend import Backend
-from commlayer.errors import BackendUnavailableError, invalid_argument
+from commlayer.errors import BackendUnavailableError, UnsupportedError, invalid_argument
 from commlayer.flight_recorder import Recording
 from commlayer.rendezvous import RendezvousInfo
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
@@ -151,6 +152,33 @@ class MpiBackend(Backend):
             comm = self._comm.Create_group(members)
         finally:
             members.Free()
+        return type(self)(spec, comm, self._mpi, self._cuda_aware, options)
+
+    def shrink(self, survivors: tuple[int, ...], spec: GroupSpec) -> MpiBackend:
+        """MPI_Comm_create_group over the survivors, who alone take part in it.
+
+        Raises:
+            UnsupportedError: a rank of the job died: without the fault-tolerance extension (ULFM)
+                an MPI communicator cannot be rebuilt around a dead process, and the launcher ends
+                the job; only ranks excluded while alive can be shrunk away.
+        """
+        failure = health.current()
+        if failure is not None:
+            raise UnsupportedError(
+                f"shrink_group: the mpi backend cannot shrink a group after rank {failure.rank} died "
+                f"({failure.reason}): MPI without the ULFM extension cannot build a communicator "
+                f"around a dead process (rank {spec.global_rank})"
+            )
+        members = self._comm.Get_group().Incl(list(survivors))
+        try:
+            comm = self._comm.Create_group(members)
+        finally:
+            members.Free()
+        options = (
+            self.options
+            if spec.options is None
+            else MpiOptions.resolve(spec.options, os.environ, spec.global_rank)
+        )
         return type(self)(spec, comm, self._mpi, self._cuda_aware, options)
 
     def shutdown(self) -> None:

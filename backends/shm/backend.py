@@ -86,6 +86,12 @@ class ShmBackend(Backend):
         options = self.options if spec.options is None else ShmOptions.resolve(spec.options, spec.global_rank)
         return _build(spec, companion, options)
 
+    def shrink(self, survivors: tuple[int, ...], spec: GroupSpec) -> Backend:
+        """A fresh segment over the survivors, with a companion gloo group they build alone."""
+        companion = self._companion.shrink(survivors, replace(spec, options=None))
+        options = self.options if spec.options is None else ShmOptions.resolve(spec.options, spec.global_rank)
+        return _build(spec, companion, options)
+
     def shutdown(self) -> None:
         self._comm = None  # unmaps the segment once no op holds it
         self._companion.shutdown()

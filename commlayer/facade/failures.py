@@ -19,7 +19,8 @@ from ..metrics import format_duration
 from .aborted_groups import abort_group
 from .dumps import dump_flight_recorder
 from .groups import ProcessGroup, resolve_group, world_or_none
-from .peer_monitor import request_dumps
+from .peer_monitor import identify_dead_peer, note_peer_loss, request_dumps
+from .progress import describe_laggards
 
 __all__ = ["on_failure", "raise_translated", "translate", "typed_wait_error", "wait_translated"]
 
@@ -33,8 +34,10 @@ _PEER_LOSS = re.compile(
 )
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 # What a backend's own error says when it saw a peer process exit (shm: "peer rank 1 (pid 42) exited",
-# or "stopped waiting for peer rank 1: the peer monitor reported that a rank of the job exited").
-_PEER_EXITED = re.compile(r"peer rank \d+\b.*exited")
+# or "stopped waiting for peer rank 1: ... exited"), or when the peer monitor's report ended its wait.
+_PEER_EXITED = re.compile(r"peer rank \d+\b.*exited|peer monitor reported that a rank of the job exited")
+# A timeout that already names the rank it waited for (debug mode's check, shm's own wait).
+_NAMES_A_RANK = re.compile(r"rank \d+ did not (call|arrive)")
 # commlayer errors that already say everything: passed on as they are.
 _FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 # Longest a survivor waits for the peer monitor to name the rank whose connection dropped.
@@ -52,6 +55,8 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
     translated = translate(group, op, error)
     if not isinstance(translated, CommError):
         return translated
+    if isinstance(translated, CommTimeoutError) and health.current() is None:
+        translated = _naming_laggards(group, translated)
     if isinstance(translated, (PeerFailureError, CommTimeoutError)):
         abort_group(group, translated)
     world = world_or_none()
@@ -64,6 +69,21 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
         log.warning("commlayer: flight recorder dump failed: %s", problem)
     request_dumps(reason)
     return translated
+
+
+def _naming_laggards(group: ProcessGroup, timeout: CommTimeoutError) -> CommTimeoutError:
+    """The timeout, naming the peers that did not call the op, when they can tell."""
+    if _NAMES_A_RANK.search(str(timeout)):  # debug mode's check, or the backend, named it already
+        return timeout
+    laggards = describe_laggards(group)
+    if not laggards:
+        return timeout
+    try:
+        named = type(timeout)(f"{timeout}; {laggards}")
+    except TypeError:  # a subclass with another constructor
+        named = CommTimeoutError(f"{timeout}; {laggards}")
+    named.__cause__ = timeout.__cause__
+    return named
 
 
 def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn:
@@ -88,7 +108,8 @@ def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> 
 
 def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
     """A typed, named error for ``error``; commlayer's own errors and bad arguments pass as they are,
-    but a backend's CommError that saw a peer exit becomes a PeerFailureError naming the dead rank."""
+    but a backend's CommError that saw a peer exit, or that ended a wait because the peer monitor
+    reported a death, becomes a PeerFailureError naming the dead rank."""
     if not isinstance(error, RuntimeError) or isinstance(error, _FINAL_ERRORS):
         return error
     if isinstance(error, CommError) and not _PEER_EXITED.search(str(error)):
@@ -96,6 +117,7 @@ def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
     where = f"{op} on group '{group.name}'"
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     if _PEER_LOSS.search(str(error)) or _PEER_EXITED.search(str(error)) or health.current() is not None:
+        note_peer_loss()
         failure = health.current() or _await_failure(group.timeout)
         if failure is not None:
             return health.peer_failure_error(op, group.name, group.global_rank, failure)
@@ -116,13 +138,14 @@ def translate(group: ProcessGroup, op: str, error: Exception) -> Exception:
 
 
 def _await_failure(timeout: timedelta) -> health.PeerFailure | None:
-    """Give the peer monitor time to name the peer whose connection dropped (bounded)."""
+    """Name the peer whose connection dropped: at once when its process (on this host) is gone,
+    else once the peer monitor hears of it through the store (bounded)."""
     deadline = time.monotonic() + min(timeout.total_seconds(), _IDENTIFY_DEAD_PEER_S)
     while time.monotonic() < deadline:
-        failure = health.current()
+        failure = identify_dead_peer()
         if failure is not None:
             return failure
-        time.sleep(0.05)
+        time.sleep(0.01)
     return health.current()
 
 

@@ -179,6 +179,12 @@ class World:
     world_backends: dict[str, Backend]
     groups: dict[str, ProcessGroup] = field(default_factory=dict)
     group_counter: int = 0
+    # Communicators of the world this one was shrunk from: shut down with it, after its own.
+    retired_backends: list[Backend] = field(default_factory=list)
+    # How many times the world was shrunk: names the store namespace of the current one.
+    generation: int = 0
+    # Global ranks (of the first world) that shrink_group left out.
+    excluded_ranks: tuple[int, ...] = ()
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

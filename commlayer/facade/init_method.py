@@ -9,15 +9,21 @@ interface to use (:mod:`commlayer.netif`: ``COMMLAYER_SOCKET_IFNAME``, else the 
 Reaching the store is bounded by the init timeout. torch's TCPStore client waits forever on a
 server that accepts and never answers (another program holding MASTER_PORT, a hung store), so it
 connects on a helper thread and the caller gives up at the timeout with CommTimeoutError; a
-MASTER_PORT that rank 0 cannot listen on raises RendezvousError naming the port.
+MASTER_PORT that rank 0 cannot listen on raises RendezvousError naming the port. Every rank then
+waits in the store until all have arrived; a rank whose launch variables are malformed (a RANK
+beyond WORLD_SIZE) writes its error there before raising it, and every peer raises
+RendezvousError naming it at once instead of waiting out the timeout.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,9 +35,11 @@ from ..errors import CommTimeoutError, RendezvousError, invalid_argument
 from ..metrics import format_duration
 from ..netif import apply_interface_environment
 from ..registry import get_backend_class
-from ..rendezvous import RendezvousInfo, discover
+from ..rendezvous import RendezvousEnvError, RendezvousInfo, discover
 
 __all__ = ["Rendezvous", "rendezvous"]
+
+log = logging.getLogger("commlayer.dist")
 
 _MPI_SOURCES = ("openmpi", "mpich", "intel-mpi", "pmi", "pmix")
 
@@ -65,7 +73,11 @@ def rendezvous(
 
 
 def _from_environment(rank: int, world_size: int, timeout: timedelta) -> Rendezvous:
-    info = discover(os.environ)
+    try:
+        info = discover(os.environ)
+    except RendezvousEnvError as error:
+        _tell_the_job(error, timeout)
+        raise
     if info is None:
         if rank in (-1, 0) and world_size in (-1, 1):
             # A plain `python script.py`: a world of one needs no launcher.
@@ -83,7 +95,9 @@ def _from_environment(rank: int, world_size: int, timeout: timedelta) -> Rendezv
         apply_interface_environment(info.master_addr)
     rank = info.rank if rank < 0 else rank
     world_size = info.world_size if world_size < 0 else world_size
-    return Rendezvous(_tcp_store(info, rank, world_size, timeout), rank, world_size)
+    store = _tcp_store(info, rank, world_size, timeout)
+    _await_every_rank(store, rank, world_size, timeout, hosts_store=rank == 0 and not _agent_hosts_store())
+    return Rendezvous(store, rank, world_size)
 
 
 def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timedelta) -> Any:
@@ -95,22 +109,104 @@ def _tcp_store(info: RendezvousInfo, rank: int, world_size: int, timeout: timede
             (info.master_addr, info.master_port),
             rank,
         )
-    # torchrun's agent already hosts the store at MASTER_PORT; its workers only connect.
-    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    hosts = rank == 0 and not agent_hosts_store
+    hosts = rank == 0 and not _agent_hosts_store()
     address = f"MASTER_ADDR:MASTER_PORT {info.master_addr}:{info.master_port}"
     return _bounded(
-        lambda: torch_dist.TCPStore(
-            info.master_addr, info.master_port, world_size, is_master=hosts, timeout=timeout
-        ),
+        lambda: _connect(info.master_addr, info.master_port, world_size, hosts, timeout),
         f"the store at {address}",
         rank,
         timeout,
     )
 
 
+def _connect(host: str, port: int, world_size: int, hosts: bool, timeout: timedelta) -> Any:
+    """The store, hosted or reached by short attempts until ``timeout``: an attempt abandoned at
+    the deadline then ends within one attempt, where a single long one lingers past the exit."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        attempt = timedelta(seconds=max(0.1, min(_CONNECT_ATTEMPT_S, deadline - time.monotonic())))
+        try:
+            store = torch_dist.TCPStore(
+                host, port, world_size, is_master=hosts, timeout=attempt, wait_for_workers=False
+            )
+        except RuntimeError as error:
+            if hosts or not _RETRYABLE.search(str(error)) or time.monotonic() >= deadline:
+                raise
+            continue
+        store.set_timeout(timeout)
+        return store
+
+
+def _agent_hosts_store() -> bool:
+    """torchrun's agent already hosts the store at MASTER_PORT; its workers only connect."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
+def _generation() -> str:
+    """Keys of one start of the job: torchrun's agent store outlives a restart."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _await_every_rank(store: Any, rank: int, world_size: int, timeout: timedelta, hosts_store: bool) -> None:
+    """Wait until every rank reached the store, or a rank reported a bad launch environment (then
+    raise at once, naming it, rather than wait out the timeout for a rank that never comes)."""
+    joined = f"{_JOINED}/{_generation()}"
+    store.add(joined, 1)
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        if store.check([f"{_LAUNCH_ERROR}/{_generation()}"]):
+            _name_the_launch_error(store, rank, world_size, hosts_store, deadline)
+        count = store.add(joined, 0)
+        if count >= world_size:
+            return
+        if time.monotonic() >= deadline:
+            raise CommTimeoutError(
+                f"init_process_group: {count} of {world_size} ranks reached the store within the timeout "
+                f"of {timeout} (rank {rank}); a rank did not start, or started with another WORLD_SIZE"
+            )
+        time.sleep(0.01)
+
+
+def _name_the_launch_error(
+    store: Any, rank: int, world_size: int, hosts_store: bool, deadline: float
+) -> None:
+    """Raise the launch error a peer reported; the store's host first keeps the store up until
+    every other good rank has read it (bounded), or the later ones could only time out."""
+    key = f"{_LAUNCH_ERROR}/{_generation()}"
+    why = store.get(key).decode(errors="replace")
+    store.add(f"{key}/seen", 1)
+    limit = min(deadline, time.monotonic() + _HOST_LINGER_S)
+    while hosts_store and time.monotonic() < limit:
+        if store.add(f"{key}/seen", 0) + store.add(f"{key}/count", 0) >= world_size:
+            break
+        time.sleep(0.01)
+    raise RendezvousError(f"init_process_group: a rank of this job cannot start: {why} (rank {rank})")
+
+
+def _tell_the_job(error: RendezvousEnvError, timeout: timedelta) -> None:
+    """Write this rank's launch error into the job's store, so that every peer names it at once
+    (best effort, bounded: the store's host may be the rank that cannot start)."""
+    try:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        limit = timedelta(seconds=min(timeout.total_seconds(), _TELL_LIMIT_S))
+        store = _bounded(
+            lambda: _connect(host, port, 1, False, limit), f"the store at {host}:{port}", -1, limit
+        )
+        key = f"{_LAUNCH_ERROR}/{_generation()}"
+        store.set(key, f"{error} (host {socket.gethostname()}, pid {os.getpid()})")
+        store.add(f"{key}/count", 1)
+    except Exception as problem:  # noqa: BLE001 - the launch error itself is what the caller raises
+        log.debug("commlayer: could not tell the job about %s: %s", error, problem)
+
+
 _EXIT_WAIT_MARGIN_S = 1.0
+_CONNECT_ATTEMPT_S = 1.0
+_TELL_LIMIT_S = 5.0
+_HOST_LINGER_S = 10.0
+_JOINED = "commlayer/joined"
+_LAUNCH_ERROR = "commlayer/launch_error"
 _TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_RETRYABLE = re.compile(r"timed out|timeout|connection refused|ECONNREFUSED", re.IGNORECASE)
 _ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 
 
@@ -135,11 +231,10 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
         "another rank did not join"
     )
     if not done.wait(timeout.total_seconds()):
-        # torch's connect retries past its own timeout (one more try after a random delay of up to
-        # about the timeout again), and a thread still inside torch's C++ when the interpreter
-        # finalizes aborts the process ("terminate called without an active exception"): exit
-        # waits, boundedly, for the abandoned attempt to give up by itself.
-        atexit.register(connector.join, 2 * timeout.total_seconds() + _EXIT_WAIT_MARGIN_S)
+        # A thread still inside torch's C++ when the interpreter finalizes aborts the process
+        # ("terminate called without an active exception"): exit waits, boundedly, for the
+        # abandoned attempt, which ends within one of its short tries.
+        atexit.register(_await_abandoned, connector, 2 * _CONNECT_ATTEMPT_S + _EXIT_WAIT_MARGIN_S)
         raise expired
     if not isinstance(outcome[0], BaseException):
         return outcome[0]
@@ -152,6 +247,12 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
             "another program; choose a free MASTER_PORT"
         ) from outcome[0]
     raise outcome[0]
+
+
+def _await_abandoned(connector: threading.Thread, limit_s: float) -> None:
+    if connector.is_alive():
+        log.warning("commlayer: waiting up to %.0f s for an abandoned store connection to end", limit_s)
+        connector.join(limit_s)
 
 
 def _master_over_mpi(info: RendezvousInfo) -> RendezvousInfo:

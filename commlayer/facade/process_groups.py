@@ -37,6 +37,7 @@ from .groups import (
 from .ignored_arguments import note_ignored
 from .init_method import Rendezvous, rendezvous
 from .peer_monitor import start_monitor, stop_monitor
+from .progress import install as install_progress_answers
 from .recording import new_recorder
 from .signal_handlers import install_handlers
 
@@ -143,6 +144,7 @@ def init_process_group(
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
     after_group_created(default)
     install_handlers()
+    install_progress_answers()
     start_monitor(
         meeting.store, meeting.rank, meeting.world_size, lambda why: dump_flight_recorder(reason=why)
     )
@@ -165,6 +167,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         stop_monitor()
         _shutdown(reversed(list(world.world_backends.values())))
         _leave(world)
+        _shutdown_retired(world)
         set_world(None)
         return
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
@@ -452,6 +455,14 @@ def _leave(world: World) -> None:
             world.store.wait(keys, min(world.timeout, _LEAVE_TIMEOUT))
         except Exception as error:  # noqa: BLE001 - a dead peer must not turn teardown into a crash
             log.warning("destroy_process_group: not every rank left within %s: %s", _LEAVE_TIMEOUT, error)
+
+
+def _shutdown_retired(world: World) -> None:
+    """The communicators of the world before shrink_group: their excluded ranks count as failed,
+    so that no teardown waits for them."""
+    if world.retired_backends:
+        health.report(world.excluded_ranks[0], "left out of the world by shrink_group")
+        _shutdown(world.retired_backends)
 
 
 def _shutdown(backends: Iterable[Backend]) -> None:

@@ -22,21 +22,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import dist
-from ..errors import InvalidArgumentError, UnsupportedError
+from ..errors import CheckpointError, InvalidArgumentError, UnsupportedError
 from . import _versions
 
 if TYPE_CHECKING:
     from .engine import ZeroEngine
 
-__all__ = ["consolidated_state_dict", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointFallbackWarning", "consolidated_state_dict", "load_checkpoint", "save_checkpoint"]
 
 FORMAT = 1
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """The newest checkpoint was damaged: an older intact one was loaded instead."""
 
 
 # --- saving ----------------------------------------------------------------------------------
@@ -179,21 +184,8 @@ def _require_whole_world(engine: ZeroEngine, op: str) -> None:
 class _Saved:
     """A checkpoint directory opened for reading; fragments are memory-mapped."""
 
-    def __init__(self, load_dir: str | os.PathLike, tag: str | None) -> None:
-        root = Path(load_dir)
-        if tag is None:
-            latest = root / "latest"
-            if not latest.is_file():
-                raise InvalidArgumentError(
-                    f"load_checkpoint: argument 'load_dir' expected a checkpoint directory with a 'latest' file, received {str(root)!r}"
-                )
-            tag = latest.read_text().strip()
-        found = _versions.resolve(root, tag)
-        if found is None:
-            raise InvalidArgumentError(
-                f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(root / tag)!r} (no meta.json)"
-            )
-        self.path = found
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.meta = json.loads((self.path / "meta.json").read_text())
         self.common = torch.load(self._checked("common.pt"), map_location="cpu", weights_only=False)
         self.pieces: dict[str, list[dict[str, Any]]] = {}
@@ -202,6 +194,41 @@ class _Saved:
             payload = torch.load(shard, map_location="cpu", mmap=True, weights_only=True)
             for fragment in payload["fragments"]:
                 self.pieces.setdefault(fragment["param"], []).append(fragment)
+
+    @classmethod
+    def open(cls, load_dir: str | os.PathLike, tag: str | None) -> _Saved:
+        """The checkpoint ``tag``; without one, the newest intact checkpoint: when the one
+        ``latest`` names is damaged, the newest older version still on disk, with a warning."""
+        root = Path(load_dir)
+        if tag is not None:
+            return cls(_complete_version(root, tag))
+        latest = root / "latest"
+        if not latest.is_file():
+            raise InvalidArgumentError(
+                f"load_checkpoint: argument 'load_dir' expected a checkpoint directory with a 'latest' file, received {str(root)!r}"
+            )
+        newest = latest.read_text().strip()
+        try:
+            return cls(_complete_version(root, newest))
+        except (CheckpointError, InvalidArgumentError) as damage:
+            return cls._fallback(root, newest, damage)
+
+    @classmethod
+    def _fallback(cls, root: Path, newest: str, damage: Exception) -> _Saved:
+        for version in _older_versions(root, newest):
+            try:
+                saved = cls(version)
+            except (CheckpointError, OSError, RuntimeError, ValueError):
+                continue
+            warnings.warn(
+                f"load_checkpoint: the newest checkpoint {newest!r} in {str(root)!r} cannot be loaded "
+                f"({damage}); resuming from {version.name!r} (step {saved.meta.get('global_steps')}), "
+                "the newest intact checkpoint",
+                CheckpointFallbackWarning,
+                stacklevel=4,
+            )
+            return saved
+        raise damage
 
     def _checked(self, name: str, shard_rank: int | None = None) -> Path:
         """``self.path / name`` once it exists and matches its recorded checksum."""
@@ -234,12 +261,32 @@ class _Saved:
         return {}
 
 
+def _complete_version(root: Path, tag: str) -> Path:
+    found = _versions.resolve(root, tag)
+    if found is None:
+        raise InvalidArgumentError(
+            f"load_checkpoint: argument 'tag' expected a complete checkpoint, received {str(root / tag)!r} (no meta.json)"
+        )
+    return found
+
+
+def _older_versions(root: Path, newest: str) -> list[Path]:
+    """Every other complete version under ``root``, newest first (by when its meta.json was written)."""
+    skip = {(root / newest).resolve()}
+    found = [meta.parent for meta in root.glob("*/meta.json") if meta.parent.resolve() not in skip]
+    found += [meta.parent for meta in root.glob(".*/meta.json") if meta.parent.resolve() not in skip]
+    unique: dict[Path, Path] = {}
+    for version in found:  # a tag's link before its hidden version directory: messages name the tag
+        unique.setdefault(version.resolve(), version)
+    return sorted(unique.values(), key=lambda version: (version / "meta.json").stat().st_mtime, reverse=True)
+
+
 def load_checkpoint(
     engine: ZeroEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool
 ) -> tuple[str, dict]:
     """Load (and reshard, if the world size differs) a checkpoint into ``engine``."""
     _require_whole_world(engine, "load_checkpoint")
-    saved = _Saved(load_dir, tag)
+    saved = _Saved.open(load_dir, tag)
     _check_params(engine, saved)
     master = engine.master
     for fragment, values in zip(master.fragments, master.fragment_values):
@@ -299,7 +346,7 @@ def consolidated_state_dict(load_dir: str | os.PathLike, tag: str | None = None)
     ``model.load_state_dict(consolidated_state_dict("ckpt"))`` restores the fp32 weights (in the
     model's original dtypes) and buffers of a model trained at any world size and stage.
     """
-    saved = _Saved(load_dir, tag)
+    saved = _Saved.open(load_dir, tag)
     weights = {}
     for entry in saved.meta["params"]:
         numel = 1

@@ -26,8 +26,6 @@ from commlayer.work import CompletedWork, Work
 
 # Names of torch.distributed that commlayer.dist deliberately does not provide, with the reason.
 NOT_PROVIDED = {
-    "shrink_group": "needs a library that shrinks a communicator without the excluded ranks "
-    "(NCCL's ncclCommShrink); commlayer's backend contract builds groups collectively",
     "log": "torch.distributed's own module logger, not API",
     "logging": "the standard library module torch.distributed imports",
     "sys": "the standard library module torch.distributed imports",
