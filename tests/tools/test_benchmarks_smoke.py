@@ -72,7 +72,14 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
     "zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
 }
 # Scripts that need a GPU (or several): compiled only.
-GPU_ONLY = ("compile_gpu.py", "parallel_gpu.py", "zero_gpu.py")
+GPU_ONLY = (
+    "compile_gpu.py",
+    "parallel_gpu.py",
+    "peermem_conformance.py",
+    "peermem_gpu.py",
+    "peermem_timeout_gpu.py",
+    "zero_gpu.py",
+)
 
 
 def _scripts(suffix: str) -> list[str]:
