@@ -27,6 +27,7 @@ import torch
 
 from commlayer import dist
 from commlayer.ports import free_port
+from tests.reliability.forked_worlds import reap
 
 WORLD_SIZE = 3
 DEATHS = ("sigkill", "exit", "raise")
@@ -104,7 +105,7 @@ def run_cycle(backend: str, index: int) -> dict[str, Any]:
             if pid == 0:
                 _child(backend, rank, port, victim, how, out)
             pids.append(pid)
-        codes = _reap(pids, CYCLE_LIMIT_S)
+        codes = reap(pids, CYCLE_LIMIT_S)
         fault = json.loads((out / "fault.json").read_text()) if (out / "fault.json").exists() else {}
         survivors = {}
         for rank in range(WORLD_SIZE):
@@ -123,24 +124,6 @@ def run_cycle(backend: str, index: int) -> dict[str, Any]:
         "pids": pids,
         "survivors": survivors,
     }
-
-
-def _reap(pids: list[int], limit_s: float) -> list[int | None]:
-    codes: dict[int, int | None] = {}
-    deadline = time.monotonic() + limit_s
-    while len(codes) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    for pid in pids:
-        if pid not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[pid] = None
-    return [codes[pid] for pid in pids]
 
 
 def main(backend: str, cycles: int) -> None:

@@ -9,15 +9,11 @@ shrink of that subgroup's sibling, then destroy it. One JSON line per survivor o
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import tempfile
 import time
-import traceback
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +21,7 @@ import torch
 from commlayer import dist
 from commlayer.errors import PeerFailureError
 from commlayer.ports import free_port
-from tests.reliability.dead_rank_ranks import _reap
+from tests.reliability.forked_worlds import run_forked
 
 WORLD_SIZE = 3
 VICTIM = 1
@@ -76,31 +72,9 @@ def _check_shrunk_world(world: Any) -> dict[str, Any]:
     return {"checked": True, "rank_after": rank, "size_after": size}
 
 
-def _child(backend: str, rank: int, port: int, out: Path) -> None:
-    code = 0
-    try:
-        record = run_rank(backend, rank, port)
-    except BaseException:  # noqa: BLE001 - reported in the record
-        record, code = {"rank": rank, "error": traceback.format_exc()}, 1
-    (out / f"rank{rank}.json").write_text(json.dumps(record))
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def main(backend: str) -> None:
-    out = Path(tempfile.mkdtemp(prefix="shrink-"))
     port = free_port()
-    pids = []
-    for rank in range(WORLD_SIZE):
-        pid = os.fork()
-        if pid == 0:
-            _child(backend, rank, port, out)
-        pids.append(pid)
-    codes = _reap(pids, 90.0)
-    for rank in range(WORLD_SIZE):
-        path = out / f"rank{rank}.json"
-        if path.exists():
-            print(json.dumps({**json.loads(path.read_text()), "code": codes[rank]}), flush=True)
+    run_forked(WORLD_SIZE, lambda rank, out: run_rank(backend, rank, port))
 
 
 if __name__ == "__main__":

@@ -8,12 +8,10 @@ on stdout.
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import sys
-import tempfile
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import torch
 
 from commlayer import dist
 from commlayer.ports import free_port
-from tests.reliability.dead_rank_ranks import _reap
+from tests.reliability.forked_worlds import run_forked, write_record
 
 WORLD_SIZE = 3
 SKIPPER = 2
@@ -47,7 +45,7 @@ def run_rank(backend: str, op: str, rank: int, port: int, out: Path) -> dict[str
             bases = [kind.__name__ for kind in type(error).__mro__]
             record = {"rank": rank, "outcome": "error", "type": type(error).__name__, "bases": bases}
             record["message"] = str(error)
-        _write(out, record)
+        write_record(out, record)
     # Every rank stays (the store's host included) until the waiting ones have recorded.
     deadline = time.monotonic() + 60
     while not all((out / f"rank{peer}.json").exists() for peer in range(SKIPPER)):
@@ -56,40 +54,13 @@ def run_rank(backend: str, op: str, rank: int, port: int, out: Path) -> dict[str
     return None
 
 
-def _write(out: Path, record: dict[str, Any]) -> None:
-    partial = out / f"rank{record['rank']}.tmp"
-    partial.write_text(json.dumps(record))
-    os.replace(partial, out / f"rank{record['rank']}.json")
-
-
-def _child(backend: str, op: str, rank: int, port: int, out: Path) -> None:
-    code = 0
-    try:
-        record = run_rank(backend, op, rank, port, out)
-        if record is None:
-            dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported in the record
-        record, code = {"rank": rank, "outcome": "crashed", "error": traceback.format_exc()}, 1
-    if record is not None:
-        _write(out, record)
-    sys.stderr.flush()
-    os._exit(code)
+def _rank(backend: str, op: str, port: int, rank: int, out: Path) -> None:
+    if run_rank(backend, op, rank, port, out) is None:
+        dist.destroy_process_group()
 
 
 def main(backend: str, op: str) -> None:
-    out = Path(tempfile.mkdtemp(prefix="skip-"))
-    pids = []
-    port = free_port()
-    for rank in range(WORLD_SIZE):
-        pid = os.fork()
-        if pid == 0:
-            _child(backend, op, rank, port, out)
-        pids.append(pid)
-    codes = _reap(pids, 90.0)
-    for rank in range(WORLD_SIZE):
-        path = out / f"rank{rank}.json"
-        if path.exists():
-            print(json.dumps({**json.loads(path.read_text()), "code": codes[rank]}), flush=True)
+    run_forked(WORLD_SIZE, functools.partial(_rank, backend, op, free_port()))
 
 
 if __name__ == "__main__":

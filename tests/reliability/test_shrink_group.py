@@ -8,18 +8,11 @@ barrier, a new subgroup) on the renumbered world of two.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from commlayer import dist
 from commlayer.errors import InvalidArgumentError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.reliability.forked_worlds import forked_records
 
 
 def test_arguments_are_checked_like_torchs(world_of_one: None) -> None:
@@ -39,25 +32,10 @@ def test_arguments_are_checked_like_torchs(world_of_one: None) -> None:
 @pytest.mark.multirank
 @pytest.mark.parametrize("backend", ["gloo", "shm", pytest.param("ccl", marks=pytest.mark.ccl)])
 def test_survivors_shrink_the_world_and_train_on(backend: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "COMMLAYER_DEBUG"):
-        env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.reliability.shrink_ranks", backend],
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    records = {record["rank"]: record for record in map(json.loads, _json_lines(done.stdout))}
-    assert set(records) == {0, 2}, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    records, output = forked_records("tests.reliability.shrink_ranks", backend)
+    assert set(records) == {0, 2}, output
     for rank, new_rank in ((0, 0), (2, 1)):
         record = records[rank]
         assert "error" not in record, record["error"]
         assert record["failed_rank"] == 1 and record["checked"], record
         assert (record["rank_after"], record["size_after"], record["code"]) == (new_rank, 2, 0), record
-
-
-def _json_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("{")]
