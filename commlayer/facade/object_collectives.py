@@ -208,12 +208,15 @@ def scatter_object_list(
     if resolved is None:
         return
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-        raise invalid_argument(
+        detail = invalid_argument(
             "scatter_object_list",
             "scatter_object_output_list",
             "a non-empty list",
             scatter_object_output_list,
             resolved.global_rank,
+        )
+        raise type(detail)(
+            f"Expected argument scatter_object_output_list to be a list of size at least 1. {detail}"
         )
     root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
     is_root = resolved.global_rank == root

@@ -23,6 +23,7 @@ __all__ = [
     "check_tensor",
     "check_tensor_list",
     "first_device",
+    "self_peer",
 ]
 
 
@@ -115,8 +116,17 @@ def check_peer(call: OpCall, arg: str, global_rank: Any, allow_self: bool = True
             call.op, arg, f"a global rank in the group {list(ranks)}", global_rank, call.rank
         )
     if not allow_self and global_rank == call.rank:
-        raise invalid_argument(call.op, arg, "a rank other than this one", global_rank, call.rank)
+        raise self_peer(call, arg, global_rank)
     return ranks.index(global_rank)
+
+
+def self_peer(call: OpCall, arg: str, rank: Any) -> Exception:
+    """A send or receive naming this process: torch's wording first, then the facade's."""
+    side = "source" if arg.endswith("src") else "destination"
+    detail = invalid_argument(call.op, arg, "a rank other than this one", rank, call.rank)
+    return type(detail)(
+        f"Invalid {side} rank: {side} rank should not be the same as the rank of the current process. {detail}"
+    )
 
 
 _SUM = ReduceOp.SUM  # an Enum member read through its class costs a lookup on every call
