@@ -17,6 +17,7 @@ from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import planned_collectives as planned
+from .complex_tensors import as_real, is_complex, real_for_reduction
 from .groups import current_world, resolve_group
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
@@ -25,7 +26,15 @@ __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 def all_reduce_coalesced(
     tensors: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective."""
+    """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective.
+
+    Complex tensors go as their real views, as in torch (SUM and AVG only), so a list may mix
+    complex tensors with real ones of their component dtype.
+    """
+    if isinstance(tensors, (list, tuple)) and any(map(is_complex, tensors)):
+        complex_tensor = next(tensor for tensor in tensors if is_complex(tensor))
+        real_for_reduction("all_reduce_coalesced", complex_tensor, op)
+        tensors = [as_real(tensor) for tensor in tensors]
     tensors = _check_tensors("all_reduce_coalesced", "tensors", tensors)
     packed = torch.cat([tensor.reshape(-1) for tensor in tensors])
     work = planned.all_reduce(packed, op=op, group=group, async_op=True)
