@@ -18,13 +18,14 @@ launchers only while a profiler runs, and the unplanned path reads one module fl
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.autograd.profiler as _torch_profiler
 
-__all__ = ["TORCH_OPS", "active", "event", "hidden", "install", "listen", "profiled"]
+__all__ = ["TORCH_OPS", "active", "coalesced", "event", "hidden", "install", "listen", "profiled"]
 
 # The dispatcher op torch's ProcessGroup runs for each facade op: the name its event carries.
 TORCH_OPS = {
@@ -48,8 +49,13 @@ TORCH_OPS = {
     "all_gather_coalesced": "c10d::allgather_coalesced_",
 }
 
+# The coalesced ops: the collective their packed buffer takes, and how many arguments torch's
+# dispatcher op has (a torch backend's event lists them, each tensor list as an empty shape).
+_COALESCED = {"all_reduce_coalesced": ("all_reduce", 5), "all_gather_coalesced": ("all_gather", 4)}
+
 active: bool = bool(getattr(_torch_profiler, "_is_profiler_enabled", False))
 _listeners: list[Callable[[bool], None]] = []
+_hiding = threading.local()  # .depth: how many hidden() blocks this thread is inside
 _Record = torch._C._profiler._RecordFunctionFast
 _enable_record_function = torch._C._autograd._enable_record_function
 
@@ -115,9 +121,33 @@ def profiled(op: str, group: str, run: Callable[..., Any]) -> Callable[..., Any]
 
 @contextlib.contextmanager
 def hidden() -> Iterator[None]:
-    """Record nothing on this thread inside (a backend's own exchange, not the user's call)."""
-    _enable_record_function(False)
+    """Record nothing on this thread inside (a backend's own exchange, not the user's call);
+    nested uses keep recording off until the outermost ends."""
+    depth = getattr(_hiding, "depth", 0)
+    if not depth:
+        _enable_record_function(False)
+    _hiding.depth = depth + 1
     try:
         yield
     finally:
-        _enable_record_function(True)
+        _hiding.depth = depth
+        if not depth:
+            _enable_record_function(True)
+
+
+@contextlib.contextmanager
+def coalesced(op: str, group: str, tensors: Sequence[torch.Tensor], library: str | None) -> Iterator[None]:
+    """A coalesced call's events as torch shows them, its packed collective hidden inside.
+
+    ``library`` names a backend whose ProcessGroup records its own events ("gloo"): the events
+    are then those torch's ProcessGroup records for the call (the dispatcher op over tensor
+    lists, then ``gloo:all_reduce`` over the call's tensors); otherwise the facade's one event.
+    """
+    collective, arity = _COALESCED[op]
+    if library is None:
+        with event(op, group, tensors), hidden():
+            yield
+        return
+    arguments = [list(tensors), *[None] * (arity - 1)]
+    with _Record(TORCH_OPS[op], arguments), _Record(f"{library}:{collective}", list(tensors)), hidden():
+        yield

@@ -75,7 +75,12 @@ def _calls(d: Any, group: Any, rank: int, size: int) -> list[torch.Tensor]:
         d.send(peer + 5, dst=1, group=group)
     elif rank == 1:
         d.recv(peer, src=0, group=group)
-    results = [summed, maxed, sent, gathered, scattered, exchanged, *listed, waited, peer]
+    pair = [base.clone(), torch.arange(3.0) * (rank + 1)]
+    d.all_reduce_coalesced(pair, group=group)
+    pairs = [[torch.zeros(4), torch.zeros(3)] for _ in range(size)]
+    d.all_gather_coalesced(pairs, [base, torch.arange(3.0) - rank], group=group)
+    results = [summed, maxed, sent, gathered, scattered, exchanged, *listed, waited, peer, *pair]
+    results += [tensor for row in pairs for tensor in row]
     return results + ([reduced] if rank == 0 else [])
 
 
