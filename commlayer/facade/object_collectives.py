@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..errors import invalid_argument
+from ..errors import InvalidTypeError, invalid_argument
 from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
@@ -154,7 +154,12 @@ def broadcast_object_list(
         return
     if not isinstance(object_list, list):
         raise invalid_argument(
-            "broadcast_object_list", "object_list", "a list", type(object_list).__name__, resolved.global_rank
+            "broadcast_object_list",
+            "object_list",
+            "a list",
+            type(object_list).__name__,
+            resolved.global_rank,
+            InvalidTypeError,  # torch's TypeError: it iterates over the argument
         )
     root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
     target = torch.device(device) if device is not None else _device(resolved)

@@ -38,8 +38,10 @@ def first_device(value: Any) -> torch.device | None:
 
 def check_tensor(call: OpCall, arg: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise invalid_argument(
-            call.op, arg, "a torch.Tensor", type(value).__name__, call.rank, InvalidTypeError
+        detail = invalid_argument(call.op, arg, "a torch.Tensor", type(value).__name__, call.rank)
+        raise InvalidTypeError(
+            f"Invalid function argument. Expected parameter `{arg}` of type torch.Tensor\n"
+            f"             but got {type(value)} instead. {detail}"
         )
     capabilities = call.backend.capabilities
     if (
@@ -223,7 +225,11 @@ def check_splits(
             )
         return None
     splits = list(splits)
-    if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
+    if len(splits) != size:
+        expected = f"{size} non-negative ints summing to dim 0 ({rows})"
+        detail = invalid_argument(call.op, arg, expected, splits, call.rank)
+        raise type(detail)(f"Number of tensor splits not equal to group size. {detail}")
+    if any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
         raise invalid_argument(
             call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank
         )
