@@ -69,6 +69,8 @@ class TorchBackend(Backend):
     torch_backend: ClassVar[str]
     #: Ops the torch library lacks for this backend; they use the generic fallbacks instead.
     generic_ops: ClassVar[frozenset[str]] = frozenset()
+    # torch's dispatcher and ProcessGroup record each call's profiler events themselves.
+    records_profiler_events: ClassVar[bool] = True
 
     def __init__(self, spec: GroupSpec, process_group: Any) -> None:
         super().__init__(spec)

@@ -19,6 +19,8 @@ The rules, all of them:
 - anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError;
 - ``shrink`` (``dist.shrink_group``) runs on the survivors alone and never waits for an excluded
   rank; it ends within the new group's timeout.
+- a backend whose library records torch.profiler events itself sets ``records_profiler_events``
+  (the facade records one event per call for the others, see :mod:`commlayer.profiling`).
 
 Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
 (:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend
@@ -94,6 +96,9 @@ class Backend(GenericCollectives, ABC):
     #: How a world of this backend is started: "local" processes with env:// variables, or "mpirun"
     #: (``commlayer test-backend`` and ``run_world`` callers use it).
     launcher: ClassVar[str] = "local"
+    #: Whether the library records its own torch.profiler events (torch's ProcessGroups do); if
+    #: not, the facade records one per call, named as torch names it, while a profiler runs.
+    records_profiler_events: ClassVar[bool] = False
 
     def __init__(self, spec: GroupSpec) -> None:
         self.spec = spec

@@ -9,15 +9,19 @@ are unpacked into the caller's tensors when the work completes. World of 2, rank
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
+from .. import profiling
 from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import planned_collectives as planned
-from .groups import current_world, resolve_group
+from .complex_tensors import as_real, is_complex, real_for_reduction
+from .dispatch import device_type
+from .groups import ProcessGroup, current_world, resolve_group
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
@@ -25,10 +29,22 @@ __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 def all_reduce_coalesced(
     tensors: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Work | None:
-    """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective."""
+    """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective.
+
+    Complex tensors go as their real views, as in torch (SUM and AVG only), so a list may mix
+    complex tensors with real ones of their component dtype.
+    """
+    if isinstance(tensors, (list, tuple)) and any(map(is_complex, tensors)):
+        complex_tensor = next(tensor for tensor in tensors if is_complex(tensor))
+        real_for_reduction("all_reduce_coalesced", complex_tensor, op)
+        tensors = [as_real(tensor) for tensor in tensors]
     tensors = _check_tensors("all_reduce_coalesced", "tensors", tensors)
     packed = torch.cat([tensor.reshape(-1) for tensor in tensors])
-    work = planned.all_reduce(packed, op=op, group=group, async_op=True)
+    if profiling.active:
+        with _profiled("all_reduce_coalesced", group, tensors):
+            work = planned.all_reduce(packed, op=op, group=group, async_op=True)
+    else:
+        work = planned.all_reduce(packed, op=op, group=group, async_op=True)
     return _finish(work, lambda: _unpack(packed, tensors), async_op)
 
 
@@ -53,10 +69,24 @@ def all_gather_coalesced(
         )
     packed = torch.cat([tensor.reshape(-1) for tensor in inputs])
     gathered = packed.new_empty(resolved.size() * packed.numel())
-    work = planned.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
+    if profiling.active:
+        with _profiled("all_gather_coalesced", resolved, inputs):
+            work = planned.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
+    else:
+        work = planned.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
     rows = gathered.view(resolved.size(), -1)
     unpack = lambda: [_unpack(row, outputs) for row, outputs in zip(rows, output_tensor_lists)]
     return _finish(work, unpack, async_op)
+
+
+def _profiled(op: str, group: Any, tensors: list[torch.Tensor]) -> Any:
+    """The call's profiler events, as torch shows a coalesced call (not its packed collective)."""
+    resolved = resolve_group(op, group) if not isinstance(group, ProcessGroup) else group
+    if resolved is None:
+        return contextlib.nullcontext()
+    backend = resolved.backend_for(device_type(tensors[0].device)) or resolved.primary_backend
+    library = backend.name if backend.records_profiler_events else None
+    return profiling.coalesced(op, resolved.group_name, tensors, library)
 
 
 def _check_tensors(op: str, arg: str, tensors: Any) -> list[torch.Tensor]:

@@ -30,6 +30,8 @@ __all__ = ["as_real", "as_real_list", "complex_as_real", "is_complex", "real_for
 Op = TypeVar("Op", bound=Callable[..., Any])
 
 _REAL_REDUCTIONS = frozenset({ReduceOp.SUM, ReduceOp.AVG})
+# The op torch names in its complex refusal (its coalesced all_reduce reports all_reduce).
+_TORCH_OP_NAMES = {"all_reduce_coalesced": "all_reduce"}
 
 
 def is_complex(value: Any) -> bool:
@@ -52,7 +54,7 @@ def real_for_reduction(op_name: str, tensor: torch.Tensor, op: Any) -> torch.Ten
     except ValueError:
         reduce_op = None  # the op's own check names the bad value
     if reduce_op is not None and reduce_op not in _REAL_REDUCTIONS:
-        raise invalid_argument(
+        detail = invalid_argument(
             op_name,
             "op",
             f"SUM or AVG for a complex tensor ({tensor.dtype}; other reductions are not defined on "
@@ -60,6 +62,11 @@ def real_for_reduction(op_name: str, tensor: torch.Tensor, op: Any) -> torch.Ten
             reduce_op.name,
             current_world(op_name).rank,
             UnsupportedError,
+        )
+        # torch's wording first (it names the op torch's way), then the facade's detail.
+        raise UnsupportedError(
+            f"{_TORCH_OP_NAMES.get(op_name, op_name)} does not support RedOpType.{reduce_op.name} on "
+            f"complex tensors. {detail}"
         )
     return torch.view_as_real(tensor)
 

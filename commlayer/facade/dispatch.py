@@ -21,6 +21,11 @@ Observers (the hook point). With an observer set (:func:`set_observer`: the comm
 recorder that wants to see every op), plans are rebuilt so that each launch goes through
 ``observer.observe(call, nbytes, start)``; ops without plans go through :func:`launch`, which
 calls the same hook. Without one, neither path pays anything for it.
+
+Profiler events (:mod:`commlayer.profiling`). While a torch profiler runs, plans are rebuilt so
+that each launch on a backend whose library records no events of its own is recorded as one
+event named like torch's; ops without plans test one module flag. With no profiler running,
+planned calls pay nothing for it and unplanned ones that flag.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from .. import profiling
 from ..backend import Backend
 from ..errors import UnsupportedError, invalid_argument
 from ..flight_recorder import COMPLETED, COMPLETED_NS, STATE, Recording, track
@@ -102,6 +108,7 @@ class Observer(Protocol):
 
 
 _observer: Observer | None = None
+_profiling = profiling.active  # a torch profiler runs: see the module docstring
 
 # The async_op keyword every backend op takes, built once per mode.
 _MODE = {True: {"async_op": True}, False: {"async_op": False}}
@@ -124,6 +131,16 @@ def device_type(device: torch.device) -> str:
     if kind is None:
         kind = _device_types[device] = device.type
     return kind
+
+
+def _profiler_toggled(on: bool) -> None:
+    global _profiling
+    _profiling = on
+    forget_plans()
+
+
+profiling.install()
+profiling.listen(_profiler_toggled)
 
 
 def set_observer(observer: Observer | None) -> None:
@@ -184,6 +201,8 @@ def new_plan(
     promises for the tensor-in/tensor-out collectives.
     """
     run = _recorded_launcher(call, op, fixed, payload, flat, dtype)
+    if _profiling and not call.backend.records_profiler_events:
+        run = profiling.profiled(op, call.group.group_name, run)
     observer = _observer
     if observer is not None:
         wrap = getattr(observer, "wrap_plan", None)
@@ -381,10 +400,10 @@ def launch(
     mode = _MODE[async_op]
     entry = call.group.recorder.enter(call.op, payload, root)
     try:
-        if _observer is None:
+        if _observer is None and not _profiling:
             work = start(backend, mode)
         else:
-            work = _observer.observe(call, _nbytes(payload), lambda: start(backend, mode))
+            work = _started(call, start, mode, payload)
         if average:
             work = work.then(lambda: _divide(average, call.group.size()))
         if copy_back:
@@ -401,6 +420,24 @@ def launch(
     entry[STATE] = COMPLETED  # inline: a call to flight_recorder.mark_completed costs ~50 ns more
     entry[COMPLETED_NS] = _monotonic_ns()
     return None
+
+
+def _started(
+    call: OpCall,
+    start: Callable[[Backend, Mapping[str, bool]], Work],
+    mode: Mapping[str, bool],
+    payload: torch.Tensor | Sequence[torch.Tensor],
+) -> Work:
+    """``start`` run under the observer and, while a profiler runs, inside the call's event."""
+    backend = call.backend
+    if _observer is None:
+        begin_op = lambda: start(backend, mode)
+    else:
+        begin_op = lambda: _observer.observe(call, _nbytes(payload), lambda: start(backend, mode))
+    if not _profiling or backend.records_profiler_events:
+        return begin_op()
+    with profiling.event(call.op, call.group.group_name, payload):
+        return begin_op()
 
 
 def _divide(tensors: Sequence[torch.Tensor], divisor: int) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as torch_dist
 
 from ..backend import Backend
@@ -251,7 +252,35 @@ def resolve_group(op: str, group_arg: Any) -> ProcessGroup | None:
         return None
     if isinstance(group_arg, ProcessGroup):
         return group_arg if world.rank in group_arg.ranks else None
+    bridged = _bridged_group(world, group_arg)
+    if bridged is not None:
+        return bridged if world.rank in bridged.ranks else None
+    if isinstance(group_arg, torch_dist.ProcessGroup):
+        raise InvalidArgumentError(
+            f"{op}: argument 'group' expected a commlayer ProcessGroup, None, or a torch ProcessGroup "
+            f"behind one (g.torch_group, torch's own group of a gloo/nccl group, or "
+            f"new_group(backend='commlayer')), received a torch ProcessGroup that no commlayer group "
+            f"uses (rank {world.rank})"
+        )
     raise InvalidArgumentError(
         f"{op}: argument 'group' expected a commlayer ProcessGroup or None, received "
         f"{type(group_arg).__name__} (rank {world.rank})"
     )
+
+
+def _bridged_group(world: World, torch_group: Any) -> ProcessGroup | None:
+    """The commlayer group a torch ProcessGroup stands for: its bridge, the torch group one of its
+    backends runs on (gloo, nccl), or the group a ``new_group(backend="commlayer")`` serves."""
+    if not isinstance(torch_group, torch_dist.ProcessGroup):
+        return None
+    for member in (world.default_group, *world.groups.values()):
+        if member.bridge is torch_group or any(
+            backend.torch_group is torch_group for backend in member.unique_backends()
+        ):
+            return member
+    try:
+        served = torch_group._get_backend(torch.device("cpu"))
+    except RuntimeError:  # no cpu backend in that group
+        return None
+    found = getattr(served, "commlayer_group", None)
+    return found if isinstance(found, ProcessGroup) else None

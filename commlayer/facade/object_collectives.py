@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..errors import invalid_argument
+from ..errors import InvalidTypeError, invalid_argument
 from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
@@ -154,7 +154,12 @@ def broadcast_object_list(
         return
     if not isinstance(object_list, list):
         raise invalid_argument(
-            "broadcast_object_list", "object_list", "a list", type(object_list).__name__, resolved.global_rank
+            "broadcast_object_list",
+            "object_list",
+            "a list",
+            type(object_list).__name__,
+            resolved.global_rank,
+            InvalidTypeError,  # torch's TypeError: it iterates over the argument
         )
     root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
     target = torch.device(device) if device is not None else _device(resolved)
@@ -208,12 +213,15 @@ def scatter_object_list(
     if resolved is None:
         return
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-        raise invalid_argument(
+        detail = invalid_argument(
             "scatter_object_list",
             "scatter_object_output_list",
             "a non-empty list",
             scatter_object_output_list,
             resolved.global_rank,
+        )
+        raise type(detail)(
+            f"Expected argument scatter_object_output_list to be a list of size at least 1. {detail}"
         )
     root = resolved.ranks[group_src] if group_src is not None else (0 if src is None else src)
     is_root = resolved.global_rank == root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,7 +12,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import CommTimeoutError, InvalidArgumentError, UnsupportedError, invalid_argument
+from ..errors import (
+    CommTimeoutError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    UnsupportedError,
+    invalid_argument,
+)
 from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import validate as check
@@ -349,6 +356,7 @@ def monitored_barrier(
     call = begin("monitored_barrier", group)
     if call is None:
         return
+    timeout = _as_timedelta(call, timeout)
     deadline = time.monotonic() + (timeout or call.group.timeout).total_seconds()
     token = torch.zeros(1, dtype=torch.int32, device=call.backend.object_device())
     peers = range(1, call.group.size())
@@ -360,12 +368,40 @@ def monitored_barrier(
     arrivals = {peer: call.backend.recv(tokens[peer], peer, FALLBACK_TAG, async_op=True) for peer in peers}
     missing = _ranks_missing(arrivals, deadline, wait_all_ranks)
     if missing:
-        global_missing = [call.group.ranks[peer] for peer in missing]
-        raise CommTimeoutError(
-            f"monitored_barrier: ranks {global_missing} did not reach the barrier within {timeout or call.group.timeout} (rank {call.rank})"
-        )
+        raise _not_arrived(call, missing, timeout or call.group.timeout, wait_all_ranks)
     for peer in peers:
         call.backend.send(token, peer, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
+
+
+def _as_timedelta(call: Any, timeout: Any) -> timedelta | None:
+    """``timeout`` as a timedelta: torch also takes a float, as seconds (with a warning), and
+    refuses anything else with a TypeError."""
+    if timeout is None or isinstance(timeout, timedelta):
+        return timeout
+    if isinstance(timeout, float):
+        warnings.warn(
+            "Please specify timeout arg as a timedelta. "
+            f"Converting current value of {timeout} assuming it represents seconds",
+            stacklevel=3,
+        )
+        return timedelta(seconds=timeout)
+    detail = invalid_argument("monitored_barrier", "timeout", "a timedelta", repr(timeout), call.rank)
+    raise InvalidTypeError(
+        f"Expected timeout argument to be of type datetime.timedelta, got {timeout}. {detail}"
+    )
+
+
+def _not_arrived(call: Any, missing: list[int], timeout: timedelta, wait_all_ranks: bool) -> CommTimeoutError:
+    """torch's message (its group ranks, its milliseconds) first, then the global ranks."""
+    milliseconds = int(timeout.total_seconds() * 1000)
+    listed = ", ".join(str(peer) for peer in missing)
+    who = f"Ranks {listed}" if wait_all_ranks else f"Rank {listed}"
+    global_missing = [call.group.ranks[peer] for peer in missing]
+    return CommTimeoutError(
+        f"[Rank {call.group.rank()}]: {who} failed to pass monitoredBarrier in {milliseconds} ms. "
+        f"monitored_barrier: global ranks {global_missing} did not reach the barrier within {timeout} "
+        f"(rank {call.rank})"
+    )
 
 
 def _ranks_missing(arrivals: dict[int, Work], deadline: float, wait_all_ranks: bool) -> list[int]:
@@ -386,11 +422,9 @@ def _remaining(deadline: float) -> float:
 
 def _peer(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:
     if group_rank is not None:
-        if (
-            not isinstance(group_rank, int)
-            or not 0 <= group_rank < call.group.size()
-            or group_rank == call.group.rank()
-        ):
+        if isinstance(group_rank, int) and group_rank == call.group.rank():
+            raise check.self_peer(call, f"group_{arg}", group_rank)
+        if not isinstance(group_rank, int) or not 0 <= group_rank < call.group.size():
             raise invalid_argument(
                 call.op,
                 f"group_{arg}",

@@ -411,9 +411,16 @@ def _check_group_ranks(world: World, ranks: Sequence[int] | None) -> tuple[int, 
         return tuple(range(world.size))
     bad = [r for r in ranks if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world.size]
     if bad or len(set(ranks)) != len(ranks):
-        raise invalid_argument(
+        detail = invalid_argument(
             "new_group", "ranks", f"distinct ints in [0, {world.size})", list(ranks), world.rank
         )
+        out_of_range = [r for r in bad if isinstance(r, int) and not isinstance(r, bool)]
+        if out_of_range:  # torch's wording first
+            raise type(detail)(
+                f"Rank {out_of_range[0]} is out of range. Valid ranks are 0 to {world.size - 1} "
+                f"(world_size={world.size}). {detail}"
+            )
+        raise detail
     return tuple(sorted(ranks))
 
 

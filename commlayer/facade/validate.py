@@ -23,6 +23,7 @@ __all__ = [
     "check_tensor",
     "check_tensor_list",
     "first_device",
+    "self_peer",
 ]
 
 
@@ -37,8 +38,10 @@ def first_device(value: Any) -> torch.device | None:
 
 def check_tensor(call: OpCall, arg: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise invalid_argument(
-            call.op, arg, "a torch.Tensor", type(value).__name__, call.rank, InvalidTypeError
+        detail = invalid_argument(call.op, arg, "a torch.Tensor", type(value).__name__, call.rank)
+        raise InvalidTypeError(
+            f"Invalid function argument. Expected parameter `{arg}` of type torch.Tensor\n"
+            f"             but got {type(value)} instead. {detail}"
         )
     capabilities = call.backend.capabilities
     if (
@@ -115,8 +118,17 @@ def check_peer(call: OpCall, arg: str, global_rank: Any, allow_self: bool = True
             call.op, arg, f"a global rank in the group {list(ranks)}", global_rank, call.rank
         )
     if not allow_self and global_rank == call.rank:
-        raise invalid_argument(call.op, arg, "a rank other than this one", global_rank, call.rank)
+        raise self_peer(call, arg, global_rank)
     return ranks.index(global_rank)
+
+
+def self_peer(call: OpCall, arg: str, rank: Any) -> Exception:
+    """A send or receive naming this process: torch's wording first, then the facade's."""
+    side = "source" if arg.endswith("src") else "destination"
+    detail = invalid_argument(call.op, arg, "a rank other than this one", rank, call.rank)
+    return type(detail)(
+        f"Invalid {side} rank: {side} rank should not be the same as the rank of the current process. {detail}"
+    )
 
 
 _SUM = ReduceOp.SUM  # an Enum member read through its class costs a lookup on every call
@@ -213,7 +225,11 @@ def check_splits(
             )
         return None
     splits = list(splits)
-    if len(splits) != size or any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
+    if len(splits) != size:
+        expected = f"{size} non-negative ints summing to dim 0 ({rows})"
+        detail = invalid_argument(call.op, arg, expected, splits, call.rank)
+        raise type(detail)(f"Number of tensor splits not equal to group size. {detail}")
+    if any(not isinstance(s, int) or s < 0 for s in splits) or sum(splits) != rows:
         raise invalid_argument(
             call.op, arg, f"{size} non-negative ints summing to dim 0 ({rows})", splits, call.rank
         )

@@ -30,6 +30,7 @@ LAYERS = (
         "commlayer.ports",
         "commlayer.metrics",
         "commlayer.netif",
+        "commlayer.profiling",
     ),
     (
         "commlayer.fallbacks",
