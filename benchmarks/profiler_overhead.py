@@ -30,8 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dispatch_overhead import per_call_us
-from reliability_overhead import _NullBackend
+from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist
@@ -40,7 +39,7 @@ from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, Work
 
 
-class _ReducingNull(_NullBackend):
+class _ReducingNull(NullBackend):
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         return CompletedWork()
 

@@ -49,6 +49,7 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
     "dispatch_overhead.py": (["--iters", "20", "--repeats", "1"], None),
     "logger_overhead.py": (["--calls", "100", "--rounds", "1"], None),
     "reliability_overhead.py": (["--iters", "20", "--repeats", "1", "--debug-iters", "2"], None),
+    "profiler_overhead.py": (["--iters", "20", "--repeats", "1"], None),
     "shm_call_cost.py": (["--iters", "20", "--repeats", "1"], None),
     "torch_vs_commlayer.py": (["--standin", "--rounds", "1", "--iters", "1"], None),
     "torch_bridge_bench.py": (["--calls", "10", "--repeats", "1", "--skip-ddp"], _needs_mpi),
