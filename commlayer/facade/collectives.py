@@ -90,6 +90,7 @@ def reduce(
         copy_back=copy_back,
         root=root,
         average=averaged(call, reduce_op, (buffer,)) if call.group.rank() == root else (),
+        reduce_op=reduce_op,
     )
 
 
@@ -140,6 +141,7 @@ def all_gather(
         async_op=async_op,
         payload=outputs,
         copy_back=copy_back,
+        inputs=tensor,
     )
 
 
@@ -197,6 +199,7 @@ def reduce_scatter(
         payload=inputs,
         copy_back=copy_back,
         average=averaged(call, reduce_op, (buffer,)),
+        reduce_op=reduce_op,
     )
 
 
@@ -364,6 +367,7 @@ def scatter(
         payload=tensor,
         copy_back=copy_back,
         root=root,
+        inputs=() if inputs is None else inputs,
     )
 
 

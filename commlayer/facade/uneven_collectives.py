@@ -85,6 +85,7 @@ def all_gather_v(
         async_op=async_op,
         payload=outputs,
         copy_back=copy_back,
+        inputs=tensor,
     )
 
 
@@ -180,6 +181,7 @@ def reduce_scatter_v(
         payload=inputs,
         copy_back=copy_back,
         average=averaged(call, reduce_op, (buffer,)),
+        reduce_op=reduce_op,
     )
 
 
