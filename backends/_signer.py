@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from commlayer.call_deadline import wait_polled
 from commlayer.errors import CollectiveMismatchError
 
 from ._signature import agree, dtype_codes, mismatch, pack
@@ -56,7 +57,7 @@ class Signer:
         """
         key = pack(op, dtype, _CODES, root, reduce_op)
         values = torch.tensor((key, -key, count, -count), dtype=torch.int64)
-        self.process_group.allreduce([values], _MAX).wait()
+        wait_polled(self.process_group.allreduce([values], _MAX), f"{op}'s signature check")
         reduced = values.tolist()
         if not agree(key, count, reduced):
             raise mismatch(op, key, count, reduced, _CODES, (self.group, self.rank), self.checked_by)
@@ -78,7 +79,7 @@ class Signer:
         grid[:, me, 0] = torch.maximum(grid[:, me, 0], expected)
         grid[:, me, 1] = torch.maximum(grid[:, me, 1], -expected)
         values = torch.cat((torch.tensor((key, -key), dtype=torch.int64), grid.flatten()))
-        self.process_group.allreduce([values], _MAX).wait()
+        wait_polled(self.process_group.allreduce([values], _MAX), f"{op}'s signature check")
         reduced = values[:2].tolist()
         if not agree(key, 0, [*reduced, 0, 0]):
             raise mismatch(op, key, 0, [*reduced, 0, 0], _CODES, (self.group, self.rank), self.checked_by)

@@ -29,6 +29,7 @@ LAYERS = (
         "commlayer.ports",
         "commlayer.metrics",
         "commlayer.netif",
+        "commlayer.call_deadline",
     ),
     (
         "commlayer.fallbacks",

@@ -9,6 +9,7 @@ are unpacked into the caller's tensors when the work completes. World of 2, rank
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -17,15 +18,29 @@ from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import planned_collectives as planned
+from .call_timeouts import with_timeout
 from .groups import current_world, resolve_group
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
 
 def all_reduce_coalesced(
-    tensors: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+    tensors: list[torch.Tensor],
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective."""
+    if timeout is not None:
+        return with_timeout(
+            "all_reduce_coalesced",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_reduce_coalesced(tensors=tensors, op=op, group=group, async_op=wait_async),
+        )
     tensors = _check_tensors("all_reduce_coalesced", "tensors", tensors)
     packed = torch.cat([tensor.reshape(-1) for tensor in tensors])
     work = planned.all_reduce(packed, op=op, group=group, async_op=True)
@@ -37,8 +52,23 @@ def all_gather_coalesced(
     input_tensor_list: list[torch.Tensor],
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """``output_tensor_lists[r][i]`` receives group rank r's ``input_tensor_list[i]``."""
+    if timeout is not None:
+        return with_timeout(
+            "all_gather_coalesced",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_gather_coalesced(
+                output_tensor_lists=output_tensor_lists,
+                input_tensor_list=input_tensor_list,
+                group=group,
+                async_op=wait_async,
+            ),
+        )
     inputs = _check_tensors("all_gather_coalesced", "input_tensor_list", input_tensor_list)
     resolved = resolve_group("all_gather_coalesced", group)
     if resolved is None:
