@@ -15,7 +15,29 @@ from commlayer.facade.call_timeouts import checked_timeout
 from commlayer.testing import mpirun_unavailable_reason, run_world
 
 TARGET = "tests.facade.call_timeouts_ranks:peer_never_comes"
-TIMED_OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_gather_v", "reduce_scatter_v", "all_reduce_coalesced", "all_gather_coalesced"]
+TIMED_OPS = [
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "all_gather_v",
+    "reduce_scatter_v",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
+]
 
 
 def test_timeouts_are_seconds_or_timedeltas() -> None:
