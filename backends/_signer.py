@@ -16,6 +16,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import profiling, settings
+from commlayer.call_deadline import wait_polled
 from commlayer.errors import CollectiveMismatchError
 
 from ._signature import agree, dtype_codes, mismatch, pack
@@ -56,18 +57,18 @@ class Signer:
         """
         key = pack(op, dtype, _CODES, root, reduce_op)
         values = torch.tensor((key, -key, count, -count), dtype=torch.int64)
-        self._reduce(values)
+        self._reduce(values, op)
         reduced = values.tolist()
         if not agree(key, count, reduced):
             raise mismatch(op, key, count, reduced, _CODES, (self.group, self.rank), self.checked_by)
 
-    def _reduce(self, values: torch.Tensor) -> None:
+    def _reduce(self, values: torch.Tensor, op: str) -> None:
         """The check's MAX reduction, hidden from a running profiler: it is not the user's call."""
         if not profiling.active:
-            self.process_group.allreduce([values], _MAX).wait()
+            wait_polled(self.process_group.allreduce([values], _MAX), f"{op}'s signature check")
             return
         with profiling.hidden():
-            self.process_group.allreduce([values], _MAX).wait()
+            wait_polled(self.process_group.allreduce([values], _MAX), f"{op}'s signature check")
 
     def verify_exchange(
         self, op: str, dtype: torch.dtype, sends: Sequence[int], receives: Sequence[int]
@@ -86,7 +87,7 @@ class Signer:
         grid[:, me, 0] = torch.maximum(grid[:, me, 0], expected)
         grid[:, me, 1] = torch.maximum(grid[:, me, 1], -expected)
         values = torch.cat((torch.tensor((key, -key), dtype=torch.int64), grid.flatten()))
-        self._reduce(values)
+        self._reduce(values, op)
         reduced = values[:2].tolist()
         if not agree(key, 0, [*reduced, 0, 0]):
             raise mismatch(op, key, 0, [*reduced, 0, 0], _CODES, (self.group, self.rank), self.checked_by)

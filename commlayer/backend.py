@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -171,6 +172,16 @@ class Backend(GenericCollectives, ABC):
 
     def shutdown(self) -> None:
         """Release library resources; the facade calls it from destroy_process_group."""
+
+    def call_timeout(self, seconds: float) -> AbstractContextManager[None]:
+        """Optional: bound every wait of this communicator by ``seconds`` while the context is open.
+
+        The facade enters it around the launch of a call made with ``timeout=``. A backend whose
+        ops block in the calling thread before their Work exists (shm's run to completion) must
+        lower its own deadline here, raising CommTimeoutError when it passes; one whose ops wait
+        only in their Work needs nothing (the facade bounds that wait). The default does nothing.
+        """
+        return nullcontext()
 
     @property
     def torch_group(self) -> Any | None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -95,6 +96,21 @@ class ShmBackend(Backend):
     def shutdown(self) -> None:
         self._comm = None  # unmaps the segment once no op holds it
         self._companion.shutdown()
+
+    @contextmanager
+    def call_timeout(self, seconds: float) -> Iterator[None]:
+        """Every wait of the ops launched in the context ends at ``seconds`` (run to completion:
+        the op waits in the calling thread, so its deadline is the segment's)."""
+        comm = self._comm
+        if comm is None or not hasattr(comm, "timeout_s"):  # an extension built before it
+            yield
+            return
+        previous = comm.timeout_s
+        comm.timeout_s = min(previous, seconds)
+        try:
+            yield
+        finally:
+            comm.timeout_s = previous
 
     @property
     def torch_group(self) -> Any | None:

@@ -69,7 +69,7 @@ class CommsLogger:
         self.records = records
         self._muted_thread: int | None = None  # summary()'s own traffic is not logged
 
-    def observe(self, call: dispatch.OpCall, nbytes: int, start: Callable[[], Work]) -> Work:
+    def observe(self, call: dispatch.OpCall, nbytes: int, start: Callable[[], Work], **details: Any) -> Work:
         if self.options.ops is not None and not self.options.wants(call.op):
             return start()
         if self._muted_thread is not None and threading.get_ident() == self._muted_thread:
@@ -85,7 +85,11 @@ class CommsLogger:
         return start().then(finished)
 
     def wrap_plan(
-        self, call: dispatch.OpCall, run: Callable[..., Work | None], payload: int
+        self,
+        call: dispatch.OpCall,
+        run: Callable[..., Work | None],
+        payload: int,
+        fixed: tuple[Any, ...] = (),
     ) -> Callable[..., Work | None]:
         """The per-plan hook (see ``dispatch.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""

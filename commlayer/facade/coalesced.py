@@ -10,6 +10,7 @@ are unpacked into the caller's tensors when the work completes. World of 2, rank
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import planned_collectives as planned
+from .call_timeouts import with_timeout
 from .complex_tensors import as_real, is_complex, real_for_reduction
 from .dispatch import device_type
 from .groups import ProcessGroup, current_world, resolve_group
@@ -27,13 +29,26 @@ __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
 
 def all_reduce_coalesced(
-    tensors: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+    tensors: list[torch.Tensor],
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """All-reduce every tensor of ``tensors`` (one dtype and device) in a single collective.
 
     Complex tensors go as their real views, as in torch (SUM and AVG only), so a list may mix
     complex tensors with real ones of their component dtype.
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_reduce_coalesced",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_reduce_coalesced(tensors=tensors, op=op, group=group, async_op=wait_async),
+        )
     if isinstance(tensors, (list, tuple)) and any(map(is_complex, tensors)):
         complex_tensor = next(tensor for tensor in tensors if is_complex(tensor))
         real_for_reduction("all_reduce_coalesced", complex_tensor, op)
@@ -53,8 +68,23 @@ def all_gather_coalesced(
     input_tensor_list: list[torch.Tensor],
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """``output_tensor_lists[r][i]`` receives group rank r's ``input_tensor_list[i]``."""
+    if timeout is not None:
+        return with_timeout(
+            "all_gather_coalesced",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_gather_coalesced(
+                output_tensor_lists=output_tensor_lists,
+                input_tensor_list=input_tensor_list,
+                group=group,
+                async_op=wait_async,
+            ),
+        )
     inputs = _check_tensors("all_gather_coalesced", "input_tensor_list", input_tensor_list)
     resolved = resolve_group("all_gather_coalesced", group)
     if resolved is None:

@@ -19,6 +19,7 @@ import torch
 from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
+from .call_timeouts import with_timeout
 from .complex_tensors import complex_as_real
 from .dispatch import averaged, begin, contiguous, launch, wire_op
 from .failures import wait_translated
@@ -43,6 +44,8 @@ def reduce(
     group: Any = None,
     async_op: bool = False,
     group_dst: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Reduce ``tensor`` across ``group`` into the tensor of rank ``dst``.
 
@@ -53,6 +56,9 @@ def reduce(
         op (ReduceOp, optional): the reduction (SUM by default).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
 
     Returns:
@@ -63,7 +69,7 @@ def reduce(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -73,6 +79,16 @@ def reduce(
         >>> tensor  # on rank 0 of 2
         tensor([3., 3.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "reduce",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: reduce(
+                tensor=tensor, dst=dst, op=op, group=group, async_op=wait_async, group_dst=group_dst
+            ),
+        )
     call = begin("reduce", group, check.first_device(tensor))
     if call is None:
         return None
@@ -90,12 +106,18 @@ def reduce(
         copy_back=copy_back,
         root=root,
         average=averaged(call, reduce_op, (buffer,)) if call.group.rank() == root else (),
+        reduce_op=reduce_op,
     )
 
 
 @complex_as_real("all_gather")
 def all_gather(
-    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Gather every rank's ``tensor`` into ``tensor_list`` on every rank, in group rank order.
 
@@ -104,6 +126,9 @@ def all_gather(
         tensor (Tensor): this rank's contribution.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -113,7 +138,7 @@ def all_gather(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -123,6 +148,16 @@ def all_gather(
         >>> outputs  # 2 ranks
         [tensor([0.]), tensor([1.])]
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_gather",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_gather(
+                tensor_list=tensor_list, tensor=tensor, group=group, async_op=wait_async
+            ),
+        )
     call = begin("all_gather", group, check.first_device(tensor))
     if call is None:
         return None
@@ -140,6 +175,7 @@ def all_gather(
         async_op=async_op,
         payload=outputs,
         copy_back=copy_back,
+        inputs=tensor,
     )
 
 
@@ -149,6 +185,8 @@ def reduce_scatter(
     op: Any = ReduceOp.SUM,
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Reduce ``input_list`` across ``group`` and leave chunk ``i`` of the result on group rank ``i``.
 
@@ -158,6 +196,9 @@ def reduce_scatter(
         op (ReduceOp, optional): the reduction (SUM by default).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -167,7 +208,7 @@ def reduce_scatter(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -177,6 +218,16 @@ def reduce_scatter(
         >>> output  # rank 1
         tensor([4.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "reduce_scatter",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: reduce_scatter(
+                output=output, input_list=input_list, op=op, group=group, async_op=wait_async
+            ),
+        )
     call = begin("reduce_scatter", group, check.first_device(output))
     if call is None:
         return None
@@ -197,6 +248,7 @@ def reduce_scatter(
         payload=inputs,
         copy_back=copy_back,
         average=averaged(call, reduce_op, (buffer,)),
+        reduce_op=reduce_op,
     )
 
 
@@ -206,6 +258,8 @@ def all_to_all(
     input_tensor_list: list[torch.Tensor],
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Each rank sends ``input_tensor_list[j]`` to rank ``j`` and receives rank ``j``'s into ``output_tensor_list[j]``.
 
@@ -214,6 +268,9 @@ def all_to_all(
         input_tensor_list (list[Tensor]): one tensor per rank, sent to that rank.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -223,7 +280,7 @@ def all_to_all(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -233,6 +290,19 @@ def all_to_all(
         >>> outputs
         [tensor([0.]), tensor([1.])]
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_to_all",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_to_all(
+                output_tensor_list=output_tensor_list,
+                input_tensor_list=input_tensor_list,
+                group=group,
+                async_op=wait_async,
+            ),
+        )
     call = begin("all_to_all", group, check.first_device(input_tensor_list))
     if call is None:
         return None
@@ -260,6 +330,8 @@ def gather(
     group: Any = None,
     async_op: bool = False,
     group_dst: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Collect every rank's ``tensor`` into ``gather_list`` on rank ``dst``.
 
@@ -270,6 +342,9 @@ def gather(
         dst (int): global rank that collects (default 0).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
 
     Returns:
@@ -280,7 +355,7 @@ def gather(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -290,6 +365,21 @@ def gather(
         >>> slots  # rank 0
         [tensor([0.]), tensor([1.])]
     """
+    if timeout is not None:
+        return with_timeout(
+            "gather",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: gather(
+                tensor=tensor,
+                gather_list=gather_list,
+                dst=dst,
+                group=group,
+                async_op=wait_async,
+                group_dst=group_dst,
+            ),
+        )
     call = begin("gather", group, check.first_device(tensor))
     if call is None:
         return None
@@ -317,6 +407,8 @@ def scatter(
     group: Any = None,
     async_op: bool = False,
     group_src: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Send ``scatter_list[i]`` from rank ``src`` to group rank ``i``, into its ``tensor``.
 
@@ -327,6 +419,9 @@ def scatter(
         src (int): global rank that sends (default 0).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
 
     Returns:
@@ -337,7 +432,7 @@ def scatter(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -348,6 +443,21 @@ def scatter(
         >>> received  # rank 1
         tensor([1.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "scatter",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: scatter(
+                tensor=tensor,
+                scatter_list=scatter_list,
+                src=src,
+                group=group,
+                async_op=wait_async,
+                group_src=group_src,
+            ),
+        )
     call = begin("scatter", group, check.first_device(tensor))
     if call is None:
         return None
@@ -364,6 +474,7 @@ def scatter(
         payload=tensor,
         copy_back=copy_back,
         root=root,
+        inputs=() if inputs is None else inputs,
     )
 
 
@@ -371,7 +482,7 @@ def barrier(
     group: Any = None,
     async_op: bool = False,
     device_ids: Sequence[int] | None = None,
-    timeout: timedelta | None = None,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Wait until every rank of ``group`` has reached this call.
 
@@ -380,8 +491,9 @@ def barrier(
         async_op (bool, optional): return a Work to wait on instead of waiting here.
         device_ids (list[int], optional): accepted for torch compatibility; logged once, it has no
             effect here.
-        timeout (timedelta, optional): how long a synchronous barrier may wait (the group's timeout
-            by default).
+        timeout (timedelta or float, optional): how long this call may take; past it,
+            CommTimeoutError names the op, group and rank (an async call's Work carries the
+            deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -398,6 +510,10 @@ def barrier(
 
         >>> dist.barrier()  # every rank continues only once all have arrived
     """
+    if timeout is not None:
+        return with_timeout(
+            "barrier", group, async_op, timeout, lambda wait_async: barrier(group, True, device_ids)
+        )
     call = begin("barrier", group)
     if call is None:
         return None
@@ -406,5 +522,5 @@ def barrier(
     work = launch(call, lambda b, hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work
-    wait_translated(work, "barrier", group, timeout)
+    wait_translated(work, "barrier", group)
     return None

@@ -17,10 +17,11 @@ prebuilt options) or, for backends without one, by :func:`new_plan` around the o
 op. Every plan is dropped (:func:`forget_plans`) when a group or the world is created or
 destroyed and when the observer changes, so none outlives what it was checked against.
 
-Observers (the hook point). With an observer set (:func:`set_observer`: the comms logger, or any
-recorder that wants to see every op), plans are rebuilt so that each launch goes through
-``observer.observe(call, nbytes, start)``; ops without plans go through :func:`launch`, which
-calls the same hook. Without one, neither path pays anything for it.
+Observers (the hook point). With an observer set (:func:`set_observer`: the comms logger in the
+"logger" slot, the public hooks of :mod:`.hooks` in the "hooks" slot), plans are rebuilt so that
+each launch goes through ``observer.observe(call, nbytes, start, **details)``; ops without plans
+go through :func:`launch`, which calls the same hook. Several observers nest, the latest slot
+outermost. Without one, neither path pays anything for it.
 
 Profiler events (:mod:`commlayer.profiling`). While a torch profiler runs, plans are rebuilt so
 that each launch on a backend whose library records no events of its own is recorded as one
@@ -31,6 +32,7 @@ planned calls pay nothing for it and unplanned ones that flag.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +77,7 @@ __all__ = [
     "run_staged",
     "set_observer",
     "wire_op",
+    "wrapped_plan",
 ]
 
 log = logging.getLogger("commlayer.dist")
@@ -96,19 +99,24 @@ class OpCall(NamedTuple):
 
 
 class Observer(Protocol):
-    """The hook every op passes through while set (the comms logger; a recorder could be another).
+    """The hook every op passes through while set (the comms logger, the public hooks).
 
     ``observe`` wraps ``start`` (which launches the op and returns its Work) and returns the Work
-    the caller gets. An observer may also define ``wrap_plan(call, run, payload)``, returning its
-    own ``run(async_op, *tensors)`` around a plan's launcher, built once per plan: that is where a
-    cheap per-call record belongs. Without it, plans go through :func:`observed`.
+    the caller gets; ``details`` are the call's arguments (see :func:`launch`: ``tensors``,
+    ``inputs``, ``root``, ``reduce_op``, ``async_op``), for observers that want them. An observer
+    may also define ``wrap_plan(call, run, payload, fixed)``, returning its own
+    ``run(async_op, *tensors)`` around a plan's launcher, built once per plan (``fixed``: the
+    plan's scalar arguments): that is where a cheap per-call record belongs. Without it, plans
+    go through :func:`observed`.
     """
 
-    def observe(self, call: OpCall, nbytes: int, start: Callable[[], Work]) -> Work: ...
+    def observe(self, call: OpCall, nbytes: int, start: Callable[[], Work], **details: Any) -> Work: ...
 
 
 _observer: Observer | None = None
 _profiling = profiling.active  # a torch profiler runs: see the module docstring
+# Slot name -> observer; _observer is their nesting (see set_observer).
+_observers: dict[str, Observer] = {}
 
 # The async_op keyword every backend op takes, built once per mode.
 _MODE = {True: {"async_op": True}, False: {"async_op": False}}
@@ -143,11 +151,45 @@ profiling.install()
 profiling.listen(_profiler_toggled)
 
 
-def set_observer(observer: Observer | None) -> None:
-    """Route every op's launch through ``observer`` (None: no observer); drops every plan."""
+def set_observer(observer: Observer | None, slot: str = "logger") -> None:
+    """Route every op's launch through ``observer`` in ``slot`` (None: empty the slot); drops every plan.
+
+    Slots let the comms logger ("logger") and the public hooks ("hooks") observe at once.
+    """
     global _observer
-    _observer = observer
+    _observers.pop(slot, None)
+    if observer is not None:
+        _observers[slot] = observer
+    chain = tuple(_observers.values())
+    _observer = None if not chain else chain[0] if len(chain) == 1 else _Nested(chain)
     forget_plans()
+
+
+class _Nested:
+    """Several observers as one: the first innermost, each wrapping the launch of the one before."""
+
+    def __init__(self, chain: tuple[Observer, ...]) -> None:
+        self.chain = chain
+
+    def observe(self, call: OpCall, nbytes: int, start: Callable[[], Work], **details: Any) -> Work:
+        for observer in self.chain:
+            start = functools.partial(observer.observe, call, nbytes, start, **details)
+        return start()
+
+    def wrap_plan(
+        self, call: OpCall, run: Callable[..., Work | None], payload: int, fixed: tuple[Any, ...] = ()
+    ) -> Callable[..., Work | None]:
+        for observer in self.chain:
+            run = wrapped_plan(observer, call, run, payload, fixed)
+        return run
+
+
+def wrapped_plan(
+    observer: Observer, call: OpCall, run: Callable[..., Work | None], payload: int, fixed: tuple[Any, ...]
+) -> Callable[..., Work | None]:
+    """``run`` as ``observer`` wants plans run: its own ``wrap_plan``, else :func:`observed`."""
+    wrap = getattr(observer, "wrap_plan", None)
+    return wrap(call, run, payload, fixed) if wrap is not None else observed(observer, call, run, payload)
 
 
 class Plan(NamedTuple):
@@ -205,8 +247,7 @@ def new_plan(
         run = profiling.profiled(op, call.group.group_name, run)
     observer = _observer
     if observer is not None:
-        wrap = getattr(observer, "wrap_plan", None)
-        run = wrap(call, run, payload) if wrap is not None else observed(observer, call, run, payload)
+        run = wrapped_plan(observer, call, run, payload, fixed)
     return Plan(run, call, call.group.size())
 
 
@@ -378,6 +419,8 @@ def launch(
     copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     root: int = -1,
     average: Sequence[torch.Tensor] = (),
+    inputs: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    reduce_op: Any = None,
 ) -> Work | None:
     """Run ``start`` on the call's backend; wait unless ``async_op``, as torch does.
 
@@ -393,6 +436,9 @@ def launch(
     gathered output, the full reduce-scatter input); it is only measured when the comms logger
     observes the call, so the common path pays nothing for it.
 
+    ``inputs`` (this rank's contribution, when ``payload`` is not it) and ``reduce_op`` are only
+    handed to an observer, for hooks that read the call's arguments.
+
     Every call is entered in its group's flight recorder first (``root``, a group rank, is part
     of the entry); in debug mode that entry is compared across ranks before the backend runs.
     """
@@ -403,7 +449,17 @@ def launch(
         if _observer is None and not _profiling:
             work = start(backend, mode)
         else:
-            work = _started(call, start, mode, payload)
+            work = _started(
+                call,
+                start,
+                mode,
+                payload,
+                tensors=payload,
+                inputs=payload if inputs is None else inputs,
+                root=root,
+                reduce_op=reduce_op,
+                async_op=async_op,
+            )
         if average:
             work = work.then(lambda: _divide(average, call.group.size()))
         if copy_back:
@@ -427,13 +483,16 @@ def _started(
     start: Callable[[Backend, Mapping[str, bool]], Work],
     mode: Mapping[str, bool],
     payload: torch.Tensor | Sequence[torch.Tensor],
+    **details: Any,
 ) -> Work:
-    """``start`` run under the observer and, while a profiler runs, inside the call's event."""
+    """``start`` run under the observers (given the call's ``details``) and, while a profiler
+    runs, inside the call's event."""
     backend = call.backend
-    if _observer is None:
+    observer = _observer
+    if observer is None:
         begin_op = lambda: start(backend, mode)
     else:
-        begin_op = lambda: _observer.observe(call, _nbytes(payload), lambda: start(backend, mode))
+        begin_op = lambda: observer.observe(call, _nbytes(payload), lambda: start(backend, mode), **details)
     if not _profiling or backend.records_profiler_events:
         return begin_op()
     with profiling.event(call.op, call.group.group_name, payload):

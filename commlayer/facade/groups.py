@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -85,6 +86,21 @@ class ProcessGroup:
         self.bridge: Any = None
         # The last collectives on this group (commlayer.flight_recorder), filled by launch.
         self.recorder = recorder or FlightRecorder(name, ranks, capacity_from_env())
+        # This group's hooks (commlayer.facade.hooks), by handle id.
+        self.pre_hooks: OrderedDict[int, Any] = OrderedDict()
+        self.post_hooks: OrderedDict[int, Any] = OrderedDict()
+
+    def register_pre_hook(self, fn: Any) -> Any:
+        """Call ``fn(call)`` before each op of this group; see :func:`commlayer.hooks.register_pre_hook`."""
+        from .hooks import register_pre_hook
+
+        return register_pre_hook(fn, group=self)
+
+    def register_post_hook(self, fn: Any) -> Any:
+        """Call ``fn(call)`` once each op of this group completed; see :func:`commlayer.hooks.register_post_hook`."""
+        from .hooks import register_post_hook
+
+        return register_post_hook(fn, group=self)
 
     def forget_calls(self) -> None:
         """Break the group -> call -> group cycles, which only the garbage collector would free.

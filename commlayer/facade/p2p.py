@@ -22,6 +22,7 @@ from ..errors import (
 from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
 from ..work import Work
 from . import validate as check
+from .call_timeouts import DeadlineWork, checked_timeout, with_timeout
 from .complex_tensors import as_real, is_complex
 from .dispatch import (
     NO_PLAN,
@@ -55,6 +56,8 @@ def isend(
     group: Any = None,
     tag: int = 0,
     group_dst: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Start sending ``tensor`` to rank ``dst`` and return at once.
 
@@ -64,6 +67,9 @@ def isend(
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (the Work carries the deadline).
+            None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` to wait on; None on a rank outside ``group``.
@@ -80,6 +86,10 @@ def isend(
         >>> if dist.get_rank() == 0:
         ...     dist.isend(torch.ones(2), dst=1).wait()
     """
+    if timeout is not None:
+        return with_timeout(
+            "isend", group, True, timeout, lambda _: isend(tensor, dst, group, tag, group_dst)
+        )
     work = _planned_isend(tensor, dst, group, tag, group_dst)
     if work is not NO_PLAN:
         return work
@@ -93,6 +103,8 @@ def irecv(
     group: Any = None,
     tag: int = 0,
     group_src: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Start receiving into ``tensor`` from rank ``src`` (any rank when None) and return at once.
 
@@ -103,6 +115,9 @@ def irecv(
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         tag (int, optional): matches the send's tag.
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (the Work carries the deadline).
+            None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` to wait on (its ``source_rank()`` names the sender of a
@@ -121,6 +136,10 @@ def irecv(
         ...     incoming = torch.zeros(2)
         ...     dist.irecv(incoming, src=0).wait()
     """
+    if timeout is not None:
+        return with_timeout(
+            "irecv", group, True, timeout, lambda _: irecv(tensor, src, group, tag, group_src)
+        )
     work = _planned_irecv(tensor, src, group, tag, group_src)
     if work is not NO_PLAN:
         return work
@@ -134,6 +153,8 @@ def send(
     group: Any = None,
     tag: int = 0,
     group_dst: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> None:
     """Send ``tensor`` to rank ``dst`` and wait until the send has completed.
 
@@ -143,6 +164,9 @@ def send(
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank.
+            None: the group's timeout.
 
     Returns:
         None.
@@ -159,6 +183,9 @@ def send(
         >>> if dist.get_rank() == 0:
         ...     dist.send(torch.ones(2), dst=1)
     """
+    if timeout is not None:
+        with_timeout("send", group, False, timeout, lambda _: isend(tensor, dst, group, tag, group_dst))
+        return
     if _planned_send(tensor, dst, group, tag, group_dst) is NO_PLAN:
         _point_to_point("send", tensor, dst, group, tag, group_dst, False)
 
@@ -169,8 +196,20 @@ def recv(
     group: Any = None,
     tag: int = 0,
     group_src: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> int:
-    """Receive into ``tensor``; returns the sender's global rank (-1 on a non-member)."""
+    """Receive into ``tensor``; returns the sender's global rank (-1 on a non-member).
+
+    ``timeout`` (a commlayer extension, torchcomms' keyword: a timedelta or seconds) bounds this
+    call; past it, CommTimeoutError names the op, group and rank. None: the group's timeout.
+    """
+    if timeout is not None:
+        work = with_timeout("recv", group, True, timeout, lambda _: irecv(tensor, src, group, tag, group_src))
+        if work is None:
+            return -1
+        work.wait()
+        return _sender(work, src, group, group_src)
     if src.__class__ is int and group_src is None:  # the common case: its own answer
         if _planned_recv(tensor, src, group, tag, None) is not NO_PLAN:
             return src
@@ -180,6 +219,11 @@ def recv(
     if work is NOT_MEMBER:
         return -1
     wait_translated(work, "recv", group)
+    return _sender(work, src, group, group_src)
+
+
+def _sender(work: Any, src: int | None, group: Any, group_src: int | None) -> int:
+    """The global rank a completed receive came from."""
     resolved = resolve_group("recv", group)
     if src is not None:
         return src
@@ -283,8 +327,13 @@ class P2POp:
             )
 
 
-def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
+def batch_isend_irecv(
+    p2p_op_list: Sequence[P2POp], *, timeout: timedelta | float | None = None
+) -> list[Work]:
     """Post every send and receive together and return their works.
+
+    ``timeout`` (a commlayer extension, torchcomms' keyword) gives each Work that deadline: an
+    untimed ``wait()`` past it raises CommTimeoutError naming the op, group and rank.
 
     All entries are validated before anything is posted. Entries on one communicator go to its
     ``batch_p2p`` in a single call, which NCCL needs: two ranks that both send first would
@@ -294,10 +343,17 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
         raise InvalidArgumentError(
             f"batch_isend_irecv: argument 'p2p_op_list' expected a non-empty list of P2POp, received {p2p_op_list!r}"
         )
+    seconds = None if timeout is None else checked_timeout("batch_isend_irecv", timeout)
     prepared = [_prepare_op(p2p) for p2p in p2p_op_list]
     members = [entry for entry in prepared if entry is not None]
     if not members:
         return []
+    if seconds is not None:
+        works = batch_isend_irecv(p2p_op_list)
+        return [
+            DeadlineWork(work, "batch_isend_irecv", entry.call.group, seconds)
+            for work, entry in zip(works, members)
+        ]
     backends = {id(entry.call.backend) for entry in members}
     if len(backends) == 1:
         works = members[0].call.backend.batch_p2p([entry.request for entry in members])

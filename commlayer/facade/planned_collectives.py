@@ -9,6 +9,7 @@ rank, as in torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
+from .call_timeouts import with_timeout
 from .complex_tensors import complex_as_real
 from .dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
 from .uneven_collectives import all_gather_into_tensor_v
@@ -72,7 +74,12 @@ _planned_all_to_all = _paired_lookup("all_to_all_single", 2)  # even splits of d
 
 
 def all_reduce(
-    tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+    tensor: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Reduce ``tensor`` across every rank of ``group``, in place, so each rank holds the result.
 
@@ -82,6 +89,9 @@ def all_reduce(
             BXOR; torch.distributed.ReduceOp values are accepted too.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -91,7 +101,7 @@ def all_reduce(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -101,6 +111,14 @@ def all_reduce(
         >>> tensor
         tensor([3., 3.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_reduce",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_reduce(tensor=tensor, op=op, group=group, async_op=wait_async),
+        )
     work = _planned_all_reduce(tensor, op, group, async_op, None)
     if work is not NO_PLAN:
         return work
@@ -127,6 +145,8 @@ def broadcast(
     group: Any = None,
     async_op: bool = False,
     group_src: int | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Copy rank ``src``'s ``tensor`` into ``tensor`` on every other rank of ``group``.
 
@@ -135,6 +155,9 @@ def broadcast(
         src (int): global rank that sends (default 0).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
 
     Returns:
@@ -145,7 +168,7 @@ def broadcast(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -155,6 +178,16 @@ def broadcast(
         >>> tensor
         tensor([0., 1.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "broadcast",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: broadcast(
+                tensor=tensor, src=src, group=group, async_op=wait_async, group_src=group_src
+            ),
+        )
     work = _planned_broadcast(tensor, src, group, async_op, group_src)
     if work is not NO_PLAN:
         return work
@@ -182,6 +215,8 @@ def all_gather_into_tensor(
     group: Any = None,
     async_op: bool = False,
     sizes: Sequence[int] | None = None,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Gather every rank's ``input_tensor`` into one ``output_tensor``, rank-major.
 
@@ -191,6 +226,9 @@ def all_gather_into_tensor(
         input_tensor (Tensor): this rank's contribution.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
         sizes (list[int], optional): a commlayer extension: every rank's element count, when
             they differ (the same list on every rank); the output is their flat concatenation.
             See :func:`~commlayer.facade.uneven_collectives.all_gather_into_tensor_v`.
@@ -203,7 +241,7 @@ def all_gather_into_tensor(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -213,6 +251,20 @@ def all_gather_into_tensor(
         >>> output  # 2 ranks
         tensor([0., 0., 1., 1.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_gather_into_tensor",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_gather_into_tensor(
+                output_tensor=output_tensor,
+                input_tensor=input_tensor,
+                group=group,
+                async_op=wait_async,
+                sizes=sizes,
+            ),
+        )
     if sizes is not None:
         return all_gather_into_tensor_v(output_tensor, input_tensor, sizes, group, async_op)
     work = _planned_all_gather(output_tensor, input_tensor, group, async_op, None, None)
@@ -269,6 +321,8 @@ def reduce_scatter_tensor(
     op: Any = ReduceOp.SUM,
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Reduce ``input`` across ``group`` and leave chunk ``i`` (of ``output``'s size) on group rank ``i``.
 
@@ -278,6 +332,9 @@ def reduce_scatter_tensor(
         op (ReduceOp, optional): the reduction (SUM by default).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -287,7 +344,7 @@ def reduce_scatter_tensor(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -297,6 +354,16 @@ def reduce_scatter_tensor(
         >>> output  # rank 1
         tensor([4.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "reduce_scatter_tensor",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: reduce_scatter_tensor(
+                output=output, input=input, op=op, group=group, async_op=wait_async
+            ),
+        )
     work = _planned_reduce_scatter(output, input, group, async_op, op, None)
     if work is not NO_PLAN:
         return work
@@ -355,6 +422,8 @@ def all_to_all_single(
     input_split_sizes: Sequence[int] | None = None,
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Each rank sends slice ``j`` of ``input`` to rank ``j`` and receives slice ``i`` of everyone's into ``output``.
 
@@ -365,6 +434,9 @@ def all_to_all_single(
         input_split_sizes (list[int], optional): rows sent to each rank; None splits evenly.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -374,7 +446,7 @@ def all_to_all_single(
         InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
             rejected before any communication; UnsupportedError when the backend does not declare
             the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
         PeerFailureError: a rank of the group died while the op was in flight.
 
     Example::
@@ -384,6 +456,21 @@ def all_to_all_single(
         >>> output  # rank 0
         tensor([10., 20.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_to_all_single",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_to_all_single(
+                output=output,
+                input=input,
+                output_split_sizes=output_split_sizes,
+                input_split_sizes=input_split_sizes,
+                group=group,
+                async_op=wait_async,
+            ),
+        )
     work = _planned_all_to_all(output, input, group, async_op, output_split_sizes, input_split_sizes)
     if work is not NO_PLAN:
         return work

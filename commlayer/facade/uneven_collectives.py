@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from ..errors import CollectiveMismatchError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
+from .call_timeouts import with_timeout
 from .dispatch import OpCall, averaged, begin, contiguous, launch, wire_op
 
 __all__ = ["all_gather_into_tensor_v", "all_gather_v", "reduce_scatter_v"]
@@ -37,7 +39,12 @@ _DIGEST_BITS = 62
 
 
 def all_gather_v(
-    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Gather every rank's ``tensor``, of any size, into ``tensor_list`` on every rank.
 
@@ -48,6 +55,9 @@ def all_gather_v(
         tensor (Tensor): this rank's contribution, with as many elements as its own entry.
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -56,7 +66,7 @@ def all_gather_v(
     Raises:
         InvalidArgumentError: an argument was rejected before any communication.
         CollectiveMismatchError: on every rank, when the ranks passed different sizes.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
 
     Example::
 
@@ -65,6 +75,16 @@ def all_gather_v(
         >>> out  # 2 ranks
         [tensor([0.]), tensor([1., 1.])]
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_gather_v",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_gather_v(
+                tensor_list=tensor_list, tensor=tensor, group=group, async_op=wait_async
+            ),
+        )
     call = begin("all_gather_v", group, check.first_device(tensor))
     if call is None:
         return None
@@ -85,6 +105,7 @@ def all_gather_v(
         async_op=async_op,
         payload=outputs,
         copy_back=copy_back,
+        inputs=tensor,
     )
 
 
@@ -94,6 +115,8 @@ def all_gather_into_tensor_v(
     sizes: Sequence[int],
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """``all_gather_into_tensor`` with parts of different sizes: rank ``i``'s part of
     ``sizes[i]`` elements lands at offset ``sum(sizes[:i])`` of the flat ``output_tensor``.
@@ -108,6 +131,20 @@ def all_gather_into_tensor_v(
         >>> out
         tensor([7., 7., 7.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "all_gather_into_tensor_v",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: all_gather_into_tensor_v(
+                output_tensor=output_tensor,
+                input_tensor=input_tensor,
+                sizes=sizes,
+                group=group,
+                async_op=wait_async,
+            ),
+        )
     call = begin("all_gather_v", group, check.first_device(input_tensor))
     if call is None:
         return None
@@ -131,6 +168,8 @@ def reduce_scatter_v(
     op: Any = ReduceOp.SUM,
     group: Any = None,
     async_op: bool = False,
+    *,
+    timeout: timedelta | float | None = None,
 ) -> Work | None:
     """Reduce ``input_list`` across ``group``; group rank ``i`` receives chunk ``i``, of its own size.
 
@@ -141,6 +180,9 @@ def reduce_scatter_v(
         op (ReduceOp, optional): the reduction (SUM by default).
         group (ProcessGroup, optional): the group to work on; None is the default (world) group.
         async_op (bool, optional): return a Work to wait on instead of waiting here.
+        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
+            this call may take; past it, CommTimeoutError names the op, group and rank (and an
+            async call's Work carries the deadline). None: the group's timeout.
 
     Returns:
         A :class:`~commlayer.work.Work` if ``async_op`` is True, else None; None also on a rank
@@ -149,7 +191,7 @@ def reduce_scatter_v(
     Raises:
         InvalidArgumentError: an argument was rejected before any communication.
         CollectiveMismatchError: on every rank, when the ranks passed different sizes.
-        CommTimeoutError: the op did not complete within the group's timeout.
+        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
 
     Example::
 
@@ -158,6 +200,16 @@ def reduce_scatter_v(
         >>> out  # rank 1
         tensor([2., 2.])
     """
+    if timeout is not None:
+        return with_timeout(
+            "reduce_scatter_v",
+            group,
+            async_op,
+            timeout,
+            lambda wait_async: reduce_scatter_v(
+                output=output, input_list=input_list, op=op, group=group, async_op=wait_async
+            ),
+        )
     call = begin("reduce_scatter_v", group, check.first_device(output))
     if call is None:
         return None
@@ -180,6 +232,7 @@ def reduce_scatter_v(
         payload=inputs,
         copy_back=copy_back,
         average=averaged(call, reduce_op, (buffer,)),
+        reduce_op=reduce_op,
     )
 
 

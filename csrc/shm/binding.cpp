@@ -139,6 +139,9 @@ PYBIND11_MODULE(_C, m) {
              py::arg("label"), py::arg("rank"), py::arg("size"), py::arg("mapping"), py::arg("pids"),
              py::arg("small_bytes"), py::arg("chunk_bytes"), py::arg("timeout_s"), py::arg("spins"))
         .def_property_readonly("steps", [](Group& g) { return g.comm().steps(); })
+        .def_property(
+            "timeout_s", [](Group& g) { return g.comm().timeout(); },
+            [](Group& g, double seconds) { g.comm().set_timeout(seconds); }, "the deadline of every wait, in seconds")
         .def("barrier", [](Group& g) { g.comm().barrier(); })
         .def("depart", [](Group& g) { g.comm().depart(); }, "tell the peers this process is exiting")
         .def("interrupt", [](Group& g) { g.comm().interrupt(); }, "end this rank's waits: a peer died")

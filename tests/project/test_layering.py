@@ -31,6 +31,7 @@ LAYERS = (
         "commlayer.metrics",
         "commlayer.netif",
         "commlayer.profiling",
+        "commlayer.call_deadline",
     ),
     (
         "commlayer.fallbacks",
@@ -40,7 +41,7 @@ LAYERS = (
         "commlayer.fabric_regions",
     ),
     ("commlayer.registry", "commlayer.selection", "commlayer.backends", "commlayer.facade", "commlayer.dist"),
-    ("commlayer.mesh", "commlayer.zero", "commlayer.comms_logger", "commlayer.parallel"),
+    ("commlayer.mesh", "commlayer.zero", "commlayer.comms_logger", "commlayer.parallel", "commlayer.hooks"),
     (
         "commlayer.bench",
         "commlayer.testing",

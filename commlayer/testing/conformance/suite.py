@@ -23,7 +23,7 @@ import torch
 from commlayer import dist
 from commlayer.backend import Backend
 
-from . import _checks, _uneven_checks
+from . import _checks, _hook_checks, _uneven_checks
 from ._case import Case
 from .certificate import Certificate
 
@@ -55,7 +55,7 @@ def run_suite(
     for group, members in ((None, list(range(world))), (subgroup, sub_ranks)):
         for async_op in (False, True):
             case = Case(group, members, me, async_op, device, backend, certificate)
-            for check in (*_checks.CHECKS, *_uneven_checks.CHECKS):
+            for check in (*_checks.CHECKS, *_uneven_checks.CHECKS, *_hook_checks.CHECKS):
                 check(case)
                 if save_to is not None:
                     certificate.write(save_to)
