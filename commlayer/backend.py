@@ -16,7 +16,9 @@ The rules, all of them:
   whose ``source_rank()`` is the sender's group rank;
 - ``ReduceOp.AVG`` reaches the backend only if ``capabilities.native_avg``; otherwise the facade
   runs SUM and divides;
-- anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError.
+- anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError;
+- ``window`` returns a one-sided window following :mod:`commlayer.one_sided.contract`; the
+  default emulates one over ``send``/``recv`` (:class:`~commlayer.one_sided.TwoSidedWindow`).
 
 Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
 (:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend
@@ -54,6 +56,7 @@ import torch
 from .errors import UnsupportedError
 from .fallbacks import GenericCollectives
 from .flight_recorder import Recording
+from .one_sided import BackendWindow, TwoSidedWindow, WindowSpec
 from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
@@ -217,3 +220,16 @@ class Backend(GenericCollectives, ABC):
         Only called when ``capabilities.recv_any_source`` is True.
         """
         raise UnsupportedError(f"recv: backend '{self.name}' cannot receive from any source (src=None)")
+
+    # --- one-sided windows -----------------------------------------------------------------
+
+    def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
+        """This rank's side of a new one-sided window over ``tensor``; collective over the group.
+
+        ``tensor`` is contiguous and on a device the backend declares; ``spec`` says every rank's
+        size. The rules the window follows are :mod:`commlayer.one_sided.contract`'s. The default
+        emulates the window with this backend's ``send``/``recv``, so every backend has windows; a
+        backend whose library has one-sided memory access (shared memory, MPI RMA, GPU peer
+        mappings) overrides this to return its native window.
+        """
+        return TwoSidedWindow(self, tensor, spec)

@@ -36,9 +36,16 @@ LAYERS = (
         "commlayer.rendezvous",
         "commlayer.launch",
         "commlayer.fabric_regions",
+        "commlayer.one_sided",
     ),
     ("commlayer.registry", "commlayer.selection", "commlayer.backends", "commlayer.facade", "commlayer.dist"),
-    ("commlayer.mesh", "commlayer.zero", "commlayer.comms_logger", "commlayer.parallel"),
+    (
+        "commlayer.mesh",
+        "commlayer.zero",
+        "commlayer.comms_logger",
+        "commlayer.parallel",
+        "commlayer.windows",
+    ),
     (
         "commlayer.bench",
         "commlayer.testing",

@@ -32,6 +32,7 @@ import torch
 
 from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, invalid_argument
+from commlayer.one_sided import BackendWindow, WindowSpec
 from commlayer.rendezvous import RendezvousInfo
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, WaitLimit, Work
@@ -167,6 +168,14 @@ class MpiBackend(Backend):
 
     # Ordered mode's fused launchers of the planned collectives (see Backend.recorded_plan).
     recorded_plan = ordered_launcher
+
+    def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
+        """An MPI RMA window over the tensor's memory (:mod:`.window`); CUDA tensors get the two-sided one."""
+        if tensor.device.type != "cpu":
+            return super().window(tensor, spec)
+        from .window import MpiWindow  # numpy only for programs that use windows
+
+        return MpiWindow(tensor, spec, self._comm, self._mpi)
 
     # --- the mandatory core ----------------------------------------------------------------
 
