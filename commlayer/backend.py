@@ -232,4 +232,4 @@ class Backend(GenericCollectives, ABC):
         backend whose library has one-sided memory access (shared memory, MPI RMA, GPU peer
         mappings) overrides this to return its native window.
         """
-        return TwoSidedWindow(self, tensor, spec)
+        return TwoSidedWindow(self, self.spec.store, tensor, spec)

@@ -1,25 +1,23 @@
-"""The two-sided emulation's wire format: a fixed header per window op, then any payload.
+"""The two-sided emulation's wire format: a fixed-size header per window op.
 
-Every message from one rank to another travels on the window's header tag, in the order the
-origin issued its ops (send/recv between two ranks on one tag is ordered on every backend), so the
-target applies puts, counts signals and serves gets exactly in issue order.
+Headers travel through the rendezvous store, one queue per (origin, target) pair, in the order
+the origin issued its ops; payloads (put data, get replies) follow over the backend's send/recv
+on the window's own tags, which keep the order of messages between two ranks on one tag.
 """
 
 from __future__ import annotations
 
+import struct
 from enum import IntEnum
 from typing import NamedTuple
 
-import torch
+__all__ = ["Header", "Kind", "channel", "decode", "encode", "tag"]
 
-__all__ = ["CHANNELS", "HEADER_NUMEL", "Header", "Kind", "decode", "encode", "tag"]
-
-#: int64 elements of one header: kind, offset, numel.
-HEADER_NUMEL = 3
+_FORMAT = struct.Struct("<qqq")  # kind, offset, numel
 #: Tags of the emulation start here, above any tag a program plausibly uses for its own sends.
 TAG_BASE = 1 << 24
-#: Tags per window: headers, put payloads, get replies.
-CHANNELS = 3
+#: Tags per window: put payloads, get replies.
+_CHANNELS = 2
 #: Windows whose tags are distinct; the index wraps after that many windows of one group.
 _TAG_WINDOWS = 1 << 20
 
@@ -27,10 +25,12 @@ _TAG_WINDOWS = 1 << 20
 class Kind(IntEnum):
     """What a header announces."""
 
-    PUT = 1  # a payload of ``numel`` elements for the window at ``offset`` follows on the data tag
+    PUT = 1  # ``numel`` elements for the window at ``offset`` follow on the data tag
     SIGNAL = 2
-    GET = 3  # reply with ``numel`` elements of the window at ``offset`` on the reply tag
-    FENCE = 4
+    GET = 3  # the target is asked for ``numel`` elements of its window at ``offset``
+    REPLY = 4  # the answer to the origin's oldest unanswered GET follows on the reply tag
+    FENCE = 5  # the origin entered a fence: everything it sent before has arrived
+    DRAINED = 6  # the origin applied everything sent to it before the fence
 
 
 class Header(NamedTuple):
@@ -39,23 +39,26 @@ class Header(NamedTuple):
     numel: int = 0
 
 
-def encode(header: Header) -> torch.Tensor:
-    """The header as the int64 tensor that is sent."""
-    return torch.tensor([int(header.kind), header.offset, header.numel], dtype=torch.int64)
+def encode(header: Header) -> bytes:
+    """The header as the bytes queued in the store."""
+    return _FORMAT.pack(int(header.kind), header.offset, header.numel)
 
 
-def decode(buffer: torch.Tensor) -> Header:
-    """The header a received int64 tensor holds; ValueError for anything else."""
-    if buffer.dtype != torch.int64 or buffer.numel() != HEADER_NUMEL:
-        raise ValueError(
-            f"a window header is {HEADER_NUMEL} int64 elements, received {buffer.dtype} x {buffer.numel()}"
-        )
-    kind, offset, numel = buffer.tolist()
+def decode(data: bytes) -> Header:
+    """The header ``data`` holds; ValueError for anything else."""
+    if len(data) != _FORMAT.size:
+        raise ValueError(f"a window header is {_FORMAT.size} bytes, received {len(data)}")
+    kind, offset, numel = _FORMAT.unpack(data)
     if kind not in Kind._value2member_map_ or offset < 0 or numel < 0:
         raise ValueError(f"corrupt window header {[kind, offset, numel]}")
     return Header(Kind(kind), offset, numel)
 
 
 def tag(window_index: int, channel: int) -> int:
-    """The tag of ``channel`` (0 headers, 1 put payloads, 2 get replies) of the ``window_index``-th window."""
-    return TAG_BASE + CHANNELS * (window_index % _TAG_WINDOWS) + channel
+    """The tag of ``channel`` (0 put payloads, 1 get replies) of the ``window_index``-th window."""
+    return TAG_BASE + _CHANNELS * (window_index % _TAG_WINDOWS) + channel
+
+
+def channel(window_key: str, origin: int, target: int) -> str:
+    """The store queue carrying ``origin``'s headers to ``target`` (group ranks)."""
+    return f"commlayer/window/{window_key}/{origin}>{target}"

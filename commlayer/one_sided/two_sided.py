@@ -1,28 +1,33 @@
-"""The window every backend gets by default: one-sided ops emulated with the backend's send/recv.
+"""The window every backend gets by default: one-sided ops emulated with two-sided messages.
 
-A put, signal, get request or fence marker is a header (:mod:`.messages`) sent to the target on
-the window's header tag, a put's payload following on the data tag. Each rank keeps one header
-receive posted per peer and *applies* what arrived whenever it makes a window call: puts land in
-its window, signals are counted, gets are answered on the reply tag. So a put issued here
-completes remotely at the target's next window call at the latest; it is guaranteed visible after
-the target's matching ``wait_signal`` (the signal follows the put on the same ordered channel) or
-after a ``fence``. A get completes once the target makes a window call (any: ``wait_signal``,
-``fence``, ``put``, ...). Puts copy their source before sending, so their Work completes at once.
+Each op is a header (:mod:`.messages`) pushed onto a store queue per (origin, target) pair; a
+put's data and a get's answer travel over the backend's ``send``/``recv`` on the window's tags,
+each send issued before the header announcing it, so a rank only ever receives data that is
+already on its way. A rank *applies* what its queues hold whenever it makes a window call (any:
+``put``, ``get``, ``signal``, ``wait_signal``, ``fence``): puts land in its window, signals are
+counted, gets are answered. Polling the queues (never a backend receive) keeps every wait bounded
+on any backend, gloo included, whose receives can be neither tested nor timed out safely.
+
+So here a put completes remotely at the target's next window call: it is guaranteed visible after
+the target's matching ``wait_signal`` (the signal follows the put in the same queue) or after a
+``fence``; a get completes once the target makes a window call. Puts copy their source before
+sending, so their Work completes at once; the copies are held until the next fence.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections import deque
+from typing import Protocol
 
 import torch
 
 from ..work import CompletedWork, Work
 from .contract import BackendWindow, PollWork, WindowSpec, group_timeout, signal_timeout
-from .messages import HEADER_NUMEL, Header, Kind, decode, encode, tag
+from .messages import Header, Kind, channel, decode, encode, tag
 
-__all__ = ["PointToPoint", "TwoSidedWindow"]
+__all__ = ["HeaderStore", "PointToPoint", "TwoSidedWindow"]
 
-_HEADERS, _DATA, _REPLIES = 0, 1, 2
+_DATA, _REPLIES = 0, 1
 
 
 class PointToPoint(Protocol):
@@ -33,23 +38,43 @@ class PointToPoint(Protocol):
     def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool) -> Work: ...
 
 
-class TwoSidedWindow(BackendWindow):
-    """A window over ``transport``'s send/recv; see the module docstring for when effects land."""
+class HeaderStore(Protocol):
+    """The queue calls of ``torch.distributed.Store`` the emulation needs."""
 
-    def __init__(self, transport: PointToPoint, tensor: torch.Tensor, spec: WindowSpec) -> None:
+    def queue_push(self, key: str, value: bytes) -> None: ...
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes: ...
+
+    def queue_len(self, key: str) -> int: ...
+
+
+class _PendingGet:
+    def __init__(self, out: torch.Tensor) -> None:
+        self.out = out
+        self.done = False
+
+
+class TwoSidedWindow(BackendWindow):
+    """A window over ``transport``'s send/recv and ``store``'s queues; see the module docstring."""
+
+    def __init__(
+        self, transport: PointToPoint, store: HeaderStore, tensor: torch.Tensor, spec: WindowSpec
+    ) -> None:
         super().__init__(tensor, spec)
-        self._transport = transport
+        self._transport, self._store = transport, store
         self._flat = tensor.view(-1)
-        self._tags = [tag(spec.index, channel) for channel in range(3)]
-        self._peers = [peer for peer in range(spec.size) if peer != spec.rank]
-        self._headers: dict[int, tuple[torch.Tensor, Work]] = {}
+        self._tags = (tag(spec.index, _DATA), tag(spec.index, _REPLIES))
+        me = spec.rank
+        self._peers = [peer for peer in range(spec.size) if peer != me]
+        self._inbox = {peer: channel(spec.key, peer, me) for peer in self._peers}
+        self._outbox = {peer: channel(spec.key, me, peer) for peer in self._peers}
         self._signals = [0] * spec.size  # signals received from each rank
         self._consumed = [0] * spec.size  # of which wait_signal took
-        self._fences = [0] * spec.size  # fence markers received from each rank
+        self._fences = [0] * spec.size  # FENCE headers received from each rank
+        self._drained = [0] * spec.size  # DRAINED headers received from each rank
         self._fenced = 0  # fences this rank entered
-        self._sending: list[tuple[Work, tuple[torch.Tensor, ...]]] = []
-        for peer in self._peers:
-            self._post_header_receive(peer)
+        self._gets: dict[int, deque[_PendingGet]] = {peer: deque() for peer in self._peers}
+        self._sending: list[tuple[Work, torch.Tensor]] = []  # sends and their buffers, until a fence
 
     # --- the ops ---------------------------------------------------------------------------
 
@@ -58,7 +83,8 @@ class TwoSidedWindow(BackendWindow):
         if dst == self.spec.rank:
             self._flat[offset : offset + src.numel()].copy_(src.view(-1))
         else:
-            self._send(dst, Header(Kind.PUT, offset, src.numel()), src.detach().clone())
+            self._send(src.detach().clone(), dst, self._tags[_DATA])
+            self._push(dst, Header(Kind.PUT, offset, src.numel()))
         return CompletedWork()
 
     def get(self, out: torch.Tensor, src: int, offset: int, *, async_op: bool) -> Work:
@@ -66,9 +92,10 @@ class TwoSidedWindow(BackendWindow):
         if src == self.spec.rank:
             out.view(-1).copy_(self._flat[offset : offset + out.numel()])
             return CompletedWork()
-        self._send(src, Header(Kind.GET, offset, out.numel()))
-        reply = self._transport.recv(out, src, self._tags[_REPLIES], async_op=True)
-        work = self._served(reply.is_completed, "get", src)
+        pending = _PendingGet(out)
+        self._gets[src].append(pending)
+        self._push(src, Header(Kind.GET, offset, out.numel()))
+        work = self._poll(lambda: pending.done, "get", src)
         return work if async_op else _waited(work)
 
     def signal(self, dst: int, *, async_op: bool) -> Work:
@@ -76,7 +103,7 @@ class TwoSidedWindow(BackendWindow):
         if dst == self.spec.rank:
             self._signals[dst] += 1
         else:
-            self._send(dst, Header(Kind.SIGNAL))
+            self._push(dst, Header(Kind.SIGNAL))
         return CompletedWork()
 
     def wait_signal(self, src: int, timeout_s: float, *, async_op: bool) -> Work:
@@ -95,18 +122,34 @@ class TwoSidedWindow(BackendWindow):
         return work if async_op else _waited(work)
 
     def fence(self, *, async_op: bool) -> Work:
+        """Two rounds: FENCE says "all I sent is queued", DRAINED "all you sent me is applied"."""
         self.progress()
         self._fenced += 1
-        for peer in self._peers:
-            self._send(peer, Header(Kind.FENCE))
-        fenced = self._fenced
+        fenced, peers = self._fenced, self._peers
+        for peer in peers:
+            self._push(peer, Header(Kind.FENCE))
+        stage = [Kind.FENCE]
 
-        def everyone_fenced() -> bool:
+        def everyone_done() -> bool:
             self.progress()
-            return all(self._fences[peer] >= fenced for peer in self._peers) and not self._sending
+            if stage[0] is Kind.FENCE and all(self._fences[peer] >= fenced for peer in peers):
+                stage[0] = Kind.DRAINED
+                for peer in peers:
+                    self._push(peer, Header(Kind.DRAINED))
+            return stage[0] is Kind.DRAINED and all(self._drained[peer] >= fenced for peer in peers)
 
-        work = PollWork(everyone_fenced, self.spec.timeout_s, lambda: group_timeout("fence", self.spec))
-        return work if async_op else _waited(work)
+        def finished() -> Work:
+            # Every peer applied what this rank sent, so its sends are complete: release them.
+            for work, _ in self._sending:
+                work.wait()
+            self._sending.clear()
+            return CompletedWork()
+
+        work = PollWork(everyone_done, self.spec.timeout_s, lambda: group_timeout("fence", self.spec))
+        if async_op:
+            return work.then(finished)
+        work.wait()
+        return finished()
 
     def close(self) -> None:
         self._sending.clear()
@@ -114,51 +157,41 @@ class TwoSidedWindow(BackendWindow):
     # --- applying what peers sent ----------------------------------------------------------
 
     def progress(self) -> None:
-        """Apply every header that has arrived, in order per peer, and retire finished sends."""
+        """Apply every header that has arrived, in order per peer."""
+        store = self._store
         for peer in self._peers:
-            buffer, work = self._headers[peer]
-            while work.is_completed():
-                work.wait()  # raises a failed receive's error
-                self._apply(peer, decode(buffer))
-                buffer, work = self._post_header_receive(peer)
-        self._sending = [entry for entry in self._sending if not entry[0].is_completed()]
+            key = self._inbox[peer]
+            for _ in range(store.queue_len(key)):
+                self._apply(peer, decode(store.queue_pop(key, False)))
 
     def _apply(self, peer: int, header: Header) -> None:
         part = self._flat[header.offset : header.offset + header.numel]
         if header.kind is Kind.PUT:
-            # The payload follows its header on the same channel: it has been sent already.
-            self._transport.recv(part, peer, self._tags[_DATA], async_op=True).wait()
+            self._transport.recv(part, peer, self._tags[_DATA], async_op=True).wait()  # sent already
         elif header.kind is Kind.SIGNAL:
             self._signals[peer] += 1
         elif header.kind is Kind.GET:
-            reply = part.clone()
-            self._sending.append(
-                (self._transport.send(reply, peer, self._tags[_REPLIES], async_op=True), (reply,))
-            )
-        else:
+            self._send(part.clone(), peer, self._tags[_REPLIES])
+            self._push(peer, Header(Kind.REPLY))
+        elif header.kind is Kind.REPLY:
+            pending = self._gets[peer].popleft()
+            self._transport.recv(pending.out, peer, self._tags[_REPLIES], async_op=True).wait()
+            pending.done = True
+        elif header.kind is Kind.FENCE:
             self._fences[peer] += 1
+        else:
+            self._drained[peer] += 1
 
-    def _post_header_receive(self, peer: int) -> tuple[torch.Tensor, Work]:
-        buffer = torch.empty(HEADER_NUMEL, dtype=torch.int64, device=self.tensor.device)
-        entry = self._headers[peer] = (
-            buffer,
-            self._transport.recv(buffer, peer, self._tags[_HEADERS], async_op=True),
-        )
-        return entry
+    def _push(self, dst: int, header: Header) -> None:
+        self._store.queue_push(self._outbox[dst], encode(header))
 
-    def _send(self, dst: int, header: Header, payload: torch.Tensor | None = None) -> None:
-        encoded = encode(header).to(self.tensor.device)
-        self._sending.append(
-            (self._transport.send(encoded, dst, self._tags[_HEADERS], async_op=True), (encoded,))
-        )
-        if payload is not None:
-            work = self._transport.send(payload, dst, self._tags[_DATA], async_op=True)
-            self._sending.append((work, (payload,)))
+    def _send(self, payload: torch.Tensor, dst: int, tag: int) -> None:
+        self._sending.append((self._transport.send(payload, dst, tag, async_op=True), payload))
 
-    def _served(self, done: Any, op: str, peer: int) -> PollWork:
+    def _poll(self, done: object, op: str, peer: int) -> PollWork:
         def test() -> bool:
             self.progress()
-            return bool(done())
+            return bool(done())  # type: ignore[operator]
 
         return PollWork(test, self.spec.timeout_s, lambda: group_timeout(op, self.spec, peer))
 

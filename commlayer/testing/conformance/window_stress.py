@@ -35,7 +35,9 @@ class StressReport:
     checked_elements: int
 
 
-def run_window_stress(ops: int = 2000, seed: int = 0, group: object = None, async_share: float = 0.3) -> StressReport:
+def run_window_stress(
+    ops: int = 2000, seed: int = 0, group: object = None, async_share: float = 0.3
+) -> StressReport:
     """Run ``ops`` random window ops over ``group`` (all members' together), checking every result.
 
     Args:
@@ -80,7 +82,9 @@ def run_window_stress(ops: int = 2000, seed: int = 0, group: object = None, asyn
                 win.wait_signal(origin)
         for index, origin in enumerate(members):
             slab = slice(index * SLAB, (index + 1) * SLAB)
-            _assert_exact(win.tensor[slab], model[me][slab], f"slab of rank {origin} after its signal, rank {me}")
+            _assert_exact(
+                win.tensor[slab], model[me][slab], f"slab of rank {origin} after its signal, rank {me}"
+            )
             checked += SLAB
         win.fence()
     _assert_exact(win.tensor, model[me], f"final window of rank {me}")
