@@ -31,3 +31,9 @@ def stress(ops: str = "2000") -> None:
     dist.all_reduce(total)
     assert total.item() >= int(ops), f"only {total.item()} ops ran"
     print(f"window stress: rank {dist.get_rank()}: {report}; {total.item()} ops in all", flush=True)
+
+
+def all_checks() -> None:
+    """The conformance checks, then the stress run, in one world (mpirun worlds start slowly)."""
+    conformance()
+    stress()
