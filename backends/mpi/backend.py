@@ -170,7 +170,7 @@ class MpiBackend(Backend):
     recorded_plan = ordered_launcher
 
     def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
-        """An MPI RMA window over the tensor's memory (:mod:`.window`); CUDA tensors get the two-sided one."""
+        """An MPI RMA window (:mod:`.window`) in memory MPI allocates; CUDA tensors get the two-sided one."""
         if tensor.device.type != "cpu":
             return super().window(tensor, spec)
         from .window import MpiWindow  # numpy only for programs that use windows

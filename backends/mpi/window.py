@@ -1,9 +1,11 @@
 """The ``mpi`` backend's native window: MPI one-sided communication (RMA) with passive-target sync.
 
 Two MPI windows per commlayer window, both opened with ``Lock_all`` at creation and closed by
-``Unlock_all`` at ``free``: the data window exposes the registered tensor's own memory
-(``Win.Create``, so ``Window.tensor`` *is* the registered tensor), and a small signal window
-holds one int64 counter per source rank. A put is ``Put`` + ``Flush(dst)``, a get ``Get`` +
+``Unlock_all`` at ``free``: the data window, whose memory MPI allocates (``Win.Allocate_shared``
+when the group shares a node, so the library moves data with plain loads and stores and never
+needs the target to progress; ``Win.Allocate`` otherwise) and ``Window.tensor`` views,
+initialised from the registered tensor; and a small signal window holding one int64 counter per
+source rank. Where memory is shared, ``map(peer)`` is the peer's memory (``Win.Shared_query``). A put is ``Put`` + ``Flush(dst)``, a get ``Get`` +
 ``Flush(src)``: both complete remotely when they return. A signal is an ``Accumulate(SUM)`` of 1
 into the target's counter for this rank, after the flushed puts, so it is ordered after them;
 ``wait_signal`` polls its own counter with ``Fetch_and_op(NO_OP)`` + ``Flush`` (accumulate-family
@@ -33,15 +35,21 @@ class MpiWindow(BackendWindow):
     """One commlayer window over MPI RMA; see the module docstring."""
 
     def __init__(self, tensor: torch.Tensor, spec: WindowSpec, comm: Any, mpi: ModuleType) -> None:
-        super().__init__(tensor, spec)
         self._mpi, self._comm = mpi, comm
         self._itemsize = tensor.element_size()
         self._address = mpi.buffer.fromaddress
-        memory = mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes) if tensor.nbytes else None
-        self._data = mpi.Win.Create(memory if memory is not None else mpi.BOTTOM, 1, mpi.INFO_NULL, comm)
-        self._flags = mpi.Win.Allocate(8 * spec.size, 8, mpi.INFO_NULL, comm)
+        node = comm.Split_type(mpi.COMM_TYPE_SHARED)
+        self.mappable = node.Get_size() == comm.Get_size()
+        node.Free()
+        allocate = mpi.Win.Allocate_shared if self.mappable else mpi.Win.Allocate
+        self._data = allocate(max(1, tensor.nbytes), 1, mpi.INFO_NULL, comm)
+        self._flags = allocate(8 * spec.size, 8, mpi.INFO_NULL, comm)
+        self._memory = [self._data.tomemory()]
+        local = _view(self._memory[0], tensor.numel(), tensor.dtype)
+        local.copy_(tensor.reshape(-1))
+        super().__init__(local.view(tensor.shape), spec)
         np.frombuffer(self._flags.tomemory(), dtype=np.int64)[:] = 0
-        comm.Barrier()  # every counter is zero before any rank can add to one
+        comm.Barrier()  # contents and counters are set before any rank can reach them
         self._data.Lock_all(mpi.MODE_NOCHECK)
         self._flags.Lock_all(mpi.MODE_NOCHECK)
         self._one = np.ones(1, dtype=np.int64)
@@ -99,6 +107,13 @@ class MpiWindow(BackendWindow):
         self._data.Sync()
         return _COMPLETED
 
+    def map(self, peer: int) -> torch.Tensor:
+        if not self.mappable:
+            return super().map(peer)
+        memory, _ = self._data.Shared_query(peer)
+        self._memory.append(memory)
+        return _view(memory, self.spec.sizes[peer], self.tensor.dtype)
+
     def close(self) -> None:
         """Collective (``Win.Free``); the user layer calls it from ``Window.free`` after a fence."""
         for window in (self._data, self._flags):
@@ -111,3 +126,9 @@ class MpiWindow(BackendWindow):
         self._flags.Fetch_and_op([self._one, mpi.INT64_T], [self._seen, mpi.INT64_T], me, src, mpi.NO_OP)
         self._flags.Flush(me)
         return int(self._seen[0])
+
+
+def _view(memory: Any, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first ``numel`` elements of an MPI window's memory as a tensor (no copy)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(memory, dtype=torch.uint8, count=max(1, numel * itemsize))[: numel * itemsize].view(dtype)
