@@ -131,4 +131,6 @@ class MpiWindow(BackendWindow):
 def _view(memory: Any, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The first ``numel`` elements of an MPI window's memory as a tensor (no copy)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return torch.frombuffer(memory, dtype=torch.uint8, count=max(1, numel * itemsize))[: numel * itemsize].view(dtype)
+    return torch.frombuffer(memory, dtype=torch.uint8, count=max(1, numel * itemsize))[
+        : numel * itemsize
+    ].view(dtype)

@@ -11,7 +11,8 @@ on any backend, gloo included, whose receives can be neither tested nor timed ou
 So here a put completes remotely at the target's next window call: it is guaranteed visible after
 the target's matching ``wait_signal`` (the signal follows the put in the same queue) or after a
 ``fence``; a get completes once the target makes a window call. Puts copy their source before
-sending, so their Work completes at once; the copies are held until the next fence.
+sending, so their Work completes at once; the copies are held until their send completes (on
+gloo, whose sends report completion only when waited for, until the next fence).
 """
 
 from __future__ import annotations
@@ -157,12 +158,18 @@ class TwoSidedWindow(BackendWindow):
     # --- applying what peers sent ----------------------------------------------------------
 
     def progress(self) -> None:
-        """Apply every header that has arrived, in order per peer."""
+        """Apply every header that has arrived, in order per peer, and test this rank's sends.
+
+        Testing matters where a send moves only while its sender calls the library (oneCCL);
+        sends that report done are released.
+        """
         store = self._store
         for peer in self._peers:
             key = self._inbox[peer]
             for _ in range(store.queue_len(key)):
                 self._apply(peer, decode(store.queue_pop(key, False)))
+        if self._sending:
+            self._sending = [entry for entry in self._sending if not entry[0].is_completed()]
 
     def _apply(self, peer: int, header: Header) -> None:
         part = self._flat[header.offset : header.offset + header.numel]
