@@ -1,8 +1,8 @@
 """The two-sided emulation's wire format: a fixed-size header per window op.
 
 Headers travel through the rendezvous store, one queue per (origin, target) pair, in the order
-the origin issued its ops; payloads (put data, get replies) follow over the backend's send/recv
-on the window's own tags, which keep the order of messages between two ranks on one tag.
+the origin issued its ops; payloads (put data, get replies) follow over the backend's send/recv,
+each on a tag of its own (the header names it), so no library's matching order matters.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import NamedTuple
 
 __all__ = ["Header", "Kind", "channel", "decode", "encode", "tag"]
 
-_FORMAT = struct.Struct("<qqq")  # kind, offset, numel
+_FORMAT = struct.Struct("<qqqq")  # kind, offset, numel, seq
 #: Tags of the emulation start here, above any tag a program plausibly uses for its own sends.
 TAG_BASE = 1 << 24
-#: Tags per window: put payloads, get replies.
-_CHANNELS = 2
+#: Payloads in flight between two ranks whose tags are distinct (their numbers wrap after that).
+_TAG_SEQUENCE = 1 << 20
 #: Windows whose tags are distinct; the index wraps after that many windows of one group.
-_TAG_WINDOWS = 1 << 20
+_TAG_WINDOWS = 64
 
 
 class Kind(IntEnum):
@@ -37,26 +37,27 @@ class Header(NamedTuple):
     kind: Kind
     offset: int = 0
     numel: int = 0
+    seq: int = 0  # PUT, REPLY: the number of the payload's message from this origin to this target
 
 
 def encode(header: Header) -> bytes:
     """The header as the bytes queued in the store."""
-    return _FORMAT.pack(int(header.kind), header.offset, header.numel)
+    return _FORMAT.pack(int(header.kind), header.offset, header.numel, header.seq)
 
 
 def decode(data: bytes) -> Header:
     """The header ``data`` holds; ValueError for anything else."""
     if len(data) != _FORMAT.size:
         raise ValueError(f"a window header is {_FORMAT.size} bytes, received {len(data)}")
-    kind, offset, numel = _FORMAT.unpack(data)
-    if kind not in Kind._value2member_map_ or offset < 0 or numel < 0:
-        raise ValueError(f"corrupt window header {[kind, offset, numel]}")
-    return Header(Kind(kind), offset, numel)
+    kind, offset, numel, seq = _FORMAT.unpack(data)
+    if kind not in Kind._value2member_map_ or min(offset, numel, seq) < 0:
+        raise ValueError(f"corrupt window header {[kind, offset, numel, seq]}")
+    return Header(Kind(kind), offset, numel, seq)
 
 
-def tag(window_index: int, channel: int) -> int:
-    """The tag of ``channel`` (0 put payloads, 1 get replies) of the ``window_index``-th window."""
-    return TAG_BASE + _CHANNELS * (window_index % _TAG_WINDOWS) + channel
+def tag(window_index: int, seq: int) -> int:
+    """The tag of payload message ``seq`` between two ranks in the ``window_index``-th window."""
+    return TAG_BASE + (window_index % _TAG_WINDOWS) * _TAG_SEQUENCE + seq % _TAG_SEQUENCE
 
 
 def channel(window_key: str, origin: int, target: int) -> str:

@@ -28,8 +28,6 @@ from .messages import Header, Kind, channel, decode, encode, tag
 
 __all__ = ["HeaderStore", "PointToPoint", "TwoSidedWindow"]
 
-_DATA, _REPLIES = 0, 1
-
 
 class PointToPoint(Protocol):
     """The two core ops of :class:`~commlayer.backend.Backend` the emulation needs."""
@@ -64,7 +62,6 @@ class TwoSidedWindow(BackendWindow):
         super().__init__(tensor, spec)
         self._transport, self._store = transport, store
         self._flat = tensor.view(-1)
-        self._tags = (tag(spec.index, _DATA), tag(spec.index, _REPLIES))
         me = spec.rank
         self._peers = [peer for peer in range(spec.size) if peer != me]
         self._inbox = {peer: channel(spec.key, peer, me) for peer in self._peers}
@@ -75,7 +72,8 @@ class TwoSidedWindow(BackendWindow):
         self._drained = [0] * spec.size  # DRAINED headers received from each rank
         self._fenced = 0  # fences this rank entered
         self._gets: dict[int, deque[_PendingGet]] = {peer: deque() for peer in self._peers}
-        self._sending: list[tuple[Work, torch.Tensor]] = []  # sends and their buffers, until a fence
+        self._sending: list[tuple[Work, torch.Tensor]] = []  # sends and their buffers, until done
+        self._payloads_to = [0] * spec.size  # payload messages sent to each rank, numbering their tags
 
     # --- the ops ---------------------------------------------------------------------------
 
@@ -84,8 +82,8 @@ class TwoSidedWindow(BackendWindow):
         if dst == self.spec.rank:
             self._flat[offset : offset + src.numel()].copy_(src.view(-1))
         else:
-            self._send(src.detach().clone(), dst, self._tags[_DATA])
-            self._push(dst, Header(Kind.PUT, offset, src.numel()))
+            seq = self._send(src.detach().clone(), dst)
+            self._push(dst, Header(Kind.PUT, offset, src.numel(), seq))
         return CompletedWork()
 
     def get(self, out: torch.Tensor, src: int, offset: int, *, async_op: bool) -> Work:
@@ -174,15 +172,15 @@ class TwoSidedWindow(BackendWindow):
     def _apply(self, peer: int, header: Header) -> None:
         part = self._flat[header.offset : header.offset + header.numel]
         if header.kind is Kind.PUT:
-            self._transport.recv(part, peer, self._tags[_DATA], async_op=True).wait()  # sent already
+            self._receive(part, peer, header.seq)  # sent before its header
         elif header.kind is Kind.SIGNAL:
             self._signals[peer] += 1
         elif header.kind is Kind.GET:
-            self._send(part.clone(), peer, self._tags[_REPLIES])
-            self._push(peer, Header(Kind.REPLY))
+            seq = self._send(part.clone(), peer)
+            self._push(peer, Header(Kind.REPLY, seq=seq))
         elif header.kind is Kind.REPLY:
             pending = self._gets[peer].popleft()
-            self._transport.recv(pending.out, peer, self._tags[_REPLIES], async_op=True).wait()
+            self._receive(pending.out, peer, header.seq)
             pending.done = True
         elif header.kind is Kind.FENCE:
             self._fences[peer] += 1
@@ -192,8 +190,16 @@ class TwoSidedWindow(BackendWindow):
     def _push(self, dst: int, header: Header) -> None:
         self._store.queue_push(self._outbox[dst], encode(header))
 
-    def _send(self, payload: torch.Tensor, dst: int, tag: int) -> None:
-        self._sending.append((self._transport.send(payload, dst, tag, async_op=True), payload))
+    def _send(self, payload: torch.Tensor, dst: int) -> int:
+        """Send ``payload`` to ``dst`` on the next tag of that pair; returns the message's number."""
+        seq = self._payloads_to[dst]
+        self._payloads_to[dst] += 1
+        work = self._transport.send(payload, dst, tag(self.spec.index, seq), async_op=True)
+        self._sending.append((work, payload))
+        return seq
+
+    def _receive(self, into: torch.Tensor, src: int, seq: int) -> None:
+        self._transport.recv(into, src, tag(self.spec.index, seq), async_op=True).wait()
 
     def _poll(self, done: object, op: str, peer: int) -> PollWork:
         def test() -> bool:

@@ -30,15 +30,15 @@ def test_headers_round_trip_and_corrupt_ones_are_refused() -> None:
         Header(Kind.DRAINED),
     ):
         assert decode(encode(header)) == header
-    with pytest.raises(ValueError, match="24 bytes"):
+    with pytest.raises(ValueError, match="32 bytes"):
         decode(b"\x01")
     with pytest.raises(ValueError, match="corrupt"):
-        decode(encode(Header(Kind.PUT, 0, 0))[:8] + (-1).to_bytes(8, "little", signed=True) * 2)
+        decode(encode(Header(Kind.PUT, 0, 0))[:8] + (-1).to_bytes(8, "little", signed=True) * 3)
 
 
 def test_tags_and_channels_are_distinct_per_window_and_pair() -> None:
-    tags = {tag(index, lane) for index in range(50) for lane in (0, 1)}
-    assert len(tags) == 100 and min(tags) >= 1 << 24
+    tags = {tag(index, seq) for index in range(50) for seq in range(100)}
+    assert len(tags) == 5000 and min(tags) >= 1 << 24 and max(tags) < 1 << 31
     assert channel("g/window0", 0, 1) != channel("g/window0", 1, 0) != channel("g/window1", 1, 0)
 
 
