@@ -107,18 +107,22 @@ class RawMpiCalls:
 
 
 class RawMpiWindow:
-    """A raw MPI RMA window over ``tensor`` as a user of mpi4py would write it: ``Win.Create``,
-    ``Lock_all`` once, ``Put``/``Get`` + ``Flush(target)`` per op (the ``put``/``get`` reference)."""
+    """A raw MPI RMA window as a user of mpi4py would write it: ``Win.Allocate`` (MPI's memory,
+    which MPI maps between the ranks of a node; memory from ``Win.Create`` makes a put wait until
+    the target calls MPI), ``Lock_all`` once, ``Put``/``Get`` + ``Flush(target)`` per op. Its
+    ``tensor`` views the window's memory, initialised from the given tensor."""
 
     def __init__(self, comm: Any, tensor: torch.Tensor) -> None:
         from commlayer.backends.mpi._runtime import load_mpi
 
         mpi = load_mpi()
-        self.tensor, self._comm, self._byte = tensor, comm, mpi.BYTE
+        self._comm, self._byte = comm, mpi.BYTE
         self._from_address = mpi.buffer.fromaddress
-        self._win = mpi.Win.Create(
-            self._from_address(tensor.data_ptr(), tensor.nbytes), 1, mpi.INFO_NULL, comm
-        )
+        self._win = mpi.Win.Allocate(max(1, tensor.nbytes), 1, mpi.INFO_NULL, comm)
+        memory = torch.frombuffer(self._win.tomemory(), dtype=torch.uint8, count=max(1, tensor.nbytes))
+        self.tensor = memory[: tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+        self.tensor.copy_(tensor)
+        comm.Barrier()
         self._win.Lock_all(mpi.MODE_NOCHECK)
         self._views: dict[tuple[int, int], Any] = {}  # built once per buffer: not timed
 
