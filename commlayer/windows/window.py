@@ -34,7 +34,7 @@ from datetime import timedelta
 import torch
 
 from commlayer import dist
-from commlayer.errors import invalid_argument
+from commlayer.errors import UnsupportedError, invalid_argument
 from commlayer.facade.dispatch import device_type
 from commlayer.facade.groups import ProcessGroup, resolve_group
 from commlayer.one_sided import BackendWindow, WindowSpec
@@ -76,6 +76,15 @@ def window(tensor: torch.Tensor, group: ProcessGroup | None = None) -> Window | 
     if backend is None:
         raise invalid_argument(
             "window", "tensor", f"a tensor on {' or '.join(member.device_types)}", tensor.device, me
+        )
+    if tensor.dtype not in backend.capabilities.dtypes:
+        raise invalid_argument(
+            "window",
+            "tensor",
+            f"a dtype backend '{backend.name}' declares",
+            tensor.dtype,
+            me,
+            UnsupportedError,
         )
     sizes, dtypes = _exchange_layout(tensor, member)
     check_dtypes_agree(dtypes, member.ranks, me)
