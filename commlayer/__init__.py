@@ -34,6 +34,8 @@ _LAZY = {
     "GroupSpec": ("commlayer.types", "GroupSpec"),
     "ReduceOp": ("commlayer.types", "ReduceOp"),
     "Work": ("commlayer.work", "Work"),
+    "Window": ("commlayer.windows", "Window"),
+    "window": ("commlayer.windows", "window"),
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]  # noqa: PLE0604 - the lazy names are strings
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from .backend import Backend
     from .registry import get_backend_class, list_backends, register_backend, unregister_backend
     from .types import Availability, Capabilities, GroupSpec, ReduceOp
+    from .windows import Window, window
     from .work import Work
 
 

@@ -21,6 +21,8 @@ The rules, all of them:
   rank; it ends within the new group's timeout.
 - a backend whose library records torch.profiler events itself sets ``records_profiler_events``
   (the facade records one event per call for the others, see :mod:`commlayer.profiling`).
+- ``window`` returns a one-sided window following :mod:`commlayer.one_sided.contract`; the
+  default emulates one over ``send``/``recv`` (:class:`~commlayer.one_sided.TwoSidedWindow`).
 
 Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
 (:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend
@@ -60,6 +62,7 @@ from . import settings
 from .errors import UnsupportedError
 from .fallbacks import GenericCollectives
 from .flight_recorder import Recording
+from .one_sided import BackendWindow, TwoSidedWindow, WindowSpec
 from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
@@ -255,3 +258,16 @@ class Backend(GenericCollectives, ABC):
         Only called when ``capabilities.recv_any_source`` is True.
         """
         raise UnsupportedError(f"recv: backend '{self.name}' cannot receive from any source (src=None)")
+
+    # --- one-sided windows -----------------------------------------------------------------
+
+    def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
+        """This rank's side of a new one-sided window over ``tensor``; collective over the group.
+
+        ``tensor`` is contiguous and on a device the backend declares; ``spec`` says every rank's
+        size. The rules the window follows are :mod:`commlayer.one_sided.contract`'s. The default
+        emulates the window with this backend's ``send``/``recv``, so every backend has windows; a
+        backend whose library has one-sided memory access (shared memory, MPI RMA, GPU peer
+        mappings) overrides this to return its native window.
+        """
+        return TwoSidedWindow(self, self.spec.store, tensor, spec)

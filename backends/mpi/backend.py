@@ -34,6 +34,7 @@ from commlayer import health
 from commlayer.backend import Backend
 from commlayer.errors import BackendUnavailableError, UnsupportedError, invalid_argument
 from commlayer.flight_recorder import Recording
+from commlayer.one_sided import BackendWindow, WindowSpec
 from commlayer.rendezvous import RendezvousInfo
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, WaitLimit, Work
@@ -205,6 +206,14 @@ class MpiBackend(Backend):
         methods = functools.partial(getattr, self)
         context = LaunchContext(*state, self._check, self._datatypes, self._reductions, methods)
         return ordered_launcher(context, op, fixed, recording)
+
+    def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
+        """An MPI RMA window (:mod:`.window`) in memory MPI allocates; CUDA tensors get the two-sided one."""
+        if tensor.device.type != "cpu":
+            return super().window(tensor, spec)
+        from .window import MpiWindow  # numpy only for programs that use windows
+
+        return MpiWindow(tensor, spec, self._comm, self._mpi)
 
     # --- the mandatory core ----------------------------------------------------------------
 

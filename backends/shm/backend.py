@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import platform
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ import torch
 from commlayer import health
 from commlayer.backend import Backend
 from commlayer.flight_recorder import COMPLETED, STARTED, Recording, prefill
+from commlayer.one_sided import BackendWindow, WindowSpec
 from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -140,6 +142,14 @@ class ShmBackend(Backend):
             return None
         code = _FUSED[op][1](*fixed)
         return self._comm.launcher(op, code, DTYPE_CODES, CompletedWork, recording)
+
+    def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
+        """A window in shared memory (:mod:`.window`) on one x86-64 host; elsewhere the two-sided one."""
+        if type(self) is not ShmBackend or platform.machine() not in ("x86_64", "AMD64"):
+            return super().window(tensor, spec)
+        from .window import ShmWindow  # numpy and mmap only for programs that use windows
+
+        return ShmWindow(tensor, spec, self.spec.store, lambda: self.barrier(async_op=False).wait())
 
     # --- the mandatory core ----------------------------------------------------------------
 

@@ -46,6 +46,8 @@ FACADE_OPS = {
     "all_to_all": ("all_to_all_single",),
     "barrier": ("barrier",),
     "pingpong": ("send", "recv"),
+    "put": (),  # one-sided windows: every backend has them (native or emulated)
+    "get": (),
 }
 
 # Ops whose buffer is split into one chunk per rank, so S must be a multiple of n elements.
@@ -333,4 +335,8 @@ _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
 def make_case(context: CaseContext, shape: Layout) -> BenchCase:
     if hasattr(context.api, "copy"):
         return CopyCase(context, shape)
+    if shape.op in ("put", "get"):
+        from .window_cases import WINDOW_CASES  # built on this module's BenchCase
+
+        return WINDOW_CASES[shape.op](context, shape)
     return _CASES[shape.op](context, shape)

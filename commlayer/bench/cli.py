@@ -77,7 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ops",
         default=",".join(BENCH_OPS),
         help=f"comma-separated ops (default all: {','.join(BENCH_OPS)}); pingpong is "
-        "send/recv between rank pairs, timed as half a round trip",
+        "send/recv between rank pairs, timed as half a round trip; put and get (not in the default) "
+        "are one-sided window ops to the next rank (commlayer.window; mpi4py: raw MPI RMA)",
     )
     parser.add_argument(
         "-b", "--min-bytes", default="8", type=_size, help="smallest message S (default 8; K/M/G suffixes)"

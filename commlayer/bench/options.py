@@ -9,6 +9,7 @@ import torch
 
 from ..metrics import size_sweep
 from .cases import BENCH_OPS
+from .window_cases import WINDOW_OPS
 
 __all__ = ["BENCH_DTYPES", "BenchOptions"]
 
@@ -50,10 +51,10 @@ class BenchOptions:
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        unknown = [op for op in self.ops if op not in BENCH_OPS]
+        unknown = [op for op in self.ops if op not in BENCH_OPS + WINDOW_OPS]
         if unknown or not self.ops:
             raise ValueError(
-                f"--ops: expected a comma-separated subset of {','.join(BENCH_OPS)}, received {','.join(self.ops)!r}"
+                f"--ops: expected a comma-separated subset of {','.join(BENCH_OPS + WINDOW_OPS)}, received {','.join(self.ops)!r}"
             )
         if not self.backends or any(not name for name in self.backends):
             raise ValueError(

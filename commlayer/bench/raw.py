@@ -3,6 +3,7 @@
 - ``mpi4py``: the library itself, mpi4py's blocking (or, async, non-blocking) calls on the tensors'
   memory, as a user of MPI would write them. It offers the facade's call signatures, so the bench
   cases run on it unchanged. Needs an MPI launcher (as the ``mpi`` backend does).
+  ``put``/``get`` run on a raw MPI window (:class:`RawMpiWindow`).
 - ``memcpy``: each rank copies S bytes from one buffer to another (libc memcpy, one core), all ranks
   at once: the memory bandwidth shared-memory transports are bounded by.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RAW_BACKENDS", "MemcpyCalls", "RawMpiCalls"]
+__all__ = ["RAW_BACKENDS", "MemcpyCalls", "RawMpiCalls", "RawMpiWindow"]
 
 #: Names ``--backends`` accepts besides registered backends.
 RAW_BACKENDS = ("mpi4py", "memcpy")
@@ -100,6 +101,54 @@ class RawMpiCalls:
 
     def recv(self, tensor: torch.Tensor, src: int, group: Any = None) -> None:
         self._comm.Recv(self._buffer(tensor), src)
+
+    def window(self, tensor: torch.Tensor) -> RawMpiWindow:
+        return RawMpiWindow(self._comm, tensor)
+
+
+class RawMpiWindow:
+    """A raw MPI RMA window as a user of mpi4py would write it: ``Win.Allocate`` (MPI's memory,
+    which MPI maps between the ranks of a node; memory from ``Win.Create`` makes a put wait until
+    the target calls MPI), ``Lock_all`` once, ``Put``/``Get`` + ``Flush(target)`` per op. Its
+    ``tensor`` views the window's memory, initialised from the given tensor."""
+
+    def __init__(self, comm: Any, tensor: torch.Tensor) -> None:
+        from commlayer.backends.mpi._runtime import load_mpi
+
+        mpi = load_mpi()
+        self._comm, self._byte = comm, mpi.BYTE
+        self._from_address = mpi.buffer.fromaddress
+        self._win = mpi.Win.Allocate(max(1, tensor.nbytes), 1, mpi.INFO_NULL, comm)
+        memory = torch.frombuffer(self._win.tomemory(), dtype=torch.uint8, count=max(1, tensor.nbytes))
+        self.tensor = memory[: tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+        self.tensor.copy_(tensor)
+        comm.Barrier()
+        self._win.Lock_all(mpi.MODE_NOCHECK)
+        self._views: dict[tuple[int, int], Any] = {}  # built once per buffer: not timed
+
+    def _message(self, tensor: torch.Tensor) -> list[Any]:
+        key = (tensor.data_ptr(), tensor.nbytes)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = [self._from_address(key[0], key[1]), self._byte]
+        return view
+
+    def put(self, tensor: torch.Tensor, dst: int, offset: int = 0, async_op: bool = False) -> None:
+        self._win.Put(self._message(tensor), dst, (offset * tensor.element_size(), tensor.nbytes, self._byte))
+        self._win.Flush(dst)
+
+    def get(self, tensor: torch.Tensor, src: int, offset: int = 0, async_op: bool = False) -> None:
+        self._win.Get(self._message(tensor), src, (offset * tensor.element_size(), tensor.nbytes, self._byte))
+        self._win.Flush(src)
+
+    def fence(self) -> None:
+        self._win.Flush_all()
+        self._comm.Barrier()
+        self._win.Sync()
+
+    def free(self) -> None:
+        self._win.Unlock_all()
+        self._win.Free()
 
 
 class MemcpyCalls:

@@ -162,7 +162,10 @@ class _Sweep:
             shape = layout(op, requested, self.options.torch_dtype, self.world_size)
             if shape.nbytes not in measured:  # rounding to whole chunks can repeat a size
                 measured.add(shape.nbytes)
-                times_us, wrong = self._measure(make_case(context, shape), device)
+                case = make_case(context, shape)
+                times_us, wrong = self._measure(case, device)
+                if hasattr(case, "close"):
+                    case.close()  # a window case frees its window (collective)
                 self._record(backend, shape.op, shape.nbytes, shape.count, times_us, wrong)
             self._advance(f"{backend} {op} {requested}B")
 

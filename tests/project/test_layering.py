@@ -39,9 +39,17 @@ LAYERS = (
         "commlayer.rendezvous",
         "commlayer.launch",
         "commlayer.fabric_regions",
+        "commlayer.one_sided",
     ),
     ("commlayer.registry", "commlayer.selection", "commlayer.backends", "commlayer.facade", "commlayer.dist"),
-    ("commlayer.mesh", "commlayer.zero", "commlayer.comms_logger", "commlayer.parallel", "commlayer.hooks"),
+    (
+        "commlayer.mesh",
+        "commlayer.zero",
+        "commlayer.comms_logger",
+        "commlayer.parallel",
+        "commlayer.hooks",
+        "commlayer.windows",
+    ),
     (
         "commlayer.bench",
         "commlayer.testing",
