@@ -12,8 +12,8 @@ import torch
 
 from commlayer.errors import CheckpointError
 from commlayer.zero.checkpoint import CheckpointFallbackWarning
-from tests.ranks import zero_common as common
-from tests.test_zero_engine import RECIPE, make_engine
+from tests.zero import zero_model as common
+from tests.zero.test_zero_engine import RECIPE, make_engine
 
 
 def _damage(shard: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from commlayer.testing import require_mpirun
-from tests import test_faults
+from tests.reliability import test_faults
 
 pytestmark = [pytest.mark.multirank, pytest.mark.mpi]
 
