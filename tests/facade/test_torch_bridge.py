@@ -82,7 +82,7 @@ def test_availability_and_complex_support_follow_commlayer_backends() -> None:
     assert dist.supports_complex(dist.ReduceOp.SUM) and not dist.supports_complex(dist.ReduceOp.MAX)
     assert dist.supports_complex(torch_dist.ReduceOp.AVG)
     assert dist.get_default_backend_for_device("cpu") == "shm"
-    assert dist.get_default_backend_for_device("cuda") == "nccl"
+    assert dist.get_default_backend_for_device("cuda") == "peermem"
 
 
 def test_torch_debug_level_api_turns_on_commlayer_debug_mode() -> None:
