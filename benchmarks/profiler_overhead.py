@@ -1,5 +1,6 @@
-"""What the profiler hook costs per call while no profiler runs, against the same calls without
-it, measured in one run (a world of one on the null backend: commlayer's own cost only).
+"""What the profiler hook and the public hooks cost per call while neither is in use, against the
+same calls without them, measured in one run (a world of one on the null backend: commlayer's own
+cost only).
 
 * ``planned``: all_reduce through its plan (the C lookup). The hook adds no code to this path:
   a plan built while no profiler runs is the plain launcher (checked here), and starting or
@@ -10,6 +11,8 @@ it, measured in one run (a world of one on the null backend: commlayer's own cos
 * ``flag test``: launch's branch alone, with and without the flag's test, in dispatch's namespace
   (the whole-call comparison above is within a shared machine's noise; this is the added work).
 * ``recording``: all_reduce while a torch.profiler runs (the price of an event, for reference).
+* ``hooks``: all_reduce through the plan rebuilt after a pre-hook was registered and removed,
+  against the plain plan (no hook code remains); and with one pre-hook registered, for reference.
 
     python benchmarks/profiler_overhead.py [--iters 20000] [--repeats 15]
 """
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
-from commlayer import dist
+from commlayer import dist, hooks
 from commlayer.facade import collectives, dispatch
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, Work
@@ -110,6 +113,7 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
         flag = _rotated({"with": with_test, "without": without_test}, iters * 20, repeats)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
             recording = per_call_us({"with": lambda: dist.all_reduce(tensor)}, iters // 10, 3)["with"]
+        hooked, unhooked = _hook_costs(tensor, key, bare, iters, repeats)
     finally:
         dist.destroy_process_group()
     return {
@@ -117,7 +121,23 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
         "unplanned reduce, no profiler": (unplanned["with"], unplanned["without"]),
         "flag test alone": (flag["with"], flag["without"]),
         "all_reduce while profiling": (recording, planned["with"]),
+        "all_reduce, hook removed": (unhooked, planned["without"]),
+        "all_reduce with one pre-hook": (hooked, planned["without"]),
     }
+
+
+def _hook_costs(
+    tensor: torch.Tensor, key: object, bare: object, iters: int, repeats: int
+) -> tuple[float, float]:
+    """Per call: all_reduce with one pre-hook registered, then after it was removed (the plan rebuilt)."""
+    handle = hooks.register_pre_hook(lambda call: None)
+    dist.all_reduce(tensor)
+    hooked = _rotated({"with": lambda: dist.all_reduce(tensor)}, iters, repeats)["with"]
+    handle.remove()
+    dist.all_reduce(tensor)  # rebuilds the plan without the hook
+    rebuilt = dispatch.plans[key]
+    assert type(rebuilt.run) is type(bare.run), (rebuilt.run, bare.run)
+    return hooked, _rotated({"with": lambda: dist.all_reduce(tensor)}, iters, repeats)["with"]
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ def _wait_by(work: Work, op: str, group_arg: Any, seconds: float, remaining: flo
     group = resolve_group(op, group_arg)
     if group is None:
         raise _expired(op, group_arg, seconds)
-    raise_translated(group, op, _expired(op, group_arg, seconds))
+    raise_translated(group, op, _expired(op, group_arg, seconds), name_laggards=False)
 
 
 def _expired(op: str, group_arg: Any, seconds: float) -> CommTimeoutError:

@@ -44,7 +44,7 @@ _FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 _IDENTIFY_DEAD_PEER_S = 15.0
 
 
-def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
+def on_failure(group: ProcessGroup, op: str, error: Exception, name_laggards: bool = True) -> Exception:
     """The error to raise for a failed op, after dumping the flight recorder.
 
     A raw library error (gloo's "Connection reset by peer", a torch timeout, an mpi4py
@@ -55,7 +55,9 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
     translated = translate(group, op, error)
     if not isinstance(translated, CommError):
         return translated
-    if isinstance(translated, CommTimeoutError) and health.current() is None:
+    # Asking the peers takes up to two heartbeats: worth it after a group timeout, not a short
+    # per-call one, whose caller expects the error at its deadline.
+    if name_laggards and isinstance(translated, CommTimeoutError) and health.current() is None:
         translated = _naming_laggards(group, translated)
     if isinstance(translated, (PeerFailureError, CommTimeoutError)):
         abort_group(group, translated)
@@ -86,9 +88,9 @@ def _naming_laggards(group: ProcessGroup, timeout: CommTimeoutError) -> CommTime
     return named
 
 
-def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn:
+def raise_translated(group: ProcessGroup, op: str, error: Exception, name_laggards: bool = True) -> NoReturn:
     """Called from an ``except`` block: re-raise ``error``, or its typed translation."""
-    failure = on_failure(group, op, error)
+    failure = on_failure(group, op, error, name_laggards)
     if failure is error:
         raise error
     raise failure from error
