@@ -38,7 +38,7 @@ LAYERS = (
         "commlayer.fabric_regions",
     ),
     ("commlayer.registry", "commlayer.selection", "commlayer.backends", "commlayer.facade", "commlayer.dist"),
-    ("commlayer.mesh", "commlayer.zero", "commlayer.comms_logger", "commlayer.parallel"),
+    ("commlayer.mesh", "commlayer.zero", "commlayer.ft", "commlayer.comms_logger", "commlayer.parallel"),
     (
         "commlayer.bench",
         "commlayer.testing",
