@@ -249,6 +249,7 @@ class Manager:
                 number = self._latest() + 1
                 registration = Registration(self.heartbeat.incarnation, state.state_step())
                 self.store.set(f"{self.prefix}/q{number}/reg/{self.member}", registration.to_json())
+                self.store.set(f"{self.prefix}/standby/{self.member}", self.heartbeat.incarnation)
                 decision = self._await_decision(number)
                 if decision is None:
                     continue
@@ -256,7 +257,6 @@ class Manager:
                     self.store.set(f"{self.prefix}/latest", str(number))
                     self.store.delete_key(f"{self.prefix}/standby/{self.member}")
                     return decision
-                self.store.set(f"{self.prefix}/standby/{self.member}", self.heartbeat.incarnation)
                 if self._latest() < number:
                     self.store.set(f"{self.prefix}/latest", str(number))
         finally:

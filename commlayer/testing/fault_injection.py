@@ -87,8 +87,11 @@ def run_job(
         store.set(f"hang/{plan.member}", str(plan.step))
     for member in range(replicas * shards):
         job.start(member)
-    hung = not _inject(job, store, plan, shards, rng, started + deadline_s, hang_timeout)
-    hung = hung or not job.wait_all(started + deadline_s)
+    victims = _victims(plan, shards, rng)
+    for victim in victims:
+        job.start(victim, spare=True)
+    hung = not _inject(job, store, plan, victims, rng, started + deadline_s, hang_timeout)
+    hung = hung or not job.wait_all(started + deadline_s, store)
     seconds = time.time() - started
     return _check(job, store, steps, shards, seconds, hung)
 
@@ -99,15 +102,37 @@ class _Job:
         self.processes: dict[str, subprocess.Popen] = {}
         self.current: dict[int, str] = {}
 
-    def start(self, member: int) -> str:
-        label = f"m{member}" if member not in self.current else f"m{member}r{len(self.processes)}"
+        self.spares: dict[int, list[str]] = {}
+
+    def start(self, member: int, spare: bool = False) -> str:
+        """Start a member process; a spare waits for :meth:`replace` (its start-up is hidden)."""
+        label = f"m{member}" if not spare and member not in self.current else f"m{member}r{len(self.processes)}"
         out = self.workdir / f"{label}.json"
         log = open(self.workdir / f"{label}.log", "w")  # noqa: SIM115 - the child owns it
         command = [sys.executable, "-m", "commlayer.testing.ft_member", "--member", str(member), "--out", str(out)]
+        command += ["--wait-key", f"go/{label}"] if spare else []
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.processes[label] = subprocess.Popen(command + self.common, stdout=log, stderr=log, env=env)
-        self.current[member] = label
+        if spare:
+            self.spares.setdefault(member, []).append(label)
+        else:
+            self.current[member] = label
         return label
+
+    def replace(self, member: int, store: torch_dist.Store) -> None:
+        """Let the next spare of ``member`` join (start one now if none is left)."""
+        spares = self.spares.get(member, [])
+        label = spares.pop(0) if spares else self.start(member, spare=True)
+        if label in self.spares.get(member, []):
+            self.spares[member].remove(label)
+        self.current[member] = label
+        store.set(f"go/{label}", "1")
+
+    def release_spares(self, store: torch_dist.Store) -> None:
+        """Unused spares start and find the job finished (so every process ends)."""
+        for labels in self.spares.values():
+            for label in labels:
+                store.set(f"go/{label}", "1")
 
     def kill(self, member: int, signum: int) -> None:
         process = self.processes[self.current[member]]
@@ -115,7 +140,13 @@ class _Job:
             process.send_signal(signum)
             process.wait()
 
-    def wait_all(self, deadline: float) -> bool:
+    def wait_all(self, deadline: float, store: torch_dist.Store) -> bool:
+        for member, label in self.current.items():
+            try:
+                self.processes[label].wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                break
+        self.release_spares(store)
         for process in self.processes.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.time()))
@@ -131,12 +162,27 @@ def _progress(store: torch_dist.Store, member: int) -> int:
     return int(store.get(key)) if store.check([key]) else 0
 
 
+def _victims(plan: FaultPlan, shards: int, rng: random.Random) -> list[int]:
+    """The members to kill: the planned one, then (``plan.second``) its replacement or its partner."""
+    if plan.member is None:
+        return []
+    if not plan.second:
+        return [plan.member]
+    partner = plan.member // shards * shards + (plan.member % shards + 1) % shards
+    return [plan.member, rng.choice([plan.member, partner])]
+
+
 def _inject(
-    job: _Job, store: torch_dist.Store, plan: FaultPlan, shards: int, rng: random.Random, deadline: float,
+    job: _Job, store: torch_dist.Store, plan: FaultPlan, victims: list[int], rng: random.Random, deadline: float,
     hang_timeout: float,
 ) -> bool:
     if plan.member is None:
         return True
+    spares = [f"go/{label}/ready" for labels in job.spares.values() for label in labels]
+    while not store.check(spares):  # spares have imported torch: a replacement is ready at once
+        if time.time() > deadline:
+            return False
+        time.sleep(0.01)
     while _progress(store, plan.member) < plan.step:
         if time.time() > deadline or job.processes[job.current[plan.member]].poll() is not None:
             return time.time() <= deadline
@@ -144,14 +190,11 @@ def _inject(
     if plan.fault == "hang":
         time.sleep(hang_timeout + 0.5)  # a supervisor notices the hang and ends the process
     job.kill(plan.member, signal.SIGTERM if plan.fault == "sigterm" else signal.SIGKILL)
-    job.start(plan.member)
-    if plan.second:
-        time.sleep(rng.uniform(0.0, 1.5))
-        replica = plan.member // shards
-        partner = replica * shards + (plan.member % shards + 1) % shards
-        victim = rng.choice([plan.member, partner])
+    job.replace(plan.member, store)
+    for victim in victims[1:]:
+        time.sleep(rng.uniform(0.0, 0.5))  # while the broken replica recovers
         job.kill(victim, signal.SIGKILL)
-        job.start(victim)
+        job.replace(victim, store)
     return True
 
 

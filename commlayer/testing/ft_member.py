@@ -68,6 +68,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format=f"member {args.member} %(asctime)s %(message)s")
     host, port = args.store.rsplit(":", 1)
     store = torch_dist.TCPStore(host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout)
+    if args.wait_key:  # a spare started ahead of time: it joins once the fault injector says so
+        store.set(f"{args.wait_key}/ready", "1")
+        store.wait([args.wait_key])
     options = FaultToleranceOptions(
         replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
     )
@@ -121,6 +124,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--hang-timeout", type=float, default=3.0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--wait-key", default="")
     return parser.parse_args()
 
 
