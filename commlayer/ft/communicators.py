@@ -50,7 +50,9 @@ def fresh_world(backend: str, spec: GroupSpec) -> Backend:
         ValueError: ``backend`` cannot build worlds again in one process (see FRESH_WORLD_BACKENDS).
     """
     store = torch_dist.PrefixStore(f"{spec.name}/gloo", spec.store)
-    companion = _unchecked_gloo()(spec, torch_dist.ProcessGroupGloo(store, spec.global_rank, spec.size, spec.timeout))
+    companion = _unchecked_gloo()(
+        spec, torch_dist.ProcessGroupGloo(store, spec.global_rank, spec.size, spec.timeout)
+    )
     if backend == "gloo":
         return companion
     if backend == "shm":
@@ -81,7 +83,9 @@ def _unchecked_gloo() -> type[Backend]:
     return UncheckedGloo
 
 
-def build_generation(store: Any, decision: Decision, member: int, options: FaultToleranceOptions) -> Generation:
+def build_generation(
+    store: Any, decision: Decision, member: int, options: FaultToleranceOptions
+) -> Generation:
     """Build this member's communicators of ``decision`` (collective over its members)."""
     prefix = f"{options.prefix}/g{decision.generation}/comm"
     timeout = timedelta(seconds=options.comm_timeout_s)
@@ -89,14 +93,18 @@ def build_generation(store: Any, decision: Decision, member: int, options: Fault
     replicas = decision.replicas(options)
 
     def world_of(name: str, members: list[int]) -> Backend:
-        spec = GroupSpec(f"{prefix}/{name}", tuple(range(len(members))), members.index(member), store, timeout)
+        spec = GroupSpec(
+            f"{prefix}/{name}", tuple(range(len(members))), members.index(member), store, timeout
+        )
         return fresh_world(options.backend, spec)
 
     # A member that dies while the others build would hold them in a store read: bound it.
     store.set_timeout(timedelta(seconds=options.build_timeout_s))
     try:
         world = world_of("world", list(decision.members))
-        shard_group = world_of(f"shards{replica}", [replica * options.shards + s for s in range(options.shards)])
+        shard_group = world_of(
+            f"shards{replica}", [replica * options.shards + s for s in range(options.shards)]
+        )
         replica_group = world_of(f"replicas{shard}", [r * options.shards + shard for r in replicas])
     finally:
         store.set_timeout(timedelta(seconds=options.store_timeout_s))

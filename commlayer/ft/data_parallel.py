@@ -53,7 +53,9 @@ class FaultTolerantDataParallel:
         stage: int = 2,
     ) -> None:
         if stage not in (0, 1, 2):
-            raise ValueError(f"FaultTolerantDataParallel: argument 'stage' expected 0, 1 or 2, received {stage}")
+            raise ValueError(
+                f"FaultTolerantDataParallel: argument 'stage' expected 0, 1 or 2, received {stage}"
+            )
         if manager.sharded != (stage > 0):
             raise ValueError(
                 f"FaultTolerantDataParallel: stage {stage} needs a Manager with sharded={stage > 0}, "

@@ -106,7 +106,9 @@ class Liveness:
             raw = json.loads(self.store.get(key))
         except Exception:  # noqa: BLE001 - an unreadable heartbeat is no heartbeat
             return None
-        return _Beat(member, raw["incarnation"], raw["pid"], raw["host"], raw["time"], raw["progress"], raw["waiting"])
+        return _Beat(
+            member, raw["incarnation"], raw["pid"], raw["host"], raw["time"], raw["progress"], raw["waiting"]
+        )
 
     def dead_reason(self, member: int, incarnation: str | None = None) -> str | None:
         """Why ``member`` (of ``incarnation``, when given) is dead, or None while it is alive."""

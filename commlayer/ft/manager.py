@@ -67,7 +67,9 @@ class Manager:
 
     def __init__(self, store: Any, member: int, options: FaultToleranceOptions, sharded: bool) -> None:
         if not 0 <= member < options.members:
-            raise ValueError(f"Manager: argument 'member' expected in [0, {options.members}), received {member}")
+            raise ValueError(
+                f"Manager: argument 'member' expected in [0, {options.members}), received {member}"
+            )
         self.store, self.member, self.options, self.sharded = store, member, options, sharded
         self.heartbeat = Heartbeat(store, member, options)
         self.liveness = Liveness(store, options)
@@ -99,10 +101,18 @@ class Manager:
                 self._sync_state(decision, state)
                 self._outcome_key = None
             except (StepAbortedError, RuntimeError) as error:
-                log.warning("member %d: generation %d failed to start: %s", self.member, decision.generation, error)
+                log.warning(
+                    "member %d: generation %d failed to start: %s", self.member, decision.generation, error
+                )
                 self.abandon()
             self.reconfigurations += 1
-            log.info("member %d: generation %d members %s step %d", self.member, decision.generation, decision.members, decision.step)
+            log.info(
+                "member %d: generation %d members %s step %d",
+                self.member,
+                decision.generation,
+                decision.members,
+                decision.step,
+            )
         return self.generation
 
     def abandon(self) -> None:
@@ -198,7 +208,8 @@ class Manager:
             return "a peer aborted the step"
         incarnations = generation.decision.incarnations
         dead = self.liveness.dead(
-            (m for m in generation.decision.members if m != self.member), {int(k): v for k, v in incarnations.items()}
+            (m for m in generation.decision.members if m != self.member),
+            {int(k): v for k, v in incarnations.items()},
         )
         if dead:
             return f"members died: {dead}"
@@ -273,7 +284,9 @@ class Manager:
             if self._latest() >= number:
                 return None
             if self.store.check([f"{self.prefix}/finished"]):
-                raise JobFinishedError(f"member {self.member}: the job finished before this member could join")
+                raise JobFinishedError(
+                    f"member {self.member}: the job finished before this member could join"
+                )
             registered = self._registrations(number)
             alive = {m for m in range(self.options.members) if self.liveness.dead_reason(m) is None}
             live = {m: r for m, r in registered.items() if m in alive and self._current(m, r)}
@@ -312,8 +325,10 @@ class Manager:
         payload = state.export_state() if source == self.member else b""
         size = torch.tensor([len(payload)], dtype=torch.int64)
         self.run(group, lambda: group.broadcast(size, root, async_op=True))
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(
-            int(size.item()), dtype=torch.uint8
+        data = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            if payload
+            else torch.empty(int(size.item()), dtype=torch.uint8)
         )
         self.run(group, lambda: group.broadcast(data, root, async_op=True))
         if source != self.member:

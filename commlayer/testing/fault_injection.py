@@ -55,7 +55,7 @@ class JobResult:
 
 def random_plan(rng: random.Random, members: int, steps: int, second: bool) -> FaultPlan:
     """A random victim, step (away from the last steps, so a replacement has time to join) and fault."""
-    return FaultPlan(rng.randrange(members), rng.randrange(1, steps // 2), rng.choice(FAULTS), second)
+    return FaultPlan(rng.randrange(members), rng.randrange(1, steps // 3), rng.choice(FAULTS), second)
 
 
 def run_job(
@@ -106,10 +106,20 @@ class _Job:
 
     def start(self, member: int, spare: bool = False) -> str:
         """Start a member process; a spare waits for :meth:`replace` (its start-up is hidden)."""
-        label = f"m{member}" if not spare and member not in self.current else f"m{member}r{len(self.processes)}"
+        label = (
+            f"m{member}" if not spare and member not in self.current else f"m{member}r{len(self.processes)}"
+        )
         out = self.workdir / f"{label}.json"
         log = open(self.workdir / f"{label}.log", "w")  # noqa: SIM115 - the child owns it
-        command = [sys.executable, "-m", "commlayer.testing.ft_member", "--member", str(member), "--out", str(out)]
+        command = [
+            sys.executable,
+            "-m",
+            "commlayer.testing.ft_member",
+            "--member",
+            str(member),
+            "--out",
+            str(out),
+        ]
         command += ["--wait-key", f"go/{label}"] if spare else []
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.processes[label] = subprocess.Popen(command + self.common, stdout=log, stderr=log, env=env)
@@ -141,7 +151,7 @@ class _Job:
             process.wait()
 
     def wait_all(self, deadline: float, store: torch_dist.Store) -> bool:
-        for member, label in self.current.items():
+        for label in self.current.values():
             try:
                 self.processes[label].wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
@@ -173,7 +183,12 @@ def _victims(plan: FaultPlan, shards: int, rng: random.Random) -> list[int]:
 
 
 def _inject(
-    job: _Job, store: torch_dist.Store, plan: FaultPlan, victims: list[int], rng: random.Random, deadline: float,
+    job: _Job,
+    store: torch_dist.Store,
+    plan: FaultPlan,
+    victims: list[int],
+    rng: random.Random,
+    deadline: float,
     hang_timeout: float,
 ) -> bool:
     if plan.member is None:
@@ -198,7 +213,9 @@ def _inject(
     return True
 
 
-def _check(job: _Job, store: torch_dist.Store, steps: int, shards: int, seconds: float, hung: bool) -> JobResult:
+def _check(
+    job: _Job, store: torch_dist.Store, steps: int, shards: int, seconds: float, hung: bool
+) -> JobResult:
     contributions = {}
     for step in range(steps):
         key = f"ft/contributions/{step}"
@@ -215,9 +232,11 @@ def _check(job: _Job, store: torch_dist.Store, steps: int, shards: int, seconds:
     max_error = float("inf")
     if len(contributions) == steps and finished:
         want = reference(steps, shards, contributions)
-        max_error = max(float((torch.tensor(m["params"], dtype=want.dtype) - want).abs().max()) for m in finished.values())
+        max_error = max(
+            float((torch.tensor(m["params"], dtype=want.dtype) - want).abs().max()) for m in finished.values()
+        )
     for label in expected - set(finished):
         errors.append(f"{label}: {members.get(label, {}).get('status', 'no report')}")
-    for label in members:
-        members[label].pop("params")
+    for summary in members.values():
+        summary.pop("params")
     return JobResult(completed, max_error, seconds, hung, members, contributions, errors)

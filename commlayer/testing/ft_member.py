@@ -67,7 +67,9 @@ def main() -> None:
     args = _parse()
     logging.basicConfig(level=logging.INFO, format=f"member {args.member} %(asctime)s %(message)s")
     host, port = args.store.rsplit(":", 1)
-    store = torch_dist.TCPStore(host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout)
+    store = torch_dist.TCPStore(
+        host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout
+    )
     if args.wait_key:  # a spare started ahead of time: it joins once the fault injector says so
         store.set(f"{args.wait_key}/ready", "1")
         store.wait([args.wait_key])
@@ -99,7 +101,9 @@ def _maybe_hang(store: torch_dist.Store, member: int, step: int) -> None:
             time.sleep(3600)
 
 
-def _report(out: str, engine: FaultTolerantDataParallel, manager: Manager, status: str, seconds: float) -> None:
+def _report(
+    out: str, engine: FaultTolerantDataParallel, manager: Manager, status: str, seconds: float
+) -> None:
     flat = engine.flat[: sum(p.numel() for p in engine.params)]
     summary = {
         "status": status,

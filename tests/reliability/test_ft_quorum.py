@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from commlayer.ft import Decision, FaultToleranceOptions, NoHealthyReplicaError, Registration, decide, joinable_replicas
+from commlayer.ft import (
+    Decision,
+    FaultToleranceOptions,
+    NoHealthyReplicaError,
+    Registration,
+    decide,
+    joinable_replicas,
+)
 
 OPTIONS = FaultToleranceOptions(replicas=2, shards=2)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.registry import get_backend_class
 from commlayer.errors import BackendUnavailableError
+from commlayer.registry import get_backend_class
 from commlayer.testing.fault_injection import FaultPlan, run_job
 
 
@@ -25,11 +25,12 @@ def _available(name: str) -> bool:
 def test_sigkill_mid_training_recovers_exactly(tmp_path: Path, backend: str) -> None:
     if not _available(backend):
         pytest.skip(f"{backend} is not available here")
-    result = run_job(tmp_path, FaultPlan(member=3, step=3, fault="sigkill"), backend=backend, steps=10, deadline_s=90)
+    plan = FaultPlan(member=3, step=2, fault="sigkill")
+    result = run_job(tmp_path, plan, backend=backend, steps=20, step_time=0.25, deadline_s=150)
     assert not result.hung, result
     assert result.completed, result.errors
     assert result.max_error <= 1e-6, result.max_error
     assert any(len(replicas) == 1 for replicas in result.contributions.values()), result.contributions
-    assert result.contributions[9] == [0, 1], result.contributions  # the replacement caught up
+    assert result.contributions[19] == [0, 1], result.contributions  # the replacement caught up
     survivors = [m for label, m in result.members.items() if label in ("m0", "m1")]
-    assert all(m["step"] == 10 for m in survivors)
+    assert all(m["step"] == 20 and m["status"] == "finished" for m in survivors)
