@@ -4,10 +4,11 @@ Four gloo ranks train the same model on the same batches as ``commlayer.testing.
 (2 replicas x 2 shards, i.e. 4 data-parallel ranks), rank 0 checkpoints every ``--every`` steps,
 and one rank SIGKILLs itself at ``--kill-step`` on the first attempt: torchrun restarts the whole
 world, which reloads the last checkpoint and redoes the steps since. Run it with and without the
-kill; the difference in wall time is the time lost to one failure::
+kill; the time lost to the failure is when the restarted world finishes the killed step, minus
+when the first attempt finished the step before, minus one step (``--timeline`` records them)::
 
-    torchrun --nproc-per-node 4 --max-restarts 1 benchmarks/restart_baseline.py --kill-step 7
-    torchrun --nproc-per-node 4 --max-restarts 1 benchmarks/restart_baseline.py --kill-step -1
+    python -m torch.distributed.run --nproc-per-node 4 --max-restarts 1 benchmarks/restart_baseline.py --kill-step 7
+    python -m torch.distributed.run --nproc-per-node 4 --max-restarts 1 benchmarks/restart_baseline.py --kill-step -1
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def main() -> None:
             torch.save(state, checkpoint.with_suffix(".tmp"))
             os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
         dist.barrier()
+        if rank == 0 and args.timeline:
+            with open(args.timeline, "a") as timeline:
+                timeline.write(f"{attempt} {step} {time.time():.3f}\n")
     dist.destroy_process_group()
 
 
@@ -64,6 +68,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--kill-step", type=int, default=7)
     parser.add_argument("--checkpoint", default="/tmp/restart_baseline.pt")
+    parser.add_argument("--timeline", default="", help="rank 0 appends 'attempt step time' per step")
     return parser.parse_args()
 
 

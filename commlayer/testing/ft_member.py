@@ -70,15 +70,17 @@ def main() -> None:
     store = torch_dist.TCPStore(
         host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout
     )
-    if args.wait_key:  # a spare started ahead of time: it joins once the fault injector says so
-        store.set(f"{args.wait_key}/ready", "1")
-        store.wait([args.wait_key])
     options = FaultToleranceOptions(
         replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
     )
-    manager = Manager(store, args.member, options, sharded=args.stage > 0)
-    engine = FaultTolerantDataParallel(build_model(), make_optimizer, manager, stage=args.stage)
     replica, shard = options.slot(args.member)
+    model = build_model()
+    if args.wait_key:  # a spare started ahead of time (and warmed up): it joins when told to
+        loss_of(model, 0, replica, shard).backward()
+        store.set(f"{args.wait_key}/ready", "1")
+        store.wait([args.wait_key])
+    manager = Manager(store, args.member, options, sharded=args.stage > 0)
+    engine = FaultTolerantDataParallel(model, make_optimizer, manager, stage=args.stage)
     started, status = time.time(), "finished"
     try:
         while engine.step < args.steps:
