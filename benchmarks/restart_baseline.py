@@ -27,8 +27,12 @@ from commlayer.testing.ft_member import build_model, loss_of, make_optimizer
 
 def main() -> None:
     args = _parse()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # A fresh key space per attempt: the agent's store keeps the dead attempt's gloo addresses.
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store = dist.PrefixStore(f"restart_baseline/attempt{attempt}", agent_store)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     model, checkpoint = build_model(), Path(args.checkpoint)
     optimizer = make_optimizer(list(model.parameters()))
     start = 0
@@ -37,7 +41,6 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for step in range(start, args.steps):
         if attempt == 0 and step == args.kill_step and rank == world - 1:
             os.kill(os.getpid(), signal.SIGKILL)

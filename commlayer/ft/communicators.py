@@ -40,6 +40,7 @@ class Generation:
 
     @property
     def number(self) -> int:
+        """The generation number (the quorum that made it)."""
         return self.decision.generation
 
 

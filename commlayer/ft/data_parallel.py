@@ -101,14 +101,17 @@ class FaultTolerantDataParallel:
     # --- TrainingState -------------------------------------------------------------------------
 
     def state_step(self) -> int:
+        """Steps applied to the held state; -1 when it holds none (see TrainingState)."""
         return self._step
 
     def export_state(self) -> bytes:
+        """This member's master shard and optimizer state, serialized (see TrainingState)."""
         buffer = io.BytesIO()
         torch.save({"master": self.master.detach(), "optimizer": self.optimizer.state_dict()}, buffer)
         return buffer.getvalue()
 
     def import_state(self, payload: bytes, step: int) -> None:
+        """Take a peer's master shard and optimizer state, at ``step`` (see TrainingState)."""
         state = torch.load(io.BytesIO(payload), weights_only=True)
         with torch.no_grad():
             self.master.copy_(state["master"])

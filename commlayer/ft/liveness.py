@@ -70,6 +70,7 @@ class Heartbeat:
         self._progress = time.time()
 
     def stop(self) -> None:
+        """Stop publishing (peers then see this member as gone once its process exits)."""
         self._stop.set()
         self._thread.join(timeout=2)
 
@@ -99,6 +100,7 @@ class Liveness:
         self.store, self.options = store, options
 
     def beat(self, member: int) -> _Beat | None:
+        """The newest heartbeat of ``member``, or None when it has none (yet)."""
         key = f"{self.options.prefix}/hb/{member}"
         try:
             if not self.store.check([key]):

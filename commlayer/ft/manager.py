@@ -87,6 +87,7 @@ class Manager:
 
     @property
     def prefix(self) -> str:
+        """The job's key prefix in the store."""
         return self.options.prefix
 
     # --- generations ---------------------------------------------------------------------------
