@@ -282,8 +282,8 @@ class Manager:
         while True:
             if self.store.check([key]):
                 return _read_decision(self.store.get(key))
-            if self._latest() >= number:
-                return None
+            if self._latest() >= number:  # the decision may have landed since the check above
+                return _read_decision(self.store.get(key)) if self.store.check([key]) else None
             if self.store.check([f"{self.prefix}/finished"]):
                 raise JobFinishedError(
                     f"member {self.member}: the job finished before this member could join"

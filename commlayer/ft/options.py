@@ -36,7 +36,7 @@ class FaultToleranceOptions:
     heartbeat_timeout_s: float = 1.5
     hang_timeout_s: float = 3.0
     quorum_timeout_s: float = 60.0
-    comm_timeout_s: float = 30.0
+    comm_timeout_s: float = 10.0
     build_timeout_s: float = 10.0
     store_timeout_s: float = 300.0
     prefix: str = "ft"
