@@ -72,11 +72,26 @@ def main() -> None:
         return
     port = 29610
     lighthouse = subprocess.Popen(
-        ["torchft_lighthouse", "--min_replicas", "1", "--join_timeout_ms", "100", "--bind", f"127.0.0.1:{port}"]
+        [
+            "torchft_lighthouse",
+            "--min_replicas",
+            "1",
+            "--join_timeout_ms",
+            "100",
+            "--bind",
+            f"127.0.0.1:{port}",
+        ]
     )
-    common = ["--steps", str(args.steps), "--step-time", str(args.step_time), "--kill-step", str(args.kill_step)]
+    common = [
+        "--steps",
+        str(args.steps),
+        "--step-time",
+        str(args.step_time),
+        "--kill-step",
+        str(args.kill_step),
+    ]
     common += ["--lighthouse", f"http://127.0.0.1:{port}"]
-    spawn = lambda r, extra=(): subprocess.Popen(  # noqa: E731
+    spawn = lambda r, extra=(): subprocess.Popen(
         [sys.executable, __file__, "--replica", str(r), *common, *extra], stdout=subprocess.PIPE, text=True
     )
     replicas = [spawn(r) for r in range(REPLICAS)]
@@ -90,7 +105,9 @@ def main() -> None:
 
 
 def _parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-time", type=float, default=0.2)
     parser.add_argument("--kill-step", type=int, default=7)
