@@ -87,7 +87,8 @@ def main() -> None:
             engine.train_step(lambda module, step: loss_of(module, step, replica, shard))
             time.sleep(args.step_time)
             store.set(f"progress/{args.member}", str(engine.step))
-            _maybe_hang(store, args.member, engine.step)
+            if not args.wait_key:  # only the member first started in the slot is told to hang
+                _maybe_hang(store, args.member, engine.step)
         manager.finish()
     except JobFinishedError:
         status = "not joined"
