@@ -30,7 +30,9 @@ def test_sigkill_mid_training_recovers_exactly(tmp_path: Path, backend: str) -> 
     assert not result.hung, result
     assert result.completed, result.errors
     assert result.max_error <= 1e-6, result.max_error
-    assert any(len(replicas) == 1 for replicas in result.contributions.values()), result.contributions
     assert result.contributions[19] == [0, 1], result.contributions  # the replacement caught up
     survivors = [m for label, m in result.members.items() if label in ("m0", "m1")]
-    assert all(m["step"] == 20 and m["status"] == "finished" for m in survivors)
+    # survivors rebuilt their groups in place (a warm replacement may join at the retried step)
+    assert all(
+        m["step"] == 20 and m["status"] == "finished" and m["reconfigurations"] >= 2 for m in survivors
+    )
