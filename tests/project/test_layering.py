@@ -45,6 +45,7 @@ LAYERS = (
     (
         "commlayer.mesh",
         "commlayer.zero",
+        "commlayer.ft",
         "commlayer.comms_logger",
         "commlayer.parallel",
         "commlayer.hooks",

@@ -72,13 +72,17 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
     "shm_goals.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
     "zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
 }
-# Scripts that need a GPU (or several): compiled only.
+# Scripts that need a GPU (or several), or a fault-injection job of minutes under torchrun or
+# torchft: compiled only.
 GPU_ONLY = (
     "compile_gpu.py",
+    "fault_injection.py",
     "parallel_gpu.py",
     "peermem_conformance.py",
     "peermem_gpu.py",
     "peermem_timeout_gpu.py",
+    "restart_baseline.py",
+    "torchft_baseline.py",
     "zero_gpu.py",
 )
 

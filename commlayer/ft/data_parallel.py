@@ -1,0 +1,205 @@
+"""Fault-tolerant data parallelism: ZeRO stages 0-2, sharded within a replica, replicated across.
+
+::
+
+    manager = Manager(store, member=replica * shards + shard, options=options, sharded=stage > 0)
+    engine = FaultTolerantDataParallel(model, lambda params: torch.optim.AdamW(params), manager, stage=2)
+    while engine.step < steps:
+        engine.train_step(lambda module, step: loss_of(module, batch(step, replica, shard)))
+
+Parameters live in one flat fp32 buffer. Stage 0 all-reduces gradients over every member and
+steps the whole optimizer on each; stages 1 and 2 reduce-scatter gradients within the replica,
+all-reduce each shard across the replicas, step the optimizer on the member's shard of the
+fp32 master weights, and all-gather the parameters within the replica. The gradient average
+divides by the members that contributed, so a step run by fewer replicas is the mean over
+theirs. A step whose collectives fail is retried by the survivors (never applied twice).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..types import ReduceOp
+from .communicators import Generation
+from .errors import StepAbortedError
+from .manager import Manager
+
+__all__ = ["NATIVE_REDUCE_SCATTER", "FaultTolerantDataParallel"]
+
+#: Backends that reduce-scatter natively (others all-reduce the bucket and keep their slice).
+NATIVE_REDUCE_SCATTER = ("shm",)
+
+
+class FaultTolerantDataParallel:
+    """Train ``model`` with ``manager``'s fault tolerance (see the module docstring).
+
+    Args:
+        model: the module (CPU parameters of one dtype), initialised alike on every member.
+        make_optimizer: builds the optimizer over a list of parameters (the member's master shard).
+        manager: this member's :class:`~.manager.Manager`.
+        stage: ZeRO stage, 0, 1 or 2 (1 and 2 keep the same shards here: gradients are
+            reduce-scattered straight into the member's shard).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+        manager: Manager,
+        stage: int = 2,
+    ) -> None:
+        if stage not in (0, 1, 2):
+            raise ValueError(
+                f"FaultTolerantDataParallel: argument 'stage' expected 0, 1 or 2, received {stage}"
+            )
+        if manager.sharded != (stage > 0):
+            raise ValueError(
+                f"FaultTolerantDataParallel: stage {stage} needs a Manager with sharded={stage > 0}, "
+                f"received sharded={manager.sharded}"
+            )
+        self.module, self.manager, self.stage = model, manager, stage
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        shards = manager.options.shards if stage > 0 else 1
+        numel = sum(p.numel() for p in self.params)
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1 or any(p.device.type != "cpu" for p in self.params):
+            raise ValueError(
+                f"FaultTolerantDataParallel: argument 'model' expected CPU parameters of one dtype, "
+                f"received dtypes {sorted(map(str, dtypes))}"
+            )
+        self.shard_numel = math.ceil(numel / shards)
+        self.flat = torch.zeros(self.shard_numel * shards, dtype=dtypes.pop())
+        self._view_params_into_flat()
+        self.shard_index = manager.options.slot(manager.member)[1] if stage > 0 else 0
+        start = self.shard_index * self.shard_numel
+        self.master = torch.nn.Parameter(self.flat[start : start + self.shard_numel].clone())
+        self.optimizer = make_optimizer([self.master])
+        self.grads = torch.zeros_like(self.flat)
+        # A member that starts after the job began holds no state until a peer sends it.
+        self._step = -1 if manager.joining_at_start() else 0
+        self._gathered: int | None = None
+        self.last_contributors: list[int] = []
+
+    @property
+    def step(self) -> int:
+        """Steps applied so far (the next step to run); -1 before a joining member got state."""
+        return self._step
+
+    def _view_params_into_flat(self) -> None:
+        offset = 0
+        with torch.no_grad():
+            for param in self.params:
+                n = param.numel()
+                self.flat[offset : offset + n].copy_(param.detach().reshape(-1))
+                param.data = self.flat[offset : offset + n].view_as(param)
+                offset += n
+
+    # --- TrainingState -------------------------------------------------------------------------
+
+    def state_step(self) -> int:
+        """Steps applied to the held state; -1 when it holds none (see TrainingState)."""
+        return self._step
+
+    def export_state(self) -> bytes:
+        """This member's master shard and optimizer state, serialized (see TrainingState)."""
+        buffer = io.BytesIO()
+        torch.save({"master": self.master.detach(), "optimizer": self.optimizer.state_dict()}, buffer)
+        return buffer.getvalue()
+
+    def import_state(self, payload: bytes, step: int) -> None:
+        """Take a peer's master shard and optimizer state, at ``step`` (see TrainingState)."""
+        state = torch.load(io.BytesIO(payload), weights_only=True)
+        with torch.no_grad():
+            self.master.copy_(state["master"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._step = step
+
+    # --- training ------------------------------------------------------------------------------
+
+    def train_step(self, loss_fn: Callable[[torch.nn.Module, int], torch.Tensor]) -> float:
+        """Run step ``self.step`` to completion, retrying it on the survivors after a failure.
+
+        ``loss_fn(module, step)`` returns this member's loss for ``step`` (its own micro-batch).
+        Returns the loss of the attempt that was applied.
+        """
+        while True:
+            generation = self.manager.ensure_generation(self)
+            try:
+                self._gather_after_rebuild(generation)
+                step = self._step
+                self.manager.begin(f"s{step}")
+                loss = self._backward(loss_fn, step)
+                self._reduce(generation)
+                outcome = self.manager.commit(step)
+            except StepAbortedError:
+                self.manager.abandon()
+                continue
+            self.last_contributors = outcome["replicas"]
+            self._apply(generation, step)
+            if outcome["join"]:
+                self.manager.abandon()
+            return loss
+
+    def _backward(self, loss_fn: Callable[[torch.nn.Module, int], torch.Tensor], step: int) -> float:
+        for param in self.params:
+            param.grad = None
+        loss = loss_fn(self.module, step)
+        loss.backward()
+        offset = 0
+        for param in self.params:
+            n = param.numel()
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            self.grads[offset : offset + n].copy_(grad.reshape(-1))
+            offset += n
+        self.manager.heartbeat.progress()
+        return float(loss.detach())
+
+    def _reduce(self, generation: Generation) -> None:
+        run = self.manager.run
+        contributors = generation.world.size  # members of complete replicas
+        if self.stage == 0:
+            world = generation.world
+            run(world, lambda: world.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
+            self.master.grad = self.grads / contributors
+            return
+        shard = torch.empty(self.shard_numel, dtype=self.flat.dtype)
+        group, replicas = generation.shard_group, generation.replica_group
+        if group.name in NATIVE_REDUCE_SCATTER:
+            run(group, lambda: group.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True))
+        else:  # gloo's is all_reduce and a slice anyway, and its Work must be waited to finish
+            run(group, lambda: group.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
+            start = self.shard_index * self.shard_numel
+            shard.copy_(self.grads[start : start + self.shard_numel])
+        if replicas.size > 1:
+            run(replicas, lambda: replicas.all_reduce(shard, ReduceOp.SUM, async_op=True))
+        self.master.grad = shard.div_(contributors)
+
+    def _apply(self, generation: Generation, step: int) -> None:
+        self.optimizer.step()
+        self.master.grad = None
+        self._step = step + 1
+        self._gathered = None
+        try:
+            self.manager.begin(f"s{step}/gather")
+            self._gather(generation)
+        except StepAbortedError:
+            self.manager.abandon()  # the replica lost a member: parameters are gathered again later
+
+    def _gather_after_rebuild(self, generation: Generation) -> None:
+        if self._gathered != generation.number:
+            self.manager.begin("gather")
+            self._gather(generation)
+
+    def _gather(self, generation: Generation) -> None:
+        if self.stage == 0:
+            with torch.no_grad():
+                self.flat.copy_(self.master.detach())
+        else:
+            group = generation.shard_group
+            source = self.master.detach()
+            self.manager.run(group, lambda: group.all_gather_into_tensor(self.flat, source, async_op=True))
+        self._gathered = generation.number

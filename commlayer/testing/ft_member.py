@@ -1,0 +1,139 @@
+"""One member of a fault-tolerant training job on a tiny deterministic model (for tests and the
+fault-injection benchmark): ``python -m commlayer.testing.ft_member --member M --store HOST:PORT ...``.
+
+Every member builds the same model; member ``(replica, shard)`` trains step ``t`` on a batch
+seeded by ``(t, replica, shard)``, so a single process can replay the job (:func:`reference`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as torch_dist
+
+from commlayer.ft import FaultToleranceOptions, FaultTolerantDataParallel, JobFinishedError, Manager
+
+__all__ = ["batch", "build_model", "main", "make_optimizer", "reference"]
+
+FEATURES, HIDDEN, OUTPUTS, BATCH = 8, 16, 4, 4
+
+
+def build_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUTPUTS)
+    ).double()
+
+
+def make_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=0.01)
+
+
+def batch(step: int, replica: int, shard: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(step * 1000 + replica * 10 + shard)
+    x = torch.randn(BATCH, FEATURES, generator=generator, dtype=torch.float64)
+    return x, torch.randn(BATCH, OUTPUTS, generator=generator, dtype=torch.float64)
+
+
+def loss_of(module: torch.nn.Module, step: int, replica: int, shard: int) -> torch.Tensor:
+    x, y = batch(step, replica, shard)
+    return torch.nn.functional.mse_loss(module(x), y)
+
+
+def reference(steps: int, shards: int, contributions: Mapping[int, list[int]]) -> torch.Tensor:
+    """The flat parameters after ``steps`` steps in one process, step ``t`` averaging the
+    gradients of the replicas ``contributions[t]`` (each over its ``shards`` batches)."""
+    model = build_model()
+    params = list(model.parameters())
+    optimizer = make_optimizer(params)
+    for step in range(steps):
+        replicas = contributions[step]
+        optimizer.zero_grad()
+        for replica in replicas:
+            for shard in range(shards):
+                loss = loss_of(model, step, replica, shard) / (len(replicas) * shards)
+                loss.backward()
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def main() -> None:
+    args = _parse()
+    logging.basicConfig(level=logging.INFO, format=f"member {args.member} %(asctime)s %(message)s")
+    host, port = args.store.rsplit(":", 1)
+    store = torch_dist.TCPStore(
+        host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout
+    )
+    options = FaultToleranceOptions(
+        replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
+    )
+    replica, shard = options.slot(args.member)
+    model = build_model()
+    if args.wait_key:  # a spare started ahead of time (and warmed up): it joins when told to
+        loss_of(model, 0, replica, shard).backward()
+        store.set(f"{args.wait_key}/ready", "1")
+        store.wait([args.wait_key])
+    manager = Manager(store, args.member, options, sharded=args.stage > 0)
+    engine = FaultTolerantDataParallel(model, make_optimizer, manager, stage=args.stage)
+    started, status = time.time(), "finished"
+    try:
+        while engine.step < args.steps:
+            engine.train_step(lambda module, step: loss_of(module, step, replica, shard))
+            time.sleep(args.step_time)
+            store.set(f"progress/{args.member}", str(engine.step))
+            if not args.wait_key:  # only the member first started in the slot is told to hang
+                _maybe_hang(store, args.member, engine.step)
+        manager.finish()
+    except JobFinishedError:
+        status = "not joined"
+    _report(args.out, engine, manager, status, time.time() - started)
+    os._exit(0)
+
+
+def _maybe_hang(store: torch_dist.Store, member: int, step: int) -> None:
+    """The fault injector asked this member to hang (its loop stops; its heartbeat goes on)."""
+    key = f"hang/{member}"
+    if store.check([key]) and int(store.get(key)) <= step:
+        while True:
+            time.sleep(3600)
+
+
+def _report(
+    out: str, engine: FaultTolerantDataParallel, manager: Manager, status: str, seconds: float
+) -> None:
+    flat = engine.flat[: sum(p.numel() for p in engine.params)]
+    summary = {
+        "status": status,
+        "step": engine.step,
+        "seconds": seconds,
+        "reconfigurations": manager.reconfigurations,
+        "params": flat.tolist(),
+    }
+    with open(out, "w") as sink:
+        json.dump(summary, sink)
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--member", type=int, required=True)
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--step-time", type=float, default=0.0)
+    parser.add_argument("--hang-timeout", type=float, default=3.0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--wait-key", default="")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()
