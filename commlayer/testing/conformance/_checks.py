@@ -15,7 +15,6 @@ from commlayer.types import ReduceOp
 
 from ._case import Case
 from .values import DTYPES, NUMEL, assert_equal, ops_for, reduced, values
-from .window_checks import check_windows
 
 __all__ = ["CHECKS"]
 
@@ -370,5 +369,4 @@ CHECKS = (
     check_barrier,
     check_objects,
     check_getters,
-    check_windows,
 )
