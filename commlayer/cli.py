@@ -192,7 +192,11 @@ def _add_certify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n", "--world-size", dest="world_size", type=_positive_int, default=3, help="ranks (default 3)"
     )
-    parser.add_argument("--windows", action="store_true", help="also certify one-sided windows")
+    parser.add_argument(
+        "--extensions",
+        action="store_true",
+        help="also certify hooks, per-call timeouts and one-sided windows",
+    )
     parser.add_argument(
         "--launcher",
         choices=("local", "mpirun"),

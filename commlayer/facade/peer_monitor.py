@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as torch_dist
@@ -109,7 +110,7 @@ class PeerMonitor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._dumped = False
-        self._host = socket.gethostname()
+        self._host = process_space()
         # Peers on this host whose process can be checked directly: global rank -> pid.
         self.local_pids: dict[int, int] = {}
         self._gone_since: dict[int, float] = {}
@@ -247,9 +248,25 @@ class PeerMonitor:
             host, pid = self.store.get(_PROCESS.format(peer)).decode().split()
         except (RuntimeError, ValueError):  # unknown process: nothing to clean up
             return
-        if host == socket.gethostname():
+        if host == process_space():
             _dead_processes.add((host, int(pid)))
             release_dead_regions()
+
+
+def process_space() -> str:
+    """Where this process's pid means something: host name, boot and pid namespace. Ranks in one
+    space can check each other's processes; network-namespace "hosts" on one machine may share a
+    host name but not their pids."""
+    parts = [socket.gethostname()]
+    for read in (
+        lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        lambda: os.readlink("/proc/self/ns/pid"),
+    ):
+        try:
+            parts.append(read())
+        except OSError:
+            parts.append("?")
+    return "/".join(part.replace(" ", "_") for part in parts)
 
 
 # Run by the monitor at every beat with (store, rank): answers to requests of the peers.
@@ -299,7 +316,7 @@ def start_monitor(
 def _publish_process(store: Any, rank: int) -> None:
     """Before init returns: a peer that sees this rank's connection drop can then check its process."""
     try:
-        store.set(_PROCESS.format(rank), f"{socket.gethostname()} {os.getpid()}")
+        store.set(_PROCESS.format(rank), f"{process_space()} {os.getpid()}")
     except Exception as error:  # noqa: BLE001 - only the process check and /dev/shm cleanup need it
         log.debug("commlayer: could not publish this process: %s", error)
 

@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace, launcher: str, directory: str) -> str | None:
             backend=args.backend,
             timeout=args.timeout,
             launcher=launcher,
-            args=(directory, "windows") if getattr(args, "windows", False) else (directory,),
+            args=(directory, "extensions") if getattr(args, "extensions", False) else (directory,),
         )
     except AssertionError as failure:
         return str(failure)

@@ -35,7 +35,7 @@ def run_suite(
     backend: Backend | None = None,
     device: torch.device | None = None,
     save_to: Path | None = None,
-    windows: bool = False,
+    extensions: bool = False,
 ) -> Certificate:
     """Run every check on this rank of an initialised world and return this rank's verdicts.
 
@@ -44,7 +44,8 @@ def run_suite(
         device: where tensors live; by default CPU if the backend takes it, else this rank's GPU.
         save_to: a file the verdicts are rewritten to after every check, so a launcher can show
             what ran even if a hung world has to be stopped.
-        windows: also check one-sided windows (``commlayer test-backend NAME --windows``).
+        extensions: also check the extensions beyond torch.distributed: hooks, per-call
+            timeouts and one-sided windows (``commlayer test-backend NAME --extensions``).
 
     Returns:
         This rank's :class:`~.certificate.Certificate` (merge the ranks' to get the whole table).
@@ -58,8 +59,9 @@ def run_suite(
     for group, members in ((None, list(range(world))), (subgroup, sub_ranks)):
         for async_op in (False, True):
             case = Case(group, members, me, async_op, device, backend, certificate)
-            checks = (*_checks.CHECKS, *_uneven_checks.CHECKS, *_hook_checks.CHECKS)
-            for check in (*checks, check_windows) if windows else checks:
+            checks = (*_checks.CHECKS, *_uneven_checks.CHECKS)
+            extra = (*_hook_checks.CHECKS, check_windows) if extensions else ()
+            for check in (*checks, *extra):
                 check(case)
                 if save_to is not None:
                     certificate.write(save_to)
@@ -69,10 +71,10 @@ def run_suite(
 
 def main(results_dir: str = "", *options: str) -> None:
     """Rank body: run the suite, save the verdicts under ``results_dir``, fail if any cell failed.
-    ``options`` may name ``windows`` to check one-sided windows too."""
+    ``options`` may name ``extensions`` to check hooks, per-call timeouts and windows too."""
     rank = dist.get_rank()
     save_to = Path(results_dir) / f"rank{rank}.certificate.json" if results_dir else None
-    certificate = run_suite(save_to=save_to, windows="windows" in options)
+    certificate = run_suite(save_to=save_to, extensions="extensions" in options)
     failures = certificate.failures()
     if failures:
         listed = "\n".join(f"  {v.cell.label}: {v.detail}" for v in failures)
