@@ -186,7 +186,7 @@ def test_commlayer_bench_across_hosts(ssh_cluster: tuple[NetworkCluster, SshAcce
         argv, cwd=job_dir, env=runner_env(), capture_output=True, text=True, timeout=180, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    records = json.loads(out.read_text(encoding="utf-8"))
+    records = json.loads(out.read_text(encoding="utf-8"))["records"]
     assert {(record["op"], record["bytes"]) for record in records} == {
         (op, size) for op in ("all_reduce", "pingpong") for size in (8, 128, 2048)
     }
