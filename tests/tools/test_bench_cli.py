@@ -168,7 +168,10 @@ def test_backends_side_by_side(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "out.json").read_text())["records"]
     for backend in ("gloo", "ccl"):
         _check_records(rows, backend, ["all_reduce", "barrier"], 2)
-    summary = done.stdout.split("# side by side")[1].splitlines()
+    # The table, without the "wrote FILE" lines that follow it.
+    summary = [
+        line for line in done.stdout.split("# side by side")[1].splitlines() if not line.startswith("wrote ")
+    ]
     assert summary[1].split() == ["op", "bytes", "gloo", "ccl", "ccl/gloo"]
     assert [line.split()[:2] for line in summary[2:]] == [["all_reduce", str(size)] for size in SIZES] + [
         ["barrier", "0"]
