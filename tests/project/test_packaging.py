@@ -52,6 +52,17 @@ def test_version_comes_from_the_installed_metadata(capsys: pytest.CaptureFixture
     assert shown.stdout == f"commlayer {PROJECT['version']}\n"
 
 
+def test_every_source_folder_is_a_package_setuptools_finds() -> None:
+    # A folder without __init__.py imports in a checkout but is left out of a wheel.
+    folders = [
+        path.parent
+        for root in ("commlayer", "backends")
+        for path in (REPO / root).rglob("*.py")
+        if "__pycache__" not in path.parts and "_csrc" not in path.parts
+    ]
+    assert sorted({str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").exists()}) == []
+
+
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="not a git checkout")
 def test_no_build_outputs_are_tracked_and_objects_are_ignored() -> None:
     tracked = subprocess.run(
