@@ -24,7 +24,7 @@ from ..work import Work, to_seconds
 from .failures import raise_translated
 from .groups import resolve_group
 
-__all__ = ["DeadlineWork", "checked_timeout", "with_timeout"]
+__all__ = ["DeadlineWork", "checked_timeout", "rerun_with_timeout", "with_timeout"]
 
 
 def checked_timeout(op: str, timeout: Any, rank: int = -1) -> float:
@@ -158,3 +158,19 @@ def with_timeout(
         return DeadlineWork(work, op, group_arg, seconds)
     _wait_by(work, op, group_arg, seconds, seconds)
     return None
+
+
+def rerun_with_timeout(op: Callable[..., Work | None], arguments: dict[str, Any]) -> Any:
+    """Run the collective ``op`` again under its call's ``timeout`` (see :func:`with_timeout`).
+
+    ``arguments`` are the call's own, as ``locals()`` reads them on entry to ``op``; the rerun
+    launches async without the timeout, so it takes the op's ordinary path.
+    """
+    relaunch = {name: value for name, value in arguments.items() if name not in ("timeout", "async_op")}
+    return with_timeout(
+        op.__name__,
+        arguments.get("group"),
+        arguments["async_op"],
+        arguments["timeout"],
+        lambda wait_async: op(**relaunch, async_op=wait_async),
+    )

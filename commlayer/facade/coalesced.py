@@ -20,7 +20,7 @@ from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import planned_collectives as planned
-from .call_timeouts import with_timeout
+from .call_timeouts import rerun_with_timeout
 from .complex_tensors import as_real, is_complex, real_for_reduction
 from .dispatch import device_type
 from .groups import ProcessGroup, current_world, resolve_group
@@ -42,13 +42,7 @@ def all_reduce_coalesced(
     complex tensors with real ones of their component dtype.
     """
     if timeout is not None:
-        return with_timeout(
-            "all_reduce_coalesced",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_reduce_coalesced(tensors=tensors, op=op, group=group, async_op=wait_async),
-        )
+        return rerun_with_timeout(all_reduce_coalesced, locals())
     if isinstance(tensors, (list, tuple)) and any(map(is_complex, tensors)):
         complex_tensor = next(tensor for tensor in tensors if is_complex(tensor))
         real_for_reduction("all_reduce_coalesced", complex_tensor, op)
@@ -73,18 +67,7 @@ def all_gather_coalesced(
 ) -> Work | None:
     """``output_tensor_lists[r][i]`` receives group rank r's ``input_tensor_list[i]``."""
     if timeout is not None:
-        return with_timeout(
-            "all_gather_coalesced",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_gather_coalesced(
-                output_tensor_lists=output_tensor_lists,
-                input_tensor_list=input_tensor_list,
-                group=group,
-                async_op=wait_async,
-            ),
-        )
+        return rerun_with_timeout(all_gather_coalesced, locals())
     inputs = _check_tensors("all_gather_coalesced", "input_tensor_list", input_tensor_list)
     resolved = resolve_group("all_gather_coalesced", group)
     if resolved is None:

@@ -19,7 +19,7 @@ import torch
 from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
-from .call_timeouts import with_timeout
+from .call_timeouts import rerun_with_timeout
 from .complex_tensors import complex_as_real
 from .dispatch import averaged, begin, contiguous, launch, wire_op
 from .failures import wait_translated
@@ -80,15 +80,7 @@ def reduce(
         tensor([3., 3.])
     """
     if timeout is not None:
-        return with_timeout(
-            "reduce",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: reduce(
-                tensor=tensor, dst=dst, op=op, group=group, async_op=wait_async, group_dst=group_dst
-            ),
-        )
+        return rerun_with_timeout(reduce, locals())
     call = begin("reduce", group, check.first_device(tensor))
     if call is None:
         return None
@@ -149,15 +141,7 @@ def all_gather(
         [tensor([0.]), tensor([1.])]
     """
     if timeout is not None:
-        return with_timeout(
-            "all_gather",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_gather(
-                tensor_list=tensor_list, tensor=tensor, group=group, async_op=wait_async
-            ),
-        )
+        return rerun_with_timeout(all_gather, locals())
     call = begin("all_gather", group, check.first_device(tensor))
     if call is None:
         return None
@@ -219,15 +203,7 @@ def reduce_scatter(
         tensor([4.])
     """
     if timeout is not None:
-        return with_timeout(
-            "reduce_scatter",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: reduce_scatter(
-                output=output, input_list=input_list, op=op, group=group, async_op=wait_async
-            ),
-        )
+        return rerun_with_timeout(reduce_scatter, locals())
     call = begin("reduce_scatter", group, check.first_device(output))
     if call is None:
         return None
@@ -291,18 +267,7 @@ def all_to_all(
         [tensor([0.]), tensor([1.])]
     """
     if timeout is not None:
-        return with_timeout(
-            "all_to_all",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_to_all(
-                output_tensor_list=output_tensor_list,
-                input_tensor_list=input_tensor_list,
-                group=group,
-                async_op=wait_async,
-            ),
-        )
+        return rerun_with_timeout(all_to_all, locals())
     call = begin("all_to_all", group, check.first_device(input_tensor_list))
     if call is None:
         return None
@@ -366,20 +331,7 @@ def gather(
         [tensor([0.]), tensor([1.])]
     """
     if timeout is not None:
-        return with_timeout(
-            "gather",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: gather(
-                tensor=tensor,
-                gather_list=gather_list,
-                dst=dst,
-                group=group,
-                async_op=wait_async,
-                group_dst=group_dst,
-            ),
-        )
+        return rerun_with_timeout(gather, locals())
     call = begin("gather", group, check.first_device(tensor))
     if call is None:
         return None
@@ -444,20 +396,7 @@ def scatter(
         tensor([1.])
     """
     if timeout is not None:
-        return with_timeout(
-            "scatter",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: scatter(
-                tensor=tensor,
-                scatter_list=scatter_list,
-                src=src,
-                group=group,
-                async_op=wait_async,
-                group_src=group_src,
-            ),
-        )
+        return rerun_with_timeout(scatter, locals())
     call = begin("scatter", group, check.first_device(tensor))
     if call is None:
         return None
@@ -511,9 +450,7 @@ def barrier(
         >>> dist.barrier()  # every rank continues only once all have arrived
     """
     if timeout is not None:
-        return with_timeout(
-            "barrier", group, async_op, timeout, lambda wait_async: barrier(group, True, device_ids)
-        )
+        return rerun_with_timeout(barrier, locals())
     call = begin("barrier", group)
     if call is None:
         return None

@@ -17,7 +17,7 @@ import torch
 from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
-from .call_timeouts import with_timeout
+from .call_timeouts import rerun_with_timeout
 from .complex_tensors import complex_as_real
 from .dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
 from .uneven_collectives import all_gather_into_tensor_v
@@ -112,13 +112,7 @@ def all_reduce(
         tensor([3., 3.])
     """
     if timeout is not None:
-        return with_timeout(
-            "all_reduce",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_reduce(tensor=tensor, op=op, group=group, async_op=wait_async),
-        )
+        return rerun_with_timeout(all_reduce, locals())
     work = _planned_all_reduce(tensor, op, group, async_op, None)
     if work is not NO_PLAN:
         return work
@@ -179,15 +173,7 @@ def broadcast(
         tensor([0., 1.])
     """
     if timeout is not None:
-        return with_timeout(
-            "broadcast",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: broadcast(
-                tensor=tensor, src=src, group=group, async_op=wait_async, group_src=group_src
-            ),
-        )
+        return rerun_with_timeout(broadcast, locals())
     work = _planned_broadcast(tensor, src, group, async_op, group_src)
     if work is not NO_PLAN:
         return work
@@ -252,19 +238,7 @@ def all_gather_into_tensor(
         tensor([0., 0., 1., 1.])
     """
     if timeout is not None:
-        return with_timeout(
-            "all_gather_into_tensor",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_gather_into_tensor(
-                output_tensor=output_tensor,
-                input_tensor=input_tensor,
-                group=group,
-                async_op=wait_async,
-                sizes=sizes,
-            ),
-        )
+        return rerun_with_timeout(all_gather_into_tensor, locals())
     if sizes is not None:
         return all_gather_into_tensor_v(output_tensor, input_tensor, sizes, group, async_op)
     work = _planned_all_gather(output_tensor, input_tensor, group, async_op, None, None)
@@ -355,15 +329,7 @@ def reduce_scatter_tensor(
         tensor([4.])
     """
     if timeout is not None:
-        return with_timeout(
-            "reduce_scatter_tensor",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: reduce_scatter_tensor(
-                output=output, input=input, op=op, group=group, async_op=wait_async
-            ),
-        )
+        return rerun_with_timeout(reduce_scatter_tensor, locals())
     work = _planned_reduce_scatter(output, input, group, async_op, op, None)
     if work is not NO_PLAN:
         return work
@@ -457,20 +423,7 @@ def all_to_all_single(
         tensor([10., 20.])
     """
     if timeout is not None:
-        return with_timeout(
-            "all_to_all_single",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_to_all_single(
-                output=output,
-                input=input,
-                output_split_sizes=output_split_sizes,
-                input_split_sizes=input_split_sizes,
-                group=group,
-                async_op=wait_async,
-            ),
-        )
+        return rerun_with_timeout(all_to_all_single, locals())
     work = _planned_all_to_all(output, input, group, async_op, output_split_sizes, input_split_sizes)
     if work is not NO_PLAN:
         return work

@@ -28,7 +28,7 @@ from ..errors import CollectiveMismatchError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
-from .call_timeouts import with_timeout
+from .call_timeouts import rerun_with_timeout
 from .dispatch import OpCall, averaged, begin, contiguous, launch, wire_op
 
 __all__ = ["all_gather_into_tensor_v", "all_gather_v", "reduce_scatter_v"]
@@ -76,15 +76,7 @@ def all_gather_v(
         [tensor([0.]), tensor([1., 1.])]
     """
     if timeout is not None:
-        return with_timeout(
-            "all_gather_v",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_gather_v(
-                tensor_list=tensor_list, tensor=tensor, group=group, async_op=wait_async
-            ),
-        )
+        return rerun_with_timeout(all_gather_v, locals())
     call = begin("all_gather_v", group, check.first_device(tensor))
     if call is None:
         return None
@@ -132,19 +124,7 @@ def all_gather_into_tensor_v(
         tensor([7., 7., 7.])
     """
     if timeout is not None:
-        return with_timeout(
-            "all_gather_into_tensor_v",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: all_gather_into_tensor_v(
-                output_tensor=output_tensor,
-                input_tensor=input_tensor,
-                sizes=sizes,
-                group=group,
-                async_op=wait_async,
-            ),
-        )
+        return rerun_with_timeout(all_gather_into_tensor_v, locals())
     call = begin("all_gather_v", group, check.first_device(input_tensor))
     if call is None:
         return None
@@ -201,15 +181,7 @@ def reduce_scatter_v(
         tensor([2., 2.])
     """
     if timeout is not None:
-        return with_timeout(
-            "reduce_scatter_v",
-            group,
-            async_op,
-            timeout,
-            lambda wait_async: reduce_scatter_v(
-                output=output, input_list=input_list, op=op, group=group, async_op=wait_async
-            ),
-        )
+        return rerun_with_timeout(reduce_scatter_v, locals())
     call = begin("reduce_scatter_v", group, check.first_device(output))
     if call is None:
         return None
