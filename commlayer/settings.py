@@ -322,6 +322,20 @@ TESTING_RESULTS_DIR = Setting(
     "folder where run_world's ranks write their results",
     "internal",
 )
+TESTING_FORK_SERVER = Setting(
+    "COMMLAYER_TESTING_FORK_SERVER",
+    bool,
+    True,
+    "run_world forks local ranks from a server that has imported torch (0: start each afresh)",
+    "launch",
+)
+TESTING_SUPERVISED_PID = Setting(
+    "COMMLAYER_TESTING_SUPERVISED_PID",
+    int,
+    None,
+    "pid run_world supervises for a rank the fork server started (its stand-in process)",
+    "internal",
+)
 BENCH_PROGRESS_EVERY = Setting(
     "COMMLAYER_BENCH_PROGRESS_EVERY",
     float,

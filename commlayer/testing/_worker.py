@@ -33,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise RuntimeError(
             "commlayer.testing._worker: no launcher variables (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK...) found"
         )
-    results.mark_started(info.rank, os.getpid())
+    # A forked rank is watched through its stand-in, which outlives it until its exit is reported.
+    results.mark_started(info.rank, settings.TESTING_SUPERVISED_PID.value() or os.getpid())
     # When the harness stops a hung or bystander rank (SIGTERM), its Python stacks go to stderr
     # first, so the report shows where each rank was stuck.
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)

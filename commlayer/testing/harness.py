@@ -25,6 +25,7 @@ from typing import Protocol
 from ..launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
 from ._results import RESULTS_DIR_ENV, ResultsDir
 from ._shm import release_stale_regions
+from .fork_server import warm_command
 from .mpi import mpirun_plan, mpirun_unavailable_reason
 
 __all__ = ["WorldLauncher", "require_mpirun", "run_world"]
@@ -96,7 +97,8 @@ def run_world(
             stop_check=watch,
         )
         if launcher == "local":
-            result = launch(LaunchConfig(command, world_size, env=rank_env, options=options))
+            warm = warm_command(command, rank_env)
+            result = launch(LaunchConfig(warm, world_size, env=rank_env, options=options))
         elif not isinstance(launcher, str):
             result = supervise(launcher.processes(command, rank_env, world_size), options)
         else:
