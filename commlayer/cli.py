@@ -14,15 +14,17 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 from . import __version__, settings
-from .launch import LaunchConfig, ProcessSpec, SuperviseOptions, launch, supervise
+from .launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
 from .launch.commands import LAUNCHERS
 from .launch.job import JOB_ID_ENV, new_job_id
 from .launch.nproc import NPROC_CHOICES, resolve_nproc
 from .launch.report import default_log_dir, final_report
+from .launch.restarts import Attempt, restart_line, run_with_restarts
 
 __all__ = ["main"]
 
@@ -157,6 +159,17 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="stop every rank after this many seconds (exit code 124)",
     )
+    run.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="when a rank fails, stop every rank and start all of them again, up to N times, as "
+        "torchrun (each start sees $TORCHELASTIC_RESTART_COUNT and gets a fresh rendezvous; the "
+        "script resumes from its checkpoint; default 0)",
+    )
     run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
     run.add_argument(
         "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT"
@@ -242,22 +255,36 @@ def _run(args: argparse.Namespace) -> int:
     if (args.launcher or _launcher_of_chosen_backend()) == "mpirun":
         args.nproc_per_node = nproc
         return _run_under_mpirun(args, program)
+    return _run_here(args, (sys.executable, *program, *args.script_args), nproc)
+
+
+def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) -> int:
+    """Local ranks, started again from scratch after a rank failure up to ``--max-restarts`` times."""
     job = os.environ.get(JOB_ID_ENV) or new_job_id()
-    log_dir = args.log_dir or default_log_dir(job)
-    config = LaunchConfig(
-        command=(sys.executable, *program, *args.script_args),
-        nproc_per_node=nproc,
-        master_addr=args.master_addr or "127.0.0.1",
-        master_port=args.master_port,
-        env={**os.environ, JOB_ID_ENV: job},
-        options=SuperviseOptions(
-            timeout=args.timeout, log_dir=log_dir, hold_tracebacks=True, settle=_SETTLE_S
-        ),
-    )
-    result = launch(config)
-    for line in final_report(result, log_dir):
-        print(line, file=sys.stderr, flush=True)
-    return result.exit_code
+
+    def start(attempt: Attempt) -> tuple[LaunchResult, Path]:
+        log_dir = attempt.log_dir(args.log_dir) or default_log_dir(attempt.job_id(job))
+        config = LaunchConfig(
+            command=command,
+            nproc_per_node=nproc,
+            master_addr=args.master_addr or "127.0.0.1",
+            master_port=args.master_port,  # None: a fresh free port for every attempt
+            env={**os.environ, JOB_ID_ENV: attempt.job_id(job), **attempt.environment()},
+            options=SuperviseOptions(
+                timeout=attempt.timeout, log_dir=log_dir, hold_tracebacks=True, settle=_SETTLE_S
+            ),
+        )
+        return launch(config), log_dir
+
+    def report(run: tuple[LaunchResult, Path], attempt: Attempt | None = None) -> None:
+        result, log_dir = run
+        lines = final_report(replace(result, timeout=args.timeout), log_dir)
+        for line in [*lines, *([restart_line(result, attempt)] if attempt is not None else [])]:
+            print(line, file=sys.stderr, flush=True)
+
+    last = run_with_restarts(start, lambda run: run[0], args.max_restarts, args.timeout, report)
+    report(last)
+    return last[0].exit_code
 
 
 def _launcher_of_chosen_backend() -> str:
@@ -290,11 +317,20 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
         print(f"commlayer run: the ranks need an MPI launcher: {problem}", file=sys.stderr)
         return 2
     command = (*plan.argv, sys.executable, "-u", *program, *args.script_args)
-    options = SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir)
-    result = supervise([ProcessSpec("mpirun", command, plan.env, tag="")], options)
-    summary = result.summary()
-    if summary is not None:
-        print(summary, file=sys.stderr, flush=True)
+
+    def start(attempt: Attempt) -> LaunchResult:
+        options = SuperviseOptions(timeout=attempt.timeout, log_dir=attempt.log_dir(args.log_dir))
+        env = {**plan.env, **attempt.environment()}  # mpirun passes its environment to its ranks
+        return supervise([ProcessSpec("mpirun", command, env, tag="")], options)
+
+    def report(result: LaunchResult, attempt: Attempt | None = None) -> None:
+        summary = replace(result, timeout=args.timeout).summary()
+        for line in [summary, restart_line(result, attempt) if attempt is not None else None]:
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
+
+    result = run_with_restarts(start, lambda result: result, args.max_restarts, args.timeout, report)
+    report(result)
     return result.exit_code
 
 
@@ -322,6 +358,12 @@ def _load_bench() -> tuple[ModuleType | None, str | None]:
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, received {text!r}")
+    return int(text)
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}")
     return int(text)
 
 

@@ -15,7 +15,8 @@ As torch's ProcessGroupMPI does. A blocking call has no deadline and cannot be c
 synchronous op is bounded by a watchdog thread instead: the caller stamps the time before the call
 and clears it after (two attribute writes); a watchdog that finds one call in progress for longer
 than the group's timeout reports it (op, group, rank) and ends the job with MPI_Abort, as torch's
-NCCL watchdog does. Async ops raise at the group's timeout in their wait (see OrderedWork).
+NCCL watchdog does; a call still in the mismatch check's own wait for a peer raises the typed error
+there instead, for the caller to catch. Async ops raise at the group's timeout in their wait (see OrderedWork).
 Ops issued on one communicator from several threads at once are ordered only per thread.
 """
 
@@ -31,6 +32,7 @@ import torch
 
 from commlayer.work import DeadlineWork, WaitLimit
 
+from ._bounded_waits import in_raising_wait
 from ._runtime import abandon
 
 __all__ = ["OrderedExecutor", "OrderedWork"]
@@ -183,6 +185,7 @@ class _Watchdog:
                 and started
                 and _monotonic() - started > timeout_s
                 and started == self.started
+                and not in_raising_wait()  # still in our own wait: it raises a catchable error
             ):
                 error = limit.expired(self.op)
                 self.end_job(f"{type(error).__name__}: {error}")

@@ -25,7 +25,8 @@ Plain loads and stores keep the writer's order (signature, then sequence) for th
 under x86's total store order, so elsewhere :func:`open_shared_signatures` returns None and the
 check stays the Allreduce. The wait polls, then yields the CPU (a peer may share it), and gives up
 at ``deadline_s`` with the group's typed error (a dead peer's PeerFailureError, else
-CommTimeoutError); the op is then remembered as abandoned (a peer that read this rank's signature
+CommTimeoutError), which the caller may catch: no MPI call is in progress, so the watchdog of
+synchronous calls leaves this wait to raise (:mod:`._bounded_waits`); the op is then remembered as abandoned (a peer that read this rank's signature
 may be inside the data call), so the job ends with MPI_Abort at exit instead of hanging in
 MPI_Finalize.
 """
@@ -44,6 +45,7 @@ from typing import Any
 from commlayer import health
 from commlayer.work import WaitLimit
 
+from ._bounded_waits import raising_wait
 from ._runtime import abandon
 
 __all__ = ["SharedSignatures", "open_shared_signatures"]
@@ -162,16 +164,17 @@ def _wait(
         if slots[at] >> shift == sequence:
             return
     started = _monotonic()
-    while slots[at] >> shift != sequence:
-        waited = _monotonic() - started
-        if waited > _SLEEP_AFTER_S:
-            if waited > deadline_s or health.current() is not None:
-                error = limit.expired(op)
-                abandon(f"{type(error).__name__}: {error}", lambda: True)
-                raise error
-            time.sleep(_SLEEP_S)
-        else:
-            _yield()
+    with raising_wait():  # no MPI call is in progress: the error can reach the caller
+        while slots[at] >> shift != sequence:
+            waited = _monotonic() - started
+            if waited > _SLEEP_AFTER_S:
+                if waited > deadline_s or health.current() is not None:
+                    error = limit.expired(op)
+                    abandon(f"{type(error).__name__}: {error}", lambda: True)
+                    raise error
+                time.sleep(_SLEEP_S)
+            else:
+                _yield()
 
 
 def open_shared_signatures(comm: Any, mpi: Any) -> SharedSignatures | None:

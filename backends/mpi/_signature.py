@@ -47,9 +47,9 @@ _SPECULATED = (
     "published theirs: its input is untouched, its output undefined (COMMLAYER_DEBUG=detail checks "
     "before any rank enters; COMMLAYER_MPI_VERIFY=0 turns the check off)."
 )
-# Ordered mode's shared-memory wait gives up later than the group's timeout: its watchdog ends the
-# job at 1-1.1 times the timeout first, as it does for a blocking call (this bounds a worker's wait).
-_ORDERED_DEADLINE_SHARE = 1.5
+# Ordered mode's shared-memory wait raises at the group's timeout: the watchdog, which ends the job
+# for a call stuck inside MPI, leaves a thread in this wait to raise its catchable error.
+_ORDERED_DEADLINE_SHARE = 1.0
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .. import settings
@@ -13,7 +14,8 @@ from ..netif import route_interface
 from .commands import JobPlan
 from .environment import exported_environment, find_env_file
 from .hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
-from .multinode import run_across_hosts
+from .multinode import HostsRun, run_across_hosts
+from .restarts import Attempt, restart_line, run_with_restarts
 from .supervise import SuperviseOptions
 
 __all__ = ["job_plan", "run_hosts"]
@@ -29,9 +31,8 @@ def run_hosts(args: argparse.Namespace, program: tuple[str, ...]) -> int:
     except (HostfileError, ValueError) as problem:
         print(problem, file=sys.stderr)
         return 2
-    options = SuperviseOptions(timeout=args.timeout, log_dir=args.log_dir)
     try:
-        outcome = run_across_hosts(plan, args.launcher or "ssh", options, os.environ)
+        outcome = _run_with_restarts(plan, args)
     except ValueError as problem:
         print(problem, file=sys.stderr)
         return 2
@@ -44,6 +45,21 @@ def run_hosts(args: argparse.Namespace, program: tuple[str, ...]) -> int:
     if outcome.summary is not None:
         print(outcome.summary, file=sys.stderr, flush=True)
     return outcome.exit_code
+
+
+def _run_with_restarts(plan: JobPlan, args: argparse.Namespace) -> HostsRun:
+    """Every host's ranks, all started again after a rank failure up to ``--max-restarts`` times."""
+
+    def start(attempt: Attempt) -> HostsRun:
+        exported = {**plan.exported, **attempt.environment()}
+        options = SuperviseOptions(timeout=attempt.timeout, log_dir=attempt.log_dir(args.log_dir))
+        return run_across_hosts(replace(plan, exported=exported), args.launcher or "ssh", options, os.environ)
+
+    def report(outcome: HostsRun, attempt: Attempt) -> None:
+        print(outcome.summary, file=sys.stderr, flush=True)
+        print(restart_line(outcome.result, attempt), file=sys.stderr, flush=True)
+
+    return run_with_restarts(start, lambda outcome: outcome.result, args.max_restarts, args.timeout, report)
 
 
 def job_plan(args: argparse.Namespace, program: tuple[str, ...]) -> JobPlan:

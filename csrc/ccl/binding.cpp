@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -86,6 +88,25 @@ struct ThreadedOp {
     std::atomic<bool> done{false};
     std::exception_ptr error;
 };
+
+// Threads still inside a oneCCL call that blocks (a barrier whose peer never came): oneCCL's
+// static teardown at process exit crashes under such a thread (SIGSEGV after the script ended,
+// whatever its exit status), so a process that has one leaves through _Exit with its status.
+std::atomic<int> g_threads_in_ccl{0};
+
+void exit_before_ccl_teardown(int status, void*) {
+    if (g_threads_in_ccl.load() > 0) {
+        std::fflush(nullptr);
+        std::_Exit(status);
+    }
+}
+
+// Registered once oneCCL is initialised, so it runs before the teardown it skips (exit handlers
+// run in reverse order of registration); on_exit, unlike atexit, is told the exit status.
+void skip_ccl_teardown_while_threads_block() {
+    static const bool registered = on_exit(exit_before_ccl_teardown, nullptr) == 0;
+    (void)registered;
+}
 
 // An in-flight oneCCL operation. test() and wait_for() may be called from several
 // threads (Work.get_future waits on a helper thread), so each poll of the oneCCL
@@ -285,6 +306,8 @@ public:
     std::unique_ptr<Event> barrier() {
         auto state = std::make_shared<ThreadedOp>();
         std::shared_ptr<ccl::communicator> comm = comm_;  // outlives this object if need be
+        skip_ccl_teardown_while_threads_block();
+        ++g_threads_in_ccl;
         std::thread([state, comm] {
             try {
                 ccl::barrier(*comm).wait();
@@ -292,6 +315,7 @@ public:
                 state->error = std::current_exception();
             }
             state->done = true;
+            --g_threads_in_ccl;
         }).detach();
         return std::make_unique<Event>(state, abandoned_);
     }

@@ -1,7 +1,8 @@
 """A rank that skips a collective: do the others name it?
 
 ``python -m tests.reliability.skip_ranks BACKEND [OP]`` forks a fresh 3-rank world (3 s group
-timeout). After four exactly checked all_reduces rank 2 skips OP (all_reduce or barrier) and
+timeout); ``mpirun -n 3 python -m tests.reliability.skip_ranks mpi OP OUT_DIR`` is one rank of an
+mpi world, writing its record to OUT_DIR. After four exactly checked all_reduces rank 2 skips OP (all_reduce or barrier) and
 waits; ranks 0 and 1 time out in it and record their error; every rank stays until both have. One JSON line per waiting rank
 on stdout.
 """
@@ -29,7 +30,13 @@ SKIPPER = 2
 def run_rank(backend: str, op: str, rank: int, port: int, out: Path) -> dict[str, Any] | None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
     os.environ.update(WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE))
+    _skip_in_world(backend, op, out)
+    return None
+
+
+def _skip_in_world(backend: str, op: str, out: Path) -> None:
     dist.init_process_group(backend, timeout=timedelta(seconds=3))
+    rank = dist.get_rank()
     for step in range(4):
         tensor = torch.full((4,), float(rank + step))
         dist.all_reduce(tensor)
@@ -51,7 +58,6 @@ def run_rank(backend: str, op: str, rank: int, port: int, out: Path) -> dict[str
     while not all((out / f"rank{peer}.json").exists() for peer in range(SKIPPER)):
         assert time.monotonic() < deadline, "the other ranks never recorded their outcome"
         time.sleep(0.05)
-    return None
 
 
 def _rank(backend: str, op: str, port: int, rank: int, out: Path) -> None:
@@ -63,5 +69,16 @@ def main(backend: str, op: str) -> None:
     run_forked(WORLD_SIZE, functools.partial(_rank, backend, op, free_port()))
 
 
+def under_mpirun(op: str, out: Path) -> None:
+    """One rank of a world mpirun started: the records go to ``out``, read by the test itself.
+
+    A survivor then ends the job with MPI_Abort at exit (its abandoned op keeps MPI_Finalize from
+    returning), so only the records show that it caught its error first."""
+    _skip_in_world("mpi", op, out)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "all_reduce")
+    if sys.argv[1] == "mpi":
+        under_mpirun(sys.argv[2], Path(sys.argv[3]))
+    else:
+        main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "all_reduce")

@@ -134,20 +134,28 @@ def test_ccl_mismatch_without_debug_mode_is_caught_before_the_collective(kind: s
 
 
 @MPI
-@pytest.mark.parametrize(
-    ("kind", "op"), [("skip", "all_reduce"), ("skip_speculated", "reduce_scatter_tensor")]
-)
-def test_mpi_skipped_blocking_collective_ends_the_job_at_the_timeout(
-    tmp_path: Path, kind: str, op: str
-) -> None:
-    """Ordered mode: the synchronous op is MPI's blocking call; the watchdog reports it (op,
-    group, rank) and ends the job with MPI_Abort, as MPI cannot cancel it. reduce_scatter_tensor
-    enters MPI before the missing peer's signature (the check's speculation) and ends alike."""
+def test_mpi_skipped_blocking_collective_raises_a_catchable_timeout(tmp_path: Path) -> None:
+    """Ordered mode: the survivor waits for the skipping peer in the mismatch check's exchange,
+    outside MPI, so it raises CommTimeoutError at the group's timeout (the watchdog stands aside);
+    the op stays abandoned, so at exit the job ends with MPI_Abort instead of MPI_Finalize."""
     require_mpirun()
-    outcome = run_fault_world("mpi", kind, tmp_path, launcher_kills=True)
+    outcome = run_fault_world("mpi", "skip", tmp_path, launcher_kills=True)
+    assert_timeout_names(outcome, ("all_reduce", "'world'", "rank 0"))
+    assert "rank 1 did not call all_reduce" in outcome.survivor()["message"], outcome.survivor()
+    assert "MPI cannot cancel a started blocking call" not in outcome.output, outcome.output
+    assert "instead of MPI_Finalize" in outcome.output, outcome.output
+
+
+@MPI
+def test_mpi_skipped_collective_entered_speculatively_ends_the_job_at_the_timeout(tmp_path: Path) -> None:
+    """reduce_scatter_tensor enters MPI before the missing peer's signature (the check's
+    speculation): a thread inside MPI cannot be handed an error, so the watchdog reports it (op,
+    group, rank) and ends the job with MPI_Abort, as MPI cannot cancel the call."""
+    require_mpirun()
+    outcome = run_fault_world("mpi", "skip_speculated", tmp_path, launcher_kills=True)
     assert outcome.exit_codes[0] != 0, outcome.output
     for words in (
-        f"CommTimeoutError: {op}",
+        "CommTimeoutError: reduce_scatter_tensor",
         "(rank 0) on group 'world'",
         "ending the job with MPI_Abort",
     ):

@@ -2,7 +2,7 @@
 one of the rank the launcher killed: the aborting rank removes those of every rank of its host.
 
 The world is tests/test_faults.py's (two ranks under mpirun, the last one skipping a blocking
-all_reduce); that harness removes the killed rank's regions itself, so here that removal only
+reduce_scatter_tensor that its peer entered speculatively, so the watchdog aborts); that harness removes the killed rank's regions itself, so here that removal only
 records what it would have removed, which must be nothing.
 """
 
@@ -28,7 +28,7 @@ def test_an_aborted_intel_mpi_job_leaves_no_region(monkeypatch: pytest.MonkeyPat
         left.extend(entry.name for entry in Path("/dev/shm").iterdir() if entry.name.split(":")[0] in wanted)
 
     monkeypatch.setattr(test_faults, "release_regions_of", record_leftovers)
-    outcome = test_faults.run_fault_world("mpi", "skip", tmp_path, launcher_kills=True)
+    outcome = test_faults.run_fault_world("mpi", "skip_speculated", tmp_path, launcher_kills=True)
     assert "ending the job with MPI_Abort" in outcome.output, outcome.output
     assert outcome.fault is not None, outcome.output
     assert left == [], f"regions of the killed rank left behind: {left}"
