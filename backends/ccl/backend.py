@@ -24,6 +24,7 @@ from commlayer.backend import Backend
 from commlayer.errors import CommError
 from commlayer.fabric_regions import release_regions_of
 from commlayer.flight_recorder import Recording
+from commlayer.one_sided import BackendWindow, WindowSpec
 from commlayer.rendezvous import discover
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.work import WaitLimit, Work
@@ -36,6 +37,7 @@ from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
 from ._plans import LaunchContext, fused_launcher
+from ._window import ChannelWindow, payload_spec
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
@@ -176,6 +178,12 @@ class CclBackend(Backend):
         pointer, count = buffer(tensor)
         event = self._live().communicator.recv(pointer, count, self._dtype(tensor), src, tag)
         return self._work(event, "recv", [tensor])
+
+    def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
+        # oneCCL ignores tags, so each window's payloads get a communicator of their own.
+        channel = self.new_group(payload_spec(self.spec, spec))
+        assert channel is not None  # every member of a window's group is a member of its channel
+        return ChannelWindow(channel, self.spec.store, tensor, spec)
 
     # --- native versions of the generic fallbacks -----------------------------------------
 

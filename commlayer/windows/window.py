@@ -169,14 +169,38 @@ class Window:
         The Work completes once ``tensor`` may be reused; the data is visible at ``dst`` after its
         ``wait_signal`` for a later :meth:`signal`, or after :meth:`fence`.
         """
-        check_tensor("put", "tensor", tensor, self._dtype, self._device, self._rank)
-        peer = check_peer("put", "dst", dst, self._group_ranks, self._rank)
-        check_span("put", offset, tensor.numel(), self._sizes[peer], dst, self._rank)
-        work = self._native.put(tensor.contiguous(), peer, offset, async_op=async_op)
+        peer = self._plain_target(tensor, dst, offset)
+        if peer is None:  # anything unusual takes the checks that explain what is wrong
+            check_tensor("put", "tensor", tensor, self._dtype, self._device, self._rank)
+            peer = check_peer("put", "dst", dst, self._group_ranks, self._rank)
+            check_span("put", offset, tensor.numel(), self._sizes[peer], dst, self._rank)
+            tensor = tensor.contiguous()
+        work = self._native.put(tensor, peer, offset, async_op=async_op)
         return work if async_op else None
+
+    def _plain_target(self, tensor: torch.Tensor, rank: object, offset: object) -> int | None:
+        """The group rank of ``rank`` when every argument is plainly valid (a contiguous tensor of
+        the window's dtype and device, an int offset whose span fits), else None: the hot path's
+        checks, a few attribute reads."""
+        peer = self._group_ranks.get(rank) if type(rank) is int else None
+        if (
+            peer is None
+            or type(offset) is not int
+            or not isinstance(tensor, torch.Tensor)
+            or tensor.dtype is not self._dtype
+            or not tensor.is_contiguous()
+            or tensor.device != self._device
+            or not 0 <= offset <= self._sizes[peer] - tensor.numel()
+        ):
+            return None
+        return peer
 
     def get(self, tensor: torch.Tensor, src: int, offset: int = 0, *, async_op: bool = False) -> Work | None:
         """Read ``tensor.numel()`` elements of global rank ``src``'s window at ``offset`` into ``tensor``."""
+        peer = self._plain_target(tensor, src, offset)
+        if peer is not None:
+            work = self._native.get(tensor, peer, offset, async_op=async_op)
+            return work if async_op else None
         check_tensor("get", "tensor", tensor, self._dtype, self._device, self._rank)
         peer = check_peer("get", "src", src, self._group_ranks, self._rank)
         check_span("get", offset, tensor.numel(), self._sizes[peer], src, self._rank)

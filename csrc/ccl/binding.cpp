@@ -351,7 +351,8 @@ private:
     }
 
     static ccl::pt2pt_attr pt2pt_attr(int tag) {
-        // group_id is oneCCL's matching tag for point-to-point messages.
+        // oneCCL carries group_id but does not match on it: messages between two ranks match in
+        // the order both posted them (strict order, see backends/ccl/_environment.py).
         return ccl::create_operation_attr<ccl::pt2pt_attr>(
             ccl::attr_val<ccl::pt2pt_attr_id::group_id>(tag));
     }

@@ -1,6 +1,6 @@
 """One-sided windows (``commlayer.window``): argument checks and the emulation's wire format,
 the wiring of the backends' windows, and real worlds on shm, gloo, mpi (both MPIs) and ccl that
-run the conformance kit's window checks and an exactly checked stress run of 2,000 random ops.
+run the conformance kit's window checks and exactly checked stress runs of 2,000 random ops.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import torch
 
 import commlayer
 from commlayer.backend import Backend
+from commlayer.backends.ccl._window import payload_spec
 from commlayer.errors import InvalidArgumentError, InvalidTypeError
-from commlayer.one_sided import TwoSidedWindow
+from commlayer.one_sided import TwoSidedWindow, WindowSpec
 from commlayer.one_sided.messages import Header, Kind, channel, decode, encode, tag
 from commlayer.registry import get_backend_class, list_backends
 from commlayer.testing import mpirun_unavailable_reason, run_world
+from commlayer.types import GroupSpec
 from commlayer.windows.validate import check_dtypes_agree, check_peer, check_span, check_tensor
 
 # --- pure logic --------------------------------------------------------------------------------
@@ -87,22 +89,29 @@ def test_window_is_exported_lazily_and_native_backends_override_the_default() ->
     assert get_backend_class("shm").window is not Backend.window
     assert get_backend_class("mpi").window is not Backend.window
     assert get_backend_class("gloo").window is Backend.window  # the two-sided emulation
+    assert get_backend_class("ccl").window is not Backend.window  # the emulation on its own channel
+
+
+def test_a_ccl_windows_payloads_travel_on_a_communicator_named_after_the_window() -> None:
+    group = GroupSpec("group2", (1, 3), 3, store=None)
+    window = WindowSpec("group2/window4", 4, 1, (8, 8), 30.0, 3, (1, 3))
+    channel = payload_spec(group, window)
+    assert (channel.ranks, channel.global_rank, channel.group_rank) == ((1, 3), 3, 1)
+    assert channel.name == "group2/window4/payloads" != group.name
     assert issubclass(TwoSidedWindow, commlayer.one_sided.BackendWindow)
 
 
 # --- real worlds -------------------------------------------------------------------------------
 
 
-@pytest.mark.multirank
-@pytest.mark.parametrize(("backend", "world_size"), [("shm", 3), ("gloo", 3), ("shm", 4), ("gloo", 2)])
-def test_window_conformance(backend: str, world_size: int) -> None:
-    run_world("tests.backends.windows_ranks:conformance", world_size, backend=backend, timeout=240)
+# One world of 4 per backend runs the kit's window checks on windows of 4, 3 and 2 ranks and the
+# stress run on 4 and 2 (tests/backends/windows_ranks.py).
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("backend", ["shm", "gloo"])
-def test_window_stress_is_exact(backend: str) -> None:
-    run_world("tests.backends.windows_ranks:stress", 3, backend=backend, timeout=240)
+def test_windows_conform_and_stress_exactly(backend: str) -> None:
+    run_world("tests.backends.windows_ranks:all_checks", 4, backend=backend, timeout=300)
 
 
 @pytest.mark.multirank
@@ -114,7 +123,7 @@ def test_windows_on_mpi_rma(pair: str) -> None:
     if reason is not None:
         pytest.skip(f"{pair} mpirun unavailable: {reason}")
     run_world(
-        "tests.backends.windows_ranks:all_checks", 3, backend="mpi", launcher="mpirun", timeout=300, env=env
+        "tests.backends.windows_ranks:all_checks", 4, backend="mpi", launcher="mpirun", timeout=300, env=env
     )
 
 
@@ -124,6 +133,4 @@ def test_windows_on_ccl_two_sided() -> None:
     info = next((info for info in list_backends() if info.name == "ccl"), None)
     if info is None or not info.availability:
         pytest.skip("ccl unavailable")
-    # The conformance checks only: under the stress run's many small messages oneCCL's receive
-    # fails ("RECV entry failed"), an open problem of the emulation over oneCCL.
-    run_world("tests.backends.windows_ranks:conformance", 3, backend="ccl", timeout=300)
+    run_world("tests.backends.windows_ranks:all_checks", 4, backend="ccl", timeout=300)

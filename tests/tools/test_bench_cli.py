@@ -221,3 +221,23 @@ def _check_png(path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pixels = image.imread(path)
     assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+
+
+@pytest.mark.multirank
+@pytest.mark.mpi
+def test_window_put_get_on_shm_and_mpi_against_raw_mpi_rma(tmp_path: Path) -> None:
+    """One run times put and get on shm's and mpi's windows and on a raw mpi4py RMA window."""
+    require_mpirun()
+    target = tmp_path / "records.json"
+    run_world(
+        "tests.tools.bench_cli_ranks:run",
+        2,
+        backend=None,
+        launcher="mpirun",
+        timeout=180,
+        args=[str(target), "--backends", "shm,mpi,mpi4py", "--ops", "put,get", "-b", "8", "-e", "4K"]
+        + ["-f", "8", "--iters", "2", "--warmup", "1", "--check"],
+    )
+    rows = json.loads(target.read_text())["records"]
+    for backend in ("shm", "mpi", "mpi4py"):
+        _check_records(rows, backend, ["put", "get"], 2)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 import commlayer
+from commlayer import dist
 from commlayer.errors import CommTimeoutError, InvalidArgumentError, InvalidTypeError, UnsupportedError
 
 from ._case import Case
@@ -44,6 +45,7 @@ def check_windows(case: Case) -> None:
         case.attempt(
             "window put/signal/get", lambda dtype=dtype: _put_signal_get(case, dtype), dtype, declared=True
         )
+    case.attempt("window beside send/recv", lambda: _beside_send_recv(case), declared=True)
     case.attempt("window errors", lambda: _errors(case), declared=True)
 
 
@@ -74,6 +76,34 @@ def _put_signal_get(case: Case, dtype: torch.dtype) -> None:
         _finish(win.get(strided, target, j * _BLOCK, async_op=case.async_op), case.async_op)
         _assert_block(strided, block_values(writer, target, dtype), f"get from {target}")
     _check_map(win, case, dtype)
+    win.free()
+
+
+def _beside_send_recv(case: Case) -> None:
+    """A window's traffic and the group's own send/recv between the same ranks never meet."""
+    n = len(case.members)
+    win = commlayer.window(torch.zeros(n * _BLOCK, dtype=torch.int64, device=case.device), group=case.group)
+    if not case.is_member or n < 2:
+        if win is not None:
+            win.free()
+        return
+    me = case.group_rank
+    after, before = case.members[(me + 1) % n], case.members[(me - 1) % n]
+    win.put(block_values(case.me, after, torch.int64).to(case.device), after, me * _BLOCK)
+    message = (torch.arange(3 * _BLOCK) + 1000 * case.me).to(case.device)  # another size than the put
+    sending = dist.isend(message, after, group=case.group, tag=7)
+    win.signal(after)
+    received = torch.zeros_like(message)
+    dist.recv(received, before, group=case.group, tag=7)
+    sending.wait()
+    win.wait_signal(before)
+    _assert_block(received, torch.arange(3 * _BLOCK) + 1000 * before, "beside send/recv: the message")
+    block = case.members.index(before) * _BLOCK
+    _assert_block(
+        win.tensor[block : block + _BLOCK],
+        block_values(before, case.me, torch.int64),
+        "beside send/recv: put",
+    )
     win.free()
 
 
