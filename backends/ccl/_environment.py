@@ -18,11 +18,6 @@ What is chosen, and why (oneccl-cpu 2021.14 wheels, checked on this project's CI
   the ranks themselves. Measured on the 2-core CI machine, 2 ranks: an 8-byte allreduce took
   ~4-15 ms with the worker and ~10 us without; 8 MiB ~15 ms against ~3 ms. Without the worker an
   op progresses while its Work is waited for or tested, instead of in the background.
-- ``CCL_STRICT_ORDER=1``: oneCCL matches point-to-point messages by communicator and peer alone
-  (the tag, ``group_id``, is not part of the match) and, by default, may start operations posted
-  together in another order than they were posted, so a receive could take a later message of
-  another size ("RECV entry failed"). Strict order starts them in posting order, which makes the
-  messages between two ranks match in the order both posted them.
 - ``CCL_LOG_LEVEL=error``: every rank otherwise prints a warning for each variable set here.
 """
 
@@ -62,7 +57,6 @@ def oneccl_defaults(
     wanted = {
         "CCL_ATL_TRANSPORT": "ofi",
         "FI_PROVIDER": "tcp",
-        "CCL_STRICT_ORDER": "1",
         "CCL_LOG_LEVEL": "error",
     }
     wanted.update(_timeouts(timeout))

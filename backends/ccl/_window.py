@@ -1,9 +1,11 @@
-"""The ccl backend's windows: the two-sided emulation over a communicator of each window's own.
+"""The ccl backend's windows: the two-sided emulation with its payloads on a gloo channel.
 
-oneCCL matches point-to-point messages by communicator and peer, never by tag, so on the group's
-communicator a window's payloads could be taken by one of the group's own receives or by another
-window's. Each window therefore builds a communicator over the same ranks that carries its payloads
-alone, and releases it when the window is freed.
+oneCCL matches point-to-point messages by communicator and peer, never by tag, and may start
+operations posted together in another order than they were posted, so a window's payloads sent
+over oneCCL could be taken by the wrong receive (oneCCL's strict-order mode, which would prevent
+that, deadlocks ordinary collectives posted asynchronously). Each window therefore carries its
+payloads on a gloo communicator of its own over the same ranks, whose messages match by tag, and
+releases it when the window is freed; the headers go through the store as on every backend.
 """
 
 from __future__ import annotations
@@ -11,18 +13,28 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import torch.distributed as torch_dist
 
 from commlayer.backend import Backend
 from commlayer.one_sided import TwoSidedWindow, WindowSpec
 from commlayer.one_sided.two_sided import HeaderStore
 from commlayer.types import GroupSpec
 
-__all__ = ["ChannelWindow", "payload_spec"]
+from ..gloo import GlooBackend
+
+__all__ = ["ChannelWindow", "payload_channel", "payload_spec"]
 
 
 def payload_spec(group: GroupSpec, window: WindowSpec) -> GroupSpec:
     """The spec of the communicator carrying ``window``'s payloads: ``group``'s ranks, its own name."""
     return replace(group, name=f"{window.key}/payloads")
+
+
+def payload_channel(group: GroupSpec, window: WindowSpec) -> GlooBackend:
+    """A gloo communicator over ``group``'s ranks for ``window``'s payloads (collective)."""
+    spec = payload_spec(group, window)
+    store = torch_dist.PrefixStore(f"{spec.name}/", spec.store)
+    return GlooBackend(spec, torch_dist.ProcessGroupGloo(store, spec.group_rank, spec.size, spec.timeout))
 
 
 class ChannelWindow(TwoSidedWindow):

@@ -37,7 +37,7 @@ from ._environment import HostLayout, apply_defaults, usable_cpus
 from ._locate import find_oneccl
 from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
 from ._plans import LaunchContext, fused_launcher
-from ._window import ChannelWindow, payload_spec
+from ._window import ChannelWindow, payload_channel
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
 
@@ -180,10 +180,8 @@ class CclBackend(Backend):
         return self._work(event, "recv", [tensor])
 
     def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
-        # oneCCL ignores tags, so each window's payloads get a communicator of their own.
-        channel = self.new_group(payload_spec(self.spec, spec))
-        assert channel is not None  # every member of a window's group is a member of its channel
-        return ChannelWindow(channel, self.spec.store, tensor, spec)
+        # oneCCL ignores tags, so each window's payloads go over a gloo channel of their own.
+        return ChannelWindow(payload_channel(self.spec, spec), self.spec.store, tensor, spec)
 
     # --- native versions of the generic fallbacks -----------------------------------------
 

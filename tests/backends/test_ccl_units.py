@@ -84,7 +84,6 @@ def test_defaults_cover_transport_provider_paths_and_timeouts(tmp_path: Path) ->
     assert added == {
         "CCL_ATL_TRANSPORT": "ofi",
         "FI_PROVIDER": "tcp",
-        "CCL_STRICT_ORDER": "1",
         "CCL_LOG_LEVEL": "error",
         "CCL_KVS_CONNECTION_TIMEOUT": "2",
         "CCL_KVS_GET_TIMEOUT": "2",
