@@ -11,7 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 
+from commlayer.backend import StandaloneOptions
 from commlayer.flight_recorder import Recording
 from commlayer.types import Capabilities, GroupSpec, ReduceOp
 from commlayer.work import Work
@@ -28,15 +30,23 @@ class GlooBackend(TorchBackend):
     name = "gloo"
     torch_backend = "gloo"
     capabilities = Capabilities(devices=frozenset({"cpu"}), recv_any_source=True)
+    builds_standalone = True
 
-    def __init__(self, spec: GroupSpec, process_group: Any) -> None:
+    def __init__(self, spec: GroupSpec, process_group: Any, mismatch_checks: bool = True) -> None:
         super().__init__(spec, process_group)
-        checked = spec.size > 1 and verify_enabled(VERIFY_ENV)
+        checked = mismatch_checks and spec.size > 1 and verify_enabled(VERIFY_ENV)
         self._signer = (
             Signer(process_group, spec.name, spec.global_rank, spec.group_rank, CHECKED_BY)
             if checked
             else None
         )
+
+    @classmethod
+    def create_standalone(cls, spec: GroupSpec, options: StandaloneOptions) -> GlooBackend:
+        """A gloo ProcessGroup of the members alone, rendezvousing under ``spec.name``."""
+        store = torch_dist.PrefixStore(f"{spec.name}/gloo", spec.store)
+        process_group = torch_dist.ProcessGroupGloo(store, spec.group_rank, spec.size, spec.timeout)
+        return cls(spec, process_group, options.mismatch_checks)
 
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording

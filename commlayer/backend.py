@@ -19,6 +19,9 @@ The rules, all of them:
 - anything not declared in ``capabilities`` is rejected by the facade with UnsupportedError;
 - ``shrink`` (``dist.shrink_group``) runs on the survivors alone and never waits for an excluded
   rank; it ends within the new group's timeout.
+- ``create_standalone`` builds a communicator from its members and the store alone, again and
+  again in one process, independent of any other communicator; a backend that implements it sets
+  ``builds_standalone``, one that does not leaves the default, which raises UnsupportedError.
 - a backend whose library records torch.profiler events itself sets ``records_profiler_events``
   (the facade records one event per call for the others, see :mod:`commlayer.profiling`).
 - ``window`` returns a one-sided window following :mod:`commlayer.one_sided.contract`; the
@@ -53,7 +56,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -67,7 +70,7 @@ from .rendezvous import RendezvousInfo
 from .types import Availability, Capabilities, GroupSpec, ReduceOp
 from .work import Work
 
-__all__ = ["C_LAUNCHER_ENV", "Backend", "c_launchers_enabled"]
+__all__ = ["C_LAUNCHER_ENV", "Backend", "StandaloneOptions", "c_launchers_enabled"]
 
 #: ``0`` keeps every backend's launchers in Python: the reference that a C launcher (a
 #: ``recorded_plan`` built in C, the comms logger's timer) must behave exactly like.
@@ -77,6 +80,20 @@ C_LAUNCHER_ENV = settings.C_LAUNCHER.name
 def c_launchers_enabled() -> bool:
     """Whether new plans may use C launchers (built ones): ``$COMMLAYER_C_LAUNCHER`` is not ``0``."""
     return bool(settings.C_LAUNCHER.value())
+
+
+@dataclass(frozen=True)
+class StandaloneOptions:
+    """How :meth:`Backend.create_standalone` builds its communicator.
+
+    Args:
+        mismatch_checks: whether the backend checks every op's signature across the group before
+            issuing it (where it has such a check and its setting leaves it on). A caller whose
+            members issue the same ops by construction, and which waits for each op itself (the
+            check blocks the calling thread), turns it off.
+    """
+
+    mismatch_checks: bool = True
 
 
 class Backend(GenericCollectives, ABC):
@@ -103,6 +120,8 @@ class Backend(GenericCollectives, ABC):
     #: Whether the library records its own torch.profiler events (torch's ProcessGroups do); if
     #: not, the facade records one per call, named as torch names it, while a profiler runs.
     records_profiler_events: ClassVar[bool] = False
+    #: Whether :meth:`create_standalone` is implemented (callers check it before communicating).
+    builds_standalone: ClassVar[bool] = False
 
     def __init__(self, spec: GroupSpec) -> None:
         self.spec = spec
@@ -128,6 +147,32 @@ class Backend(GenericCollectives, ABC):
     @abstractmethod
     def create_world(cls, spec: GroupSpec) -> Backend:
         """Build the communicator of every rank; called collectively by all ranks."""
+
+    @classmethod
+    def create_standalone(cls, spec: GroupSpec, options: StandaloneOptions) -> Backend:
+        """Build a communicator over ``spec.ranks`` that is a world of its own; called by its
+        members alone.
+
+        Unlike :meth:`create_world` it touches no process-wide state (torch's default process
+        group, a library's global world), so a process may build any number of them, over any
+        members, one after another, while others exist or after a member of an earlier one died.
+        Every member passes the same ``spec.name`` and ``spec.store``; the backend keeps its keys
+        under ``spec.name`` and must not wait for anyone but the members. Store reads end at the
+        store's timeout, ops at ``spec.timeout``. Such a communicator is used directly, never
+        registered with the facade: its ``new_group`` and ``shrink`` need not work.
+
+        The default raises UnsupportedError; a backend that implements it sets
+        ``builds_standalone``.
+
+        Args:
+            spec: the members (this process is group rank ``spec.group_rank`` of the new
+                communicator), the store, the timeout and the backend's own options.
+            options: see :class:`StandaloneOptions`.
+        """
+        raise UnsupportedError(
+            f"create_standalone: backend '{cls.name}' cannot build standalone communicators "
+            f"(rank {spec.global_rank})"
+        )
 
     @abstractmethod
     def new_group(self, spec: GroupSpec) -> Backend | None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from commlayer import health
-from commlayer.backend import Backend
+from commlayer.backend import Backend, StandaloneOptions
 from commlayer.flight_recorder import COMPLETED, STARTED, Recording, prefill
 from commlayer.one_sided import BackendWindow, WindowSpec
 from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
@@ -51,6 +51,7 @@ class ShmBackend(Backend):
         devices=frozenset({"cpu"}), dtypes=ALL_DTYPES, recv_any_source=True, native_avg=True
     )
     install_hint = INSTALL_HINT
+    builds_standalone = True
 
     def __init__(
         self, spec: GroupSpec, companion: GlooBackend, comm: Any, options: ShmOptions, hosts: HostMap
@@ -81,6 +82,16 @@ class ShmBackend(Backend):
         options = ShmOptions.resolve(spec.options, spec.global_rank)
         companion = GlooBackend.create_world(replace(spec, options=None))
         return _build(spec, companion, options)
+
+    @classmethod
+    def create_standalone(cls, spec: GroupSpec, options: StandaloneOptions) -> Backend:
+        """A fresh segment over the members, with a standalone gloo companion (for p2p).
+
+        shm checks no op's signature itself; ``options`` reaches the companion.
+        """
+        shm_options = ShmOptions.resolve(spec.options, spec.global_rank)
+        companion = GlooBackend.create_standalone(replace(spec, options=None), options)
+        return _build(spec, companion, shm_options)
 
     def new_group(self, spec: GroupSpec) -> Backend | None:
         companion = self._companion.new_group(replace(spec, options=None))  # torch: every world rank

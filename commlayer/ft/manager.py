@@ -25,7 +25,7 @@ import torch
 from .. import health
 from ..backend import Backend
 from ..work import Work
-from .communicators import Generation, build_generation
+from .communicators import Generation, build_generation, standalone_backend
 from .errors import JobFinishedError, NoHealthyReplicaError, StepAbortedError
 from .liveness import Heartbeat, Liveness
 from .options import FaultToleranceOptions
@@ -63,6 +63,11 @@ class Manager:
         member: this process's slot, ``replica * shards + shard``.
         options: see :class:`~.options.FaultToleranceOptions`.
         sharded: whether state is partitioned across a replica's ranks (ZeRO stage >= 1).
+
+    Raises:
+        BackendUnavailableError: ``options.backend`` is unknown or cannot run here.
+        UnsupportedError: ``options.backend`` cannot build standalone communicators
+            (:meth:`commlayer.backend.Backend.create_standalone`).
     """
 
     def __init__(self, store: Any, member: int, options: FaultToleranceOptions, sharded: bool) -> None:
@@ -70,6 +75,7 @@ class Manager:
             raise ValueError(
                 f"Manager: argument 'member' expected in [0, {options.members}), received {member}"
             )
+        standalone_backend(options.backend)  # before the first quorum: every generation needs it
         self.store, self.member, self.options, self.sharded = store, member, options, sharded
         self.heartbeat = Heartbeat(store, member, options)
         self.liveness = Liveness(store, options)
