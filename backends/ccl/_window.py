@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.distributed as torch_dist
 
-from commlayer.backend import Backend
+from commlayer.backend import Backend, StandaloneOptions
 from commlayer.one_sided import TwoSidedWindow, WindowSpec
 from commlayer.one_sided.two_sided import HeaderStore
 from commlayer.types import GroupSpec
@@ -32,9 +31,8 @@ def payload_spec(group: GroupSpec, window: WindowSpec) -> GroupSpec:
 
 def payload_channel(group: GroupSpec, window: WindowSpec) -> GlooBackend:
     """A gloo communicator over ``group``'s ranks for ``window``'s payloads (collective)."""
-    spec = payload_spec(group, window)
-    store = torch_dist.PrefixStore(f"{spec.name}/", spec.store)
-    return GlooBackend(spec, torch_dist.ProcessGroupGloo(store, spec.group_rank, spec.size, spec.timeout))
+    options = StandaloneOptions(mismatch_checks=False)  # it carries send/recv alone
+    return GlooBackend.create_standalone(payload_spec(group, window), options)
 
 
 class ChannelWindow(TwoSidedWindow):
