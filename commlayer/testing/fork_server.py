@@ -78,6 +78,10 @@ def _server_for(env: Mapping[str, str]) -> _Server | None:
         )
     )
     with _lock:
+        server = _servers.get(signature)
+        if server is not None and server.process.poll() is not None:
+            server.stop()  # it died (killed from outside): a fresh one serves the next world
+            del _servers[signature]
         if signature not in _servers:
             _servers[signature] = _start_server(env)
         return _servers[signature]
