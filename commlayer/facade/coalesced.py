@@ -22,8 +22,8 @@ from ..work import Work
 from . import planned_collectives as planned
 from .call_timeouts import rerun_with_timeout
 from .complex_tensors import as_real, is_complex, real_for_reduction
-from .dispatch import device_type
 from .groups import ProcessGroup, current_world, resolve_group
+from .op_calls import device_type
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 

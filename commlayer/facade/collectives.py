@@ -21,10 +21,12 @@ from ..work import Work
 from . import validate as check
 from .call_timeouts import rerun_with_timeout
 from .complex_tensors import complex_as_real
-from .dispatch import averaged, begin, contiguous, launch, wire_op
+from .dispatch import begin, launch
 from .failures import wait_translated
 from .ignored_arguments import note_ignored
+from .op_calls import averaged, wire_op
 from .planned_collectives import CopyBack
+from .staging import contiguous
 
 __all__ = [
     "all_gather",

@@ -24,20 +24,12 @@ from ..work import Work
 from . import validate as check
 from .call_timeouts import DeadlineWork, checked_timeout, with_timeout
 from .complex_tensors import as_real, is_complex
-from .dispatch import (
-    NO_PLAN,
-    OpCall,
-    begin,
-    contiguous,
-    launch,
-    native,
-    plans,
-    remember,
-    run_planned,
-    run_staged,
-)
+from .dispatch import begin, launch, remember
 from .failures import wait_translated
 from .groups import resolve_group
+from .op_calls import OpCall
+from .plan_cache import NO_PLAN, native, plans, run_planned
+from .staging import contiguous, run_staged
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
 

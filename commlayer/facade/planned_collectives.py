@@ -1,7 +1,7 @@
 """The hot collectives: validated once per kind of call, then run through a plan.
 
 Each op first looks up a plan under a key spelt out inline (what its validation depended on,
-see :mod:`.dispatch`) and runs it after the few per-call checks the key cannot hold; a miss goes
+see :mod:`.plan_cache`) and runs it after the few per-call checks the key cannot hold; a miss goes
 to the op's ``_checked_`` twin, which validates in full and builds the plan. ``src`` is a global
 rank, as in torch.
 """
@@ -19,7 +19,9 @@ from ..work import Work
 from . import validate as check
 from .call_timeouts import rerun_with_timeout
 from .complex_tensors import complex_as_real
-from .dispatch import NO_PLAN, begin, contiguous, native, plans, remember, run_planned, run_staged
+from .dispatch import begin, remember
+from .plan_cache import NO_PLAN, native, plans, run_planned
+from .staging import contiguous, run_staged
 from .uneven_collectives import all_gather_into_tensor_v
 
 __all__ = [

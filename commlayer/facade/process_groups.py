@@ -22,7 +22,6 @@ from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
 from .aborted_groups import mark_destroyed
-from .dispatch import forget_plans
 from .dumps import dump_flight_recorder
 from .extensions import run_init_hooks
 from .groups import (
@@ -37,6 +36,7 @@ from .groups import (
 from .ignored_arguments import note_ignored
 from .init_method import Rendezvous, rendezvous
 from .peer_monitor import start_monitor, stop_monitor
+from .plan_cache import forget_plans
 from .progress import install as install_progress_answers
 from .recording import new_recorder
 from .signal_handlers import install_handlers

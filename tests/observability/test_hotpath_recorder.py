@@ -119,7 +119,7 @@ def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     """Where the extension is not built, the Python lookups stand in for PlannedCollective and
     PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
     from commlayer.facade import p2p, planned_collectives
-    from commlayer.facade.dispatch import NO_PLAN, native
+    from commlayer.facade.plan_cache import NO_PLAN, native
 
     if native is None:
         pytest.skip("the C lookups are not built")
