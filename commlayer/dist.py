@@ -36,11 +36,10 @@ from .facade.object_collectives import (
     send_object_list,
 )
 from .facade.p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, recv, send
-from .facade.planned_collectives import (
+from .facade.planned_collectives import all_reduce, broadcast
+from .facade.planned_paired_collectives import (
     all_gather_into_tensor,
-    all_reduce,
     all_to_all_single,
-    broadcast,
     reduce_scatter_tensor,
 )
 from .facade.process_groups import (

@@ -25,8 +25,7 @@ from .dispatch import begin, launch
 from .failures import wait_translated
 from .ignored_arguments import note_ignored
 from .op_calls import averaged, wire_op
-from .planned_collectives import CopyBack
-from .staging import contiguous
+from .staging import CopyBack, contiguous
 
 __all__ = [
     "all_gather",

@@ -15,6 +15,7 @@ from ..errors import InvalidTypeError, invalid_argument
 from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
+from . import planned_paired_collectives as paired
 from .groups import ProcessGroup, resolve_group
 
 __all__ = [
@@ -60,7 +61,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     sizes = _all_sizes(payload, group, resolved)
     padded = _pad(payload, max(sizes))
     gathered = padded.new_empty(resolved.size() * padded.numel())
-    planned.all_gather_into_tensor(gathered, padded, group=group)
+    paired.all_gather_into_tensor(gathered, padded, group=group)
     for index, rows in enumerate(gathered.view(resolved.size(), -1)):
         object_list[index] = _unpickle(rows[: sizes[index]])
 
@@ -309,7 +310,7 @@ def _check_list(op: str, arg: str, values: Any, size: int, group: ProcessGroup) 
 def _all_sizes(payload: torch.Tensor, group: Any, resolved: ProcessGroup) -> list[int]:
     size = torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device)
     sizes = size.new_empty(resolved.size())
-    planned.all_gather_into_tensor(sizes, size, group=group)
+    paired.all_gather_into_tensor(sizes, size, group=group)
     return sizes.tolist()
 
 

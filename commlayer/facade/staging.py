@@ -15,7 +15,9 @@ import torch
 from ..work import Work
 from .plan_cache import Plan
 
-__all__ = ["contiguous", "copy_back_results", "divide_results", "run_staged"]
+__all__ = ["CopyBack", "contiguous", "copy_back_results", "divide_results", "run_staged"]
+
+CopyBack = list  # list[tuple[original, contiguous buffer]]
 
 
 def contiguous(tensor: torch.Tensor, copy_back: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -24,6 +24,7 @@ from ..work import Work, WorkList
 from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
+from . import planned_paired_collectives as paired
 from .coalesced import all_reduce_coalesced
 from .groups import ProcessGroup
 from .torch_bridge_work import BridgeWork, Completer, inline_futures
@@ -135,14 +136,14 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
-        work = planned.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
+        work = paired.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
         return self._bridged(work, [output])
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> BridgeWork:
         works = [
-            planned.all_gather_into_tensor(
+            paired.all_gather_into_tensor(
                 output, _unaliased(tensor, output), self.commlayer_group, async_op=True
             )
             for output, tensor in zip(outputs, inputs)
@@ -159,7 +160,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
-        work = planned.reduce_scatter_tensor(
+        work = paired.reduce_scatter_tensor(
             output, source, _reduce_op(opts), self.commlayer_group, async_op=True
         )
         return self._bridged(work, [output])
@@ -169,7 +170,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     ) -> BridgeWork:
         op = _reduce_op(opts)
         works = [
-            planned.reduce_scatter_tensor(
+            paired.reduce_scatter_tensor(
                 output, _unaliased(tensor, output), op, self.commlayer_group, async_op=True
             )
             for output, tensor in zip(outputs, inputs)
@@ -184,7 +185,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> BridgeWork:
-        work = planned.all_to_all_single(
+        work = paired.all_to_all_single(
             output,
             input,
             output_split_sizes or None,
