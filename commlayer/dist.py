@@ -14,6 +14,7 @@ from typing import Any
 import torch.distributed as _torch_dist
 
 from .facade import extensions
+from .facade.batch_p2p import P2POp, batch_isend_irecv
 from .facade.coalesced import all_gather_coalesced, all_reduce_coalesced
 from .facade.collectives import (
     all_gather,
@@ -27,6 +28,7 @@ from .facade.collectives import (
 from .facade.debugger import breakpoint
 from .facade.dumps import dump_flight_recorder
 from .facade.groups import GroupMember, ProcessGroup, group
+from .facade.monitored_barrier import monitored_barrier
 from .facade.object_collectives import (
     all_gather_object,
     broadcast_object_list,
@@ -35,7 +37,7 @@ from .facade.object_collectives import (
     scatter_object_list,
     send_object_list,
 )
-from .facade.p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, recv, send
+from .facade.p2p import irecv, isend, recv, send
 from .facade.planned_collectives import all_reduce, broadcast
 from .facade.planned_paired_collectives import (
     all_gather_into_tensor,
