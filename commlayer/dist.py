@@ -27,6 +27,16 @@ from .facade.collectives import (
 )
 from .facade.debugger import breakpoint
 from .facade.dumps import dump_flight_recorder
+from .facade.group_getters import (
+    get_backend,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    is_available,
+    is_initialized,
+)
 from .facade.groups import GroupMember, ProcessGroup, group
 from .facade.monitored_barrier import monitored_barrier
 from .facade.object_collectives import (
@@ -44,19 +54,7 @@ from .facade.planned_paired_collectives import (
     all_to_all_single,
     reduce_scatter_tensor,
 )
-from .facade.process_groups import (
-    destroy_process_group,
-    get_backend,
-    get_global_rank,
-    get_group_rank,
-    get_process_group_ranks,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_available,
-    is_initialized,
-    new_group,
-)
+from .facade.process_groups import destroy_process_group, init_process_group, new_group
 from .facade.shrink import shrink_group
 from .facade.subgroups import (
     get_backend_config,
