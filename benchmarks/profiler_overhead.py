@@ -37,7 +37,7 @@ from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist, hooks
-from commlayer.facade import collectives, dispatch
+from commlayer.facade import dispatch, rooted_collectives
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -100,7 +100,7 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
 
         def with_launch(chosen):
             def call() -> None:
-                collectives.launch = chosen
+                rooted_collectives.launch = chosen
                 dist.reduce(tensor, dst=0)
 
             return call
@@ -108,7 +108,7 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
         unplanned = _rotated(
             {"with": with_launch(checked), "without": with_launch(unchecked)}, iters, repeats
         )
-        collectives.launch = checked
+        rooted_collectives.launch = checked
         with_test, without_test = _branches()
         flag = _rotated({"with": with_test, "without": without_test}, iters * 20, repeats)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True):

@@ -16,15 +16,7 @@ import torch.distributed as _torch_dist
 from .facade import extensions
 from .facade.batch_p2p import P2POp, batch_isend_irecv
 from .facade.coalesced import all_gather_coalesced, all_reduce_coalesced
-from .facade.collectives import (
-    all_gather,
-    all_to_all,
-    barrier,
-    gather,
-    reduce,
-    reduce_scatter,
-    scatter,
-)
+from .facade.collectives import all_gather, all_to_all, barrier, reduce_scatter
 from .facade.debugger import breakpoint
 from .facade.dumps import dump_flight_recorder
 from .facade.group_getters import (
@@ -55,6 +47,7 @@ from .facade.planned_paired_collectives import (
     reduce_scatter_tensor,
 )
 from .facade.process_groups import destroy_process_group, init_process_group, new_group
+from .facade.rooted_collectives import gather, reduce, scatter
 from .facade.shrink import shrink_group
 from .facade.subgroups import (
     get_backend_config,

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from ..errors import InvalidTypeError, invalid_argument
-from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
 from . import planned_paired_collectives as paired
+from . import rooted_collectives as rooted
 from .groups import ProcessGroup, resolve_group
 
 __all__ = [
@@ -110,7 +110,7 @@ def gather_object(
     sizes = _all_sizes(payload, group, resolved)
     padded = _pad(payload, max(sizes))
     slots = [torch.empty_like(padded) for _ in range(resolved.size())] if is_root else None
-    coll.gather(padded, slots, dst=root, group=group)
+    rooted.gather(padded, slots, dst=root, group=group)
     if is_root:
         for index, slot in enumerate(slots or []):
             object_gather_list[index] = _unpickle(slot[: sizes[index]])  # type: ignore[index]
@@ -241,7 +241,7 @@ def scatter_object_list(
     width = int(header.item()) + 8  # 8 leading bytes carry each payload's length
     framed = [_frame(p, width) for p in payloads] if is_root else None
     received = torch.empty(width, dtype=torch.uint8, device=device)
-    coll.scatter(received, framed, src=root, group=group)
+    rooted.scatter(received, framed, src=root, group=group)
     size = int(received[:8].view(torch.int64).item())
     scatter_object_output_list[0] = _unpickle(received[8 : 8 + size])
 

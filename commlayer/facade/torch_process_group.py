@@ -25,6 +25,7 @@ from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
 from . import planned_paired_collectives as paired
+from . import rooted_collectives as rooted
 from .coalesced import all_reduce_coalesced
 from .groups import ProcessGroup
 from .torch_bridge_work import BridgeWork, Completer, inline_futures
@@ -121,7 +122,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         tensor = self._single("reduce", "tensors", tensors)
-        work = coll.reduce(
+        work = rooted.reduce(
             tensor, op=_reduce_op(opts), group=self.commlayer_group, async_op=True, group_dst=_root(opts)
         )
         return self._bridged(work, tensors)
@@ -207,7 +208,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         tensor = self._single("gather", "input_tensors", inputs)
         root = _root(opts)
         outputs = output_lists[0] if output_lists and root == self.commlayer_group.rank() else None
-        work = coll.gather(tensor, outputs, group=self.commlayer_group, async_op=True, group_dst=root)
+        work = rooted.gather(tensor, outputs, group=self.commlayer_group, async_op=True, group_dst=root)
         return self._bridged(work, outputs or [])
 
     def scatter(
@@ -216,7 +217,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         tensor = self._single("scatter", "output_tensors", outputs)
         root = _root(opts)
         inputs = input_lists[0] if input_lists and root == self.commlayer_group.rank() else None
-        work = coll.scatter(tensor, inputs, group=self.commlayer_group, async_op=True, group_src=root)
+        work = rooted.scatter(tensor, inputs, group=self.commlayer_group, async_op=True, group_src=root)
         return self._bridged(work, outputs)
 
     def barrier(self, opts: Any = None) -> BridgeWork:
