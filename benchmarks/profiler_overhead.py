@@ -48,7 +48,7 @@ from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist, hooks
-from commlayer.facade import collectives, dispatch
+from commlayer.facade import dispatch, rooted_collectives
 from commlayer.types import ReduceOp
 from commlayer.work import CompletedWork, Work
 
@@ -128,7 +128,7 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
 
         def with_launch(chosen):
             def call() -> None:
-                collectives.launch = chosen
+                rooted_collectives.launch = chosen
                 dist.reduce(tensor, dst=0)
 
             return call
@@ -139,7 +139,7 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
             )
             for test in _WITHOUT
         }
-        collectives.launch = checked
+        rooted_collectives.launch = checked
         alone = {
             test: _paired(dict(zip(("with", "without"), _branches(test))), iters * 20, repeats)
             for test in _WITHOUT

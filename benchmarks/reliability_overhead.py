@@ -31,7 +31,7 @@ from dispatch_overhead import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist
-from commlayer.facade import dispatch
+from commlayer.facade import dispatch, plan_launchers
 from commlayer.launch import LaunchConfig, SuperviseOptions, launch
 from commlayer.types import ReduceOp
 
@@ -43,7 +43,7 @@ def recorder_cost(backend: str, iters: int, repeats: int) -> tuple[float, float]
     try:
         dist.all_reduce(tensor)  # builds the plan
         ((key, plan),) = [(key, plan) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"]
-        unrecorded = dispatch._launcher(plan.call.backend, "all_reduce", (ReduceOp.SUM,), False)
+        unrecorded = plan_launchers.launcher(plan.call.backend, "all_reduce", (ReduceOp.SUM,), False)
         recorded, bare = plan, plan._replace(run=unrecorded)
 
         def with_plan(chosen):

@@ -14,19 +14,23 @@ from typing import Any
 import torch.distributed as _torch_dist
 
 from .facade import extensions
+from .facade.batch_p2p import P2POp, batch_isend_irecv
 from .facade.coalesced import all_gather_coalesced, all_reduce_coalesced
-from .facade.collectives import (
-    all_gather,
-    all_to_all,
-    barrier,
-    gather,
-    reduce,
-    reduce_scatter,
-    scatter,
-)
+from .facade.collectives import all_gather, all_to_all, barrier, reduce_scatter
 from .facade.debugger import breakpoint
 from .facade.dumps import dump_flight_recorder
+from .facade.group_getters import (
+    get_backend,
+    get_global_rank,
+    get_group_rank,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    is_available,
+    is_initialized,
+)
 from .facade.groups import GroupMember, ProcessGroup, group
+from .facade.monitored_barrier import monitored_barrier
 from .facade.object_collectives import (
     all_gather_object,
     broadcast_object_list,
@@ -35,27 +39,15 @@ from .facade.object_collectives import (
     scatter_object_list,
     send_object_list,
 )
-from .facade.p2p import P2POp, batch_isend_irecv, irecv, isend, monitored_barrier, recv, send
-from .facade.planned_collectives import (
+from .facade.p2p import irecv, isend, recv, send
+from .facade.planned_collectives import all_reduce, broadcast
+from .facade.planned_paired_collectives import (
     all_gather_into_tensor,
-    all_reduce,
     all_to_all_single,
-    broadcast,
     reduce_scatter_tensor,
 )
-from .facade.process_groups import (
-    destroy_process_group,
-    get_backend,
-    get_global_rank,
-    get_group_rank,
-    get_process_group_ranks,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_available,
-    is_initialized,
-    new_group,
-)
+from .facade.process_groups import destroy_process_group, init_process_group, new_group
+from .facade.rooted_collectives import gather, reduce, scatter
 from .facade.shrink import shrink_group
 from .facade.subgroups import (
     get_backend_config,

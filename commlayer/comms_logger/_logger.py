@@ -17,6 +17,7 @@ import torch
 
 from .. import settings
 from ..facade import dispatch
+from ..facade.observers import observed
 from ..metrics import OP_FAMILY, busbw_factor, format_size
 from ..work import Work
 from ._store import TraceEvent, _Accumulator, _Records
@@ -91,11 +92,11 @@ class CommsLogger:
         payload: int,
         fixed: tuple[Any, ...] = (),
     ) -> Callable[..., Work | None]:
-        """The per-plan hook (see ``dispatch.Observer``): a blocking op on CPU tensors
+        """The per-plan hook (see ``observers.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""
         if not self.options.wants(call.op):
             return run
-        observed_run = dispatch.observed(self, call, run, payload)
+        observed_run = observed(self, call, run, payload)
         if self.options.verbose or (call.device_type != "cpu" and _candidates(call.backend)):
             return observed_run  # an accelerator's ops are timed between device synchronisations
         label = (call.op, call.backend.name, call.group.name, call.group.size(), call.group.global_rank)

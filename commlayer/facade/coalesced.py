@@ -20,10 +20,11 @@ from ..errors import InvalidTypeError, invalid_argument
 from ..types import ReduceOp
 from ..work import Work
 from . import planned_collectives as planned
+from . import planned_paired_collectives as paired
 from .call_timeouts import rerun_with_timeout
 from .complex_tensors import as_real, is_complex, real_for_reduction
-from .dispatch import device_type
 from .groups import ProcessGroup, current_world, resolve_group
+from .op_calls import device_type
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
@@ -84,9 +85,9 @@ def all_gather_coalesced(
     gathered = packed.new_empty(resolved.size() * packed.numel())
     if profiling.active:
         with _profiled("all_gather_coalesced", resolved, inputs):
-            work = planned.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
+            work = paired.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
     else:
-        work = planned.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
+        work = paired.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
     rows = gathered.view(resolved.size(), -1)
     unpack = lambda: [_unpack(row, outputs) for row, outputs in zip(rows, output_tensor_lists)]
     return _finish(work, unpack, async_op)

@@ -7,7 +7,7 @@ import sys
 from datetime import timedelta
 
 from .collectives import barrier
-from .process_groups import get_rank
+from .group_getters import get_rank
 
 __all__ = ["breakpoint"]
 

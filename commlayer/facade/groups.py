@@ -121,7 +121,7 @@ class ProcessGroup:
         return None
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        from .p2p import monitored_barrier
+        from .monitored_barrier import monitored_barrier
 
         monitored_barrier(self, timeout, wait_all_ranks)
 

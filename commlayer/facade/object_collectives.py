@@ -12,9 +12,10 @@ from typing import Any
 import torch
 
 from ..errors import InvalidTypeError, invalid_argument
-from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
+from . import planned_paired_collectives as paired
+from . import rooted_collectives as rooted
 from .groups import ProcessGroup, resolve_group
 
 __all__ = [
@@ -60,7 +61,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     sizes = _all_sizes(payload, group, resolved)
     padded = _pad(payload, max(sizes))
     gathered = padded.new_empty(resolved.size() * padded.numel())
-    planned.all_gather_into_tensor(gathered, padded, group=group)
+    paired.all_gather_into_tensor(gathered, padded, group=group)
     for index, rows in enumerate(gathered.view(resolved.size(), -1)):
         object_list[index] = _unpickle(rows[: sizes[index]])
 
@@ -109,7 +110,7 @@ def gather_object(
     sizes = _all_sizes(payload, group, resolved)
     padded = _pad(payload, max(sizes))
     slots = [torch.empty_like(padded) for _ in range(resolved.size())] if is_root else None
-    coll.gather(padded, slots, dst=root, group=group)
+    rooted.gather(padded, slots, dst=root, group=group)
     if is_root:
         for index, slot in enumerate(slots or []):
             object_gather_list[index] = _unpickle(slot[: sizes[index]])  # type: ignore[index]
@@ -240,7 +241,7 @@ def scatter_object_list(
     width = int(header.item()) + 8  # 8 leading bytes carry each payload's length
     framed = [_frame(p, width) for p in payloads] if is_root else None
     received = torch.empty(width, dtype=torch.uint8, device=device)
-    coll.scatter(received, framed, src=root, group=group)
+    rooted.scatter(received, framed, src=root, group=group)
     size = int(received[:8].view(torch.int64).item())
     scatter_object_output_list[0] = _unpickle(received[8 : 8 + size])
 
@@ -309,7 +310,7 @@ def _check_list(op: str, arg: str, values: Any, size: int, group: ProcessGroup) 
 def _all_sizes(payload: torch.Tensor, group: Any, resolved: ProcessGroup) -> list[int]:
     size = torch.tensor([payload.numel()], dtype=torch.int64, device=payload.device)
     sizes = size.new_empty(resolved.size())
-    planned.all_gather_into_tensor(sizes, size, group=group)
+    paired.all_gather_into_tensor(sizes, size, group=group)
     return sizes.tolist()
 
 

@@ -1,48 +1,35 @@
-"""Point-to-point ops, batched p2p and monitored_barrier; peers are global ranks, as in torch."""
+"""Point-to-point ops (isend, irecv, send, recv): planned after their first call of a kind.
+
+Peers are global ranks, as in torch. Batched p2p lives in :mod:`.batch_p2p`, monitored_barrier
+in :mod:`.monitored_barrier`.
+"""
 
 from __future__ import annotations
 
 import functools
-import time
-import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import (
-    CommTimeoutError,
-    InvalidArgumentError,
-    InvalidTypeError,
-    UnsupportedError,
-    invalid_argument,
-)
-from ..fallbacks import FALLBACK_TAG, GenericCollectives, P2PRequest
+from ..errors import UnsupportedError, invalid_argument
+from ..fallbacks import P2PRequest
 from ..work import Work
 from . import validate as check
-from .call_timeouts import DeadlineWork, checked_timeout, with_timeout
+from .call_timeouts import with_timeout
 from .complex_tensors import as_real, is_complex
-from .dispatch import (
-    NO_PLAN,
-    OpCall,
-    begin,
-    contiguous,
-    launch,
-    native,
-    plans,
-    remember,
-    run_planned,
-    run_staged,
-)
+from .dispatch import begin, launch, remember
 from .failures import wait_translated
 from .groups import resolve_group
+from .op_calls import OpCall
+from .plan_cache import NO_PLAN, native, plans, run_planned
+from .staging import contiguous, run_staged
 
-__all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "monitored_barrier", "recv", "send"]
+__all__ = ["PreparedP2P", "irecv", "isend", "prepare_p2p", "recv", "send", "with_copy_back"]
 
 
-class _Prepared(NamedTuple):
+class PreparedP2P(NamedTuple):
     """A validated send or receive, ready for a backend."""
 
     call: OpCall
@@ -295,7 +282,7 @@ def _point_to_point(
         return plan.run(async_op, tensor)
     if is_complex(tensor):  # torch sends complex tensors as their real view
         return _point_to_point(kind, as_real(tensor), peer, group, tag, group_peer, async_op)
-    prepared = _prepare(kind, tensor, peer, group, tag, group_peer)
+    prepared = prepare_p2p(kind, tensor, peer, group, tag, group_peer)
     if prepared is None:
         return NOT_MEMBER
     request, call = prepared.request, prepared.call
@@ -303,77 +290,17 @@ def _point_to_point(
         work = launch(
             call, lambda b, hint: b.recv_any(request.tensor, tag, **hint), async_op=True, payload=tensor
         )
-        return _with_copy_back(work, prepared.copy_back)
+        return with_copy_back(work, prepared.copy_back)
     key = (kind, group, peer, tag, tensor.dtype, tensor.device, tensor.layout)
     plan = remember(key, group_peer is None, call, kind, request.peer, tag, dtype=tensor.dtype)
     return run_staged(plan, async_op, prepared.copy_back, request.tensor)
 
 
-@dataclass(frozen=True)
-class P2POp:
-    """One entry of :func:`batch_isend_irecv`: ``P2POp(dist.isend, tensor, peer)``."""
-
-    op: Callable[..., Any]
-    tensor: torch.Tensor
-    peer: int | None = None
-    group: Any = None
-    tag: int = 0
-    group_peer: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.op not in (isend, irecv):
-            raise InvalidArgumentError(
-                f"P2POp: argument 'op' expected commlayer.dist.isend or irecv, received {self.op!r}"
-            )
-
-
-def batch_isend_irecv(
-    p2p_op_list: Sequence[P2POp], *, timeout: timedelta | float | None = None
-) -> list[Work]:
-    """Post every send and receive together and return their works.
-
-    ``timeout`` (a commlayer extension, torchcomms' keyword) gives each Work that deadline: an
-    untimed ``wait()`` past it raises CommTimeoutError naming the op, group and rank.
-
-    All entries are validated before anything is posted. Entries on one communicator go to its
-    ``batch_p2p`` in a single call, which NCCL needs: two ranks that both send first would
-    otherwise deadlock once messages exceed NCCL's eager size.
-    """
-    if not p2p_op_list or not all(isinstance(p2p, P2POp) for p2p in p2p_op_list):
-        raise InvalidArgumentError(
-            f"batch_isend_irecv: argument 'p2p_op_list' expected a non-empty list of P2POp, received {p2p_op_list!r}"
-        )
-    seconds = None if timeout is None else checked_timeout("batch_isend_irecv", timeout)
-    prepared = [_prepare_op(p2p) for p2p in p2p_op_list]
-    members = [entry for entry in prepared if entry is not None]
-    if not members:
-        return []
-    if seconds is not None:
-        works = batch_isend_irecv(p2p_op_list)
-        return [
-            DeadlineWork(work, "batch_isend_irecv", entry.call.group, seconds)
-            for work, entry in zip(works, members)
-        ]
-    backends = {id(entry.call.backend) for entry in members}
-    if len(backends) == 1:
-        works = members[0].call.backend.batch_p2p([entry.request for entry in members])
-    else:
-        works = [GenericCollectives.batch_p2p(entry.call.backend, [entry.request])[0] for entry in members]
-    return [_with_copy_back(work, entry.copy_back) for work, entry in zip(works, members)]
-
-
-def _prepare_op(p2p: P2POp) -> _Prepared | None:
-    kind = "send" if p2p.op is isend else "recv"
-    if kind == "recv" and p2p.peer is None and p2p.group_peer is None:
-        raise InvalidArgumentError(
-            "batch_isend_irecv: argument 'peer' expected a rank for every irecv, received None"
-        )
-    return _prepare(kind, p2p.tensor, p2p.peer, p2p.group, p2p.tag, p2p.group_peer)
-
-
-def _prepare(
+def prepare_p2p(
     kind: str, tensor: Any, peer: int | None, group: Any, tag: int, group_peer: int | None
-) -> _Prepared | None:
+) -> PreparedP2P | None:
+    """One send or receive validated (its peer resolved to a group rank, its tensor staged), or
+    None on a rank outside ``group``."""
     call = begin(kind, group, check.first_device(tensor))
     if call is None:
         return None
@@ -391,89 +318,8 @@ def _prepare(
                 call.rank,
                 UnsupportedError,
             )
-        return _Prepared(call, P2PRequest(kind, buffer, -1, tag), copy_back)
-    return _Prepared(call, P2PRequest(kind, buffer, _peer(call, arg, peer, group_peer), tag), copy_back)
-
-
-def _with_copy_back(work: Work, copy_back: list) -> Work:
-    if not copy_back:
-        return work
-    return work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])
-
-
-def monitored_barrier(
-    group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False
-) -> None:
-    """A barrier that names the ranks that did not arrive within ``timeout``.
-
-    Group rank 0 collects a token from every other rank, then releases them; it works on every
-    backend because it uses only send and recv.
-    """
-    call = begin("monitored_barrier", group)
-    if call is None:
-        return
-    timeout = _as_timedelta(call, timeout)
-    deadline = time.monotonic() + (timeout or call.group.timeout).total_seconds()
-    token = torch.zeros(1, dtype=torch.int32, device=call.backend.object_device())
-    peers = range(1, call.group.size())
-    if call.group.rank() != 0:
-        call.backend.send(token, 0, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
-        call.backend.recv(token, 0, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
-        return
-    tokens = {peer: torch.zeros_like(token) for peer in peers}
-    arrivals = {peer: call.backend.recv(tokens[peer], peer, FALLBACK_TAG, async_op=True) for peer in peers}
-    missing = _ranks_missing(arrivals, deadline, wait_all_ranks)
-    if missing:
-        raise _not_arrived(call, missing, timeout or call.group.timeout, wait_all_ranks)
-    for peer in peers:
-        call.backend.send(token, peer, FALLBACK_TAG, async_op=True).wait(_remaining(deadline))
-
-
-def _as_timedelta(call: Any, timeout: Any) -> timedelta | None:
-    """``timeout`` as a timedelta: torch also takes a float, as seconds (with a warning), and
-    refuses anything else with a TypeError."""
-    if timeout is None or isinstance(timeout, timedelta):
-        return timeout
-    if isinstance(timeout, float):
-        warnings.warn(
-            "Please specify timeout arg as a timedelta. "
-            f"Converting current value of {timeout} assuming it represents seconds",
-            stacklevel=3,
-        )
-        return timedelta(seconds=timeout)
-    detail = invalid_argument("monitored_barrier", "timeout", "a timedelta", repr(timeout), call.rank)
-    raise InvalidTypeError(
-        f"Expected timeout argument to be of type datetime.timedelta, got {timeout}. {detail}"
-    )
-
-
-def _not_arrived(call: Any, missing: list[int], timeout: timedelta, wait_all_ranks: bool) -> CommTimeoutError:
-    """torch's message (its group ranks, its milliseconds) first, then the global ranks."""
-    milliseconds = int(timeout.total_seconds() * 1000)
-    listed = ", ".join(str(peer) for peer in missing)
-    who = f"Ranks {listed}" if wait_all_ranks else f"Rank {listed}"
-    global_missing = [call.group.ranks[peer] for peer in missing]
-    return CommTimeoutError(
-        f"[Rank {call.group.rank()}]: {who} failed to pass monitoredBarrier in {milliseconds} ms. "
-        f"monitored_barrier: global ranks {global_missing} did not reach the barrier within {timeout} "
-        f"(rank {call.rank})"
-    )
-
-
-def _ranks_missing(arrivals: dict[int, Work], deadline: float, wait_all_ranks: bool) -> list[int]:
-    missing = []
-    for peer, work in arrivals.items():
-        try:
-            work.wait(_remaining(deadline) if not missing else 0.0)
-        except CommTimeoutError:
-            missing.append(peer)
-            if not wait_all_ranks:
-                break
-    return missing
-
-
-def _remaining(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
+        return PreparedP2P(call, P2PRequest(kind, buffer, -1, tag), copy_back)
+    return PreparedP2P(call, P2PRequest(kind, buffer, _peer(call, arg, peer, group_peer), tag), copy_back)
 
 
 def _peer(call: Any, arg: str, global_rank: int | None, group_rank: int | None) -> int:
@@ -490,3 +336,10 @@ def _peer(call: Any, arg: str, global_rank: int | None, group_rank: int | None) 
             )
         return group_rank
     return check.check_peer(call, arg, global_rank, allow_self=False)
+
+
+def with_copy_back(work: Work, copy_back: list) -> Work:
+    """``work``, followed by copying each staged receive buffer into the caller's tensor."""
+    if not copy_back:
+        return work
+    return work.then(lambda: [original.copy_(buffer) for original, buffer in copy_back])

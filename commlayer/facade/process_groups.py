@@ -1,4 +1,5 @@
-"""init_process_group, new_group, destroy_process_group and the rank/size getters."""
+"""Making and unmaking groups: init_process_group, new_group, new_member_group and
+destroy_process_group. The rank/size getters live in :mod:`.group_getters`."""
 
 from __future__ import annotations
 
@@ -15,28 +16,26 @@ from ..backend import Backend
 from ..errors import (
     AlreadyInitializedError,
     BackendUnavailableError,
-    InvalidArgumentError,
     invalid_argument,
 )
 from ..registry import get_backend_class
 from ..selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from ..types import DEFAULT_TIMEOUT, GroupSpec
 from .aborted_groups import mark_destroyed
-from .dispatch import forget_plans
 from .dumps import dump_flight_recorder
 from .extensions import run_init_hooks
+from .group_getters import is_initialized
 from .groups import (
     NON_GROUP_MEMBER,
     ProcessGroup,
     World,
     current_world,
-    resolve_group,
     set_world,
-    world_or_none,
 )
 from .ignored_arguments import note_ignored
 from .init_method import Rendezvous, rendezvous
 from .peer_monitor import start_monitor, stop_monitor
+from .plan_cache import forget_plans
 from .progress import install as install_progress_answers
 from .recording import new_recorder
 from .signal_handlers import install_handlers
@@ -47,50 +46,16 @@ log = logging.getLogger("commlayer.dist")
 _LEAVE_TIMEOUT = timedelta(seconds=60)
 
 __all__ = [
+    "after_group_created",
     "destroy_process_group",
-    "get_backend",
-    "get_global_rank",
-    "get_group_rank",
-    "get_process_group_ranks",
-    "get_rank",
-    "get_world_size",
     "init_process_group",
-    "is_available",
-    "is_initialized",
     "new_group",
     "new_member_group",
 ]
 
 
-def is_available() -> bool:
-    """Whether distributed support is usable in this process (it is whenever commlayer imports).
-
-    Returns:
-        True.
-
-    Example::
-
-        >>> dist.is_available()
-        True
-    """
-    return True
-
-
-def is_initialized() -> bool:
-    """Whether init_process_group has run (and destroy_process_group has not since).
-
-    Returns:
-        True once a default group exists.
-
-    Example::
-
-        >>> dist.is_initialized()
-        False
-    """
-    return world_or_none() is not None
-
-
 def after_group_created(group: ProcessGroup) -> None:
+    """Prepare a new group for the torch bridge (its torch ProcessGroup twin)."""
     from .torch_bridge import after_group_created as prepare_torch_group  # the bridge sits on top
 
     prepare_torch_group(group)
@@ -244,150 +209,6 @@ def new_member_group(name: str, ranks: Sequence[int], store: Any, timeout: timed
     )
     world.groups[name] = created
     return created
-
-
-def get_rank(group: ProcessGroup | None = None) -> int:
-    """This process's rank in ``group`` (global rank by default); -1 when not a member."""
-    resolved = resolve_group("get_rank", group)
-    return -1 if resolved is None else resolved.rank()
-
-
-def get_world_size(group: ProcessGroup | None = None) -> int:
-    """The number of ranks in ``group``.
-
-    Args:
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-
-    Returns:
-        The size of ``group``; -1 on a rank outside it.
-
-    Raises:
-        NotInitializedError: (a ValueError) init_process_group has not run.
-
-    Example::
-
-        >>> dist.get_world_size()
-        2
-    """
-    resolved = resolve_group("get_world_size", group)
-    return -1 if resolved is None else resolved.size()
-
-
-def get_backend(group: ProcessGroup | None = None) -> str:
-    """The backend specification ``group`` runs on.
-
-    Args:
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-
-    Returns:
-        A string such as ``"gloo"`` or ``"cpu:gloo,cuda:nccl"``.
-
-    Raises:
-        NotInitializedError: (a ValueError) init_process_group has not run.
-
-    Example::
-
-        >>> dist.get_backend()
-        'gloo'
-    """
-    resolved = _member_group("get_backend", group)
-    return resolved.backend_spec
-
-
-def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
-    """The global ranks of ``group``, in group rank order.
-
-    Args:
-        group (ProcessGroup): the group.
-
-    Returns:
-        A list of global ranks.
-
-    Raises:
-        NotInitializedError: (a ValueError) init_process_group has not run.
-
-    Example::
-
-        >>> dist.get_process_group_ranks(dist.new_group([3, 1]))
-        [1, 3]
-    """
-    resolved = _member_group("get_process_group_ranks", group)
-    return list(resolved.ranks)
-
-
-def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
-    """The global rank of ``group``'s rank ``group_rank``.
-
-    Args:
-        group (ProcessGroup): the group.
-        group_rank (int): a rank inside ``group``.
-
-    Returns:
-        The matching global rank.
-
-    Raises:
-        NotInitializedError: (a ValueError) init_process_group has not run.
-        InvalidArgumentError: ``group_rank`` is not a rank of ``group``.
-
-    Example::
-
-        >>> g = dist.new_group([1, 3])
-        >>> dist.get_global_rank(g, 1)
-        3
-    """
-    resolved = _member_group("get_global_rank", group)
-    if not isinstance(group_rank, int) or not 0 <= group_rank < resolved.size():
-        raise invalid_argument(
-            "get_global_rank",
-            "group_rank",
-            f"an int in [0, {resolved.size()})",
-            group_rank,
-            resolved.global_rank,
-        )
-    return resolved.ranks[group_rank]
-
-
-def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
-    """The rank inside ``group`` of global rank ``global_rank``.
-
-    Args:
-        group (ProcessGroup): the group.
-        global_rank (int): a global rank that belongs to ``group``.
-
-    Returns:
-        The matching group rank.
-
-    Raises:
-        NotInitializedError: (a ValueError) init_process_group has not run.
-        InvalidArgumentError: ``global_rank`` is not a member of ``group``.
-
-    Example::
-
-        >>> g = dist.new_group([1, 3])
-        >>> dist.get_group_rank(g, 3)
-        1
-    """
-    resolved = _member_group("get_group_rank", group)
-    if global_rank not in resolved.ranks:
-        raise invalid_argument(
-            "get_group_rank",
-            "global_rank",
-            f"one of the group's ranks {list(resolved.ranks)}",
-            global_rank,
-            resolved.global_rank,
-        )
-    return resolved.ranks.index(global_rank)
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def _member_group(op: str, group: ProcessGroup | None) -> ProcessGroup:
-    resolved = resolve_group(op, group)
-    if resolved is None:
-        world = current_world(op)
-        raise InvalidArgumentError(f"{op}: rank {world.rank} is not a member of {group!r}")
-    return resolved
 
 
 def _available(name: str) -> bool:

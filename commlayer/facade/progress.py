@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from .groups import ProcessGroup, world_or_none
-from .peer_monitor import HeartbeatOptions, add_beat_hook, monitor_store
+from .peer_monitor import monitor_store
+from .peer_monitor_thread import HeartbeatOptions, add_beat_hook
 
 __all__ = ["describe_laggards", "install"]
 

@@ -21,10 +21,10 @@ from ..backend import Backend
 from ..errors import CommError, CommTimeoutError, InvalidArgumentError, InvalidTypeError
 from ..types import GroupSpec
 from .aborted_groups import abort_group, mark_destroyed
-from .dispatch import forget_plans
 from .dumps import dump_flight_recorder
 from .groups import ProcessGroup, World, current_world, resolve_group, set_world
 from .peer_monitor import start_monitor, stop_monitor
+from .plan_cache import forget_plans
 from .process_groups import after_group_created
 from .recording import new_recorder
 

@@ -24,6 +24,8 @@ from ..work import Work, WorkList
 from . import collectives as coll
 from . import p2p
 from . import planned_collectives as planned
+from . import planned_paired_collectives as paired
+from . import rooted_collectives as rooted
 from .coalesced import all_reduce_coalesced
 from .groups import ProcessGroup
 from .torch_bridge_work import BridgeWork, Completer, inline_futures
@@ -120,7 +122,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         tensor = self._single("reduce", "tensors", tensors)
-        work = coll.reduce(
+        work = rooted.reduce(
             tensor, op=_reduce_op(opts), group=self.commlayer_group, async_op=True, group_dst=_root(opts)
         )
         return self._bridged(work, tensors)
@@ -135,14 +137,14 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
-        work = planned.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
+        work = paired.all_gather_into_tensor(output, source, self.commlayer_group, async_op=True)
         return self._bridged(work, [output])
 
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> BridgeWork:
         works = [
-            planned.all_gather_into_tensor(
+            paired.all_gather_into_tensor(
                 output, _unaliased(tensor, output), self.commlayer_group, async_op=True
             )
             for output, tensor in zip(outputs, inputs)
@@ -159,7 +161,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> BridgeWork:
         source = _unaliased(input, output)
-        work = planned.reduce_scatter_tensor(
+        work = paired.reduce_scatter_tensor(
             output, source, _reduce_op(opts), self.commlayer_group, async_op=True
         )
         return self._bridged(work, [output])
@@ -169,7 +171,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     ) -> BridgeWork:
         op = _reduce_op(opts)
         works = [
-            planned.reduce_scatter_tensor(
+            paired.reduce_scatter_tensor(
                 output, _unaliased(tensor, output), op, self.commlayer_group, async_op=True
             )
             for output, tensor in zip(outputs, inputs)
@@ -184,7 +186,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         input_split_sizes: list[int],
         opts: Any = None,
     ) -> BridgeWork:
-        work = planned.all_to_all_single(
+        work = paired.all_to_all_single(
             output,
             input,
             output_split_sizes or None,
@@ -206,7 +208,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         tensor = self._single("gather", "input_tensors", inputs)
         root = _root(opts)
         outputs = output_lists[0] if output_lists and root == self.commlayer_group.rank() else None
-        work = coll.gather(tensor, outputs, group=self.commlayer_group, async_op=True, group_dst=root)
+        work = rooted.gather(tensor, outputs, group=self.commlayer_group, async_op=True, group_dst=root)
         return self._bridged(work, outputs or [])
 
     def scatter(
@@ -215,7 +217,7 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
         tensor = self._single("scatter", "output_tensors", outputs)
         root = _root(opts)
         inputs = input_lists[0] if input_lists and root == self.commlayer_group.rank() else None
-        work = coll.scatter(tensor, inputs, group=self.commlayer_group, async_op=True, group_src=root)
+        work = rooted.scatter(tensor, inputs, group=self.commlayer_group, async_op=True, group_src=root)
         return self._bridged(work, outputs)
 
     def barrier(self, opts: Any = None) -> BridgeWork:

@@ -28,6 +28,7 @@ from ..types import ReduceOp
 from . import collectives as coll
 from . import groups
 from . import planned_collectives as planned
+from . import planned_paired_collectives as paired
 
 __all__ = ["install"]
 
@@ -103,10 +104,10 @@ def broadcast(
 
 _TRACEABLE_FORMS: tuple[tuple[Callable[..., Any], Callable[..., Any]], ...] = (
     (planned.all_reduce, all_reduce),
-    (planned.all_gather_into_tensor, all_gather_into_tensor),
-    (planned.reduce_scatter_tensor, reduce_scatter_tensor),
+    (paired.all_gather_into_tensor, all_gather_into_tensor),
+    (paired.reduce_scatter_tensor, reduce_scatter_tensor),
     (coll.all_gather, all_gather),
-    (planned.all_to_all_single, all_to_all_single),
+    (paired.all_to_all_single, all_to_all_single),
     (planned.broadcast, broadcast),
 )
 

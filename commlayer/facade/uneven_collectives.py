@@ -29,7 +29,9 @@ from ..types import ReduceOp
 from ..work import Work
 from . import validate as check
 from .call_timeouts import rerun_with_timeout
-from .dispatch import OpCall, averaged, begin, contiguous, launch, wire_op
+from .dispatch import begin, launch
+from .op_calls import OpCall, averaged, wire_op
+from .staging import contiguous
 
 __all__ = ["all_gather_into_tensor_v", "all_gather_v", "reduce_scatter_v"]
 

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import InvalidTypeError, UnsupportedError, invalid_argument
 from ..types import ReduceOp
-from .dispatch import OpCall, device_type
+from .op_calls import OpCall, device_type
 
 __all__ = [
     "check_dtype_match",

@@ -12,7 +12,8 @@ Stage 0 keeps everything on every rank and all-reduces gradient buckets; stage 1
 fp32 master weights and optimizer state; stage 2 also shards gradients (reduce-scattered
 during backward); stage 3 also shards parameters (see :mod:`.stage3`). The partition group is
 the mesh's "dp" group, or "dp_sp" when the mesh has sequence parallelism; with hybrid sharding
-(:mod:`.hybrid`) shards are replicated across the ``replicate_dims``.
+(:mod:`.hybrid`) shards are replicated across the ``replicate_dims``. The engine's parts are
+built by :mod:`.engine_setup`.
 """
 
 from __future__ import annotations
@@ -26,24 +27,17 @@ from .. import dist
 from ..dist import ProcessGroup
 from ..mesh import Mesh
 from .config import BatchSizes, ZeroConfig
-from .experts import ExpertShards, split_experts
+from .engine_setup import build_experts, build_runtime, plan_layout, take_rank0_values
+from .experts import split_experts
 from .hybrid import DataParallelDims, effective_dims, partition_dims
 from .master import MasterShard, param_group_index
-from .partition import FlatLayout, bucket_indices, build_layout
-from .reducer import GradientReducer
-from .replicated import ReplicatedParams, keeps_full_gradients
+from .replicated import ReplicatedParams
 from .scaler import LossScaler
 from .stage3 import PartitionedParams
-from .units import plan_units
 
-__all__ = ["ALIGNMENT", "ZeroEngine", "keeps_full_gradients", "partition_dims"]
+__all__ = ["ZeroEngine"]
 
 log = logging.getLogger("commlayer.zero")
-
-#: Every shard is a multiple of this many elements, so shard boundaries stay vector-aligned.
-ALIGNMENT = 64
-#: Scratch gradient buckets (stages 2 and 3) reduced at once; more in flight wait for the oldest.
-MAX_SCRATCH_IN_FLIGHT = 2
 
 
 class ZeroEngine:
@@ -85,79 +79,32 @@ class ZeroEngine:
         self.device = params[0].device
         self._last_grad_norm: torch.Tensor | None = None
         self._backward_done = False
-        self.layout = self._plan_layout()
+        self.layout, self.unit_plans = plan_layout(model, params, config, self.group_size)
         self.master = MasterShard(
             self.layout, self.group_rank if self.layout.shards > 1 else 0, params, self.device
         )
-        self.runtime = self._build_runtime()
-        self._take_rank0_values()
+        self.runtime = build_runtime(
+            params=params,
+            names=names,
+            layout=self.layout,
+            unit_plans=self.unit_plans,
+            master=self.master,
+            config=config,
+            batch=batch,
+            group=self.group,
+            replica_group=self.replica_group,
+            mesh=mesh,
+            dims=self.dims,
+        )
+        take_rank0_values(
+            model, params, self.layout, self.runtime, self.data_parallel_group, self.train_dtype
+        )
         group_of = param_group_index(optimizer)
         self.master.attach(optimizer, params, group_of)
         # Expert-parallel MoE weights: a partition of their own over "edp" (see .experts).
-        self.experts = self._build_experts(expert_names, expert_params)
+        self.experts = build_experts(expert_names, expert_params, mesh, config, batch)
         if self.experts is not None:
             self.experts.master.attach(optimizer, expert_params, group_of, append=True)
-
-    # --- set-up ------------------------------------------------------------------------------
-
-    def _plan_layout(self) -> FlatLayout:
-        numels = [p.numel() for p in self.params]
-        stage = self.config.stage
-        if stage == 3:
-            zero = self.config.zero_optimization
-            self.unit_plans = plan_units(
-                self.module, self.params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel
-            )
-            groups = [plan.params for plan in self.unit_plans]
-        else:
-            # Reverse registration order: roughly the order in which backward produces gradients.
-            order = list(reversed(range(len(self.params))))
-            groups = bucket_indices(numels, order, self.config.zero_optimization.reduce_bucket_size)
-        return build_layout(groups, numels, 1 if stage == 0 else self.group_size, ALIGNMENT)
-
-    def _build_runtime(self) -> ReplicatedParams | PartitionedParams:
-        zero, stage = self.config.zero_optimization, self.config.stage
-        full_grads = keeps_full_gradients(stage, self.batch.gradient_accumulation_steps)
-        scratch = None if full_grads else MAX_SCRATCH_IN_FLIGHT
-        reducer = GradientReducer(
-            self.group, self.master, self.config.reduce_dtype, scratch, replica_group=self.replica_group
-        )
-        # A second communicator for parameter gathers: ordered independently of the reductions.
-        gather_group = self._gather_group() if stage >= 1 else None
-        if stage == 3:
-            assert gather_group is not None
-            return PartitionedParams(
-                self.params,
-                self.param_names,
-                self.unit_plans,
-                self.layout,
-                self.master,
-                reducer,
-                gather_group,
-                train_dtype=self.train_dtype,
-                prefetch_numel=zero.stage3_prefetch_bucket_size,
-            )
-        return ReplicatedParams(
-            self.params,
-            self.param_names,
-            self.layout,
-            self.master,
-            reducer,
-            gather_group,
-            full_grads=full_grads,
-            train_dtype=self.train_dtype,
-            overlap=zero.overlap,
-            allgather_numel=zero.allgather_bucket_size,
-        )
-
-    def _build_experts(self, names: list[str], params: list[torch.nn.Parameter]) -> ExpertShards | None:
-        if not params:
-            return None
-        full_grads = keeps_full_gradients(self.config.stage, self.batch.gradient_accumulation_steps)
-        scratch = None if full_grads else MAX_SCRATCH_IN_FLIGHT
-        return ExpertShards(
-            names, params, self.mesh, self.config, full_grads=full_grads, scratch=scratch, alignment=ALIGNMENT
-        )
 
     def _partitions(self) -> list[tuple[MasterShard, ReplicatedParams | PartitionedParams]]:
         """(master shard, runtime) of the dense parameters, then of the experts when there are any."""
@@ -165,27 +112,6 @@ class ZeroEngine:
         if self.experts is not None:
             parts.append((self.experts.master, self.experts.runtime))
         return parts
-
-    def _gather_group(self) -> ProcessGroup:
-        return self.mesh[self.dims.shard].duplicate_group()
-
-    def _take_rank0_values(self) -> None:
-        """Broadcast every segment (and buffer) from the first data-parallel rank, then adopt it."""
-        group = self.data_parallel_group
-        source = group.ranks[0]
-        for segment in self.layout.segments:
-            full = torch.zeros(segment.padded_numel, dtype=torch.float32, device=self.device)
-            for slot in segment.slots:
-                full[slot.offset : slot.offset + slot.numel].copy_(
-                    self.params[slot.param].detach().reshape(-1)
-                )
-            dist.broadcast(full, src=source, group=group)
-            self.runtime.adopt(segment, full)
-        self.runtime.install()
-        for buffer in self.module.buffers():
-            if buffer.is_floating_point():
-                buffer.data = buffer.data.to(self.train_dtype)
-            dist.broadcast(buffer.data, src=source, group=group)
 
     # --- the training loop -------------------------------------------------------------------
 

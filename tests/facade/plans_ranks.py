@@ -116,7 +116,7 @@ def check_ring(members: list[int], group: object, me: int) -> None:
 def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> None:
     """After check_ring, the same sends and receives must not be validated (prepared) again, and
     isend/irecv must find their plans themselves (only send/recv go through _point_to_point)."""
-    prepare, point_to_point = p2p._prepare, p2p._point_to_point
+    prepare, point_to_point = p2p.prepare_p2p, p2p._point_to_point
 
     def refuse(*args: object) -> None:
         raise AssertionError(f"p2p re-checked: {args[:1]}")
@@ -125,11 +125,11 @@ def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> No
         assert args[-1] is False, f"isend/irecv missed their plan: {args[:1]}"
         return point_to_point(*args)
 
-    p2p._prepare, p2p._point_to_point = refuse, blocking_only
+    p2p.prepare_p2p, p2p._point_to_point = refuse, blocking_only
     try:
         check_ring(members, group, me)
     finally:
-        p2p._prepare, p2p._point_to_point = prepare, point_to_point
+        p2p.prepare_p2p, p2p._point_to_point = prepare, point_to_point
     check_ring_recorded(group)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as torch_dist
 from commlayer import comms_logger, dist
 from commlayer.comms_logger import _logger, _timer
 from commlayer.errors import InvalidArgumentError, UnsupportedError
-from commlayer.facade import dispatch, planned_collectives
+from commlayer.facade import dispatch, planned_collectives, planned_paired_collectives
 from commlayer.testing import run_world
 from commlayer.types import ReduceOp
 
@@ -63,19 +63,18 @@ def test_one_plan_per_kind_of_call_reused_until_metadata_changes(world: None) ->
 def test_the_second_call_of_each_hot_op_takes_its_plan(world: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each op's fast path spells its key out; a mismatch with its checked path would re-check forever."""
     small, large, output = torch.arange(2.0), torch.arange(2.0), torch.zeros(2)
+    one, paired = planned_collectives, planned_paired_collectives
     calls = {
-        "_checked_all_reduce": lambda: dist.all_reduce(small, async_op=True).wait(),
-        "_checked_broadcast": lambda: dist.broadcast(small, src=0),
-        "_checked_all_gather_into_tensor": lambda: dist.all_gather_into_tensor(output, small),
-        "_checked_reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(output, large),
-        "_checked_all_to_all_single": lambda: dist.all_to_all_single(output, large, [2], [2]),
+        (one, "_checked_all_reduce"): lambda: dist.all_reduce(small, async_op=True).wait(),
+        (one, "_checked_broadcast"): lambda: dist.broadcast(small, src=0),
+        (paired, "_checked_all_gather_into_tensor"): lambda: dist.all_gather_into_tensor(output, small),
+        (paired, "_checked_reduce_scatter_tensor"): lambda: dist.reduce_scatter_tensor(output, large),
+        (paired, "_checked_all_to_all_single"): lambda: dist.all_to_all_single(output, large, [2], [2]),
     }
     for call in calls.values():
         call()
-    for name in calls:
-        monkeypatch.setattr(
-            planned_collectives, name, lambda *args, name=name: pytest.fail(f"{name} ran again")
-        )
+    for module, name in calls:
+        monkeypatch.setattr(module, name, lambda *args, name=name: pytest.fail(f"{name} ran again"))
     for call in calls.values():
         call()
     # send/recv need a peer: tests/facade/plans_ranks.py checks theirs the same way.

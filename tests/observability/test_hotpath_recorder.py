@@ -118,8 +118,8 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
 def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     """Where the extension is not built, the Python lookups stand in for PlannedCollective and
     PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
-    from commlayer.facade import p2p, planned_collectives
-    from commlayer.facade.dispatch import NO_PLAN, native
+    from commlayer.facade import p2p, planned_lookups
+    from commlayer.facade.plan_cache import NO_PLAN, native
 
     if native is None:
         pytest.skip("the C lookups are not built")
@@ -128,11 +128,11 @@ def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     dist.broadcast(tensor, src=0)  # both planned from here on
     lookups = [
         (
-            planned_collectives._python_planned("all_reduce", False),
-            planned_collectives._planned_all_reduce,
+            planned_lookups.python_planned("all_reduce", False),
+            planned_lookups.planned_all_reduce,
             ReduceOp.SUM,
         ),
-        (planned_collectives._python_planned("broadcast", True), planned_collectives._planned_broadcast, 0),
+        (planned_lookups.python_planned("broadcast", True), planned_lookups.planned_broadcast, 0),
     ]
     for python_lookup, c_lookup, scalar in lookups:
         calls = [
@@ -146,5 +146,5 @@ def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
         assert python_lookup(*calls[0]) is None and c_lookup(*calls[0]) is None  # both ran the plan
         for call in calls[1:]:
             assert python_lookup(*call) is NO_PLAN and c_lookup(*call) is NO_PLAN, call
-    assert planned_collectives._python_planned("broadcast", True)(tensor, True, None, False, None) is NO_PLAN
+    assert planned_lookups.python_planned("broadcast", True)(tensor, True, None, False, None) is NO_PLAN
     assert p2p._python_planned("send", True)(tensor, True, None, 0, None) is NO_PLAN

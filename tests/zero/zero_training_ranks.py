@@ -24,7 +24,7 @@ import torch
 
 from commlayer import dist, zero
 from commlayer.errors import InvalidArgumentError
-from commlayer.zero.engine import ALIGNMENT
+from commlayer.zero.engine_setup import ALIGNMENT
 
 from . import zero_model as common
 from .zero_model import Recipe

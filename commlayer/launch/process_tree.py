@@ -1,0 +1,62 @@
+"""Processes by pid, through /proc: whether one still runs, the descendants of one, and signalling
+a set of them (what stopping a supervised process tree needs)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+__all__ = ["pid_running"]
+
+
+def pid_running(pid: int) -> bool:
+    """Alive and not a zombie: an exited process nobody has reaped yet counts as gone.
+
+    Popen.poll() cannot tell while another thread waits on the child, and a multi-threaded child
+    stays a zombie that waitid() does not report until all its threads are gone; /proc is exact.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass  # no /proc: fall back to a signal-0 probe, which counts zombies as alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_pids(pids: set[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                parent = _parent_pid(entry.name)
+                if parent is not None:
+                    children.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [root]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def _parent_pid(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            # The command name may contain spaces and parentheses; fields resume after the last ')'.
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
