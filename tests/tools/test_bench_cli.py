@@ -182,6 +182,15 @@ def test_backends_side_by_side(tmp_path: Path) -> None:
 @pytest.mark.mpi
 def test_mpi_next_to_gloo_under_mpirun(tmp_path: Path) -> None:
     """mpi needs mpirun; under it the same command compares mpi with gloo (discovered over MPI)."""
+    options = ["--backends", "gloo,mpi", "--ops", "all_reduce,all_to_all,pingpong", "-b", "8", "-e"]
+    options += ["4K", "-f", "8", "--iters", "2", "--warmup", "1", "--repeats", "2"]
+    rows = _records_under_mpirun(tmp_path, options)
+    for backend in ("gloo", "mpi"):
+        _check_records(rows, backend, ["all_reduce", "all_to_all", "pingpong"], 2)
+
+
+def _records_under_mpirun(tmp_path: Path, options: list[str]) -> list[dict]:
+    """The records of one `commlayer bench` run on 2 ranks under mpirun."""
     require_mpirun()
     target = tmp_path / "records.json"
     run_world(
@@ -190,29 +199,9 @@ def test_mpi_next_to_gloo_under_mpirun(tmp_path: Path) -> None:
         backend=None,
         launcher="mpirun",
         timeout=180,
-        args=[
-            str(target),
-            "--backends",
-            "gloo,mpi",
-            "--ops",
-            "all_reduce,all_to_all,pingpong",
-            "-b",
-            "8",
-            "-e",
-            "4K",
-            "-f",
-            "8",
-            "--iters",
-            "2",
-            "--warmup",
-            "1",
-            "--repeats",
-            "2",
-        ],
+        args=[str(target), *options],
     )
-    rows = json.loads(target.read_text())["records"]
-    for backend in ("gloo", "mpi"):
-        _check_records(rows, backend, ["all_reduce", "all_to_all", "pingpong"], 2)
+    return json.loads(target.read_text())["records"]
 
 
 def _check_png(path: Path) -> None:
@@ -227,17 +216,7 @@ def _check_png(path: Path) -> None:
 @pytest.mark.mpi
 def test_window_put_get_on_shm_and_mpi_against_raw_mpi_rma(tmp_path: Path) -> None:
     """One run times put and get on shm's and mpi's windows and on a raw mpi4py RMA window."""
-    require_mpirun()
-    target = tmp_path / "records.json"
-    run_world(
-        "tests.tools.bench_cli_ranks:run",
-        2,
-        backend=None,
-        launcher="mpirun",
-        timeout=180,
-        args=[str(target), "--backends", "shm,mpi,mpi4py", "--ops", "put,get", "-b", "8", "-e", "4K"]
-        + ["-f", "8", "--iters", "2", "--warmup", "1", "--check"],
-    )
-    rows = json.loads(target.read_text())["records"]
+    options = ["--backends", "shm,mpi,mpi4py", "--ops", "put,get", "-b", "8", "-e", "4K"]
+    rows = _records_under_mpirun(tmp_path, [*options, "-f", "8", "--iters", "2", "--warmup", "1", "--check"])
     for backend in ("shm", "mpi", "mpi4py"):
         _check_records(rows, backend, ["put", "get"], 2)
