@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from .. import health
+from .. import call_deadline, health
 from ..errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
 from ..metrics import format_duration
 from .aborted_groups import abort_group
@@ -56,8 +56,13 @@ def on_failure(group: ProcessGroup, op: str, error: Exception, name_laggards: bo
     if not isinstance(translated, CommError):
         return translated
     # Asking the peers takes up to two heartbeats: worth it after a group timeout, not a short
-    # per-call one, whose caller expects the error at its deadline.
-    if name_laggards and isinstance(translated, CommTimeoutError) and health.current() is None:
+    # per-call one (the thread has a call deadline), whose caller expects the error at its deadline.
+    if (
+        name_laggards
+        and isinstance(translated, CommTimeoutError)
+        and health.current() is None
+        and call_deadline.current() is None
+    ):
         translated = _naming_laggards(group, translated)
     if isinstance(translated, (PeerFailureError, CommTimeoutError)):
         abort_group(group, translated)
