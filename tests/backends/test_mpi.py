@@ -38,7 +38,8 @@ def _usable_pair(pair: str) -> Mapping[str, str]:
     return env
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+# World 4 also runs every check on a subgroup of 3 ranks, so odd sizes are covered there.
+@pytest.mark.parametrize("world_size", [2, 4])
 def test_compatibility_suite_on_mpi(world_size: int) -> None:
     require_mpirun()
     run_world("commlayer.testing.conformance:main", world_size, backend="mpi", launcher="mpirun", timeout=300)

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.multirank
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+# World 4 also runs every check on a subgroup of 3 ranks, so odd sizes are covered there.
+@pytest.mark.parametrize("world_size", [2, 4])
 def test_compatibility_suite_on_gloo(world_size: int) -> None:
     run_world("commlayer.testing.conformance:main", world_size, backend="gloo", timeout=240)
 

@@ -169,9 +169,10 @@ def test_torchrun_nodes_on_two_level_shm(unnamed_cluster: NetworkCluster) -> Non
 
 @pytest.mark.multirank
 def test_srun_variables_with_commlayer_socket_ifname(named_cluster: NetworkCluster) -> None:
-    """SLURM_PROCID and friends only: MASTER_ADDR is the first name of SLURM_NODELIST, resolved."""
+    """SLURM_PROCID and friends only: MASTER_ADDR is the first name of SLURM_NODELIST, resolved.
+    (The kit itself runs across these hosts under torchrun; this world checks the launch path.)"""
     run_world(
-        "tests.launch.multihost_ranks:checks_then_compat",
+        "tests.launch.multihost_ranks:interface_and_hosts",
         4,
         launcher=SlurmHosts(named_cluster),
         env={"COMMLAYER_SOCKET_IFNAME": "cl0"},
@@ -196,11 +197,12 @@ def test_mpirun_over_sshd_on_the_mpi_backend(ssh_cluster: tuple[NetworkCluster, 
 @pytest.mark.multirank
 @pytest.mark.mpi
 def test_mpirun_over_sshd_on_gloo_found_through_mpi(ssh_cluster: tuple[NetworkCluster, SshAccess]) -> None:
-    """No MASTER_ADDR: rank 0's address is exchanged over MPI, by address since names do not resolve."""
+    """No MASTER_ADDR: rank 0's address is exchanged over MPI, by address since names do not resolve.
+    (The kit itself runs across these hosts under torchrun; this world checks the launch path.)"""
     require_mpirun()
     cluster, _ = ssh_cluster
     run_world(
-        "tests.launch.multihost_ranks:checks_then_compat",
+        "tests.launch.multihost_ranks:interface_and_hosts",
         4,
         launcher=MpirunHosts(*ssh_cluster),
         args=["cl0", host_names(cluster)],

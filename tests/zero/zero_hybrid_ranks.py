@@ -1,7 +1,7 @@
 """Hybrid-sharded ZeRO checks, many per spawned world (``run_world(..., 4)`` and at 2, gloo and mpi).
 
 - ``mics_shard_size`` and the mesh spelling (``replicate_dims``), stages 0-3, fp32: the weights
-  after 10 AdamW steps (accumulation 2, clipping) equal single-process training within 1e-5;
+  after 6 AdamW steps (accumulation 2, clipping) equal single-process training within 1e-5;
 - each rank's optimizer state covers exactly its shard of its shard group;
 - checkpoints saved under one mesh shape load into another (hybrid -> plain, hybrid -> another
   hybrid shape, plain -> hybrid) and train on to the uninterrupted weights;
