@@ -149,6 +149,7 @@ def test_torchrun_nodes_on_ccl(unnamed_cluster: NetworkCluster) -> None:
     run_world(
         "commlayer.testing.conformance:main",
         4,
+        args=["", "world-only"],
         backend="ccl",
         launcher=TorchrunHosts(unnamed_cluster),
         timeout=300,
@@ -188,6 +189,7 @@ def test_mpirun_over_sshd_on_the_mpi_backend(ssh_cluster: tuple[NetworkCluster, 
     run_world(
         "commlayer.testing.conformance:main",
         4,
+        args=["", "world-only"],
         backend="mpi",
         launcher=MpirunHosts(*ssh_cluster),
         timeout=300,

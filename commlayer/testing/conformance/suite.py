@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,6 +37,7 @@ def run_suite(
     device: torch.device | None = None,
     save_to: Path | None = None,
     extensions: bool = False,
+    subgroup: bool = True,
 ) -> Certificate:
     """Run every check on this rank of an initialised world and return this rank's verdicts.
 
@@ -46,6 +48,8 @@ def run_suite(
             what ran even if a hung world has to be stopped.
         extensions: also check the extensions beyond torch.distributed: hooks, per-call
             timeouts and one-sided windows (``commlayer test-backend NAME --extensions``).
+        subgroup: also run every check on a subgroup (all ranks but rank 0 from 3 ranks on);
+            False checks the world alone, e.g. where only the transport between hosts is new.
 
     Returns:
         This rank's :class:`~.certificate.Certificate` (merge the ranks' to get the whole table).
@@ -54,9 +58,11 @@ def run_suite(
     backend = backend if backend is not None else dist.group.WORLD.primary_backend
     device = device if device is not None else _device(backend.capabilities.devices)
     certificate = Certificate(backend.name, world)
-    sub_ranks = list(range(1, world)) if world > 2 else list(range(world))
-    subgroup = dist.new_group(sub_ranks)
-    for group, members in ((None, list(range(world))), (subgroup, sub_ranks)):
+    groups: list[tuple[Any, list[int]]] = [(None, list(range(world)))]
+    if subgroup:
+        sub_ranks = list(range(1, world)) if world > 2 else list(range(world))
+        groups.append((dist.new_group(sub_ranks), sub_ranks))
+    for group, members in groups:
         for async_op in (False, True):
             case = Case(group, members, me, async_op, device, backend, certificate)
             checks = (*_checks.CHECKS, *_uneven_checks.CHECKS)
@@ -71,10 +77,13 @@ def run_suite(
 
 def main(results_dir: str = "", *options: str) -> None:
     """Rank body: run the suite, save the verdicts under ``results_dir``, fail if any cell failed.
-    ``options`` may name ``extensions`` to check hooks, per-call timeouts and windows too."""
+    ``options`` may name ``extensions`` to check hooks, per-call timeouts and windows too, and
+    ``world-only`` to skip the subgroup pass."""
     rank = dist.get_rank()
     save_to = Path(results_dir) / f"rank{rank}.certificate.json" if results_dir else None
-    certificate = run_suite(save_to=save_to, extensions="extensions" in options)
+    certificate = run_suite(
+        save_to=save_to, extensions="extensions" in options, subgroup="world-only" not in options
+    )
     failures = certificate.failures()
     if failures:
         listed = "\n".join(f"  {v.cell.label}: {v.detail}" for v in failures)
