@@ -2,11 +2,12 @@
 
 Run by path, never imported by commlayer::
 
-    python _fork_server.py serve SOCKET VARIABLE        # one per environment (see fork_server.py)
+    python _fork_server.py serve SOCKET VARIABLE [MODULE...]   # one per environment (fork_server.py)
     python -S -E _fork_server.py run SOCKET -m MODULE ARGS...
 
-The server holds no commlayer state: a rank reads its settings from its own environment when it
-imports commlayer, so the server imports only the standard library and torch. A ``run`` process is
+The server imports torch and the given modules (the rank worker's), nothing else: every fork
+starts from that state, so a server serves only ranks whose import-time environment is its own
+(the harness keeps one server per such environment). A ``run`` process is
 the rank's stand-in for whoever started it: it hands the server its stdio, environment and working
 directory, forwards the signals it gets to the forked rank, exits with the rank's status, and its
 death (a SIGKILL included) kills the rank.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib
 import io
 import json
 import os
@@ -45,15 +47,17 @@ _LENGTH = struct.Struct("!I")
 # ---- the server ----------------------------------------------------------------------------------
 
 
-def serve(path: str, stand_in_variable: str) -> None:
-    """Import torch, listen on ``path``, fork a rank per request and report each one's exit.
-
-    Each rank finds its stand-in's pid in the environment variable ``stand_in_variable``.
+def serve(path: str, stand_in_variable: str, preload: list[str]) -> None:
+    """Import torch and ``preload``, listen on ``path``, fork a rank per request and report each
+    one's exit. Each rank finds its stand-in's pid in the environment variable ``stand_in_variable``.
     """
     _die_with_parent()
     # The imports every rank would otherwise pay for.
     import torch
     import torch.distributed  # noqa: F401
+
+    for module in preload:
+        importlib.import_module(module)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -139,7 +143,6 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> NoReturn:
     random.seed()  # a fresh process draws its own seed; forks of one server would share it
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    atexit._clear()
     os._exit(_run_as_main(request["argv"]))
 
 
@@ -254,8 +257,8 @@ _SERVER_PYTHONPATH = os.environ.get("PYTHONPATH", "").split(os.pathsep)
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
-        serve(sys.argv[2], sys.argv[3])
+        serve(sys.argv[2], sys.argv[3], sys.argv[4:])
     elif sys.argv[1:2] == ["run"]:
         run(sys.argv[2], sys.argv[3:])
     else:
-        sys.exit("usage: _fork_server.py serve SOCKET VARIABLE | run SOCKET -m MODULE ARGS...")
+        sys.exit("usage: _fork_server.py serve SOCKET VARIABLE [MODULE...] | run SOCKET -m MODULE ARGS...")

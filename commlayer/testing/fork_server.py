@@ -2,8 +2,8 @@
 
 Importing torch is most of what a rank costs before its first collective, and a test suite
 starts hundreds of ranks. :func:`warm_command` turns a rank's ``python -m MODULE ...`` command
-into one that a fork server (``_fork_server.py``, one per distinct import-time environment) runs
-for it: the rank still gets its own stdio, environment, working directory, exit status and
+into one that a fork server (``_fork_server.py``, one per distinct import-time environment, which
+has imported torch and the rank worker) runs for it: the rank still gets its own stdio, environment, working directory, exit status and
 signals. Any command the server cannot take, or any trouble starting one, keeps the cold start.
 ``COMMLAYER_TESTING_FORK_SERVER=0`` turns warm starts off.
 """
@@ -27,10 +27,28 @@ __all__ = ["warm_command"]
 
 _SCRIPT = str(Path(__file__).with_name("_fork_server.py"))
 _READY_TIMEOUT_S = 60.0
-# Variables read while torch is imported (or by the dynamic loader): a server serves only ranks
-# whose values match its own. PYTHONPATH and PYTHONUNBUFFERED are applied by each forked rank.
-_IMPORT_TIME_PREFIXES = ("TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "CUDA_", "PYTHON")
-_PER_RANK_VARIABLES = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
+# The modules a server imports for its ranks: torch's import is most of a rank's start-up, the
+# worker's (commlayer's) most of the rest.
+_PRELOAD = ("commlayer.testing._worker",)
+# Variables that may be read while those modules are imported (or by the dynamic loader): a server
+# serves only ranks whose values match its own. Each forked rank applies PYTHONPATH and
+# PYTHONUNBUFFERED itself, and its results folder is read only once it runs.
+_IMPORT_TIME_PREFIXES = (
+    "COMMLAYER_",
+    "TORCH_",
+    "PYTORCH_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "LD_",
+    "CUDA_",
+    "CCL_",
+    "I_MPI_",
+    "OMPI_",
+    "PYTHON",
+)
+_PER_RANK_VARIABLES = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", settings.TESTING_RESULTS_DIR.name})
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,14 @@ def _server_for(env: Mapping[str, str]) -> _Server | None:
 def _start_server(env: Mapping[str, str]) -> _Server | None:
     folder = tempfile.mkdtemp(prefix="commlayer-fork-server-")
     process = subprocess.Popen(
-        [sys.executable, _SCRIPT, "serve", f"{folder}/socket", settings.TESTING_SUPERVISED_PID.name],
+        [
+            sys.executable,
+            _SCRIPT,
+            "serve",
+            f"{folder}/socket",
+            settings.TESTING_SUPERVISED_PID.name,
+            *_PRELOAD,
+        ],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
