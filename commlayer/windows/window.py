@@ -35,8 +35,8 @@ import torch
 
 from commlayer import dist
 from commlayer.errors import UnsupportedError, invalid_argument
-from commlayer.facade.op_calls import device_type
 from commlayer.facade.groups import ProcessGroup, resolve_group
+from commlayer.facade.op_calls import device_type
 from commlayer.one_sided import BackendWindow, WindowSpec
 from commlayer.one_sided.contract import limit_of
 from commlayer.work import Work
