@@ -97,7 +97,8 @@ def _wait_by(work: Work, op: str, group_arg: Any, seconds: float, remaining: flo
     group = resolve_group(op, group_arg)
     if group is None:
         raise _expired(op, group_arg, seconds)
-    raise_translated(group, op, _expired(op, group_arg, seconds), name_laggards=False)
+    with call_deadline.set_for(seconds):  # a per-call expiry: translated without asking the peers
+        raise_translated(group, op, _expired(op, group_arg, seconds))
 
 
 def _expired(op: str, group_arg: Any, seconds: float) -> CommTimeoutError:

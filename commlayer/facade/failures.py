@@ -44,7 +44,7 @@ _FINAL_ERRORS = (PeerFailureError, CommTimeoutError, CollectiveMismatchError)
 _IDENTIFY_DEAD_PEER_S = 15.0
 
 
-def on_failure(group: ProcessGroup, op: str, error: Exception, name_laggards: bool = True) -> Exception:
+def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
     """The error to raise for a failed op, after dumping the flight recorder.
 
     A raw library error (gloo's "Connection reset by peer", a torch timeout, an mpi4py
@@ -58,8 +58,7 @@ def on_failure(group: ProcessGroup, op: str, error: Exception, name_laggards: bo
     # Asking the peers takes up to two heartbeats: worth it after a group timeout, not a short
     # per-call one (the thread has a call deadline), whose caller expects the error at its deadline.
     if (
-        name_laggards
-        and isinstance(translated, CommTimeoutError)
+        isinstance(translated, CommTimeoutError)
         and health.current() is None
         and call_deadline.current() is None
     ):
@@ -93,9 +92,9 @@ def _naming_laggards(group: ProcessGroup, timeout: CommTimeoutError) -> CommTime
     return named
 
 
-def raise_translated(group: ProcessGroup, op: str, error: Exception, name_laggards: bool = True) -> NoReturn:
+def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn:
     """Called from an ``except`` block: re-raise ``error``, or its typed translation."""
-    failure = on_failure(group, op, error, name_laggards)
+    failure = on_failure(group, op, error)
     if failure is error:
         raise error
     raise failure from error
