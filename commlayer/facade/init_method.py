@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -199,7 +200,9 @@ def _tell_the_job(error: RendezvousEnvError, timeout: timedelta) -> None:
         log.debug("commlayer: could not tell the job about %s: %s", error, problem)
 
 
-_EXIT_WAIT_MARGIN_S = 1.0
+# torch retries a refused connect once, after a randomized delay, so one short attempt can
+# outlast its own timeout several times over; under load more still.
+_ABANDONED_ATTEMPT_LIMIT_S = 10.0
 _CONNECT_ATTEMPT_S = 1.0
 _TELL_LIMIT_S = 5.0
 _HOST_LINGER_S = 10.0
@@ -234,7 +237,7 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
         # A thread still inside torch's C++ when the interpreter finalizes aborts the process
         # ("terminate called without an active exception"): exit waits, boundedly, for the
         # abandoned attempt, which ends within one of its short tries.
-        atexit.register(_await_abandoned, connector, 2 * _CONNECT_ATTEMPT_S + _EXIT_WAIT_MARGIN_S)
+        atexit.register(_await_abandoned, connector, _ABANDONED_ATTEMPT_LIMIT_S)
         raise expired
     if not isinstance(outcome[0], BaseException):
         return outcome[0]
@@ -250,9 +253,17 @@ def _bounded(connect: Callable[[], Any], store: str, rank: int, timeout: timedel
 
 
 def _await_abandoned(connector: threading.Thread, limit_s: float) -> None:
+    if not connector.is_alive():
+        return
+    log.warning("commlayer: waiting up to %.0f s for an abandoned store connection to end", limit_s)
+    connector.join(limit_s)
     if connector.is_alive():
-        log.warning("commlayer: waiting up to %.0f s for an abandoned store connection to end", limit_s)
-        connector.join(limit_s)
+        # Finalizing now would abort the process from inside torch's C++; end it plainly instead.
+        log.error("commlayer: the abandoned store connection did not end; exiting without finalizing")
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(1)
 
 
 def _master_over_mpi(info: RendezvousInfo) -> RendezvousInfo:
