@@ -95,7 +95,15 @@ def _shm_extensions() -> list[Extension]:
     """The shared-memory backend's commlayer.backends.shm._C: needs only a C++17 compiler and pybind11."""
     import pybind11  # a build requirement (pyproject.toml), so a plain pip install always has it
 
-    sources = ["binding.cpp", "comm.cpp", "kernels.cpp", "launcher.cpp", "placement.cpp", "segment.cpp"]
+    sources = [
+        "binding.cpp",
+        "comm.cpp",
+        "copy.cpp",
+        "kernels.cpp",
+        "launcher.cpp",
+        "placement.cpp",
+        "segment.cpp",
+    ]
     return [
         Extension(
             "commlayer.backends.shm._C",

@@ -3,20 +3,20 @@
 Segment layout (one per rank, in /dev/shm): one 64-byte line per source rank holding the count of
 signals that rank sent here (each line has a single writer, its source, so no two ranks ever
 write one line), then the window's elements. ``Window.tensor`` is a view of the elements,
-initialised from the registered tensor. A put is one ``memmove`` into the target's mapping, a
-get one out of it, so both complete remotely when they return; ``map(peer)`` is the peer's view.
+initialised from the registered tensor. A put is one copy into the target's mapping, a get one
+out of it (``_C.copy``, whose large copies bypass the cache), so both complete remotely when they
+return; ``map(peer)`` is the peer's view.
 
 Ordering: a signal is a plain 8-byte store of the incremented count after the put's copy, and a
 waiter loads the count before reading the data. That is release/acquire on x86-64 (TSO: stores
-become visible in program order, loads are not reordered with older loads; glibc's memmove ends
-its non-temporal-store path with ``sfence``; an aligned 8-byte store is atomic), and CPython
+become visible in program order, loads are not reordered with older loads; ``_C.copy`` ends its
+non-temporal stores with ``sfence``; an aligned 8-byte store is atomic), and CPython
 calls are compiler barriers. Other architectures would need fences, so
 :meth:`~backends.shm.backend.ShmBackend.window` gives them the two-sided window instead.
 """
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import secrets
@@ -28,6 +28,8 @@ import torch
 from commlayer.one_sided import BackendWindow, PollWork, WindowSpec
 from commlayer.one_sided.contract import signal_timeout
 from commlayer.work import CompletedWork, Work
+
+from ._native import load_extension
 
 __all__ = ["ShmWindow"]
 
@@ -58,20 +60,17 @@ class ShmWindow(BackendWindow):
             np.frombuffer(m, dtype=np.uint64, count=spec.size * _COUNTER_STRIDE) for m in mappings
         ]
         self._incoming = self._counters[spec.rank]
+        self._copy = load_extension().copy
         self._consumed = [0] * spec.size
         super().__init__(self._views[spec.rank].view(tensor.shape), spec)
         self._barrier = barrier
 
     def put(self, src: torch.Tensor, dst: int, offset: int, *, async_op: bool) -> Work:
-        ctypes.memmove(
-            self._addresses[dst] + offset * self._itemsize, src.data_ptr(), src.numel() * self._itemsize
-        )
+        self._copy(self._addresses[dst] + offset * self._itemsize, src.data_ptr(), src.nbytes)
         return _COMPLETED
 
     def get(self, out: torch.Tensor, src: int, offset: int, *, async_op: bool) -> Work:
-        ctypes.memmove(
-            out.data_ptr(), self._addresses[src] + offset * self._itemsize, out.numel() * self._itemsize
-        )
+        self._copy(out.data_ptr(), self._addresses[src] + offset * self._itemsize, out.nbytes)
         return _COMPLETED
 
     def signal(self, dst: int, *, async_op: bool) -> Work:

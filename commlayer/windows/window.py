@@ -160,6 +160,7 @@ class Window:
         self._rank = native.spec.global_rank
         self._dtype = native.tensor.dtype
         self._device = native.tensor.device
+        self._on_cpu = self._device.type == "cpu"  # then ``is_cpu`` checks the device cheaply
         self._group_ranks = {rank: index for index, rank in enumerate(group.ranks)}
         self._sizes = native.spec.sizes
 
@@ -189,7 +190,7 @@ class Window:
             or not isinstance(tensor, torch.Tensor)
             or tensor.dtype is not self._dtype
             or not tensor.is_contiguous()
-            or tensor.device != self._device
+            or (not tensor.is_cpu if self._on_cpu else tensor.device != self._device)
             or not 0 <= offset <= self._sizes[peer] - tensor.numel()
         ):
             return None

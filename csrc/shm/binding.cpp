@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm.hpp"
+#include "copy.hpp"
 #include "kernels.hpp"
 #include "launcher.hpp"
 #include "segment.hpp"
@@ -91,6 +92,16 @@ py::object launcher(py::object self, const std::string& op, int fixed, py::dict 
     return py::reinterpret_steal<py::object>(function);
 }
 
+// A window's put or get; long copies let other Python threads run meanwhile.
+void window_copy(Address dst, Address src, std::size_t bytes) {
+    if (bytes < kStreamingCopyBytes) {
+        copy_bytes(ptr(dst), ptr(src), bytes);
+        return;
+    }
+    py::gil_scoped_release released;
+    copy_bytes(ptr(dst), ptr(src), bytes);
+}
+
 void reduce_local(Address out, const std::vector<Address>& inputs, std::size_t count, int dtype, int op,
                   int divisor) {
     std::vector<const void*> pointers;
@@ -130,6 +141,8 @@ PYBIND11_MODULE(_C, m) {
     m.def("region_bytes",
           [](std::size_t small_bytes, std::size_t chunk_bytes) { return Layout{small_bytes, chunk_bytes}.region_bytes(); });
     m.def("kernel_isa", &kernel_isa);
+    m.def("copy", &window_copy, py::arg("dst"), py::arg("src"), py::arg("bytes"),
+          "dst[0, bytes) = src[0, bytes), for windows (copy.hpp)");
     m.def("reduce", &reduce_local, py::arg("out"), py::arg("inputs"), py::arg("count"), py::arg("dtype"),
           py::arg("op"), py::arg("divisor"));
 

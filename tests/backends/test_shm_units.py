@@ -1,4 +1,4 @@
-"""The shm backend without a world: reduction kernels against torch, options, host identity."""
+"""The shm backend without a world: reduction kernels against torch, window copies, options, host identity."""
 
 from __future__ import annotations
 
@@ -109,3 +109,13 @@ def test_host_map_leaders_are_the_lowest_rank_of_each_host() -> None:
 
 def test_backend_is_available_here() -> None:
     assert ShmBackend.is_available(), ShmBackend.is_available().reason
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 63, 4096 + 5, (16 << 20) + 77])  # the last streams past the cache
+@pytest.mark.parametrize("misalign", [0, 1, 37])
+def test_window_copy_is_exact_at_every_size_and_alignment(nbytes: int, misalign: int) -> None:
+    source = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8)
+    target = torch.zeros(nbytes + 128, dtype=torch.uint8)
+    NATIVE.copy(target.data_ptr() + misalign, source.data_ptr() + 3, nbytes)
+    assert torch.equal(target[misalign : misalign + nbytes], source[3 : 3 + nbytes])
+    assert not target[:misalign].any() and not target[misalign + nbytes :].any()
