@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -42,6 +43,7 @@ from .peer_monitor_thread import (
     DEATHS_KEY,
     DUMP_REQUEST_KEY,
     PROCESS_KEY,
+    SEEN_KEY,
     HeartbeatOptions,
     PeerMonitor,
     process_gone_reason,
@@ -71,6 +73,8 @@ def monitor_store() -> tuple[Any, int]:
 _monitor: PeerMonitor | None = None
 _world_store: Any = None
 _world_rank = -1
+_world_size = 0
+_notice_limit_s = 0.0  # how long the store's host keeps it up for peers to read a death notice
 
 
 def start_monitor(
@@ -81,14 +85,15 @@ def start_monitor(
     The monitor talks to the store over its own connection: a TCPStore client serialises its
     requests, so a main thread blocked in ``store.wait`` would otherwise stop the heartbeats.
     """
-    global _monitor, _world_store, _world_rank, _saw_peer_loss, _announced
+    global _monitor, _world_store, _world_rank, _world_size, _notice_limit_s, _saw_peer_loss, _announced
     stop_monitor()
     _saw_peer_loss = _announced = False
     health.clear()
     options = HeartbeatOptions.from_env()
     if size == 1 or not options.enabled:
         return
-    _world_store, _world_rank = _own_connection(store, options), rank
+    _world_store, _world_rank, _world_size = _own_connection(store, options), rank, size
+    _notice_limit_s = 2 * options.interval_s + 0.5  # a peer reads the notices every interval
     if prefix:  # a shrunk world: its ranks are renumbered, its keys live apart
         _world_store = torch_dist.PrefixStore(prefix, _world_store)
     _publish_process(_world_store, rank)
@@ -157,8 +162,31 @@ def announce_death(reason: str, consequence: bool = False) -> None:
     try:
         store.set(DEAD_KEY.format(_world_rank), reason)
         store.add(DEATHS_KEY, 1)
+        if _world_rank == 0 and failure is not None and failure.rank != 0:
+            _keep_store_until_peers_saw(store, failure)
     except Exception as error:  # noqa: BLE001 - the store may be gone too
         log.debug("commlayer: could not announce this rank's death: %s", error)
+
+
+def _keep_store_until_peers_saw(store: Any, failure: health.PeerFailure) -> None:
+    """Rank 0 hosts the store: going down as a consequence, it first waits (bounded) until every
+    other survivor has seen the failure. Without the store, a peer that had not yet read the
+    death notices would blame rank 0's exit rather than the rank that failed first."""
+    survivors = _world_size - 1  # this rank, which acknowledged when it saw the failure, included
+    deadline = time.monotonic() + _notice_limit_s
+    while store.add(SEEN_KEY, 0) < survivors and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _acknowledge_failure(failure: health.PeerFailure) -> None:
+    """Count this rank among those that saw a failure (see :func:`_keep_store_until_peers_saw`)."""
+    store = _world_store
+    if store is None or failure.rank == _world_rank:
+        return
+    try:
+        store.add(SEEN_KEY, 1)
+    except Exception as error:  # noqa: BLE001 - the store's host may be the failed rank
+        log.debug("commlayer: could not acknowledge rank %s's failure: %s", failure.rank, error)
 
 
 _saw_peer_loss = False
@@ -210,6 +238,7 @@ def _install_death_hooks() -> None:
     if _hooks_installed:
         return
     _hooks_installed = True
+    health.add_listener(_acknowledge_failure)
     atexit.register(_announce_unfinished_exit)
     sys.excepthook = _AnnouncingExceptHook(sys.excepthook)
     on_main_thread = threading.current_thread() is threading.main_thread()

@@ -29,6 +29,7 @@ __all__ = [
     "DUMP_REQUEST_KEY",
     "HEARTBEAT_KEY",
     "PROCESS_KEY",
+    "SEEN_KEY",
     "HeartbeatOptions",
     "PeerMonitor",
     "add_beat_hook",
@@ -44,6 +45,7 @@ HEARTBEAT_KEY = "commlayer/heartbeat/{}"
 DEAD_KEY = "commlayer/dead/{}"
 DEATHS_KEY = "commlayer/deaths"
 DUMP_REQUEST_KEY = "commlayer/trace/dump_request"
+SEEN_KEY = "commlayer/failure_seen"  # how many ranks have seen a peer failure
 PROCESS_KEY = "commlayer/process/{}"  # "<host> <pid>": whose /dev/shm regions to remove if it dies
 # A death notice that followed another failure starts with this marker and the cause's rank ("?"
 # when the dying rank could not tell who failed first): observers blame the cause, not the notice.
