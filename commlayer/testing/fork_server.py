@@ -32,7 +32,7 @@ _READY_TIMEOUT_S = 60.0
 _PRELOAD = ("commlayer.testing._worker",)
 # Variables that may be read while those modules are imported (or by the dynamic loader): a server
 # serves only ranks whose values match its own. Each forked rank applies PYTHONPATH and
-# PYTHONUNBUFFERED itself, and its results folder is read only once it runs.
+# PYTHONUNBUFFERED itself, and its results and trace folders are read only once it runs.
 _IMPORT_TIME_PREFIXES = (
     "COMMLAYER_",
     "TORCH_",
@@ -48,7 +48,9 @@ _IMPORT_TIME_PREFIXES = (
     "OMPI_",
     "PYTHON",
 )
-_PER_RANK_VARIABLES = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", settings.TESTING_RESULTS_DIR.name})
+_PER_RANK_VARIABLES = frozenset(
+    {"PYTHONPATH", "PYTHONUNBUFFERED", settings.TESTING_RESULTS_DIR.name, settings.TRACE_DIR.name}
+)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from commlayer.testing.fork_server import warm_command
+
 ROOT = Path(__file__).resolve().parents[2]
 # Variables of an enclosing launcher that would leak into the forked world's own rendezvous.
 _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "COMMLAYER_DEBUG")
@@ -72,12 +74,13 @@ def write_record(out: Path, record: Record) -> None:
 
 
 def forked_records(module: str, *args: str, timeout: float = 120.0) -> tuple[dict[int, Record], str]:
-    """Run ``python -m module args`` in a clean environment: its records by rank, and its output."""
+    """Run ``python -m module args`` in a clean environment (warm-started, see
+    :mod:`commlayer.testing.fork_server`): its records by rank, and its output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     for name in _LAUNCHER_VARIABLES:
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, "-m", module, *args],
+        warm_command([sys.executable, "-m", module, *args], env),
         env=env,
         check=False,
         capture_output=True,

@@ -27,6 +27,7 @@ import pytest
 from commlayer.fabric_regions import release_regions_of
 from commlayer.ports import free_port
 from commlayer.testing import require_mpirun
+from commlayer.testing.fork_server import warm_command
 from commlayer.testing.mpi import mpirun_plan
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
@@ -81,8 +82,9 @@ def run_fault_world(
         processes = [_start([*plan.argv, *command], dict(plan.env), out / "mpirun.log")]
     else:
         port = port or free_port()
+        warm = list(warm_command(command, rank_env))
         processes = [
-            _start(command, {**rank_env, **_rank_variables(rank, port)}, out / f"rank{rank}.log")
+            _start(warm, {**rank_env, **_rank_variables(rank, port)}, out / f"rank{rank}.log")
             for rank in range(WORLD_SIZE)
         ]
     exit_codes = _wait_all(processes, WORLD_LIMIT_S)
