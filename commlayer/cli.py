@@ -28,10 +28,11 @@ from .launch.restarts import Attempt, restart_line, run_with_restarts
 
 __all__ = ["main"]
 
-# After the first rank fails, how long the others may take to fail by themselves (a survivor of a
-# dead peer raises its typed error once the peer monitor misses its heartbeats, ~5 s by default)
-# before the launcher stops them; it stops them sooner once each has printed its exception.
-_SETTLE_S = 10.0
+# After the first rank fails, how long the others may take to fail by themselves before the
+# launcher stops them (a survivor on the dead rank's host sees its process gone within a tenth of
+# a second, an announced death within a heartbeat interval); sooner once each has printed its
+# exception. A rank busy outside collectives never fails by itself, so it costs this much.
+_SETTLE_S = 3.0
 _BENCH_MODULE = "commlayer.bench.cli"
 _CERTIFY_MODULE = "commlayer.testing.conformance.cli"
 
