@@ -32,6 +32,9 @@ __all__ = ["WorldLauncher", "require_mpirun", "run_world"]
 
 _LAUNCHERS = ("local", "mpirun")
 _KILL_GRACE_SECONDS = 1.0
+# After the first failure, how long a rank that is ending too still counts as ended, not stopped: a
+# warm-started rank's exit reaches the supervisor through its stand-in, a little later.
+_SETTLE_SECONDS = 0.5
 _TAIL_LINES = 30
 # Variables of an outer launcher (pytest itself under torchrun) must not leak into the test world.
 _OUTER_LAUNCHER_VARIABLES = (
@@ -93,6 +96,7 @@ def run_world(
             echo=False,
             forward_signals=False,
             kill_grace=_KILL_GRACE_SECONDS,
+            settle=_SETTLE_SECONDS,
             tail_lines=_TAIL_LINES * (1 if launcher == "local" else world_size),
             stop_check=watch,
         )
