@@ -188,13 +188,19 @@ class Manager:
         self.heartbeat.waiting(True)
         try:
             while not self.store.check([self._outcome_key]):
-                self._check(force=False)
+                try:
+                    self._check(force=False)
+                except StepAbortedError:
+                    # The outcome may have been decided meanwhile: the store's value is the one
+                    # every member acts on, so a death after the last member finished aborts nothing.
+                    self.store.compare_set(self._outcome_key, "", "abort")
+                    break
                 time.sleep(_POLL_S)
         finally:
             self.heartbeat.waiting(False)
         value = self.store.get(self._outcome_key).decode()
         if value == "abort":
-            raise StepAbortedError(f"member {self.member}: step {step} aborted by a peer")
+            raise StepAbortedError(f"member {self.member}: step {step} aborted by a peer or a death")
         self._outcome_key = None
         return json.loads(value)
 
@@ -211,8 +217,8 @@ class Manager:
         generation, key = self.generation, self._outcome_key
         if generation is None or key is None:
             return None
-        if self.store.check([key]) and self.store.get(key) == b"abort":
-            return "a peer aborted the step"
+        if self.store.check([key]):  # decided: every member acts on the same outcome
+            return "a peer aborted the step" if self.store.get(key) == b"abort" else None
         incarnations = generation.decision.incarnations
         dead = self.liveness.dead(
             (m for m in generation.decision.members if m != self.member),
