@@ -73,8 +73,6 @@ def monitor_store() -> tuple[Any, int]:
 _monitor: PeerMonitor | None = None
 _world_store: Any = None
 _world_rank = -1
-_world_size = 0
-_notice_limit_s = 0.0  # how long the store's host keeps it up for peers to read a death notice
 
 
 def start_monitor(
@@ -85,15 +83,14 @@ def start_monitor(
     The monitor talks to the store over its own connection: a TCPStore client serialises its
     requests, so a main thread blocked in ``store.wait`` would otherwise stop the heartbeats.
     """
-    global _monitor, _world_store, _world_rank, _world_size, _notice_limit_s, _saw_peer_loss, _announced
+    global _monitor, _world_store, _world_rank, _saw_peer_loss, _announced
     stop_monitor()
     _saw_peer_loss = _announced = False
     health.clear()
     options = HeartbeatOptions.from_env()
     if size == 1 or not options.enabled:
         return
-    _world_store, _world_rank, _world_size = _own_connection(store, options), rank, size
-    _notice_limit_s = 2 * options.interval_s + 0.5  # a peer reads the notices every interval
+    _world_store, _world_rank = _own_connection(store, options), rank
     if prefix:  # a shrunk world: its ranks are renumbered, its keys live apart
         _world_store = torch_dist.PrefixStore(prefix, _world_store)
     _publish_process(_world_store, rank)
@@ -163,17 +160,21 @@ def announce_death(reason: str, consequence: bool = False) -> None:
         store.set(DEAD_KEY.format(_world_rank), reason)
         store.add(DEATHS_KEY, 1)
         if _world_rank == 0 and failure is not None and failure.rank != 0:
-            _keep_store_until_peers_saw(store, failure)
+            _keep_store_until_peers_saw(store)
     except Exception as error:  # noqa: BLE001 - the store may be gone too
         log.debug("commlayer: could not announce this rank's death: %s", error)
 
 
-def _keep_store_until_peers_saw(store: Any, failure: health.PeerFailure) -> None:
+def _keep_store_until_peers_saw(store: Any) -> None:
     """Rank 0 hosts the store: going down as a consequence, it first waits (bounded) until every
     other survivor has seen the failure. Without the store, a peer that had not yet read the
     death notices would blame rank 0's exit rather than the rank that failed first."""
-    survivors = _world_size - 1  # this rank, which acknowledged when it saw the failure, included
-    deadline = time.monotonic() + _notice_limit_s
+    monitor = _monitor
+    if monitor is None:
+        return
+    survivors = len(monitor.peers)  # all but the failed rank: this one acknowledged too
+    # A peer reads the death notices once per heartbeat interval.
+    deadline = time.monotonic() + 2 * monitor.options.interval_s + 0.5
     while store.add(SEEN_KEY, 0) < survivors and time.monotonic() < deadline:
         time.sleep(0.01)
 

@@ -7,10 +7,10 @@ Run by path, never imported by commlayer::
 
 The server imports torch and the given modules (the rank worker's), nothing else: every fork
 starts from that state, so a server serves only ranks whose import-time environment is its own
-(the harness keeps one server per such environment). A ``run`` process is
-the rank's stand-in for whoever started it: it hands the server its stdio, environment and working
-directory, forwards the signals it gets to the forked rank, exits with the rank's status, and its
-death (a SIGKILL included) kills the rank.
+(the harness keeps one server per such environment). A ``run`` process is the rank's stand-in for
+whoever started it: it hands the server its stdio, environment and working directory, forwards
+the signals it gets to the forked rank, exits with the rank's status, and its death (a SIGKILL
+included) kills the rank.
 """
 
 from __future__ import annotations

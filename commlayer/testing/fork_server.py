@@ -3,8 +3,9 @@
 Importing torch is most of what a rank costs before its first collective, and a test suite
 starts hundreds of ranks. :func:`warm_command` turns a rank's ``python -m MODULE ...`` command
 into one that a fork server (``_fork_server.py``, one per distinct import-time environment, which
-has imported torch and the rank worker) runs for it: the rank still gets its own stdio, environment, working directory, exit status and
-signals. Any command the server cannot take, or any trouble starting one, keeps the cold start.
+has imported torch and the rank worker) runs for it: the rank still gets its own stdio,
+environment, working directory, exit status and signals. Any command the server cannot take, or
+any trouble starting one, keeps the cold start.
 ``COMMLAYER_TESTING_FORK_SERVER=0`` turns warm starts off.
 """
 
