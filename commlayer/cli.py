@@ -29,8 +29,8 @@ from .launch.restarts import Attempt, restart_line, run_with_restarts
 __all__ = ["main"]
 
 # After the first rank fails, how long the others may take to fail by themselves before the
-# launcher stops them (a survivor on the dead rank's host sees its process gone within a tenth of
-# a second, an announced death within a heartbeat interval); sooner once each has printed its
+# launcher stops them (a survivor on the dead rank's host sees its process gone at its next
+# process check, an announced death within a heartbeat interval); sooner once each has printed its
 # exception. A rank busy outside collectives never fails by itself, so it costs this much.
 _SETTLE_S = 3.0
 _BENCH_MODULE = "commlayer.bench.cli"

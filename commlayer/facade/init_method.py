@@ -200,8 +200,8 @@ def _tell_the_job(error: RendezvousEnvError, timeout: timedelta) -> None:
         log.debug("commlayer: could not tell the job about %s: %s", error, problem)
 
 
-# torch retries a refused connect once, after a randomized delay: one short attempt can last
-# 3.5 times its timeout, more under load. A store that accepted and never answers holds the
+# torch retries a refused connect once, after a randomized delay, so one short attempt can last
+# several times its timeout, more under load. A store that accepted and never answers holds the
 # attempt for good, so the wait must stay short.
 _ABANDONED_ATTEMPT_LIMIT_S = 5.0
 _CONNECT_ATTEMPT_S = 1.0
