@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import torch
+import threading
 
-from commlayer.types import Availability, Capabilities, ReduceOp
+import torch
+import torch.distributed as torch_dist
+
+from commlayer.backend import StandaloneOptions
+from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 
 from ._torch import TorchBackend
 
@@ -20,12 +24,36 @@ class NcclBackend(TorchBackend):
         reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
         native_avg=True,
     )
+    builds_standalone = True
 
     @classmethod
     def is_available(cls) -> Availability:
         if not torch.cuda.is_available():
             return Availability.no("no CUDA device is visible (torch.cuda.is_available() is False)")
         return super().is_available()
+
+    @classmethod
+    def create_standalone(cls, spec: GroupSpec, options: StandaloneOptions) -> NcclBackend:
+        """An NCCL communicator of the members alone on the current CUDA device.
+
+        It connects here rather than at its first op: the unique id's exchange then waits in
+        the store, bounded by the store's timeout, and never inside an op that a dead member
+        would hold forever.
+        """
+        store = torch_dist.PrefixStore(f"{spec.name}/nccl", spec.store)
+        nccl_options = torch_dist.ProcessGroupNCCL.Options()
+        nccl_options._timeout = spec.timeout
+        process_group = torch_dist.ProcessGroupNCCL(store, spec.group_rank, spec.size, nccl_options)
+        process_group.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+        return cls(spec, process_group)
+
+    def abort(self) -> None:
+        """Abort the NCCL communicators in a daemon thread: their kernels end without the peers.
+
+        ``ncclCommAbort`` may take a while with a dead peer; the communicator is abandoned
+        either way, so the caller goes on at once.
+        """
+        threading.Thread(target=self._pg.abort, name="commlayer-nccl-abort", daemon=True).start()
 
     def object_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())

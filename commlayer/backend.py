@@ -22,6 +22,9 @@ The rules, all of them:
 - ``create_standalone`` builds a communicator from its members and the store alone, again and
   again in one process, independent of any other communicator; a backend that implements it sets
   ``builds_standalone``, one that does not leaves the default, which raises UnsupportedError.
+- ``abort`` stops the communicator's outstanding ops at once, on this rank alone (a peer may be
+  dead); a backend whose ops run on a device until every peer arrives (NCCL kernels) must end
+  them there, one whose ops run in the calling thread leaves the default.
 - a backend whose library records torch.profiler events itself sets ``records_profiler_events``
   (the facade records one event per call for the others, see :mod:`commlayer.profiling`).
 - ``window`` returns a one-sided window following :mod:`commlayer.one_sided.contract`; the
@@ -220,6 +223,15 @@ class Backend(GenericCollectives, ABC):
 
     def shutdown(self) -> None:
         """Release library resources; the facade calls it from destroy_process_group."""
+
+    def abort(self) -> None:
+        """Stop this communicator's outstanding ops without its peers; it is unusable after.
+
+        Called on one rank alone, typically after a peer died mid-op (fault-tolerant training
+        abandons a generation's communicators this way), so it must not wait for anyone. The
+        default does nothing: ops that run in the calling thread are interrupted through
+        :mod:`commlayer.health` instead.
+        """
 
     def call_timeout(self, seconds: float) -> AbstractContextManager[None]:
         """Optional: bound every wait of this communicator by ``seconds`` while the context is open.

@@ -43,6 +43,11 @@ class Generation:
         """The generation number (the quorum that made it)."""
         return self.decision.generation
 
+    def abort(self) -> None:
+        """Stop this generation's outstanding ops on this member (a peer may be dead)."""
+        for communicator in (self.world, self.shard_group, self.replica_group):
+            communicator.abort()
+
 
 def standalone_backend(name: str) -> type[Backend]:
     """The backend class ``name``, checked able to build communicators again and again.

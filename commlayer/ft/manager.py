@@ -127,6 +127,7 @@ class Manager:
         if self._outcome_key is not None:
             self.store.compare_set(self._outcome_key, "", "abort")
         if self.generation is not None:
+            self.generation.abort()
             _ABANDONED.append(self.generation)
         self.generation, self._outcome_key = None, None
         health.clear()
@@ -336,16 +337,17 @@ class Manager:
             group, source = generation.world, decision.sources[0]
             root = decision.members.index(source)
         payload = state.export_state() if source == self.member else b""
-        size = torch.tensor([len(payload)], dtype=torch.int64)
+        device = group.object_device()
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
         self.run(group, lambda: group.broadcast(size, root, async_op=True))
         data = (
-            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
             if payload
-            else torch.empty(int(size.item()), dtype=torch.uint8)
+            else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
         )
         self.run(group, lambda: group.broadcast(data, root, async_op=True))
         if source != self.member:
-            state.import_state(data.numpy().tobytes(), decision.step)
+            state.import_state(data.cpu().numpy().tobytes(), decision.step)
 
 
 def _read_decision(raw: bytes) -> Decision:

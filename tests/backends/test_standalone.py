@@ -15,8 +15,9 @@ import torch.distributed as torch_dist
 
 from commlayer.backend import Backend, StandaloneOptions
 from commlayer.backends.gloo import GlooBackend
+from commlayer.backends.nccl import NcclBackend
 from commlayer.errors import CollectiveMismatchError, UnsupportedError
-from commlayer.ft import FaultToleranceOptions, Manager
+from commlayer.ft import FaultToleranceOptions, FaultTolerantDataParallel, Manager
 from commlayer.registry import register_backend, unregister_backend
 from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 
@@ -83,6 +84,7 @@ class _WorldOnly(Backend):
 def test_the_default_refuses_and_ft_refuses_such_a_backend_before_any_quorum() -> None:
     spec = GroupSpec("solo", (0,), 0, torch_dist.HashStore(), TIMEOUT)
     assert not _WorldOnly.builds_standalone and GlooBackend.builds_standalone
+    assert NcclBackend.builds_standalone  # fault-tolerant jobs on GPUs (needs CUDA to build)
     with pytest.raises(UnsupportedError, match="backend 'world-only' cannot build standalone communicators"):
         _WorldOnly.create_standalone(spec, StandaloneOptions())
     register_backend("world-only", _WorldOnly)
@@ -92,3 +94,18 @@ def test_the_default_refuses_and_ft_refuses_such_a_backend_before_any_quorum() -
             Manager(torch_dist.HashStore(), 0, options, sharded=False)
     finally:
         unregister_backend("world-only")
+
+
+def test_an_abort_leaves_a_standalone_gloo_communicator_at_once() -> None:
+    # gloo's ops wait in their Work, which the caller abandons: the contract's default does nothing.
+    assert _on_members(2, "aborted", lambda comm: comm.abort(), checks=False) == [None, None]
+
+
+def test_ft_data_parallel_wants_one_dtype_on_one_device() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+    manager = Manager(torch_dist.HashStore(), 0, FaultToleranceOptions(replicas=1), sharded=False)
+    try:
+        with pytest.raises(ValueError, match="one dtype on one device, received dtypes.*float64"):
+            FaultTolerantDataParallel(model, lambda params: torch.optim.SGD(params, lr=0.1), manager, stage=0)
+    finally:
+        manager.finish()
