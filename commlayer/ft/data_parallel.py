@@ -31,7 +31,7 @@ from .manager import Manager
 __all__ = ["NATIVE_REDUCE_SCATTER", "FaultTolerantDataParallel"]
 
 #: Backends that reduce-scatter natively (others all-reduce the bucket and keep their slice).
-NATIVE_REDUCE_SCATTER = ("shm",)
+NATIVE_REDUCE_SCATTER = ("shm", "nccl")
 
 
 class FaultTolerantDataParallel:
@@ -65,14 +65,14 @@ class FaultTolerantDataParallel:
         self.params = [p for p in model.parameters() if p.requires_grad]
         shards = manager.options.shards if stage > 0 else 1
         numel = sum(p.numel() for p in self.params)
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) != 1 or any(p.device.type != "cpu" for p in self.params):
+        dtypes, devices = {p.dtype for p in self.params}, {p.device for p in self.params}
+        if len(dtypes) != 1 or len(devices) != 1:
             raise ValueError(
-                f"FaultTolerantDataParallel: argument 'model' expected CPU parameters of one dtype, "
-                f"received dtypes {sorted(map(str, dtypes))}"
+                f"FaultTolerantDataParallel: argument 'model' expected parameters of one dtype on "
+                f"one device, received dtypes {sorted(map(str, dtypes))} on {sorted(map(str, devices))}"
             )
         self.shard_numel = math.ceil(numel / shards)
-        self.flat = torch.zeros(self.shard_numel * shards, dtype=dtypes.pop())
+        self.flat = torch.zeros(self.shard_numel * shards, dtype=dtypes.pop(), device=devices.pop())
         self._view_params_into_flat()
         self.shard_index = manager.options.slot(manager.member)[1] if stage > 0 else 0
         start = self.shard_index * self.shard_numel
@@ -112,7 +112,7 @@ class FaultTolerantDataParallel:
 
     def import_state(self, payload: bytes, step: int) -> None:
         """Take a peer's master shard and optimizer state, at ``step`` (see TrainingState)."""
-        state = torch.load(io.BytesIO(payload), weights_only=True)
+        state = torch.load(io.BytesIO(payload), map_location=self.flat.device, weights_only=True)
         with torch.no_grad():
             self.master.copy_(state["master"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -166,7 +166,7 @@ class FaultTolerantDataParallel:
             run(world, lambda: world.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
             self.master.grad = self.grads / contributors
             return
-        shard = torch.empty(self.shard_numel, dtype=self.flat.dtype)
+        shard = torch.empty(self.shard_numel, dtype=self.flat.dtype, device=self.flat.device)
         group, replicas = generation.shard_group, generation.replica_group
         if group.name in NATIVE_REDUCE_SCATTER:
             run(group, lambda: group.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True))

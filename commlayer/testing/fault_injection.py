@@ -63,6 +63,7 @@ def run_job(
     plan: FaultPlan,
     *,
     backend: str = "gloo",
+    device: str = "cpu",
     stage: int = 2,
     steps: int = 20,
     replicas: int = 2,
@@ -78,7 +79,7 @@ def run_job(
     workdir.mkdir(parents=True, exist_ok=True)
     common = [
         "--store", f"127.0.0.1:{store.port}", "--replicas", str(replicas), "--shards", str(shards),
-        "--backend", backend, "--stage", str(stage), "--steps", str(steps),
+        "--backend", backend, "--device", device, "--stage", str(stage), "--steps", str(steps),
         "--step-time", str(step_time), "--hang-timeout", str(hang_timeout),
     ]  # fmt: skip
     job = _Job(workdir, common)

@@ -8,9 +8,11 @@ seeded by ``(t, replica, shard)``, so a single process can replay the job (:func
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Mapping
 
@@ -42,8 +44,9 @@ def batch(step: int, replica: int, shard: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def loss_of(module: torch.nn.Module, step: int, replica: int, shard: int) -> torch.Tensor:
+    device = next(module.parameters()).device
     x, y = batch(step, replica, shard)
-    return torch.nn.functional.mse_loss(module(x), y)
+    return torch.nn.functional.mse_loss(module(x.to(device)), y.to(device))
 
 
 def reference(steps: int, shards: int, contributions: Mapping[int, list[int]]) -> torch.Tensor:
@@ -65,6 +68,7 @@ def reference(steps: int, shards: int, contributions: Mapping[int, list[int]]) -
 
 def main() -> None:
     args = _parse()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck member waits
     logging.basicConfig(level=logging.INFO, format=f"member {args.member} %(asctime)s %(message)s")
     host, port = args.store.rsplit(":", 1)
     store = torch_dist.TCPStore(
@@ -74,7 +78,7 @@ def main() -> None:
         replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
     )
     replica, shard = options.slot(args.member)
-    model = build_model()
+    model = build_model().to(_device(args.device, args.member))
     if args.wait_key:  # a spare started ahead of time (and warmed up): it joins when told to
         loss_of(model, 0, replica, shard).backward()
         store.set(f"{args.wait_key}/ready", "1")
@@ -94,6 +98,15 @@ def main() -> None:
         status = "not joined"
     _report(args.out, engine, manager, status, time.time() - started)
     os._exit(0)
+
+
+def _device(kind: str, member: int) -> torch.device:
+    """The member's device: the CPU, or one GPU per member slot (NCCL allows one rank per GPU)."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    device = torch.device("cuda", member % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def _maybe_hang(store: torch_dist.Store, member: int, step: int) -> None:
@@ -126,6 +139,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--stage", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.0)
