@@ -9,6 +9,7 @@ the time lost per failure (the slowest never-killed member's training time minus
 fault-free runs measured in the same invocation, divided by the kills), and the fault.
 
     python benchmarks/fault_injection.py --runs 50 --second 10 --backend gloo
+    python benchmarks/fault_injection.py --runs 5 --second 0 --backend nccl --device cuda   # 4 GPUs
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from commlayer.testing.fault_injection import FaultPlan, JobResult, random_plan, run_job
 
@@ -36,12 +39,14 @@ def main() -> None:
     rng = random.Random(args.seed)
     common = {
         "backend": args.backend,
+        "device": args.device,
         "steps": args.steps,
         "step_time": args.step_time,
         "deadline_s": args.deadline,
     }
     records: list[dict] = []
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as temporary:
+        scratch = args.workdir or temporary  # the members' logs and reports stay in --workdir
         baseline = []
         for index in range(args.baseline_runs):
             result = run_job(Path(scratch) / f"ref{index}", FaultPlan(), **common)
@@ -77,15 +82,22 @@ def _write(args: argparse.Namespace, reference: float, baseline: list[float], re
     if not args.out:
         return
     meta = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "machine": _machine(args.device),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": f"python benchmarks/fault_injection.py --runs {args.runs} --second {args.second} "
-        f"--backend {args.backend} --steps {args.steps} --step-time {args.step_time}",
+        f"--backend {args.backend} --device {args.device} --steps {args.steps} --step-time {args.step_time}",
         "fault_free_seconds": baseline,
         "reference_seconds": reference,
         "step_seconds": reference / args.steps,
     }
     Path(args.out).write_text(json.dumps({"meta": meta, "runs": records}, indent=1))
+
+
+def _machine(device: str) -> str:
+    host = f"{platform.node()} {platform.processor() or platform.machine()}"
+    if device == "cpu":
+        return host
+    return f"{host}, {torch.cuda.device_count()}x {torch.cuda.get_device_name()}, torch {torch.__version__}"
 
 
 def _summary(args: argparse.Namespace, reference: float, records: list[dict]) -> None:
@@ -106,12 +118,14 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--second", type=int, default=10, help="runs with a second kill during recovery")
     parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per member")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--step-time", type=float, default=0.2, help="seconds of simulated compute per step")
     parser.add_argument("--baseline-runs", type=int, default=2)
     parser.add_argument("--deadline", type=float, default=180.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="")
+    parser.add_argument("--workdir", default="", help="keep each run's member logs here")
     return parser.parse_args()
 
 
