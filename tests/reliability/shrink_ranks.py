@@ -3,12 +3,14 @@
 ``python -m tests.reliability.shrink_ranks BACKEND`` forks the three ranks of a fresh world (no
 launcher watching them). Rank 1 is SIGKILLed after a few exactly checked all_reduces; ranks 0
 and 2 catch the PeerFailureError, call ``dist.shrink_group([failed_rank])`` and run exactly
-checked collectives on the shrunk world (renumbered 0 and 1), a subgroup built after it and a
-shrink of that subgroup's sibling, then destroy it. One JSON line per survivor on stdout.
+checked collectives on the shrunk world (renumbered 0 and 1), a subgroup built after it, and
+torch's DistributedDataParallel over the bridge rebuilt on the shrunk world, each step equal to a
+one-process replay; then destroy it. One JSON line per survivor on stdout.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import sys
@@ -17,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch import nn
 
 from commlayer import dist
 from commlayer.errors import PeerFailureError
@@ -42,6 +45,7 @@ def run_rank(backend: str, rank: int, port: int) -> dict[str, Any]:
     world = dist.shrink_group([failed])
     record = {"rank": rank, "failed_rank": failed, "shrink_s": round(time.monotonic() - started, 3)}
     record.update(_check_shrunk_world(world))
+    record["ddp_steps"] = _train_ddp_on(world)
     dist.destroy_process_group()
     return record
 
@@ -70,6 +74,33 @@ def _check_shrunk_world(world: Any) -> dict[str, Any]:
     pair = dist.new_group([0, 1])
     _check_all_reduce(pair, rank, size, 7)
     return {"checked": True, "rank_after": rank, "size_after": size}
+
+
+def _train_ddp_on(world: Any, steps: int = 3) -> int:
+    """torch's DDP on the shrunk world's torch group; every step equals a local replay of all ranks."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).double()
+    replay = copy.deepcopy(model)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=world.torch_group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    replay_optimizer = torch.optim.SGD(replay.parameters(), lr=0.1)
+    for step in range(steps):
+        ddp(_ddp_batch(step, rank)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        for contributor in range(size):  # DDP averages by dividing each rank's gradient first
+            (replay(_ddp_batch(step, contributor)).square().mean() / size).backward()
+        replay_optimizer.step()
+        replay_optimizer.zero_grad()
+        for trained, replayed in zip(model.parameters(), replay.parameters(), strict=True):
+            assert torch.equal(trained, replayed), (step, (trained - replayed).abs().max().item())
+    return steps
+
+
+def _ddp_batch(step: int, rank: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 8, generator=generator, dtype=torch.float64)
 
 
 def main(backend: str) -> None:

@@ -3,7 +3,7 @@
 The multi-rank test forks an unsupervised 3-rank world per backend (tests/reliability/
 shrink_ranks.py): rank 1 is SIGKILLed, ranks 0 and 2 catch the PeerFailureError, shrink the
 world around the dead rank and check exact collectives (sync, async, broadcast, all-gather,
-barrier, a new subgroup) on the renumbered world of two.
+barrier, a new subgroup) and torch's DDP rebuilt over the bridge on the renumbered world of two.
 """
 
 from __future__ import annotations
@@ -37,5 +37,5 @@ def test_survivors_shrink_the_world_and_train_on(backend: str) -> None:
     for rank, new_rank in ((0, 0), (2, 1)):
         record = records[rank]
         assert "error" not in record, record["error"]
-        assert record["failed_rank"] == 1 and record["checked"], record
+        assert record["failed_rank"] == 1 and record["checked"] and record["ddp_steps"] == 3, record
         assert (record["rank_after"], record["size_after"], record["code"]) == (new_rank, 2, 0), record
