@@ -81,6 +81,7 @@ def main() -> None:
     model = build_model().to(_device(args.device, args.member))
     if args.wait_key:  # a spare started ahead of time (and warmed up): it joins when told to
         loss_of(model, 0, replica, shard).backward()
+        make_optimizer(list(model.parameters()))  # the first optimizer pays torch's lazy imports
         store.set(f"{args.wait_key}/ready", "1")
         store.wait([args.wait_key])
     manager = Manager(store, args.member, options, sharded=args.stage > 0)
