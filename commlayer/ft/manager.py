@@ -103,7 +103,7 @@ class Manager:
         while self.generation is None:
             decision = self._quorum(state)
             try:
-                self.generation = build_generation(self.store, decision, self.member, self.options)
+                self.generation = self._build(decision)
                 self._outcome_key = f"{self.prefix}/g{decision.generation}/sync"
                 self._sync_state(decision, state)
                 self._outcome_key = None
@@ -121,6 +121,14 @@ class Manager:
                 decision.step,
             )
         return self.generation
+
+    def _build(self, decision: Decision) -> Generation:
+        # Building waits for the slowest member: waiting, not hung, however long it takes.
+        self.heartbeat.waiting(True)
+        try:
+            return build_generation(self.store, decision, self.member, self.options)
+        finally:
+            self.heartbeat.waiting(False)
 
     def abandon(self) -> None:
         """Leave the current generation (its step aborts for everyone); the next step re-forms."""
