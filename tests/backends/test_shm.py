@@ -14,6 +14,7 @@ import pytest
 
 from commlayer.ports import free_port
 from commlayer.testing import require_mpirun, run_world
+from commlayer.testing.fork_server import warm_command
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.multirank
@@ -91,7 +92,12 @@ def _run_death_world(world_size: int, victim: int, timeout_s: float) -> list[str
         }
         processes.append(
             subprocess.Popen(
-                command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                warm_command(command, env),
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         )
     deadline = time.monotonic() + timeout_s + 60

@@ -15,6 +15,7 @@ import torch
 
 from commlayer import zero
 from commlayer.errors import CheckpointError
+from commlayer.testing.fork_server import warm_command
 from tests.zero import zero_model as common
 from tests.zero.test_zero_engine import RECIPE, make_engine
 
@@ -55,8 +56,10 @@ def test_a_kill_inside_a_save_leaves_a_loadable_checkpoint(
 ) -> None:
     """Killed before the link switch: the old version loads; after it: the new one does."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "tests.reliability.checkpoint_faults_ranks", str(tmp_path), window, "30"]
+    # Warm-started (commlayer.testing.fork_server); its stand-in's SIGKILL kills the saver too.
     saver = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.checkpoint_faults_ranks", str(tmp_path), window, "30"],
+        warm_command(command, env),
         env=env,
         stdout=subprocess.PIPE,
         text=True,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from commlayer.ports import free_port
+from commlayer.testing.fork_server import warm_command
 
 pytestmark = pytest.mark.multirank
 
@@ -41,7 +42,9 @@ def _start(rank: str, port: int, out: Path, timeout_s: float) -> subprocess.Pope
         MASTER_PORT=str(port),
     )
     command = [sys.executable, "-m", "tests.reliability.launch_errors_ranks", str(out), str(timeout_s)]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        warm_command(command, env), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def _finish(process: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from commlayer.bench.records import RECORD_KEYS
 from commlayer.metrics import busbw_factor
 from commlayer.registry import list_backends
 from commlayer.testing import require_mpirun, run_world
+from commlayer.testing.fork_server import warm_command
 
 ALL_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,barrier,pingpong"
 SIZES = [8, 64, 512, 4096]  # -b 8 -e 4K -f 8; every size holds whole float32 chunks for 2 ranks
@@ -29,7 +31,8 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def _bench(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "commlayer", "bench", *argv]
+    # Warm-started (commlayer.testing.fork_server): the parent's torch import is paid once.
+    command = warm_command([sys.executable, "-m", "commlayer", "bench", *argv], os.environ)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
