@@ -29,8 +29,14 @@ __all__ = ["warm_command"]
 _SCRIPT = str(Path(__file__).with_name("_fork_server.py"))
 _READY_TIMEOUT_S = 60.0
 # The modules a server imports for its ranks: torch's import is most of a rank's start-up, the
-# worker's (commlayer's) most of the rest.
-_PRELOAD = ("commlayer.testing._worker",)
+# worker's (commlayer's) most of the rest; then the facade and the backends nearly every rank
+# initialises (none reads the environment or starts a thread on import).
+_PRELOAD = (
+    "commlayer.testing._worker",
+    "commlayer.dist",
+    "commlayer.backends.gloo",
+    "commlayer.backends.shm",
+)
 # Variables that may be read while those modules are imported (or by the dynamic loader): a server
 # serves only ranks whose values match its own. Each forked rank applies PYTHONPATH and
 # PYTHONUNBUFFERED itself, and its results and trace folders are read only once it runs.
