@@ -15,23 +15,17 @@ included) kills the rank.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import gc
-import importlib
-import io
 import json
 import os
-import random
-import runpy
-import select
 import signal
 import socket
 import struct
 import sys
-import threading
-import traceback
 from typing import Any, NoReturn
+
+# A stand-in starts once per rank and needs only the modules above; the server and its ranks
+# import the rest where they use it (torch has imported them all already, so a rank finds them
+# in sys.modules).
 
 _FORWARDED_SIGNALS = (
     signal.SIGTERM,
@@ -52,6 +46,10 @@ def serve(path: str, stand_in_variable: str, preload: list[str]) -> None:
     """Import torch and ``preload``, listen on ``path``, fork a rank per request and report each
     one's exit. Each rank finds its stand-in's pid in the environment variable ``stand_in_variable``.
     """
+    import gc
+    import importlib
+    import select
+
     _die_with_parent()
     # The imports every rank would otherwise pay for.
     import torch
@@ -79,6 +77,8 @@ def serve(path: str, stand_in_variable: str, preload: list[str]) -> None:
 
 
 def _die_with_parent() -> None:
+    import ctypes
+
     parent = os.getppid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
@@ -145,6 +145,8 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> NoReturn:
     os.environ.update(request["env"])
     _reopen_stdio(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
     _die_with_stand_in(stand_in)
+    import random
+
     random.seed()  # a fresh process draws its own seed; forks of one server would share it
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -152,6 +154,8 @@ def _become_rank(request: dict[str, Any], fds: list[int]) -> NoReturn:
 
 
 def _reopen_stdio(unbuffered: bool) -> None:
+    import io
+
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     for fd, name in ((1, "stdout"), (2, "stderr")):
         raw = io.FileIO(fd, "w", closefd=False)
@@ -168,6 +172,8 @@ def _reopen_stdio(unbuffered: bool) -> None:
 def _die_with_stand_in(stand_in: int) -> None:
     """Read the stand-in's pipe until it closes, which happens only when the stand-in has died."""
 
+    import threading
+
     def watch() -> None:
         while os.read(stand_in, 1):
             pass
@@ -178,6 +184,10 @@ def _die_with_stand_in(stand_in: int) -> None:
 
 def _run_as_main(argv: list[str]) -> int:
     """Run ``-m MODULE ARGS...`` as ``__main__``, then exit as the interpreter would."""
+    import atexit
+    import runpy
+    import threading
+
     if len(argv) < 2 or argv[0] != "-m":
         print(f"_fork_server: expected '-m MODULE ARGS...', received {argv!r}", file=sys.stderr)
         return 2
@@ -213,6 +223,8 @@ def _exit_code(main: Any) -> int:
         print(code, file=sys.stderr)
         return 1
     except BaseException:  # noqa: BLE001 - an uncaught exception ends a process with code 1
+        import traceback
+
         traceback.print_exc()
         return 1
     return 0
