@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-from commlayer.testing.fork_server import warm_command
-
 pytestmark = pytest.mark.multirank
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,9 +33,8 @@ def run_cycles(backend: str, cycles: int) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "COMMLAYER_DEBUG"):
         env.pop(name, None)
-    # Warm-started (commlayer.testing.fork_server): torch is imported once, not once per backend.
     done = subprocess.run(
-        warm_command([sys.executable, "-m", "tests.reliability.dead_rank_ranks", backend, str(cycles)], env),
+        [sys.executable, "-m", "tests.reliability.dead_rank_ranks", backend, str(cycles)],
         env=env,
         check=False,
         capture_output=True,
