@@ -48,10 +48,10 @@ class NcclBackend(TorchBackend):
         return cls(spec, process_group)
 
     def abort(self) -> None:
-        """Abort the NCCL communicators in a daemon thread: their kernels end without the peers.
+        """Start aborting the NCCL communicators and return without waiting for the abort.
 
-        ``ncclCommAbort`` may take a while with a dead peer; the communicator is abandoned
-        either way, so the caller goes on at once.
+        ``ncclCommAbort`` can wait for good on a kernel whose peer died; the communicator is
+        abandoned either way, so a daemon thread runs it and the caller goes on at once.
         """
         threading.Thread(target=self._pg.abort, name="commlayer-nccl-abort", daemon=True).start()
 

@@ -22,9 +22,10 @@ The rules, all of them:
 - ``create_standalone`` builds a communicator from its members and the store alone, again and
   again in one process, independent of any other communicator; a backend that implements it sets
   ``builds_standalone``, one that does not leaves the default, which raises UnsupportedError.
-- ``abort`` stops the communicator's outstanding ops at once, on this rank alone (a peer may be
-  dead); a backend whose ops run on a device until every peer arrives (NCCL kernels) must end
-  them there, one whose ops run in the calling thread leaves the default.
+- ``abort`` stops the communicator's outstanding ops on this rank alone (a peer may be dead) and
+  returns without waiting for anyone; a backend whose ops run on a device until every peer
+  arrives (NCCL kernels) starts ending them there, one whose ops run in the calling thread leaves
+  the default.
 - a backend whose library records torch.profiler events itself sets ``records_profiler_events``
   (the facade records one event per call for the others, see :mod:`commlayer.profiling`).
 - ``window`` returns a one-sided window following :mod:`commlayer.one_sided.contract`; the

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from ..types import ReduceOp
-from .communicators import Generation
+from .communicators import Generation, standalone_backend
 from .errors import StepAbortedError
 from .manager import Manager
 
@@ -32,6 +32,28 @@ __all__ = ["NATIVE_REDUCE_SCATTER", "FaultTolerantDataParallel"]
 
 #: Backends that reduce-scatter natively (others all-reduce the bucket and keep their slice).
 NATIVE_REDUCE_SCATTER = ("shm", "nccl")
+
+
+def _parameters_layout(
+    params: list[torch.nn.Parameter], manager: Manager
+) -> tuple[torch.dtype, torch.device]:
+    """The one dtype and device of ``params``, checked against the Manager's backend."""
+    dtypes, devices = {p.dtype for p in params}, {p.device for p in params}
+    if len(dtypes) != 1 or len(devices) != 1:
+        raise ValueError(
+            f"FaultTolerantDataParallel: argument 'model' expected parameters of one dtype on "
+            f"one device, received dtypes {sorted(map(str, dtypes))} on {sorted(map(str, devices))} "
+            f"(member {manager.member})"
+        )
+    device = devices.pop()
+    backend = standalone_backend(manager.options.backend)
+    if device.type not in backend.capabilities.devices:
+        raise ValueError(
+            f"FaultTolerantDataParallel: argument 'model' expected parameters on a device of backend "
+            f"'{backend.name}' ({', '.join(sorted(backend.capabilities.devices))}), received {device} "
+            f"(member {manager.member})"
+        )
+    return dtypes.pop(), device
 
 
 class FaultTolerantDataParallel:
@@ -65,14 +87,9 @@ class FaultTolerantDataParallel:
         self.params = [p for p in model.parameters() if p.requires_grad]
         shards = manager.options.shards if stage > 0 else 1
         numel = sum(p.numel() for p in self.params)
-        dtypes, devices = {p.dtype for p in self.params}, {p.device for p in self.params}
-        if len(dtypes) != 1 or len(devices) != 1:
-            raise ValueError(
-                f"FaultTolerantDataParallel: argument 'model' expected parameters of one dtype on "
-                f"one device, received dtypes {sorted(map(str, dtypes))} on {sorted(map(str, devices))}"
-            )
+        dtype, device = _parameters_layout(self.params, manager)
         self.shard_numel = math.ceil(numel / shards)
-        self.flat = torch.zeros(self.shard_numel * shards, dtype=dtypes.pop(), device=devices.pop())
+        self.flat = torch.zeros(self.shard_numel * shards, dtype=dtype, device=device)
         self._view_params_into_flat()
         self.shard_index = manager.options.slot(manager.member)[1] if stage > 0 else 0
         start = self.shard_index * self.shard_numel

@@ -105,6 +105,11 @@ def _device(kind: str, member: int) -> torch.device:
     """The member's device: the CPU, or one GPU per member slot (NCCL allows one rank per GPU)."""
     if kind == "cpu":
         return torch.device("cpu")
+    if torch.cuda.device_count() == 0:
+        raise RuntimeError(
+            f"ft_member: argument '--device' expected a machine with a CUDA device, received 'cuda' "
+            f"where none is visible (member {member})"
+        )
     device = torch.device("cuda", member % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device

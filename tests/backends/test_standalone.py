@@ -101,11 +101,20 @@ def test_an_abort_leaves_a_standalone_gloo_communicator_at_once() -> None:
     assert _on_members(2, "aborted", lambda comm: comm.abort(), checks=False) == [None, None]
 
 
-def test_ft_data_parallel_wants_one_dtype_on_one_device() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+def test_ft_data_parallel_wants_one_dtype_on_a_device_of_its_backend() -> None:
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+    elsewhere = torch.nn.Linear(2, 2, device="meta")
     manager = Manager(torch_dist.HashStore(), 0, FaultToleranceOptions(replicas=1), sharded=False)
     try:
-        with pytest.raises(ValueError, match="one dtype on one device, received dtypes.*float64"):
-            FaultTolerantDataParallel(model, lambda params: torch.optim.SGD(params, lr=0.1), manager, stage=0)
+        with pytest.raises(
+            ValueError, match=r"one dtype on one device, received dtypes.*float64.*\(member 0\)"
+        ):
+            FaultTolerantDataParallel(mixed, lambda params: torch.optim.SGD(params, lr=0.1), manager, stage=0)
+        with pytest.raises(
+            ValueError, match=r"a device of backend 'gloo' \(cpu\), received meta \(member 0\)"
+        ):
+            FaultTolerantDataParallel(
+                elsewhere, lambda params: torch.optim.SGD(params, lr=0.1), manager, stage=0
+            )
     finally:
         manager.finish()
