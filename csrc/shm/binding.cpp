@@ -94,7 +94,7 @@ py::object launcher(py::object self, const std::string& op, int fixed, py::dict 
 
 // A window's put or get; long copies let other Python threads run meanwhile.
 void window_copy(Address dst, Address src, std::size_t bytes) {
-    if (bytes < kStreamingCopyBytes) {
+    if (bytes < kLongCopyBytes) {
         copy_bytes(ptr(dst), ptr(src), bytes);
         return;
     }

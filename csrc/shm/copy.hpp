@@ -5,11 +5,11 @@
 
 namespace commlayer::shm {
 
-// Below this many bytes a copy is memcpy: source and destination of two ranks at once still fit
-// a server's last-level cache. From it on, stores bypass the cache (see copy.cpp).
-constexpr std::size_t kStreamingCopyBytes = std::size_t{16} << 20;
+// From this many bytes a copy runs long enough that letting other Python threads run pays.
+constexpr std::size_t kLongCopyBytes = std::size_t{1} << 20;
 
-// dst[0, bytes) = src[0, bytes); the ranges must not overlap.
+// dst[0, bytes) = src[0, bytes); the ranges must not overlap. Copies whose source and
+// destination, for two ranks at once, would not fit the last-level cache bypass it (copy.cpp).
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
 
 }  // namespace commlayer::shm

@@ -111,7 +111,8 @@ def test_backend_is_available_here() -> None:
     assert ShmBackend.is_available(), ShmBackend.is_available().reason
 
 
-@pytest.mark.parametrize("nbytes", [0, 1, 63, 4096 + 5, (16 << 20) + 77])  # the last streams past the cache
+# From 8 MiB the copy streams past the cache, in 1, 2 and 4 interleaved runs plus a remainder.
+@pytest.mark.parametrize("nbytes", [0, 1, 63, 4096 + 5, (8 << 20) + 77, (16 << 20) + 77, (40 << 20) + 4099])
 @pytest.mark.parametrize("misalign", [0, 1, 37])
 def test_window_copy_is_exact_at_every_size_and_alignment(nbytes: int, misalign: int) -> None:
     source = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8)
