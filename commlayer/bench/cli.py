@@ -104,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the slowest rank's mean); other load on the machine only ever adds time (default 1)",
     )
     parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="open every backend at once and let them take turns, repeat by repeat, at each size, "
+        "so that a machine whose speed drifts during the run (a shared VM) charges the drift to "
+        "all alike; compare with --repeats 3 or more (rows print when an op is done)",
+    )
+    parser.add_argument(
         "--async",
         dest="async_op",
         action="store_true",
@@ -252,6 +259,7 @@ def _options(args: argparse.Namespace) -> BenchOptions:
         iters=args.iters,
         warmup=args.warmup,
         repeats=args.repeats,
+        interleave=args.interleave,
         async_op=args.async_op,
         check=args.check,
         device=args.device,

@@ -45,6 +45,7 @@ class BenchOptions:
     iters: int = 20
     warmup: int = 5
     repeats: int = 1  # timed runs of `iters` per size; the best one is kept
+    interleave: bool = False  # backends take turns repeat by repeat at each size
     async_op: bool = False
     check: bool = False
     device: str = "auto"  # "auto": the backend's accelerator when there is one, else cpu

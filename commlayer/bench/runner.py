@@ -31,7 +31,7 @@ from commlayer.registry import get_backend_class
 from commlayer.rendezvous import discover
 
 from ..metrics import algbw_gbps, busbw_factor
-from .cases import FACADE_OPS, CaseContext, check_values_exact, layout, make_case
+from .cases import FACADE_OPS, CaseContext, Layout, check_values_exact, layout, make_case
 from .options import BenchOptions
 from .raw import RAW_BACKENDS, MemcpyCalls, RawMpiCalls
 from .records import BenchRecord, SweepResult
@@ -96,6 +96,16 @@ class _Sweep:
 
     def run(self) -> SweepResult | None:
         self._note_pinning()
+        if self.options.interleave:
+            self._run_interleaved()
+        else:
+            self._run_in_turn()
+        if self.rank != 0:
+            return None
+        return SweepResult(tuple(self.records), tuple(self.notes), self.world_size, tuple(self.devices))
+
+    def _run_in_turn(self) -> None:
+        """Every op and size of one backend, then the next backend's."""
         for backend in self.options.backends:
             group, device = self._open(backend)
             if group is None:
@@ -107,9 +117,24 @@ class _Sweep:
                     self._run_op(backend, op, group, device)
             finally:
                 _close(group)
-        if self.rank != 0:
-            return None
-        return SweepResult(tuple(self.records), tuple(self.notes), self.world_size, tuple(self.devices))
+
+    def _run_interleaved(self) -> None:
+        """Every backend open at once; at each size, repeat r of every backend runs before any
+        backend's repeat r + 1, so a machine whose speed drifts charges the drift to all alike."""
+        opened: list[tuple[str, Any, torch.device]] = []
+        try:
+            for backend in self.options.backends:
+                group, device = self._open(backend)
+                if group is None:
+                    self._skip_steps(backend, self.options.ops)
+                    continue
+                self.devices.append((backend, str(device)))
+                opened.append((backend, group, device))
+            for op in self.options.ops:
+                self._run_op_interleaved(op, opened)
+        finally:
+            for _, group, _ in opened:
+                _close(group)
 
     def _note_pinning(self) -> None:
         """Say so when a launcher pinned this rank: helper threads (gloo's) then share its cores."""
@@ -152,11 +177,7 @@ class _Sweep:
             self.notes.append(f"{backend} {op}: skipped: {reason}")
             self._skip_steps(backend, (op,))
             return
-        context = CaseContext(group, self.rank, self.world_size, device, self.options.torch_dtype)
-        if backend in RAW_BACKENDS:  # the reference's own calls, not the facade's
-            context = CaseContext(
-                None, self.rank, self.world_size, device, self.options.torch_dtype, api=group
-            )
+        context = self._context(backend, group, device)
         measured: set[int] = set()
         for requested in self.plan.sizes(op):
             shape = layout(op, requested, self.options.torch_dtype, self.world_size)
@@ -168,6 +189,54 @@ class _Sweep:
                     case.close()  # a window case frees its window (collective)
                 self._record(backend, shape.op, shape.nbytes, shape.count, times_us, wrong)
             self._advance(f"{backend} {op} {requested}B")
+
+    def _run_op_interleaved(self, op: str, opened: list[tuple[str, Any, torch.device]]) -> None:
+        """One op on every open backend, side by side; its rows are reported backend by backend."""
+        runnable: list[tuple[str, CaseContext, torch.device]] = []
+        for backend, group, device in opened:
+            reason = self._unsupported(backend, op, device)
+            if reason is None:
+                runnable.append((backend, self._context(backend, group, device), device))
+            else:
+                self.notes.append(f"{backend} {op}: skipped: {reason}")
+                self._skip_steps(backend, (op,))
+        measured: set[int] = set()
+        rows: dict[str, list[tuple[Any, ...]]] = {backend: [] for backend, _, _ in runnable}
+        for requested in self.plan.sizes(op):
+            shape = layout(op, requested, self.options.torch_dtype, self.world_size)
+            if shape.nbytes not in measured:  # rounding to whole chunks can repeat a size
+                measured.add(shape.nbytes)
+                for backend, times_us, wrong in self._measure_side_by_side(runnable, shape):
+                    rows[backend].append((backend, shape.op, shape.nbytes, shape.count, times_us, wrong))
+            for backend, _, _ in runnable:
+                self._advance(f"{backend} {op} {requested}B")
+        for backend_rows in rows.values():
+            for row in backend_rows:
+                self._record(*row)
+
+    def _measure_side_by_side(
+        self, runnable: list[tuple[str, CaseContext, torch.device]], shape: Layout
+    ) -> list[tuple[str, list[float], int]]:
+        """Every backend's (times, wrong) at one size, their repeats taking turns."""
+        cases = [(backend, make_case(context, shape), device) for backend, context, device in runnable]
+        for _, case, device in cases:
+            self._warm_up(case, device)
+        timed: dict[str, list[tuple[float, int]]] = {backend: [] for backend, _, _ in cases}
+        for _ in range(self.options.repeats):
+            for backend, case, device in cases:
+                timed[backend].append(self._time_repeat(case, device))
+        results = []
+        for backend, case, device in cases:
+            wrong = self._wrong(case, device, timed[backend])
+            if hasattr(case, "close"):
+                case.close()
+            results.append((backend, [time_us for time_us, _ in timed[backend]], wrong))
+        return results
+
+    def _context(self, backend: str, group: Any, device: torch.device) -> CaseContext:
+        if backend in RAW_BACKENDS:  # the reference's own calls, not the facade's
+            return CaseContext(None, self.rank, self.world_size, device, self.options.torch_dtype, api=group)
+        return CaseContext(group, self.rank, self.world_size, device, self.options.torch_dtype)
 
     def _unsupported(self, backend: str, op: str, device: torch.device) -> str | None:
         if backend in RAW_BACKENDS:
@@ -188,16 +257,26 @@ class _Sweep:
 
     def _measure(self, case: Any, device: torch.device) -> tuple[list[float], int]:
         """This rank's mean time per op in us, one per repeat, and its wrong elements."""
-        options = self.options
+        self._warm_up(case, device)
+        timed = [self._time_repeat(case, device) for _ in range(self.options.repeats)]
+        return [time_us for time_us, _ in timed], self._wrong(case, device, timed)
+
+    def _warm_up(self, case: Any, device: torch.device) -> None:
         case.fill(0)
-        for _ in range(options.warmup):
-            _finish(case.launch(options.async_op))
+        for _ in range(self.options.warmup):
+            _finish(case.launch(self.options.async_op))
         _synchronize(device)
-        if options.check:
-            timed = [self._measure_checked(case, device) for _ in range(options.repeats)]
-            return [time_us for time_us, _ in timed], sum(wrong for _, wrong in timed)
-        times = [self._time_iterations(case, device) for _ in range(options.repeats)]
-        return times, self._verify_once(case, device)
+
+    def _time_repeat(self, case: Any, device: torch.device) -> tuple[float, int]:
+        """One repeat's mean us per op, and its wrong elements (counted with --check only)."""
+        if self.options.check:
+            return self._measure_checked(case, device)
+        return self._time_iterations(case, device), 0
+
+    def _wrong(self, case: Any, device: torch.device, timed: list[tuple[float, int]]) -> int:
+        if self.options.check:
+            return sum(wrong for _, wrong in timed)
+        return self._verify_once(case, device)
 
     def _time_iterations(self, case: Any, device: torch.device) -> float:
         """Mean us per op over ``iters`` launches that every rank starts together."""

@@ -218,8 +218,14 @@ def _check_png(path: Path) -> None:
 @pytest.mark.multirank
 @pytest.mark.mpi
 def test_window_put_get_on_shm_and_mpi_against_raw_mpi_rma(tmp_path: Path) -> None:
-    """One run times put and get on shm's and mpi's windows and on a raw mpi4py RMA window."""
-    options = ["--backends", "shm,mpi,mpi4py", "--ops", "put,get", "-b", "8", "-e", "4K"]
-    rows = _records_under_mpirun(tmp_path, [*options, "-f", "8", "--iters", "2", "--warmup", "1", "--check"])
+    """One run times put and get on shm's and mpi's windows and on a raw mpi4py RMA window, the
+    three taking turns at each size (--interleave); each op's rows still come backend by backend."""
+    options = ["--backends", "shm,mpi,mpi4py", "--ops", "put,get", "-b", "8", "-e", "4K", "-f", "8"]
+    options += ["--iters", "2", "--warmup", "1", "--repeats", "2", "--check", "--interleave"]
+    rows = _records_under_mpirun(tmp_path, options)
     for backend in ("shm", "mpi", "mpi4py"):
         _check_records(rows, backend, ["put", "get"], 2)
+    order = [(row["op"], row["backend"]) for row in rows]
+    assert order == [
+        (op, backend) for op in ("put", "get") for backend in ("shm", "mpi", "mpi4py") for _ in range(4)
+    ]
