@@ -103,12 +103,13 @@ def _shm_extensions() -> list[Extension]:
         "launcher.cpp",
         "placement.cpp",
         "segment.cpp",
+        "window_copies.cpp",
     ]
     return [
         Extension(
             "commlayer.backends.shm._C",
             sources=[f"csrc/shm/{name}" for name in sources],
-            depends=["csrc/launch/recording.hpp", "csrc/launch/spin.hpp"],
+            depends=["csrc/launch/recording.hpp", "csrc/launch/spin.hpp", "csrc/launch/tensor_meta.h"],
             include_dirs=[pybind11.get_include()],
             libraries=["rt"],
             # -O3 vectorises the reduction kernels; kernels.cpp compiles them per ISA and picks one

@@ -5,7 +5,8 @@ signals that rank sent here (each line has a single writer, its source, so no tw
 write one line), then the window's elements. ``Window.tensor`` is a view of the elements,
 initialised from the registered tensor. A put is one copy into the target's mapping, a get one
 out of it (``_C.copy``, whose large copies bypass the cache), so both complete remotely when they
-return; ``map(peer)`` is the peer's view.
+return; ``map(peer)`` is the peer's view. Blocking puts and gets of plainly valid arguments run
+whole in C (``fast_put``/``fast_get``, csrc/shm/window_copies.hpp).
 
 Ordering: a signal is a plain 8-byte store of the incremented count after the put's copy, and a
 waiter loads the count before reading the data. That is release/acquire on x86-64 (TSO: stores
@@ -21,6 +22,7 @@ import mmap
 import os
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ from commlayer.one_sided import BackendWindow, PollWork, WindowSpec
 from commlayer.one_sided.contract import signal_timeout
 from commlayer.work import CompletedWork, Work
 
+from .._tensor_reader import tensor_meta_reader
 from ._native import load_extension
 
 __all__ = ["ShmWindow"]
@@ -61,6 +64,7 @@ class ShmWindow(BackendWindow):
         ]
         self._incoming = self._counters[spec.rank]
         self._copy = load_extension().copy
+        self.fast_put, self.fast_get = _fast_copies(tensor, spec, self._addresses)
         self._consumed = [0] * spec.size
         super().__init__(self._views[spec.rank].view(tensor.shape), spec)
         self._barrier = barrier
@@ -141,3 +145,18 @@ def _open(path: str) -> mmap.mmap:
         return mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
+
+
+def _fast_copies(tensor: torch.Tensor, spec: WindowSpec, addresses: list[int]) -> tuple[Any, Any]:
+    """The C (put, get) that check their own arguments, or (None, None) where no tensor reader
+    fits this torch (the user layer then checks every call)."""
+    reader = tensor_meta_reader()
+    if reader is None:
+        return None, None
+    from .. import _tensor_meta  # present whenever the reader is
+
+    scalar_type = _tensor_meta.describe(torch.empty(0, dtype=tensor.dtype))[0]
+    group_ranks = {rank: index for index, rank in enumerate(spec.global_ranks)}
+    return load_extension().window_copies(
+        addresses, list(spec.sizes), group_ranks, scalar_type, tensor.element_size(), reader
+    )

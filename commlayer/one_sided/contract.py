@@ -24,6 +24,11 @@ The rules a backend's window follows, all of them:
 - ``map(peer)`` returns a tensor viewing the peer's window memory where the ranks share memory
   (``mappable`` is True), else raises UnsupportedError.
 - Operations on oneself are allowed and act on the local window.
+- ``fast_put`` and ``fast_get`` (optional, None by default) take the user's own arguments
+  ``(tensor, rank, offset)``, with ``rank`` a *global* rank, for a blocking put or get. Each checks
+  everything the user layer would (a contiguous tensor of the window's dtype on its device, a
+  member rank, an int offset whose span fits) and either completes the op and returns True, or
+  does nothing and returns False; the user layer then validates and calls ``put``/``get``.
 
 A GPU backend with peer-to-peer memory (NVLink/IPC handles) plugs in by overriding
 ``Backend.window`` to return its own :class:`BackendWindow`: ``put``/``get`` as device copies into
@@ -127,6 +132,9 @@ class BackendWindow(ABC):
 
     #: Whether :meth:`map` works: the ranks share this window's memory.
     mappable: bool = False
+    #: Blocking ``put``/``get`` that check their own arguments: see the module's rules.
+    fast_put: Callable[[torch.Tensor, int, int], bool] | None = None
+    fast_get: Callable[[torch.Tensor, int, int], bool] | None = None
 
     def __init__(self, tensor: torch.Tensor, spec: WindowSpec) -> None:
         self.tensor = tensor

@@ -29,7 +29,9 @@ Example::
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 
@@ -163,6 +165,8 @@ class Window:
         self._on_cpu = self._device.type == "cpu"  # then ``is_cpu`` checks the device cheaply
         self._group_ranks = {rank: index for index, rank in enumerate(group.ranks)}
         self._sizes = native.spec.sizes
+        self._fast_put = native.fast_put
+        self._fast_get = native.fast_get
 
     def put(self, tensor: torch.Tensor, dst: int, offset: int = 0, *, async_op: bool = False) -> Work | None:
         """Write ``tensor`` into global rank ``dst``'s window at element ``offset``.
@@ -170,6 +174,8 @@ class Window:
         The Work completes once ``tensor`` may be reused; the data is visible at ``dst`` after its
         ``wait_signal`` for a later :meth:`signal`, or after :meth:`fence`.
         """
+        if not async_op and self._fast_put is not None and self._fast_put(tensor, dst, offset):
+            return None
         peer = self._plain_target(tensor, dst, offset)
         if peer is None:  # anything unusual takes the checks that explain what is wrong
             check_tensor("put", "tensor", tensor, self._dtype, self._device, self._rank)
@@ -198,6 +204,8 @@ class Window:
 
     def get(self, tensor: torch.Tensor, src: int, offset: int = 0, *, async_op: bool = False) -> Work | None:
         """Read ``tensor.numel()`` elements of global rank ``src``'s window at ``offset`` into ``tensor``."""
+        if not async_op and self._fast_get is not None and self._fast_get(tensor, src, offset):
+            return None
         peer = self._plain_target(tensor, src, offset)
         if peer is not None:
             work = self._native.get(tensor, peer, offset, async_op=async_op)
@@ -255,9 +263,12 @@ class Window:
         return self._native.mappable
 
     def free(self) -> None:
-        """Collective: fence, then release the window (its ``tensor`` stays readable)."""
+        """Collective: fence, then release the window (its ``tensor`` stays readable; every op
+        after this raises)."""
         self.fence()
         self._native.close()
+        self._fast_put = self._fast_get = None
+        self._native = _FreedWindow(self._spec.key, self._rank)  # type: ignore[assignment]
 
     def __enter__(self) -> Window:  # noqa: PYI034 - py3.10 has no typing.Self
         return self
@@ -269,3 +280,19 @@ class Window:
 
     def __repr__(self) -> str:
         return f"Window(key={self._spec.key!r}, ranks={list(self.group.ranks)}, dtype={self._dtype})"
+
+
+class _FreedWindow:
+    """What a window's ops reach after :meth:`Window.free`: each raises, naming itself."""
+
+    mappable = False
+
+    def __init__(self, key: str, rank: int) -> None:
+        self._key = key
+        self._rank = rank
+
+    def __getattr__(self, op: str) -> Callable[..., NoReturn]:
+        def refuse(*args: object, **kwargs: object) -> NoReturn:
+            raise invalid_argument(op, "self", "a live window", f"window '{self._key}', freed", self._rank)
+
+        return refuse

@@ -16,6 +16,7 @@
 #include "kernels.hpp"
 #include "launcher.hpp"
 #include "segment.hpp"
+#include "window_copies.hpp"
 
 namespace py = pybind11;
 using namespace commlayer::shm;
@@ -102,6 +103,18 @@ void window_copy(Address dst, Address src, std::size_t bytes) {
     copy_bytes(ptr(dst), ptr(src), bytes);
 }
 
+// A window's (put, get) fast paths (window_copies.hpp); `reader` is commlayer.backends._tensor_meta's.
+py::object window_copies(std::vector<Address> addresses, std::vector<long long> sizes, py::dict group_ranks,
+                         int scalar_type, int itemsize, py::object reader) {
+    auto read = reinterpret_cast<CommlayerTensorMetaReader>(
+        PyCapsule_GetPointer(reader.ptr(), COMMLAYER_TENSOR_META_CAPSULE));
+    if (read == nullptr) throw py::error_already_set();
+    PyObject* pair = make_window_copies(
+        WindowCopySpec{std::move(addresses), std::move(sizes), group_ranks.ptr(), scalar_type, itemsize, read});
+    if (pair == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(pair);
+}
+
 void reduce_local(Address out, const std::vector<Address>& inputs, std::size_t count, int dtype, int op,
                   int divisor) {
     std::vector<const void*> pointers;
@@ -143,6 +156,9 @@ PYBIND11_MODULE(_C, m) {
     m.def("kernel_isa", &kernel_isa);
     m.def("copy", &window_copy, py::arg("dst"), py::arg("src"), py::arg("bytes"),
           "dst[0, bytes) = src[0, bytes), for windows (copy.hpp)");
+    m.def("window_copies", &window_copies, py::arg("addresses"), py::arg("sizes"), py::arg("group_ranks"),
+          py::arg("scalar_type"), py::arg("itemsize"), py::arg("reader"),
+          "(put, get) of a window: f(tensor, rank, offset) -> bool (window_copies.hpp)");
     m.def("reduce", &reduce_local, py::arg("out"), py::arg("inputs"), py::arg("count"), py::arg("dtype"),
           py::arg("op"), py::arg("divisor"));
 

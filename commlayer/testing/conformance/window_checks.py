@@ -146,6 +146,8 @@ def _errors(case: Case) -> None:
     win.signal(case.me)  # a timed-out wait consumed nothing: one signal to oneself satisfies one wait
     win.wait_signal(case.me, timeout=5)
     win.free()
+    expect_error(InvalidArgumentError, ("put", "a live window", "freed", rank), lambda: win.put(size, peer))
+    expect_error(InvalidArgumentError, ("get", "freed", rank), lambda: win.get(size, peer))
 
 
 def _finish(work: object, async_op: bool) -> None:
