@@ -107,11 +107,10 @@ class _Sweep:
     def _run_in_turn(self) -> None:
         """Every op and size of one backend, then the next backend's."""
         for backend in self.options.backends:
-            group, device = self._open(backend)
-            if group is None:
-                self._skip_steps(backend, self.options.ops)
+            opened = self._open_for_sweep(backend)
+            if opened is None:
                 continue
-            self.devices.append((backend, str(device)))
+            group, device = opened
             try:
                 for op in self.options.ops:
                     self._run_op(backend, op, group, device)
@@ -124,17 +123,23 @@ class _Sweep:
         opened: list[tuple[str, Any, torch.device]] = []
         try:
             for backend in self.options.backends:
-                group, device = self._open(backend)
-                if group is None:
-                    self._skip_steps(backend, self.options.ops)
-                    continue
-                self.devices.append((backend, str(device)))
-                opened.append((backend, group, device))
+                usable = self._open_for_sweep(backend)
+                if usable is not None:
+                    opened.append((backend, *usable))
             for op in self.options.ops:
                 self._run_op_interleaved(op, opened)
         finally:
             for _, group, _ in opened:
                 _close(group)
+
+    def _open_for_sweep(self, backend: str) -> tuple[Any, torch.device] | None:
+        """:meth:`_open`, recording the backend's device; None (its steps skipped) if it failed."""
+        group, device = self._open(backend)
+        if group is None or device is None:
+            self._skip_steps(backend, self.options.ops)
+            return None
+        self.devices.append((backend, str(device)))
+        return group, device
 
     def _note_pinning(self) -> None:
         """Say so when a launcher pinned this rank: helper threads (gloo's) then share its cores."""
