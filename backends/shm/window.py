@@ -105,6 +105,7 @@ class ShmWindow(BackendWindow):
         return self._views[peer]
 
     def close(self) -> None:
+        self.fast_put = self.fast_get = None  # they hold the peers' addresses
         self._bases = self._views = []
         self._addresses, self._counters = [], []
 
