@@ -23,6 +23,7 @@ class NcclBackend(TorchBackend):
         devices=frozenset({"cuda"}),
         reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
         native_avg=True,
+        native_reduce_scatter=True,
     )
     builds_standalone = True
 

@@ -131,6 +131,9 @@ class Capabilities:
     # Whether the library averages itself. If not, a backend never sees ReduceOp.AVG: the facade
     # runs SUM and divides the result by the group size (AVG still has to be in ``reduce_ops``).
     native_avg: bool = False
+    # Whether reduce_scatter_tensor is the library's own. If not (gloo: an all_reduce, then a
+    # slice), a caller that can pick either, such as commlayer.ft, all-reduces and slices itself.
+    native_reduce_scatter: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,11 @@ class ShmBackend(Backend):
     name = "shm"
     # The kernels average themselves (sum, then one division in C++).
     capabilities = Capabilities(
-        devices=frozenset({"cpu"}), dtypes=ALL_DTYPES, recv_any_source=True, native_avg=True
+        devices=frozenset({"cpu"}),
+        dtypes=ALL_DTYPES,
+        recv_any_source=True,
+        native_avg=True,
+        native_reduce_scatter=True,
     )
     install_hint = INSTALL_HINT
     builds_standalone = True

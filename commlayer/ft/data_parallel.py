@@ -28,10 +28,7 @@ from .communicators import Generation, standalone_backend
 from .errors import StepAbortedError
 from .manager import Manager
 
-__all__ = ["NATIVE_REDUCE_SCATTER", "FaultTolerantDataParallel"]
-
-#: Backends that reduce-scatter natively (others all-reduce the bucket and keep their slice).
-NATIVE_REDUCE_SCATTER = ("shm", "nccl")
+__all__ = ["FaultTolerantDataParallel"]
 
 
 def _parameters_layout(
@@ -185,9 +182,9 @@ class FaultTolerantDataParallel:
             return
         shard = torch.empty(self.shard_numel, dtype=self.flat.dtype, device=self.flat.device)
         group, replicas = generation.shard_group, generation.replica_group
-        if group.name in NATIVE_REDUCE_SCATTER:
+        if group.capabilities.native_reduce_scatter:
             run(group, lambda: group.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True))
-        else:  # gloo's is all_reduce and a slice anyway, and its Work must be waited to finish
+        else:  # an all_reduce and a slice anyway, and gloo's Work must be waited to finish
             run(group, lambda: group.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
             start = self.shard_index * self.shard_numel
             shard.copy_(self.grads[start : start + self.shard_numel])
