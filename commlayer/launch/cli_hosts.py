@@ -53,13 +53,24 @@ def _run_with_restarts(plan: JobPlan, args: argparse.Namespace) -> HostsRun:
     def start(attempt: Attempt) -> HostsRun:
         exported = {**plan.exported, **attempt.environment()}
         options = SuperviseOptions(timeout=attempt.timeout, log_dir=attempt.log_dir(args.log_dir))
-        return run_across_hosts(replace(plan, exported=exported), args.launcher or "ssh", options, os.environ)
+        outcome = run_across_hosts(
+            replace(plan, exported=exported), args.launcher or "ssh", options, os.environ
+        )
+        return with_job_limit(outcome, args.timeout)
 
     def report(outcome: HostsRun, attempt: Attempt) -> None:
         print(outcome.summary, file=sys.stderr, flush=True)
         print(restart_line(outcome.result, attempt), file=sys.stderr, flush=True)
 
     return run_with_restarts(start, lambda outcome: outcome.result, args.max_restarts, args.timeout, report)
+
+
+def with_job_limit(outcome: HostsRun, timeout: float | None) -> HostsRun:
+    """``outcome`` whose timeout summary names the job's ``--timeout``: an attempt after a restart
+    runs for only what is left of it."""
+    if not outcome.result.timed_out or outcome.summary != outcome.result.summary():
+        return outcome
+    return replace(outcome, summary=replace(outcome.result, timeout=timeout).summary())
 
 
 def job_plan(args: argparse.Namespace, program: tuple[str, ...]) -> JobPlan:

@@ -15,6 +15,8 @@ import pytest
 
 from commlayer import cli
 from commlayer.launch import LaunchResult, ProcessOutcome
+from commlayer.launch.cli_hosts import with_job_limit
+from commlayer.launch.multinode import HostsRun
 from commlayer.launch.restarts import Attempt, restart_line, run_with_restarts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +78,15 @@ def test_each_attempt_has_torchruns_variables_its_own_job_and_log_folder(tmp_pat
     assert restart_line(_result(1), first) == (
         "commlayer run: restarting every rank (restart 1 of 2) after rank 1 failed"
     )
+
+
+def test_a_restarted_hosts_timeout_names_the_jobs_limit_not_the_time_left() -> None:
+    """An attempt after a restart runs for what is left of --timeout (7 s of 60 here)."""
+    timed_out = _result(None, timed_out=True, timeout=7.0)
+    outcome = with_job_limit(HostsRun(timed_out, timed_out.summary(), 124), 60.0)
+    assert outcome.summary is not None and "timed out after 1 min;" in outcome.summary, outcome.summary
+    failed = HostsRun(timed_out, "commlayer run: rank 1 on b failed; stopped every other host", 1)
+    assert with_job_limit(failed, 60.0) == failed  # a rank's own report stays the summary
 
 
 def test_a_negative_max_restarts_is_refused_before_any_start() -> None:
