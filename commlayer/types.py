@@ -128,6 +128,9 @@ class Capabilities:
     ops: frozenset[str] = ALL_OPS
     # Receiving from "any source" (torch's recv(src=None)) needs matching support in the library.
     recv_any_source: bool = False
+    # Whether send/recv match messages by tag as well as by peer. If not (oneCCL matches by peer
+    # alone), the facade refuses a tag other than 0 rather than hand a message to the wrong receive.
+    p2p_tags: bool = True
     # Whether the library averages itself. If not, a backend never sees ReduceOp.AVG: the facade
     # runs SUM and divides the result by the group size (AVG still has to be in ``reduce_ops``).
     native_avg: bool = False

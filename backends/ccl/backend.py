@@ -58,7 +58,9 @@ class CclBackend(Backend):
     """One oneCCL communicator over ``spec.ranks``."""
 
     name = "ccl"
-    capabilities = Capabilities(devices=frozenset({"cpu"}), dtypes=CCL_DTYPES, reduce_ops=CCL_REDUCE_OPS)
+    capabilities = Capabilities(
+        devices=frozenset({"cpu"}), dtypes=CCL_DTYPES, reduce_ops=CCL_REDUCE_OPS, p2p_tags=False
+    )
     install_hint = INSTALL_HINT
 
     def __init__(self, spec: GroupSpec, native: ModuleType, connection: Connection) -> None:

@@ -305,6 +305,9 @@ def prepare_p2p(
     if call is None:
         return None
     check.check_tensor(call, "tensor", tensor)
+    if tag != 0 and not call.backend.capabilities.p2p_tags:
+        expected = f"0 (backend '{call.backend.name}' matches messages by peer, not by tag)"
+        raise invalid_argument(kind, "tag", expected, tag, call.rank, UnsupportedError)
     copy_back: list = []
     buffer = tensor.contiguous() if kind == "send" else contiguous(tensor, copy_back)
     arg = "dst" if kind == "send" else "src"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from commlayer import dist
+from commlayer.errors import UnsupportedError
 from commlayer.testing.conformance import NUMERIC_DTYPES, assert_equal, reduced, values
 from commlayer.types import ReduceOp
 
@@ -28,6 +29,7 @@ def main() -> None:
     check_future_and_then()
     check_overlapping_subgroups()
     check_subgroup_recreated()
+    check_tags_are_refused()
     dist.barrier()
 
 
@@ -160,6 +162,18 @@ def check_subgroup_recreated() -> None:
             expected = reduced(ranks, torch.int64, ReduceOp.MIN, numel=3, salt=attempt)
             assert_equal(tensor, expected, f"recreated group {ranks} attempt {attempt}")
             dist.destroy_process_group(group)
+
+
+def check_tags_are_refused() -> None:
+    """oneCCL matches messages by peer alone: a tag would be ignored, so it is refused first."""
+    rank, peer = dist.get_rank(), (dist.get_rank() + 1) % dist.get_world_size()
+    try:
+        dist.isend(torch.ones(2), peer, tag=3)
+    except UnsupportedError as error:
+        words = ("send", "'tag'", "matches messages by peer", "received 3", f"(rank {rank})")
+        assert all(word in str(error) for word in words), error
+    else:
+        raise AssertionError("a tagged isend on ccl was not refused")
 
 
 def _input(rank: int, dtype: torch.dtype, op: ReduceOp) -> torch.Tensor:

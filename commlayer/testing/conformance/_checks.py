@@ -264,19 +264,43 @@ def check_point_to_point(case: Case) -> None:
     if case.me in case.members[:2]:
         case.attempt("send/recv non-contiguous", lambda: _send_recv_pair(case), torch.float32)
         _receive_from_any_source(case)
+        _match_by_tag(case)
 
 
 def _send_recv_pair(case: Case) -> None:
     a, b = case.members[0], case.members[1]
     strided = torch.zeros(2 * NUMEL, device=case.device)[::2]
     if case.me == a:
-        dist.send(case.tensor(a, torch.float32, salt=7), dst=b, group=case.group, tag=3)
-        assert dist.recv(strided, src=b, group=case.group, tag=4) == b
+        dist.send(case.tensor(a, torch.float32, salt=7), dst=b, group=case.group)
+        assert dist.recv(strided, src=b, group=case.group) == b
         assert_equal(strided.cpu(), values(b, torch.float32, salt=8), f"recv non-contiguous {case.label}")
     else:
-        assert dist.recv(strided, src=a, group=case.group, tag=3) == a
+        assert dist.recv(strided, src=a, group=case.group) == a
         assert_equal(strided.cpu(), values(a, torch.float32, salt=7), f"recv {case.label}")
-        dist.isend(case.tensor(b, torch.float32, salt=8), dst=a, group=case.group, tag=4).wait()
+        dist.isend(case.tensor(b, torch.float32, salt=8), dst=a, group=case.group).wait()
+
+
+def _match_by_tag(case: Case) -> None:
+    """Two messages in flight between one pair, received in the other order, by tag; undeclared
+    (``p2p_tags``), every tagged call must raise before anything is sent."""
+    a, b = case.members[0], case.members[1]
+
+    def exchange() -> None:
+        if case.me == a:
+            sends = [
+                dist.isend(case.tensor(a, torch.float32, salt=10 + tag), b, case.group, tag) for tag in (1, 2)
+            ]
+            for work in sends:
+                work.wait()
+            return
+        second, first = torch.zeros(NUMEL, device=case.device), torch.zeros(NUMEL, device=case.device)
+        receives = [dist.irecv(second, a, case.group, 2), dist.irecv(first, a, case.group, 1)]
+        for work in receives:
+            work.wait()
+        assert_equal(second.cpu(), values(a, torch.float32, salt=12), f"recv tag 2 {case.label}")
+        assert_equal(first.cpu(), values(a, torch.float32, salt=11), f"recv tag 1 {case.label}")
+
+    case.attempt("send/recv by tag", exchange, torch.float32, declared=case.backend.capabilities.p2p_tags)
 
 
 def _receive_from_any_source(case: Case) -> None:

@@ -91,10 +91,10 @@ def _beside_send_recv(case: Case) -> None:
     after, before = case.members[(me + 1) % n], case.members[(me - 1) % n]
     win.put(block_values(case.me, after, torch.int64).to(case.device), after, me * _BLOCK)
     message = (torch.arange(3 * _BLOCK) + 1000 * case.me).to(case.device)  # another size than the put
-    sending = dist.isend(message, after, group=case.group, tag=7)
+    sending = dist.isend(message, after, group=case.group)
     win.signal(after)
     received = torch.zeros_like(message)
-    dist.recv(received, before, group=case.group, tag=7)
+    dist.recv(received, before, group=case.group)
     sending.wait()
     win.wait_signal(before)
     _assert_block(received, torch.arange(3 * _BLOCK) + 1000 * before, "beside send/recv: the message")
