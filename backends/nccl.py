@@ -24,6 +24,7 @@ class NcclBackend(TorchBackend):
         reduce_ops=frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
         native_avg=True,
         native_reduce_scatter=True,
+        p2p_tags=False,  # NCCL matches send/recv by order; torch passes tags through and drops them
     )
     builds_standalone = True
 
