@@ -113,7 +113,7 @@ class _Sweep:
             group, device = opened
             try:
                 for op in self.options.ops:
-                    self._run_op(backend, op, group, device)
+                    self._run_op(op, [(backend, group, device)])
             finally:
                 _close(group)
 
@@ -127,7 +127,7 @@ class _Sweep:
                 if usable is not None:
                     opened.append((backend, *usable))
             for op in self.options.ops:
-                self._run_op_interleaved(op, opened)
+                self._run_op(op, opened)
         finally:
             for _, group, _ in opened:
                 _close(group)
@@ -176,27 +176,9 @@ class _Sweep:
         self.notes.append(f"{backend}: skipped (failed to start on ranks {failed_ranks}): {reason}")
         return None, None
 
-    def _run_op(self, backend: str, op: str, group: Any, device: torch.device) -> None:
-        reason = self._unsupported(backend, op, device)
-        if reason is not None:
-            self.notes.append(f"{backend} {op}: skipped: {reason}")
-            self._skip_steps(backend, (op,))
-            return
-        context = self._context(backend, group, device)
-        measured: set[int] = set()
-        for requested in self.plan.sizes(op):
-            shape = layout(op, requested, self.options.torch_dtype, self.world_size)
-            if shape.nbytes not in measured:  # rounding to whole chunks can repeat a size
-                measured.add(shape.nbytes)
-                case = make_case(context, shape)
-                times_us, wrong = self._measure(case, device)
-                if hasattr(case, "close"):
-                    case.close()  # a window case frees its window (collective)
-                self._record(backend, shape.op, shape.nbytes, shape.count, times_us, wrong)
-            self._advance(f"{backend} {op} {requested}B")
-
-    def _run_op_interleaved(self, op: str, opened: list[tuple[str, Any, torch.device]]) -> None:
-        """One op on every open backend, side by side; its rows are reported backend by backend."""
+    def _run_op(self, op: str, opened: list[tuple[str, Any, torch.device]]) -> None:
+        """One op on each open backend, side by side. A lone backend's rows are reported as they
+        are measured; side by side they wait for the op's end, so each backend's table stays whole."""
         runnable: list[tuple[str, CaseContext, torch.device]] = []
         for backend, group, device in opened:
             reason = self._unsupported(backend, op, device)
@@ -213,11 +195,18 @@ class _Sweep:
                 measured.add(shape.nbytes)
                 for backend, times_us, wrong in self._measure_side_by_side(runnable, shape):
                     rows[backend].append((backend, shape.op, shape.nbytes, shape.count, times_us, wrong))
+            if len(runnable) == 1:
+                self._record_all(rows)
             for backend, _, _ in runnable:
                 self._advance(f"{backend} {op} {requested}B")
+        self._record_all(rows)
+
+    def _record_all(self, rows: dict[str, list[tuple[Any, ...]]]) -> None:
+        """Record the pending rows, backend by backend, and forget them."""
         for backend_rows in rows.values():
             for row in backend_rows:
                 self._record(*row)
+            backend_rows.clear()
 
     def _measure_side_by_side(
         self, runnable: list[tuple[str, CaseContext, torch.device]], shape: Layout
@@ -234,7 +223,7 @@ class _Sweep:
         for backend, case, device in cases:
             wrong = self._wrong(case, device, timed[backend])
             if hasattr(case, "close"):
-                case.close()
+                case.close()  # a window case frees its window (collective)
             results.append((backend, [time_us for time_us, _ in timed[backend]], wrong))
         return results
 
@@ -259,12 +248,6 @@ class _Sweep:
         return None
 
     # --- one size --------------------------------------------------------------------------
-
-    def _measure(self, case: Any, device: torch.device) -> tuple[list[float], int]:
-        """This rank's mean time per op in us, one per repeat, and its wrong elements."""
-        self._warm_up(case, device)
-        timed = [self._time_repeat(case, device) for _ in range(self.options.repeats)]
-        return [time_us for time_us, _ in timed], self._wrong(case, device, timed)
 
     def _warm_up(self, case: Any, device: torch.device) -> None:
         case.fill(0)
