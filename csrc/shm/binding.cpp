@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "comm.hpp"
-#include "copy.hpp"
 #include "kernels.hpp"
 #include "launcher.hpp"
 #include "segment.hpp"
@@ -93,15 +92,8 @@ py::object launcher(py::object self, const std::string& op, int fixed, py::dict 
     return py::reinterpret_steal<py::object>(function);
 }
 
-// A window's put or get; long copies let other Python threads run meanwhile.
-void window_copy(Address dst, Address src, std::size_t bytes) {
-    if (bytes < kLongCopyBytes) {
-        copy_bytes(ptr(dst), ptr(src), bytes);
-        return;
-    }
-    py::gil_scoped_release released;
-    copy_bytes(ptr(dst), ptr(src), bytes);
-}
+// A window's put or get that its fast path did not take (window_copies.hpp).
+void window_copy(Address dst, Address src, std::size_t bytes) { window_copy_bytes(ptr(dst), ptr(src), bytes); }
 
 // A window's (put, get) fast paths (window_copies.hpp); `reader` is commlayer.backends._tensor_meta's.
 py::object window_copies(std::vector<Address> addresses, std::vector<long long> sizes, py::dict group_ranks,

@@ -5,9 +5,6 @@
 
 namespace commlayer::shm {
 
-// From this many bytes a copy runs long enough that letting other Python threads run pays.
-constexpr std::size_t kLongCopyBytes = std::size_t{1} << 20;
-
 // dst[0, bytes) = src[0, bytes); the ranges must not overlap. Copies whose source and
 // destination, for two ranks at once, would not fit the last-level cache bypass it (copy.cpp).
 void copy_bytes(void* dst, const void* src, std::size_t bytes);

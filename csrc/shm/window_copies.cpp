@@ -9,6 +9,8 @@ namespace commlayer::shm {
 namespace {
 
 constexpr const char* kCapsuleName = "commlayer.shm.window_copies";
+// From this many bytes a copy runs long enough that releasing the GIL for it pays.
+constexpr std::size_t kLongCopyBytes = std::size_t{1} << 20;
 constexpr int kCpu = 0;      // c10::DeviceType::CPU
 constexpr int kStrided = 0;  // c10::Layout::Strided
 
@@ -58,13 +60,10 @@ PyObject* run(PyObject* capsule, PyObject* const* args, Py_ssize_t nargs) {
     Span span;
     const int plain = plain_span(*spec, args, span);
     if (plain <= 0) return plain < 0 ? nullptr : Py_NewRef(Py_False);
-    void* to = direction == Direction::put ? span.remote : span.local;
-    const void* from = direction == Direction::put ? span.local : span.remote;
-    if (span.bytes < kLongCopyBytes) {
-        copy_bytes(to, from, span.bytes);
-    } else {  // let other Python threads run meanwhile
-        Py_BEGIN_ALLOW_THREADS copy_bytes(to, from, span.bytes);
-        Py_END_ALLOW_THREADS
+    if (direction == Direction::put) {
+        window_copy_bytes(span.remote, span.local, span.bytes);
+    } else {
+        window_copy_bytes(span.local, span.remote, span.bytes);
     }
     Py_RETURN_TRUE;
 }
@@ -82,6 +81,15 @@ void destroy(PyObject* capsule) {
 }
 
 }  // namespace
+
+void window_copy_bytes(void* dst, const void* src, std::size_t bytes) {
+    if (bytes < kLongCopyBytes) {
+        copy_bytes(dst, src, bytes);
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS copy_bytes(dst, src, bytes);
+    Py_END_ALLOW_THREADS
+}
 
 PyObject* make_window_copies(const WindowCopySpec& spec) {
     auto* owned = new WindowCopySpec(spec);

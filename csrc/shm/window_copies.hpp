@@ -28,4 +28,8 @@ struct WindowCopySpec {
 // A new reference to the tuple (put, get); nullptr with an exception set.
 PyObject* make_window_copies(const WindowCopySpec& spec);
 
+// One put's or get's copy (copy_bytes), called with the GIL held; a long one lets other Python
+// threads run meanwhile.
+void window_copy_bytes(void* dst, const void* src, std::size_t bytes);
+
 }  // namespace commlayer::shm
