@@ -51,14 +51,22 @@ def _skip(reason: str, required: bool) -> list[Extension]:
     return []
 
 
-class BuildPyWithCclSource(build_py):
-    """Also ships csrc/ccl/binding.cpp inside the package, for the ccl backend's first-use build."""
+# Sources the backends compile on first use, shipped inside their packages: source -> package folder.
+FIRST_USE_SOURCES = {
+    CCL_SOURCE: Path("commlayer", "backends", "ccl"),
+    Path("csrc", "peermem", "kernels.cu"): Path("commlayer", "backends", "peermem"),
+}
+
+
+class BuildPyWithFirstUseSources(build_py):
+    """Also ships the sources the ccl and peermem backends build on first use (in ``_csrc/``)."""
 
     def run(self) -> None:
         super().run()
-        target = Path(self.build_lib, "commlayer", "backends", "ccl", "_csrc", CCL_SOURCE.name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / CCL_SOURCE, target)
+        for source, package in FIRST_USE_SOURCES.items():
+            target = Path(self.build_lib, package, "_csrc", source.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / source, target)
 
 
 def ccl_extensions(mode: str | None = None) -> list[Extension]:
@@ -71,7 +79,7 @@ def ccl_extensions(mode: str | None = None) -> list[Extension]:
         import pybind11
     except ImportError:
         return _skip("pybind11 is not installed in the build environment", required)
-    install = _load_by_path("backends/ccl/_locate.py").find_oneccl(require_headers=True)
+    install = _load_by_path("backends/ccl/locate.py").find_oneccl(require_headers=True)
     if install is None:
         return _skip("oneCCL headers/libraries not found (CCL_ROOT, ONEAPI_ROOT, sys.prefix)", required)
     print(f"commlayer: building the oneCCL extension against {install.prefix}", file=sys.stderr)
@@ -100,7 +108,7 @@ def _shm_extensions() -> list[Extension]:
         "comm.cpp",
         "copy.cpp",
         "kernels.cpp",
-        "launcher.cpp",
+        "fast_paths.cpp",
         "placement.cpp",
         "segment.cpp",
         "window_copies.cpp",
@@ -109,7 +117,7 @@ def _shm_extensions() -> list[Extension]:
         Extension(
             "commlayer.backends.shm._C",
             sources=[f"csrc/shm/{name}" for name in sources],
-            depends=["csrc/launch/recording.hpp", "csrc/launch/spin.hpp", "csrc/launch/tensor_meta.h"],
+            depends=["csrc/common/recording.hpp", "csrc/common/spin.hpp", "csrc/common/tensor_meta.h"],
             include_dirs=[pybind11.get_include()],
             libraries=["rt"],
             # -O3 vectorises the reduction kernels; kernels.cpp compiles them per ISA and picks one
@@ -120,19 +128,19 @@ def _shm_extensions() -> list[Extension]:
     ]
 
 
-def _mpi_launcher_extensions() -> list[Extension]:
-    """The mpi backend's C launchers commlayer.backends.mpi._launcher: pybind11 and the Python C API,
+def _mpi_fast_path_extensions() -> list[Extension]:
+    """The mpi backend's C fast paths commlayer.backends.mpi._fast_paths: pybind11 and the Python C API,
     no MPI headers (the MPI library is found at run time), so every build has it."""
     import pybind11
 
     return [
         Extension(
-            "commlayer.backends.mpi._launcher",
-            sources=["csrc/mpi/launcher.cpp"],
+            "commlayer.backends.mpi._fast_paths",
+            sources=["csrc/mpi/fast_paths.cpp"],
             include_dirs=[pybind11.get_include()],
             depends=[
-                "csrc/launch/recording.hpp",
-                "csrc/launch/spin.hpp",
+                "csrc/common/recording.hpp",
+                "csrc/common/spin.hpp",
                 "csrc/mpi/mpi_abi.hpp",
                 "csrc/mpi/shared_slots.hpp",
             ],
@@ -142,28 +150,37 @@ def _mpi_launcher_extensions() -> list[Extension]:
     ]
 
 
-def _torch_launcher_extensions() -> list[Extension]:
-    """The torch backends' C launchers commlayer.backends._torch_launcher: the Python C API only
+def _torch_fast_path_extensions() -> list[Extension]:
+    """The torch backends' C fast paths commlayer.backends._torch_fast_paths: the Python C API only
     (no torch or pybind11 headers), so one build serves every torch version."""
     return [
         Extension(
-            "commlayer.backends._torch_launcher",
+            "commlayer.backends._torch_fast_paths",
             sources=[
-                f"csrc/torch_launcher/{name}.c"
-                for name in ("module", "launcher", "planned", "paired", "entry", "work", "timed", "timed_log")
+                f"csrc/torch_fast_paths/{name}.c"
+                for name in (
+                    "module",
+                    "fast_paths",
+                    "in_place",
+                    "paired",
+                    "entry",
+                    "work",
+                    "timed",
+                    "timed_log",
+                )
             ],
-            depends=["csrc/torch_launcher/launcher.h", "csrc/launch/tensor_meta.h"],
+            depends=["csrc/torch_fast_paths/fast_paths.h", "csrc/common/tensor_meta.h"],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         )
     ]
 
 
 def _tensor_meta_extensions() -> list[Extension]:
-    """The C launchers' tensor reader commlayer.backends._tensor_meta, compiled against the headers of
+    """The C fast paths' tensor reader commlayer.core._tensor_meta, compiled against the headers of
     the torch found in the build environment (so only where the build runs without isolation after
     torch is installed, as .ci/setup does); skipped with a note otherwise, the launchers then ask
     tensors' Python attributes. The module records the torch version it was built for, and is used
-    only under that version (backends/_tensor_reader.py)."""
+    only under that version (commlayer/core/tensor_reader.py)."""
     try:
         import torch
         from torch.utils.cpp_extension import include_paths
@@ -173,9 +190,9 @@ def _tensor_meta_extensions() -> list[Extension]:
     library_dir = str(Path(torch.__file__).parent / "lib")
     return [
         Extension(
-            "commlayer.backends._tensor_meta",
+            "commlayer.core._tensor_meta",
             sources=["csrc/tensor_meta/reader.cpp"],
-            depends=["csrc/launch/tensor_meta.h"],
+            depends=["csrc/common/tensor_meta.h"],
             include_dirs=include_paths(),
             library_dirs=[library_dir],
             libraries=["torch_python", "torch_cpu", "c10"],
@@ -192,10 +209,10 @@ def _tensor_meta_extensions() -> list[Extension]:
 if __name__ == "__main__":
     setup(
         packages=_packages(),
-        cmdclass={"build_py": BuildPyWithCclSource},
+        cmdclass={"build_py": BuildPyWithFirstUseSources},
         ext_modules=_shm_extensions()
-        + _mpi_launcher_extensions()
-        + _torch_launcher_extensions()
+        + _mpi_fast_path_extensions()
+        + _torch_fast_path_extensions()
         + _tensor_meta_extensions()
         + ccl_extensions(),
     )

@@ -13,15 +13,14 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.backend import StandaloneOptions
-from commlayer.flight_recorder import Recording
-from commlayer.types import Capabilities, GroupSpec, ReduceOp
-from commlayer.work import Work
-
-from ._gloo_check import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
-from ._signer import Signer, verify_enabled
-from ._torch import TorchBackend
-from ._torch_plans import fused_plan
+from commlayer.backends.mismatch.gloo import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
+from commlayer.backends.mismatch.signer import Signer, verify_enabled
+from commlayer.backends.torch_base import TorchBackend
+from commlayer.backends.torch_fast_paths import fused_plan
+from commlayer.contract.backend import StandaloneOptions
+from commlayer.core.flight_recorder import Recording
+from commlayer.core.types import Capabilities, GroupSpec, ReduceOp
+from commlayer.core.work import Work
 
 __all__ = ["GlooBackend"]
 

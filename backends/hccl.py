@@ -1,9 +1,9 @@
 """HCCL (Huawei Ascend NPUs) through the process group of torch_npu.
 
 torch_npu registers a torch.distributed backend named "hccl" for its NPU tensors; this backend
-is the shared torch-backed base (:class:`~commlayer.backends._torch.TorchBackend`) pointed at it,
+is the shared torch-backed base (:class:`~commlayer.backends.torch_base.TorchBackend`) pointed at it,
 so ``group.torch_group`` is torch_npu's own ProcessGroupHCCL. It is picked automatically on a
-host where torch_npu reports an NPU (``commlayer.selection`` maps the ``npu`` accelerator to
+host where torch_npu reports an NPU (``commlayer.contract.selection`` maps the ``npu`` accelerator to
 ``cpu:gloo,npu:hccl``).
 
 No Ascend NPU was available to this project: the dispatch path is tested end to end with a test
@@ -21,9 +21,8 @@ from types import ModuleType
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.types import Availability, Capabilities, ReduceOp
-
-from ._torch import TorchBackend
+from commlayer.backends.torch_base import TorchBackend
+from commlayer.core.types import Availability, Capabilities, ReduceOp
 
 __all__ = ["INSTALL_HINT", "HcclBackend"]
 

@@ -7,10 +7,9 @@ import threading
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.backend import StandaloneOptions
-from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
-
-from ._torch import TorchBackend
+from commlayer.backends.torch_base import TorchBackend
+from commlayer.contract.backend import StandaloneOptions
+from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp
 
 __all__ = ["NcclBackend"]
 

@@ -24,16 +24,16 @@ _LAZY = {
     "mesh": ("commlayer.mesh", None),
     "parallel": ("commlayer.parallel", None),
     "zero": ("commlayer.zero", None),
-    "Backend": ("commlayer.backend", "Backend"),
-    "get_backend_class": ("commlayer.registry", "get_backend_class"),
-    "list_backends": ("commlayer.registry", "list_backends"),
-    "register_backend": ("commlayer.registry", "register_backend"),
-    "unregister_backend": ("commlayer.registry", "unregister_backend"),
-    "Availability": ("commlayer.types", "Availability"),
-    "Capabilities": ("commlayer.types", "Capabilities"),
-    "GroupSpec": ("commlayer.types", "GroupSpec"),
-    "ReduceOp": ("commlayer.types", "ReduceOp"),
-    "Work": ("commlayer.work", "Work"),
+    "Backend": ("commlayer.contract.backend", "Backend"),
+    "get_backend_class": ("commlayer.contract.registry", "get_backend_class"),
+    "list_backends": ("commlayer.contract.registry", "list_backends"),
+    "register_backend": ("commlayer.contract.registry", "register_backend"),
+    "unregister_backend": ("commlayer.contract.registry", "unregister_backend"),
+    "Availability": ("commlayer.core.types", "Availability"),
+    "Capabilities": ("commlayer.core.types", "Capabilities"),
+    "GroupSpec": ("commlayer.core.types", "GroupSpec"),
+    "ReduceOp": ("commlayer.core.types", "ReduceOp"),
+    "Work": ("commlayer.core.work", "Work"),
     "Window": ("commlayer.windows", "Window"),
     "window": ("commlayer.windows", "window"),
 }
@@ -41,12 +41,17 @@ _LAZY = {
 __all__ = ["__version__", *sorted(_LAZY)]  # noqa: PLE0604 - the lazy names are strings
 
 if TYPE_CHECKING:
-    from . import dist, mesh, parallel, zero
-    from .backend import Backend
-    from .registry import get_backend_class, list_backends, register_backend, unregister_backend
-    from .types import Availability, Capabilities, GroupSpec, ReduceOp
-    from .windows import Window, window
-    from .work import Work
+    from commlayer import dist, mesh, parallel, zero
+    from commlayer.contract.backend import Backend
+    from commlayer.contract.registry import (
+        get_backend_class,
+        list_backends,
+        register_backend,
+        unregister_backend,
+    )
+    from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp
+    from commlayer.core.work import Work
+    from commlayer.windows import Window, window
 
 
 def __getattr__(name: str) -> Any:

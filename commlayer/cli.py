@@ -18,13 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
-from . import __version__, settings
-from .launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
-from .launch.commands import LAUNCHERS
-from .launch.job import JOB_ID_ENV, new_job_id
-from .launch.nproc import NPROC_CHOICES, resolve_nproc
-from .launch.report import default_log_dir, final_report
-from .launch.restarts import Attempt, restart_line, run_with_restarts
+from commlayer import __version__
+from commlayer.core import settings
+from commlayer.core.job import JOB_ID_ENV, new_job_id
+from commlayer.launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
+from commlayer.launch.commands import LAUNCHERS
+from commlayer.launch.nproc import NPROC_CHOICES, resolve_nproc
+from commlayer.launch.report import default_log_dir, final_report
+from commlayer.launch.restarts import Attempt, restart_line, run_with_restarts
 
 __all__ = ["main"]
 
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "backends":
         return _list_backends()
     if args.command == "trace":
-        from . import trace_analysis  # reads JSON only; imported on demand
+        from commlayer import trace_analysis  # reads JSON only; imported on demand
 
         if args.trace_command == "export":
             return trace_analysis.export(args.directory, args.out)
@@ -236,7 +237,7 @@ def _run(args: argparse.Namespace) -> int:
             )
             return 2
         args.nproc_per_node = None if args.nproc_per_node is None else int(args.nproc_per_node)
-        from .launch.cli_hosts import run_hosts  # only multi-host runs read hostfiles
+        from commlayer.launch.cli_hosts import run_hosts  # only multi-host runs read hostfiles
 
         return run_hosts(args, (sys.executable, "-u", *program, *args.script_args))
     stray = [f"--{name}" for name in ("include", "exclude", "ssh") if getattr(args, name) is not None]
@@ -293,8 +294,8 @@ def _launcher_of_chosen_backend() -> str:
     name = settings.BACKEND.text()
     if not name:
         return "local"
-    from .errors import BackendUnavailableError
-    from .registry import get_backend_class  # imports torch: only when a backend is named
+    from commlayer.contract.registry import get_backend_class  # imports torch: only when a backend is named
+    from commlayer.core.errors import BackendUnavailableError
 
     try:
         return get_backend_class(name).launcher
@@ -304,7 +305,7 @@ def _launcher_of_chosen_backend() -> str:
 
 def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int:
     """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads."""
-    from .testing.mpi import MpirunError, mpirun_plan
+    from commlayer.testing.mpi import MpirunError, mpirun_plan
 
     environ = dict(os.environ)
     # Without MASTER_ADDR the ranks agree on rank 0's store over MPI (commlayer.backends.mpi.discovery).
@@ -336,7 +337,7 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
 
 
 def _list_backends() -> int:
-    from .registry import list_backends  # imports torch: only this subcommand pays for it
+    from commlayer.contract.registry import list_backends  # imports torch: only this subcommand pays for it
 
     for info in list_backends():
         status = info.availability

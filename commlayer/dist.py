@@ -13,13 +13,10 @@ from typing import Any
 
 import torch.distributed as _torch_dist
 
-from .facade import extensions
-from .facade.batch_p2p import P2POp, batch_isend_irecv
-from .facade.coalesced import all_gather_coalesced, all_reduce_coalesced
-from .facade.collectives import all_gather, all_to_all, barrier, reduce_scatter
-from .facade.debugger import breakpoint
-from .facade.dumps import dump_flight_recorder
-from .facade.group_getters import (
+from commlayer.core.types import ReduceOp
+from commlayer.core.work import Work
+from commlayer.facade.groups.group import GroupMember, ProcessGroup, group
+from commlayer.facade.groups.queries import (
     get_backend,
     get_global_rank,
     get_group_rank,
@@ -29,27 +26,10 @@ from .facade.group_getters import (
     is_available,
     is_initialized,
 )
-from .facade.groups import GroupMember, ProcessGroup, group
-from .facade.monitored_barrier import monitored_barrier
-from .facade.object_collectives import (
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    recv_object_list,
-    scatter_object_list,
-    send_object_list,
-)
-from .facade.p2p import irecv, isend, recv, send
-from .facade.planned_collectives import all_reduce, broadcast
-from .facade.planned_paired_collectives import (
-    all_gather_into_tensor,
-    all_to_all_single,
-    reduce_scatter_tensor,
-)
-from .facade.process_groups import destroy_process_group, init_process_group, new_group
-from .facade.rooted_collectives import gather, reduce, scatter
-from .facade.shrink import shrink_group
-from .facade.subgroups import (
+from commlayer.facade.lifecycle import extensions
+from commlayer.facade.lifecycle.process_groups import destroy_process_group, init_process_group, new_group
+from commlayer.facade.lifecycle.shrink import shrink_group
+from commlayer.facade.lifecycle.subgroups import (
     get_backend_config,
     get_default_backend_for_device,
     get_pg_count,
@@ -64,14 +44,30 @@ from .facade.subgroups import (
     split_group,
     supports_complex,
 )
-from .facade.torch_bridge import init_device_mesh, register_with_torch
-from .facade.torch_names import *
-from .facade.torch_names import OPTIONAL_NAMES, torch_submodule
-from .facade.torch_names import __all__ as _torch_names_all
-from .facade.traceable import install as install_traceable_forms
-from .facade.uneven_collectives import all_gather_v, reduce_scatter_v
-from .types import ReduceOp
-from .work import Work
+from commlayer.facade.monitor.dumps import dump_flight_recorder
+from commlayer.facade.ops.batch_p2p import P2POp, batch_isend_irecv
+from commlayer.facade.ops.breakpoint import breakpoint
+from commlayer.facade.ops.coalesced import all_gather_coalesced, all_reduce_coalesced
+from commlayer.facade.ops.in_place import all_reduce, broadcast
+from commlayer.facade.ops.into_tensor import all_gather_into_tensor, all_to_all_single, reduce_scatter_tensor
+from commlayer.facade.ops.monitored_barrier import monitored_barrier
+from commlayer.facade.ops.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from commlayer.facade.ops.p2p import irecv, isend, recv, send
+from commlayer.facade.ops.rooted import gather, reduce, scatter
+from commlayer.facade.ops.tensor_lists import all_gather, all_to_all, barrier, reduce_scatter
+from commlayer.facade.ops.uneven import all_gather_v, reduce_scatter_v
+from commlayer.facade.torch_bridge.groups import init_device_mesh, register_with_torch
+from commlayer.facade.torch_bridge.names import *
+from commlayer.facade.torch_bridge.names import OPTIONAL_NAMES, torch_submodule
+from commlayer.facade.torch_bridge.names import __all__ as _torch_names_all
+from commlayer.facade.torch_bridge.traceable import install as install_traceable_forms
 
 # Other torch spellings of the tensor-in/tensor-out collectives: the pre-2.0 ones and 2.13's.
 _all_gather_base = all_gather_single = all_gather_into_tensor
@@ -86,7 +82,7 @@ reduce_op = ReduceOp
 
 def __getattr__(name: str) -> Any:
     """torch.distributed's submodules, version-dependent names and commlayer's facade extensions
-    (``dist.comms_logger``; see :mod:`commlayer.facade.extensions`), resolved on first use."""
+    (``dist.comms_logger``; see :mod:`commlayer.facade.lifecycle.extensions`), resolved on first use."""
     module: ModuleType | None = torch_submodule(name)
     if module is not None:
         return module

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.testing._shm import release_stale_regions
+from commlayer.core.shm_files import release_stale_regions
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN_DIR = REPO / "examples" / "plugin"
@@ -56,7 +56,7 @@ def _no_stale_shared_memory() -> Iterator[None]:
 def _environment_restored() -> Iterator[None]:
     """Give each test the environment the previous one started with.
 
-    An in-process ``init_process_group`` adds the interface variables of commlayer.netif
+    An in-process ``init_process_group`` adds the interface variables of commlayer.core.netif
     (``GLOO_SOCKET_IFNAME=lo`` for a loopback master, ...) to ``os.environ`` on purpose, since the
     backends read them there; left behind, they steer the ranks of later tests, e.g. pinning the
     ranks of a multi-host test to ``lo``, where they never meet.

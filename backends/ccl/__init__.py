@@ -6,6 +6,6 @@ extension ``commlayer.backends.ccl._C`` was built and, if not, how to build it.
 
 from __future__ import annotations
 
-from .backend import INSTALL_HINT, CclBackend
+from commlayer.backends.ccl.backend import INSTALL_HINT, CclBackend
 
 __all__ = ["INSTALL_HINT", "CclBackend"]

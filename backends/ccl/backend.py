@@ -19,25 +19,31 @@ from typing import Any
 
 import torch
 
-from commlayer import health, settings
-from commlayer.backend import Backend
-from commlayer.errors import CommError
-from commlayer.fabric_regions import release_regions_of
-from commlayer.flight_recorder import Recording
-from commlayer.one_sided import BackendWindow, WindowSpec
-from commlayer.rendezvous import discover
-from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
-from commlayer.work import WaitLimit, Work
-
-from .._signer import Signer, verify_enabled
-from . import _native
-from ._bootstrap import Connection, connect, disconnect
-from ._build import BuildUnavailable, build_plan, built_extension, cached_extension
-from ._environment import HostLayout, apply_defaults, usable_cpus
-from ._locate import find_oneccl
-from ._native import CCL_DTYPES, CCL_REDUCE_OPS, CclWork, ExtensionMissing, NativeTypes, buffer
-from ._plans import LaunchContext, fused_launcher
-from ._window import ChannelWindow, payload_channel
+from commlayer.backends.ccl import native as _native
+from commlayer.backends.ccl.bootstrap import Connection, connect, disconnect
+from commlayer.backends.ccl.build import BuildUnavailable, build_plan, built_extension, cached_extension
+from commlayer.backends.ccl.environment import HostLayout, apply_defaults, usable_cpus
+from commlayer.backends.ccl.fast_paths import LaunchContext, fused_launcher
+from commlayer.backends.ccl.locate import find_oneccl
+from commlayer.backends.ccl.native import (
+    CCL_DTYPES,
+    CCL_REDUCE_OPS,
+    CclWork,
+    ExtensionMissing,
+    NativeTypes,
+    buffer,
+)
+from commlayer.backends.ccl.window import ChannelWindow, payload_channel
+from commlayer.backends.mismatch.signer import Signer, verify_enabled
+from commlayer.contract.backend import Backend
+from commlayer.contract.windows import BackendWindow, WindowSpec
+from commlayer.core import health, settings
+from commlayer.core.errors import CommError
+from commlayer.core.flight_recorder import Recording
+from commlayer.core.rendezvous import discover
+from commlayer.core.shm_files import release_regions_of
+from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.core.work import WaitLimit, Work
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
 

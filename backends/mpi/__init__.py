@@ -6,7 +6,7 @@ it in ``create_world`` and :func:`discovery.exchange_master_address` when the re
 
 from __future__ import annotations
 
-from .backend import MpiBackend
-from .options import MpiOptions
+from commlayer.backends.mpi.backend import MpiBackend
+from commlayer.backends.mpi.options import MpiOptions
 
 __all__ = ["MpiBackend", "MpiOptions"]

@@ -30,22 +30,15 @@ from typing import Any
 
 import torch
 
-from commlayer import health
-from commlayer.backend import Backend
-from commlayer.errors import BackendUnavailableError, UnsupportedError, invalid_argument
-from commlayer.flight_recorder import Recording
-from commlayer.one_sided import BackendWindow, WindowSpec
-from commlayer.rendezvous import RendezvousInfo
-from commlayer.types import Availability, Capabilities, GroupSpec
-from commlayer.work import CompletedWork, WaitLimit, Work
-
-from . import _cuda
-from ._collectives import MpiCollectives
-from ._datatypes import MpiTypes
-from ._launch_context import LaunchContext
-from ._ordered import OrderedExecutor, OrderedWork
-from ._plans import ordered_launcher
-from ._runtime import (
+from commlayer.backends.mpi import cuda as _cuda
+from commlayer.backends.mpi.collectives import MpiCollectives
+from commlayer.backends.mpi.datatypes import MpiTypes
+from commlayer.backends.mpi.fast_path_context import LaunchContext
+from commlayer.backends.mpi.fast_paths import ordered_launcher
+from commlayer.backends.mpi.options import MODE_ENV, MpiOptions
+from commlayer.backends.mpi.ordered import OrderedExecutor, OrderedWork
+from commlayer.backends.mpi.requests import CANNOT_CANCEL, MpiWork, wait_in_place
+from commlayer.backends.mpi.runtime import (
     INSTALL_HINT,
     MpiLoadError,
     check_launched_by_mpi,
@@ -54,10 +47,16 @@ from ._runtime import (
     load_mpi,
     mpi4py_missing_reason,
 )
-from ._shared_signatures import open_shared_signatures
-from ._signature import SignatureCheck, verified_call
-from ._work import CANNOT_CANCEL, MpiWork, wait_in_place
-from .options import MODE_ENV, MpiOptions
+from commlayer.backends.mpi.shared_signatures import open_shared_signatures
+from commlayer.backends.mpi.signature import SignatureCheck, verified_call
+from commlayer.contract.backend import Backend
+from commlayer.contract.windows import BackendWindow, WindowSpec
+from commlayer.core import health
+from commlayer.core.errors import BackendUnavailableError, UnsupportedError, invalid_argument
+from commlayer.core.flight_recorder import Recording
+from commlayer.core.rendezvous import RendezvousInfo
+from commlayer.core.types import Availability, Capabilities, GroupSpec
+from commlayer.core.work import CompletedWork, WaitLimit, Work
 
 __all__ = ["MODE_ENV", "MpiBackend", "MpiOptions"]
 
@@ -137,7 +136,9 @@ class MpiBackend(MpiCollectives, Backend):
     @classmethod
     def complete_rendezvous(cls, info: RendezvousInfo) -> RendezvousInfo:
         """Rank 0's address and a free port, agreed over MPI (see :mod:`.discovery`)."""
-        from .discovery import exchange_master_address  # needs mpi4py: only under mpirun
+        from commlayer.backends.mpi.discovery import (
+            exchange_master_address,  # needs mpi4py: only under mpirun
+        )
 
         return exchange_master_address(info)
 
@@ -212,7 +213,7 @@ class MpiBackend(MpiCollectives, Backend):
         """An MPI RMA window (:mod:`.window`) in memory MPI allocates; CUDA tensors get the two-sided one."""
         if tensor.device.type != "cpu":
             return super().window(tensor, spec)
-        from .window import MpiWindow  # numpy only for programs that use windows
+        from commlayer.backends.mpi.window import MpiWindow  # numpy only for programs that use windows
 
         return MpiWindow(tensor, spec, self._comm, self._mpi)
 

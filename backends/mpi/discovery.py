@@ -22,13 +22,12 @@ import socket
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from commlayer import settings
-from commlayer.errors import BackendUnavailableError, CommError
-from commlayer.netif import interface_addresses
-from commlayer.ports import free_port
-from commlayer.rendezvous import RendezvousInfo
-
-from ._runtime import MpiLoadError, library_version, load_mpi
+from commlayer.backends.mpi.runtime import MpiLoadError, library_version, load_mpi
+from commlayer.core import settings
+from commlayer.core.errors import BackendUnavailableError, CommError
+from commlayer.core.netif import interface_addresses
+from commlayer.core.ports import free_port
+from commlayer.core.rendezvous import RendezvousInfo
 
 __all__ = ["exchange_master_address", "local_layout", "master_address"]
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from commlayer import settings
-from commlayer.errors import invalid_argument
+from commlayer.core import settings
+from commlayer.core.errors import invalid_argument
 
 __all__ = ["BLOCKING_SYNC_ENV", "MODES", "MODE_ENV", "VERIFY_ENV", "MpiOptions"]
 

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from commlayer.one_sided import BackendWindow, PollWork, WindowSpec
-from commlayer.one_sided.contract import group_timeout, signal_timeout
-from commlayer.work import CompletedWork, Work, poll_until
+from commlayer.contract.windows import BackendWindow, PollWork, WindowSpec, group_timeout, signal_timeout
+from commlayer.core.work import CompletedWork, Work, poll_until
 
 __all__ = ["MpiWindow"]
 

@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 
-from commlayer.flight_recorder import Recording
-from commlayer.types import GroupSpec, ReduceOp
-from commlayer.work import Work
-
-from ..nccl import NcclBackend
-from ._comm import PeerComm, attach
+from commlayer.backends.nccl import NcclBackend
+from commlayer.backends.peermem.communicator import PeerComm, attach
+from commlayer.core.flight_recorder import Recording
+from commlayer.core.types import GroupSpec, ReduceOp
+from commlayer.core.work import Work
 
 __all__ = ["PeermemBackend"]
 

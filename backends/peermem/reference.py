@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from commlayer.types import ReduceOp
+from commlayer.core.types import ReduceOp
 
 __all__ = ["fixed_order_reduce", "reference_all_reduce", "reference_reduce_scatter"]
 

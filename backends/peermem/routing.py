@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from commlayer import settings
+from commlayer.core import settings
 
 __all__ = [
     "ALGORITHMS",

@@ -25,17 +25,16 @@ from typing import Any
 
 import torch
 
-from commlayer import health
-from commlayer.backend import Backend, StandaloneOptions
-from commlayer.flight_recorder import COMPLETED, STARTED, Recording, prefill
-from commlayer.one_sided import BackendWindow, WindowSpec
-from commlayer.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
-from commlayer.work import CompletedWork, Work
-
-from ..gloo import GlooBackend
-from ._native import DTYPE_CODES, OP_CODES, load_extension
-from ._setup import HostMap, build_comm, exchange_hosts
-from .options import ShmOptions
+from commlayer.backends.gloo import GlooBackend
+from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
+from commlayer.backends.shm.options import ShmOptions
+from commlayer.backends.shm.segments import HostMap, build_comm, exchange_hosts
+from commlayer.contract.backend import Backend, StandaloneOptions
+from commlayer.contract.windows import BackendWindow, WindowSpec
+from commlayer.core import health
+from commlayer.core.flight_recorder import COMPLETED, STARTED, Recording, prefill
+from commlayer.core.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.core.work import CompletedWork, Work
 
 __all__ = ["ShmBackend"]
 
@@ -162,7 +161,9 @@ class ShmBackend(Backend):
         """A window in shared memory (:mod:`.window`) on one x86-64 host; elsewhere the two-sided one."""
         if type(self) is not ShmBackend or platform.machine() not in ("x86_64", "AMD64"):
             return super().window(tensor, spec)
-        from .window import ShmWindow  # numpy and mmap only for programs that use windows
+        from commlayer.backends.shm.window import (
+            ShmWindow,  # numpy and mmap only for programs that use windows
+        )
 
         return ShmWindow(tensor, spec, self.spec.store, lambda: self.barrier(async_op=False).wait())
 
@@ -282,7 +283,7 @@ class ShmBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
 
-# Ops with a native launcher (csrc/shm/launcher.hpp): which tensor argument the flight recorder's
+# Ops with a native launcher (csrc/shm/fast_paths.hpp): which tensor argument the flight recorder's
 # entry describes (as the facade's plans record them), and what the fixed arguments become.
 _FUSED: dict[str, tuple[int, Callable[..., int]]] = {
     "all_reduce": (0, lambda op: OP_CODES[op]),
@@ -331,7 +332,7 @@ def _build(spec: GroupSpec, companion: GlooBackend, options: ShmOptions) -> Back
     prefix = f"commlayer/shm/{spec.name}"
     hosts = exchange_hosts(spec, prefix, os.environ)
     if not hosts.single_host:
-        from .two_level import TwoLevelBackend  # a subclass of this module's class
+        from commlayer.backends.shm.two_level import TwoLevelBackend  # a subclass of this module's class
 
         return TwoLevelBackend.build(spec, companion, options, hosts, prefix)
     comm = build_comm(spec, prefix, range(spec.size), hosts.pids, options)

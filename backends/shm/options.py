@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from commlayer.errors import invalid_argument
+from commlayer.core.errors import invalid_argument
 
 __all__ = ["ShmOptions"]
 

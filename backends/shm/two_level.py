@@ -17,15 +17,14 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.fallbacks import GenericCollectives
-from commlayer.types import GroupSpec, ReduceOp
-from commlayer.work import CompletedWork, Work
-
-from ..gloo import GlooBackend
-from ._native import DTYPE_CODES, OP_CODES
-from ._setup import HostMap, build_comm
-from .backend import ShmBackend
-from .options import ShmOptions
+from commlayer.backends.gloo import GlooBackend
+from commlayer.backends.shm.backend import ShmBackend
+from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES
+from commlayer.backends.shm.options import ShmOptions
+from commlayer.backends.shm.segments import HostMap, build_comm
+from commlayer.contract.fallbacks import GenericCollectives
+from commlayer.core.types import GroupSpec, ReduceOp
+from commlayer.core.work import CompletedWork, Work
 
 __all__ = ["TwoLevelBackend"]
 

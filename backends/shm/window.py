@@ -27,12 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from commlayer.one_sided import BackendWindow, PollWork, WindowSpec
-from commlayer.one_sided.contract import signal_timeout
-from commlayer.work import CompletedWork, Work
-
-from .._tensor_reader import tensor_meta_reader
-from ._native import load_extension
+from commlayer.backends.shm.native import load_extension
+from commlayer.contract.windows import BackendWindow, PollWork, WindowSpec, signal_timeout
+from commlayer.core.tensor_reader import tensor_meta_reader
+from commlayer.core.work import CompletedWork, Work
 
 __all__ = ["ShmWindow"]
 
@@ -154,7 +152,7 @@ def _fast_copies(tensor: torch.Tensor, spec: WindowSpec, addresses: list[int]) -
     reader = tensor_meta_reader()
     if reader is None:
         return None, None
-    from .. import _tensor_meta  # present whenever the reader is
+    from commlayer.core import _tensor_meta  # present whenever the reader is
 
     scalar_type = _tensor_meta.describe(torch.empty(0, dtype=tensor.dtype))[0]
     group_ranks = {rank: index for index, rank in enumerate(spec.global_ranks)}

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.work import Work
+from commlayer.core.work import Work
 
 __all__ = [
     "BENCH_OPS",
@@ -336,7 +336,7 @@ def make_case(context: CaseContext, shape: Layout) -> BenchCase:
     if hasattr(context.api, "copy"):
         return CopyCase(context, shape)
     if shape.op in ("put", "get"):
-        from .window_cases import WINDOW_CASES  # built on this module's BenchCase
+        from commlayer.bench.window_cases import WINDOW_CASES  # built on this module's BenchCase
 
         return WINDOW_CASES[shape.op](context, shape)
     return _CASES[shape.op](context, shape)

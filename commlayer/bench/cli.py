@@ -21,19 +21,18 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from commlayer.bench.cases import BENCH_OPS, check_values_exact
+from commlayer.bench.metadata import run_metadata
+from commlayer.bench.options import BENCH_DTYPES, BenchOptions
+from commlayer.bench.progress import ProgressBar, follow_file
+from commlayer.bench.records import BenchRecord, SweepResult, write_csv, write_json
+from commlayer.bench.runner import count_steps, run_sweep
+from commlayer.bench.table import RowPrinter, format_closing
+from commlayer.core import settings
+from commlayer.core.metrics import parse_size
+from commlayer.core.rendezvous import discover
 from commlayer.launch import LaunchConfig, launch
 from commlayer.launch.nproc import resolve_nproc
-from commlayer.rendezvous import discover
-
-from .. import settings
-from ..metrics import parse_size
-from .cases import BENCH_OPS, check_values_exact
-from .metadata import run_metadata
-from .options import BENCH_DTYPES, BenchOptions
-from .progress import ProgressBar, follow_file
-from .records import BenchRecord, SweepResult, write_csv, write_json
-from .runner import count_steps, run_sweep
-from .table import RowPrinter, format_closing
 
 __all__ = ["add_arguments", "main"]
 
@@ -234,7 +233,7 @@ def _publish(result: SweepResult, options: BenchOptions, args: argparse.Namespac
         write_csv(args.csv, result.records)
         print(f"wrote {args.csv}", flush=True)
     if args.plot is not None:
-        from .plot import write_plot  # matplotlib only when a plot is asked for
+        from commlayer.bench.plot import write_plot  # matplotlib only when a plot is asked for
 
         write_plot(args.plot, result.records, _plot_title(result, options))
         print(f"wrote {args.plot}", flush=True)
@@ -277,8 +276,8 @@ def _require_matplotlib() -> None:
 
 def _host_default_backend() -> str:
     """What ``init_process_group()`` picks on this host (shm on a CPU host, nccl with CUDA)."""
-    from commlayer.registry import get_backend_class
-    from commlayer.selection import detect_accelerator, resolve_backend_spec
+    from commlayer.contract.registry import get_backend_class
+    from commlayer.contract.selection import detect_accelerator, resolve_backend_spec
 
     def available(name: str) -> bool:
         try:

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..metrics import size_sweep
-from .cases import BENCH_OPS
-from .window_cases import WINDOW_OPS
+from commlayer.bench.cases import BENCH_OPS
+from commlayer.bench.window_cases import WINDOW_OPS
+from commlayer.core.metrics import size_sweep
 
 __all__ = ["BENCH_DTYPES", "BenchOptions"]
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..metrics import format_size
-from .records import BenchRecord
+from commlayer.bench.records import BenchRecord
+from commlayer.core.metrics import format_size
 
 __all__ = ["SMALL_MESSAGE_BYTES", "write_plot"]
 

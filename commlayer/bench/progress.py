@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import settings
+from commlayer.core import settings
 
 __all__ = ["PROGRESS_EVERY_ENV", "ProgressBar", "StepFileWriter", "follow_file"]
 

@@ -34,7 +34,7 @@ class RawMpiCalls:
     """``dist``-shaped calls that go straight to mpi4py on COMM_WORLD (``group`` is ignored)."""
 
     def __init__(self) -> None:
-        from commlayer.backends.mpi._runtime import load_mpi  # the libmpi the launcher belongs to
+        from commlayer.backends.mpi.runtime import load_mpi  # the libmpi the launcher belongs to
 
         mpi = load_mpi()
         self._comm = mpi.COMM_WORLD.Dup()
@@ -113,7 +113,7 @@ class RawMpiWindow:
     ``tensor`` views the window's memory, initialised from the given tensor."""
 
     def __init__(self, comm: Any, tensor: torch.Tensor) -> None:
-        from commlayer.backends.mpi._runtime import load_mpi
+        from commlayer.backends.mpi.runtime import load_mpi
 
         mpi = load_mpi()
         self._comm, self._byte = comm, mpi.BYTE

@@ -25,7 +25,7 @@ class BenchRecord:
 
     backend: str
     op: str
-    bytes: int  # nccl-tests' S (see commlayer.metrics)
+    bytes: int  # nccl-tests' S (see commlayer.core.metrics)
     count: int  # elements in S
     dtype: str
     world_size: int

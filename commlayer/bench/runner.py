@@ -27,14 +27,13 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.registry import get_backend_class
-from commlayer.rendezvous import discover
-
-from ..metrics import algbw_gbps, busbw_factor
-from .cases import FACADE_OPS, CaseContext, Layout, check_values_exact, layout, make_case
-from .options import BenchOptions
-from .raw import RAW_BACKENDS, MemcpyCalls, RawMpiCalls
-from .records import BenchRecord, SweepResult
+from commlayer.bench.cases import FACADE_OPS, CaseContext, Layout, check_values_exact, layout, make_case
+from commlayer.bench.options import BenchOptions
+from commlayer.bench.raw import RAW_BACKENDS, MemcpyCalls, RawMpiCalls
+from commlayer.bench.records import BenchRecord, SweepResult
+from commlayer.contract.registry import get_backend_class
+from commlayer.core.metrics import algbw_gbps, busbw_factor
+from commlayer.core.rendezvous import discover
 
 __all__ = ["RowReporter", "StepReporter", "count_steps", "run_sweep"]
 

@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from .options import BenchOptions
-from .records import BenchRecord, SweepResult
+from commlayer.bench.options import BenchOptions
+from commlayer.bench.records import BenchRecord, SweepResult
 
 __all__ = ["RowPrinter", "format_closing", "format_report", "format_side_by_side", "format_table"]
 

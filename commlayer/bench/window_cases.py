@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-from commlayer.work import Work
-
-from .cases import BenchCase, CaseContext, Layout
+from commlayer.bench.cases import BenchCase, CaseContext, Layout
+from commlayer.core.work import Work
 
 __all__ = ["WINDOW_CASES", "WINDOW_OPS"]
 

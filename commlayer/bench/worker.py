@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import settings
-from .options import BenchOptions
-from .progress import StepFileWriter
-from .runner import run_sweep
+from commlayer.bench.options import BenchOptions
+from commlayer.bench.progress import StepFileWriter
+from commlayer.bench.runner import run_sweep
+from commlayer.core import settings
 
 __all__ = ["main"]
 

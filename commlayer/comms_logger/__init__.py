@@ -12,11 +12,11 @@ Enable it in code or from the environment::
     [COMMLAYER_COMMS_LOGGER_VERBOSE=1] [COMMLAYER_COMMS_LOGGER_TRACE=trace-{rank}.json] python train.py
 
 How it measures: the facade hands every op's launch to the observer set with
-:func:`commlayer.facade.dispatch.set_observer`. While enabled, the logger synchronises the
+:func:`commlayer.facade.calls.dispatch.set_observer`. While enabled, the logger synchronises the
 accelerator before the launch and again when the op's Work completes, and records the time in
 between; a blocking op is therefore timed exactly, an async one from launch until the caller's
 ``wait()`` (or ``is_completed()``) sees it done. Disabled, no observer is set and the facade pays
-one ``is None`` test per call. Sizes are nccl-tests' S (see :mod:`commlayer.metrics`), so
+one ``is None`` test per call. Sizes are nccl-tests' S (see :mod:`commlayer.core.metrics`), so
 busbw here matches ``commlayer bench``.
 
 Stragglers: in a collective every rank finishes together, so a rank that *arrives* late spends
@@ -26,7 +26,7 @@ straggler, and the spread between ``avg_us_min`` and ``avg_us_max`` is the time 
 
 from __future__ import annotations
 
-from ._logger import *
-from ._logger import __all__, enable_from_environment  # noqa: F401 - re-exports _logger's names
+from commlayer.comms_logger.logger import *
+from commlayer.comms_logger.logger import __all__, enable_from_environment  # noqa: F401 - re-exports _logger's names
 
 enable_from_environment()

@@ -22,11 +22,11 @@ state, every member raises :class:`NoHealthyReplicaError`: restart from the last
 
 from __future__ import annotations
 
-from .data_parallel import FaultTolerantDataParallel
-from .errors import JobFinishedError, NoHealthyReplicaError, StepAbortedError
-from .manager import Manager, TrainingState
-from .options import FaultToleranceOptions
-from .quorum import Decision, Registration, decide, joinable_replicas
+from commlayer.ft.data_parallel import FaultTolerantDataParallel
+from commlayer.ft.errors import JobFinishedError, NoHealthyReplicaError, StepAbortedError
+from commlayer.ft.manager import Manager, TrainingState
+from commlayer.ft.options import FaultToleranceOptions
+from commlayer.ft.quorum import Decision, Registration, decide, joinable_replicas
 
 __all__ = [
     "Decision",

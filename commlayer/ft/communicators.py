@@ -2,7 +2,7 @@
 
 Every generation gets its own store prefix, so a rebuilt world never meets the keys (or the
 dead members) of an earlier one. Each member builds three standalone communicators
-(:meth:`commlayer.backend.Backend.create_standalone`), each a world of its own over its members (so only members take part, and nothing depends on torch's
+(:meth:`commlayer.contract.backend.Backend.create_standalone`), each a world of its own over its members (so only members take part, and nothing depends on torch's
 default process group, which belongs to no generation): the generation's world, its replica's
 shard group (ZeRO partitions within a replica) and its shard's replica group (the replicated
 dimension: gradient averaging and state transfer).
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..backend import Backend, StandaloneOptions
-from ..errors import UnsupportedError
-from ..registry import get_backend_class
-from ..types import GroupSpec
-from .options import FaultToleranceOptions
-from .quorum import Decision
+from commlayer.contract.backend import Backend, StandaloneOptions
+from commlayer.contract.registry import get_backend_class
+from commlayer.core.errors import UnsupportedError
+from commlayer.core.types import GroupSpec
+from commlayer.ft.options import FaultToleranceOptions
+from commlayer.ft.quorum import Decision
 
 __all__ = ["Generation", "build_generation", "standalone_backend"]
 

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..types import ReduceOp
-from .communicators import Generation, standalone_backend
-from .errors import StepAbortedError
-from .manager import Manager
+from commlayer.core.types import ReduceOp
+from commlayer.ft.communicators import Generation, standalone_backend
+from commlayer.ft.errors import StepAbortedError
+from commlayer.ft.manager import Manager
 
 __all__ = ["FaultTolerantDataParallel"]
 

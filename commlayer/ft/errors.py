@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import CommError
+from commlayer.core.errors import CommError
 
 __all__ = ["JobFinishedError", "NoHealthyReplicaError", "StepAbortedError"]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .options import FaultToleranceOptions
+from commlayer.ft.options import FaultToleranceOptions
 
 __all__ = ["Heartbeat", "Liveness", "process_gone"]
 

@@ -3,7 +3,7 @@
 Per step: every collective is started async and waited here, polling the store for the step's
 outcome and the generation's peers' liveness, so a death or a hang abandons the step in
 milliseconds instead of at a timeout (a backend whose ops run in the calling thread, like shm,
-is interrupted by the watchdog thread through :mod:`commlayer.health`). The step then commits
+is interrupted by the watchdog thread through :mod:`commlayer.core.health`). The step then commits
 through the store: the last member to finish writes the outcome with ``compare_set``, and an
 aborting member writes "abort" the same way, so every member sees the same outcome. After an
 abort, or when standby members complete a replica, the members run a new quorum
@@ -22,14 +22,14 @@ from typing import Any, Protocol
 
 import torch
 
-from .. import health
-from ..backend import Backend
-from ..work import Work
-from .communicators import Generation, build_generation, standalone_backend
-from .errors import JobFinishedError, NoHealthyReplicaError, StepAbortedError
-from .liveness import Heartbeat, Liveness
-from .options import FaultToleranceOptions
-from .quorum import Decision, Registration, decide, joinable_replicas
+from commlayer.contract.backend import Backend
+from commlayer.core import health
+from commlayer.core.work import Work
+from commlayer.ft.communicators import Generation, build_generation, standalone_backend
+from commlayer.ft.errors import JobFinishedError, NoHealthyReplicaError, StepAbortedError
+from commlayer.ft.liveness import Heartbeat, Liveness
+from commlayer.ft.options import FaultToleranceOptions
+from commlayer.ft.quorum import Decision, Registration, decide, joinable_replicas
 
 __all__ = ["Manager", "TrainingState"]
 
@@ -67,7 +67,7 @@ class Manager:
     Raises:
         BackendUnavailableError: ``options.backend`` is unknown or cannot run here.
         UnsupportedError: ``options.backend`` cannot build standalone communicators
-            (:meth:`commlayer.backend.Backend.create_standalone`).
+            (:meth:`commlayer.contract.backend.Backend.create_standalone`).
     """
 
     def __init__(self, store: Any, member: int, options: FaultToleranceOptions, sharded: bool) -> None:

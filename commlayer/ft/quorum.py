@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from .errors import NoHealthyReplicaError
-from .options import FaultToleranceOptions
+from commlayer.ft.errors import NoHealthyReplicaError
+from commlayer.ft.options import FaultToleranceOptions
 
 __all__ = ["Decision", "Registration", "decide", "joinable_replicas"]
 

@@ -22,12 +22,12 @@ Shipped hooks, built on the same registration:
   whose data diverges.
 
 With no hook registered the facade's paths carry no hook code at all (see
-:mod:`commlayer.facade.hooks`).
+:mod:`commlayer.facade.calls.hooks`).
 """
 
 from __future__ import annotations
 
-from ..facade.hooks import (
+from commlayer.facade.calls.hooks import (
     CollectiveCall,
     PostHook,
     PreHook,
@@ -35,8 +35,8 @@ from ..facade.hooks import (
     register_post_hook,
     register_pre_hook,
 )
-from .content_hash import ContentDivergenceError, ContentHashHook, content_hash
-from .shipped import LoggerHandle, RecorderHook, comms_logger, flight_recorder
+from commlayer.hooks.content_hash import ContentDivergenceError, ContentHashHook, content_hash
+from commlayer.hooks.shipped import LoggerHandle, RecorderHook, comms_logger, flight_recorder
 
 __all__ = [
     "CollectiveCall",

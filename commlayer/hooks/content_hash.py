@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import torch
 
-from .. import dist
-from ..errors import CommError
-from ..facade.groups import ProcessGroup
-from ..facade.hooks import CollectiveCall, RemovableHandle, register_pre_hook
+from commlayer import dist
+from commlayer.core.errors import CommError
+from commlayer.facade.calls.hooks import CollectiveCall, RemovableHandle, register_pre_hook
+from commlayer.facade.groups.group import ProcessGroup
 
 __all__ = ["ContentDivergenceError", "ContentHashHook", "Divergence", "content_hash", "digest"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .. import comms_logger as _logger
-from ..facade.groups import ProcessGroup
-from ..facade.hooks import CollectiveCall, register_post_hook, register_pre_hook
-from ..flight_recorder import DEFAULT_CAPACITY, FlightRecorder, mark_completed
+from commlayer import comms_logger as _logger
+from commlayer.core.flight_recorder import DEFAULT_CAPACITY, FlightRecorder, mark_completed
+from commlayer.facade.calls.hooks import CollectiveCall, register_post_hook, register_pre_hook
+from commlayer.facade.groups.group import ProcessGroup
 
 __all__ = ["LoggerHandle", "RecorderHook", "comms_logger", "flight_recorder"]
 
@@ -38,7 +38,7 @@ def comms_logger(ops: Iterable[str] | None = None, verbose: bool = False) -> Log
 
 
 class RecorderHook:
-    """A flight recorder fed by hooks: one :class:`~commlayer.flight_recorder.FlightRecorder`
+    """A flight recorder fed by hooks: one :class:`~commlayer.core.flight_recorder.FlightRecorder`
     per hooked group, each call entered by the pre-hook and marked completed by the post-hook.
 
     Unlike each group's built-in recorder (always on, fixed size), it records only the groups and

@@ -5,8 +5,8 @@ by :func:`.supervise.supervise`, which stops every process on the first failure.
 
 from __future__ import annotations
 
-from .local import LaunchConfig, RankPlace, free_port, launch, rank_environment
-from .supervise import (
+from commlayer.launch.local import LaunchConfig, RankPlace, free_port, launch, rank_environment
+from commlayer.launch.supervise import (
     TIMEOUT_EXIT_CODE,
     LaunchResult,
     ProcessOutcome,

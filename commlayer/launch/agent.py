@@ -21,9 +21,9 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from .hostfile import HostSlots, parse_filter
-from .local import RankPlace, rank_environment
-from .supervise import LaunchResult, ProcessSpec, SuperviseOptions, supervise
+from commlayer.launch.hostfile import HostSlots, parse_filter
+from commlayer.launch.local import RankPlace, rank_environment
+from commlayer.launch.supervise import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 
 __all__ = ["main", "rank_specs"]
 

@@ -9,14 +9,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .. import settings
-from ..netif import route_interface
-from .commands import JobPlan
-from .environment import exported_environment, find_env_file
-from .hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
-from .multinode import HostsRun, run_across_hosts
-from .restarts import Attempt, restart_line, run_with_restarts
-from .supervise import SuperviseOptions
+from commlayer.core import settings
+from commlayer.core.netif import route_interface
+from commlayer.launch.commands import JobPlan
+from commlayer.launch.environment import exported_environment, find_env_file
+from commlayer.launch.hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
+from commlayer.launch.multinode import HostsRun, run_across_hosts
+from commlayer.launch.restarts import Attempt, restart_line, run_with_restarts
+from commlayer.launch.supervise import SuperviseOptions
 
 __all__ = ["job_plan", "run_hosts"]
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .hostfile import HostSlots
+from commlayer.launch.hostfile import HostSlots
 
 __all__ = [
     "LAUNCHERS",

@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..ports import free_port
-from .supervise import LaunchResult, ProcessSpec, SuperviseOptions, supervise
+from commlayer.core.ports import free_port
+from commlayer.launch.supervise import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 
 __all__ = ["LaunchConfig", "RankPlace", "free_port", "launch", "rank_environment"]
 

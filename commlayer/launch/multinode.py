@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import settings
-from .commands import JobPlan, mpirun_argv, pdsh_argv, srun_argv, ssh_argv
-from .supervise import LaunchResult, ProcessOutcome, ProcessSpec, SuperviseOptions, supervise
+from commlayer.core import settings
+from commlayer.launch.commands import JobPlan, mpirun_argv, pdsh_argv, srun_argv, ssh_argv
+from commlayer.launch.supervise import LaunchResult, ProcessOutcome, ProcessSpec, SuperviseOptions, supervise
 
 __all__ = [
     "SETTLE_SECONDS",

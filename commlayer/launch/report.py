@@ -23,7 +23,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .supervise import LaunchResult, ProcessOutcome
+from commlayer.launch.supervise import LaunchResult, ProcessOutcome
 
 __all__ = ["default_log_dir", "final_report"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from .supervise import LaunchResult
+from commlayer.launch.supervise import LaunchResult
 
 __all__ = [
     "MAX_RESTARTS_ENV",

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
-from ..metrics import format_duration
-from .process_tree import _descendants, _signal_pids, pid_running
-from .tracebacks import TracebackHold, strip_torch_prefix
+from commlayer.core.metrics import format_duration
+from commlayer.core.processes import _descendants, _signal_pids, pid_running
+from commlayer.launch.tracebacks import TracebackHold, strip_torch_prefix
 
 __all__ = [
     "TIMEOUT_EXIT_CODE",

@@ -19,7 +19,7 @@ __all__ = ["MAX_HELD_LINES", "TracebackHold", "strip_torch_prefix"]
 MAX_HELD_LINES = 5000  # a runaway writer after its traceback must not exhaust memory
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 _TRACEBACK_START = "Traceback (most recent call last):"
-# The name before "ValueError: text", "commlayer.errors.CommTimeoutError: text" or "KeyboardInterrupt".
+# The name before "ValueError: text", "commlayer.core.errors.CommTimeoutError: text" or "KeyboardInterrupt".
 _EXCEPTION_NAME = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*")
 # A C++ stack that torch appends to a warning (e.g. the store's "Broken pipe" when rank 0 is gone).
 _NATIVE_STACK = re.compile(
@@ -38,7 +38,7 @@ class TracebackHold:
     """The held part of one process's stderr and the exception it ended with.
 
     An exception raised from native code has no traceback of its own, so a chain can begin
-    with a bare exception line (``commlayer.errors.CommError: ...``, a blank line, then
+    with a bare exception line (``commlayer.core.errors.CommError: ...``, a blank line, then
     ``The above exception was the direct cause ...``): a line that looks like an exception is
     kept back until the next lines say whether a chain begins there.
     """
@@ -109,6 +109,6 @@ def _looks_like_exception(line: str) -> bool:
 
 
 def _short_name(line: str) -> str:
-    """``"commlayer.errors.CommTimeoutError: x"`` -> ``"CommTimeoutError: x"`` (already unique)."""
+    """``"commlayer.core.errors.CommTimeoutError: x"`` -> ``"CommTimeoutError: x"`` (already unique)."""
     name, colon, message = line.partition(":")
     return name.rsplit(".", 1)[-1] + colon + message

@@ -7,7 +7,7 @@ rank layout lives in :class:`MeshLayout` (documented there with a worked example
 
 from __future__ import annotations
 
-from .layout import EXPERT_DIMS, MeshLayout, factorisations, flat_name
-from .mesh import Mesh, init_mesh
+from commlayer.mesh.layout import EXPERT_DIMS, MeshLayout, factorisations, flat_name
+from commlayer.mesh.mesh import Mesh, init_mesh
 
 __all__ = ["EXPERT_DIMS", "Mesh", "MeshLayout", "factorisations", "flat_name", "init_mesh"]

@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 
 __all__ = ["EXPERT_DIMS", "MeshLayout", "factorisations", "flat_name"]
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup
-from ..errors import InvalidArgumentError
-from .layout import EXPERT_DIMS, MeshLayout, flat_name
+from commlayer import dist
+from commlayer.core.errors import InvalidArgumentError
+from commlayer.dist import ProcessGroup
+from commlayer.mesh.layout import EXPERT_DIMS, MeshLayout, flat_name
 
 __all__ = ["Mesh", "init_mesh"]
 

@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from .gating import GateOptions, Routing, capacity_for, route
-from .moe import MoE, is_expert_parameter, reduce_gradients
-from .ulysses import UlyssesAttention, sequence_offset, shard_sequence
+from commlayer.parallel.gating import GateOptions, Routing, capacity_for, route
+from commlayer.parallel.moe import MoE, is_expert_parameter, reduce_gradients
+from commlayer.parallel.ulysses import UlyssesAttention, sequence_offset, shard_sequence
 
 __all__ = [
     "GateOptions",

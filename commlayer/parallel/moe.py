@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import dist
-from ..dist import ProcessGroup
-from ..errors import invalid_argument
-from ..mesh import Mesh
-from ._checks import mesh_dim_group, require_divisible
-from ._exchange import exchange
-from ._routes import RouteMap, combine, dispatch
-from .gating import GateOptions, Routing, capacity_for, route
+from commlayer import dist
+from commlayer.core.errors import invalid_argument
+from commlayer.dist import ProcessGroup
+from commlayer.mesh import Mesh
+from commlayer.parallel.checks import mesh_dim_group, require_divisible
+from commlayer.parallel.exchange import exchange
+from commlayer.parallel.gating import GateOptions, Routing, capacity_for, route
+from commlayer.parallel.routes import RouteMap, combine, dispatch
 
 __all__ = ["MoE", "is_expert_parameter", "reduce_gradients"]
 

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dist
-from ..errors import invalid_argument
-from ..mesh import Mesh
-from ._checks import mesh_dim_group, require_divisible
-from ._exchange import exchange
+from commlayer import dist
+from commlayer.core.errors import invalid_argument
+from commlayer.mesh import Mesh
+from commlayer.parallel.checks import mesh_dim_group, require_divisible
+from commlayer.parallel.exchange import exchange
 
 __all__ = ["UlyssesAttention", "sequence_offset", "shard_sequence"]
 

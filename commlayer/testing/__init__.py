@@ -7,8 +7,8 @@ AssertionError carrying every failing rank's traceback. See :mod:`commlayer.test
 
 from __future__ import annotations
 
-from .harness import require_mpirun, run_world
-from .mpi import MpirunError, MpirunPlan, mpirun_plan, mpirun_unavailable_reason
+from commlayer.testing.harness import require_mpirun, run_world
+from commlayer.testing.mpi import MpirunError, MpirunPlan, mpirun_plan, mpirun_unavailable_reason
 
 __all__ = [
     "MpirunError",

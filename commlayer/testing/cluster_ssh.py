@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cluster import ClusterHost, NetworkCluster
+from commlayer.testing.cluster import ClusterHost, NetworkCluster
 
 __all__ = ["SshAccess", "cluster_sshd", "sshd_unavailable_reason"]
 

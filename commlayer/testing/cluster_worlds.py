@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launch import ProcessSpec, free_port
-from ..launch.commands import JobPlan, mpirun_argv
-from ..launch.environment import exported_environment
-from ..launch.hostfile import HostSlots
-from ..launch.multinode import find_mpirun, mpirun_flavor, search_path
-from .cluster import NetworkCluster
-from .cluster_ssh import SshAccess
+from commlayer.launch import ProcessSpec, free_port
+from commlayer.launch.commands import JobPlan, mpirun_argv
+from commlayer.launch.environment import exported_environment
+from commlayer.launch.hostfile import HostSlots
+from commlayer.launch.multinode import find_mpirun, mpirun_flavor, search_path
+from commlayer.testing.cluster import NetworkCluster
+from commlayer.testing.cluster_ssh import SshAccess
 
 __all__ = ["MpirunHosts", "SlurmHosts", "TorchrunHosts"]
 

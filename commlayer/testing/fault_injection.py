@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from .ft_member import reference
+from commlayer.testing.ft_member import reference
 
 __all__ = ["FaultPlan", "JobResult", "random_plan", "run_job"]
 

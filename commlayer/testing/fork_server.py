@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import settings
+from commlayer.core import settings
 
 __all__ = ["warm_command"]
 
@@ -32,7 +32,7 @@ _READY_TIMEOUT_S = 60.0
 # worker's (commlayer's) most of the rest; then the facade and the backends nearly every rank
 # initialises (none reads the environment or starts a thread on import).
 _PRELOAD = (
-    "commlayer.testing._worker",
+    "commlayer.testing.worker",
     "commlayer.dist",
     "commlayer.backends.gloo",
     "commlayer.backends.shm",

@@ -5,7 +5,7 @@ Every multi-rank test in the project goes through here::
     run_world("commlayer.testing.conformance:main", 4)               # 4 local ranks, gloo process group
     run_world("tests.backends.mpi_ranks:main", 3, backend="mpi", launcher="mpirun", args=["float64"])
 
-Each rank runs ``python -m commlayer.testing._worker`` (see ``_worker.py``). The first rank to fail
+Each rank runs ``python -m commlayer.testing.worker`` (see ``_worker.py``). The first rank to fail
 stops the world, a timeout stops it too, and the AssertionError then carries the traceback of every
 rank that raised plus the tail of every rank's output (under mpirun: of mpirun's tagged output).
 """
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
-from ._results import RESULTS_DIR_ENV, ResultsDir
-from ._shm import release_stale_regions
-from .fork_server import warm_command
-from .mpi import mpirun_plan, mpirun_unavailable_reason
+from commlayer.core.shm_files import release_stale_regions
+from commlayer.launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
+from commlayer.testing.fork_server import warm_command
+from commlayer.testing.mpi import mpirun_plan, mpirun_unavailable_reason
+from commlayer.testing.results import RESULTS_DIR_ENV, ResultsDir
 
 __all__ = ["WorldLauncher", "require_mpirun", "run_world"]
 
@@ -176,7 +176,7 @@ def _import_roots(module_name: str) -> list[str]:
 
 def _worker_command(target: str, backend: str | None, args: Sequence[str]) -> tuple[str, ...]:
     backend_option = ("--backend", backend) if backend is not None else ()
-    return (sys.executable, "-m", "commlayer.testing._worker", *backend_option, target, *args)
+    return (sys.executable, "-m", "commlayer.testing.worker", *backend_option, target, *args)
 
 
 class _RanksWatch:

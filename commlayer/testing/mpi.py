@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import settings
+from commlayer.core import settings
 
 __all__ = [
     "MPIRUN_ENV",

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..launch.job import trace_root
-from .findings import GroupView, analyze, describe
-from .folders import find_job_folder, load_dumps
-from .torch_format import export_torch
+from commlayer.core.job import trace_root
+from commlayer.trace_analysis.findings import GroupView, analyze, describe
+from commlayer.trace_analysis.folders import find_job_folder, load_dumps
+from commlayer.trace_analysis.torch_format import export_torch
 
 __all__ = [
     "GroupView",

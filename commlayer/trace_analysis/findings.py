@@ -1,6 +1,6 @@
 """What the dumps of one job say: who is missing, mismatched calls, who waits where.
 
-Each rank's dump (``rank<N>.json``, see :mod:`commlayer.flight_recorder`) lists the last
+Each rank's dump (``rank<N>.json``, see :mod:`commlayer.core.flight_recorder`) lists the last
 collectives of every group it belongs to. Lined up by sequence number they answer the questions a
 hang raises. Example, rank 2 of 4 stuck in computation while the others wait::
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import describe_ranks
+from commlayer.core.errors import describe_ranks
 
 __all__ = ["GroupView", "analyze", "describe"]
 

@@ -1,7 +1,7 @@
 """Which dumps to read: one job's ``rank<N>.json`` files, never two jobs' mixed.
 
 Every job dumps into its own folder under ``$COMMLAYER_TRACE_DIR`` (see
-:mod:`commlayer.launch.job`). Given that parent folder (or nothing: the configured one), the
+:mod:`commlayer.core.job`). Given that parent folder (or nothing: the configured one), the
 newest job's folder is read; a folder whose dumps name different jobs is refused, since lining
 up two jobs' collectives reports mismatches that never happened.
 """
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import describe_ranks
+from commlayer.core.errors import describe_ranks
 
 __all__ = ["DUMP_NAME", "find_job_folder", "load_dumps"]
 

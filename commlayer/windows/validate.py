@@ -1,5 +1,5 @@
 """Checks of window arguments, run before any communication; each error names the op, the
-argument, what was expected, what was received and the rank (``commlayer.errors.invalid_argument``).
+argument, what was expected, what was received and the rank (``commlayer.core.errors.invalid_argument``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from commlayer.errors import InvalidArgumentError, InvalidTypeError, invalid_argument
+from commlayer.core.errors import InvalidArgumentError, InvalidTypeError, invalid_argument
 
 __all__ = ["check_dtypes_agree", "check_peer", "check_span", "check_tensor", "check_timeout"]
 

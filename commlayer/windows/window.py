@@ -4,7 +4,7 @@ Each member registers a tensor (sizes may differ, the dtype may not); the return
 :class:`Window` lets any member write into (``put``) and read from (``get``) any member's window
 without that member's participation, and tell it that its data is there (``signal`` /
 ``wait_signal``). Backends implement it natively (``shm``: shared memory, ``mpi``: MPI RMA) or,
-for every other backend, emulate it with send/recv (:mod:`commlayer.one_sided.two_sided`), where
+for every other backend, emulate it with send/recv (:mod:`commlayer.contract.emulated_windows`), where
 a put lands at the target's next window call at the latest.
 
 Ranks are global ranks, as everywhere in ``commlayer.dist``; offsets and sizes count elements of
@@ -36,14 +36,12 @@ from typing import NoReturn
 import torch
 
 from commlayer import dist
-from commlayer.errors import UnsupportedError, invalid_argument
-from commlayer.facade.groups import ProcessGroup, resolve_group
-from commlayer.facade.op_calls import device_type
-from commlayer.one_sided import BackendWindow, WindowSpec
-from commlayer.one_sided.contract import limit_of
-from commlayer.work import Work
-
-from .validate import check_dtypes_agree, check_peer, check_span, check_tensor, check_timeout
+from commlayer.contract.windows import BackendWindow, WindowSpec, limit_of
+from commlayer.core.errors import UnsupportedError, invalid_argument
+from commlayer.core.work import Work
+from commlayer.facade.calls.op_call import device_type
+from commlayer.facade.groups.group import ProcessGroup, resolve_group
+from commlayer.windows.validate import check_dtypes_agree, check_peer, check_span, check_tensor, check_timeout
 
 __all__ = ["Window", "window"]
 

@@ -20,21 +20,21 @@ from typing import Any
 
 import torch
 
-from .. import dist
-from ..errors import NotInitializedError, missing_extra
+from commlayer import dist
+from commlayer.core.errors import NotInitializedError, missing_extra
 
 try:  # the config is checked with pydantic, commlayer's optional "zero" part
     import pydantic  # noqa: F401
 except ModuleNotFoundError as missing:
     raise missing_extra(missing, "zero", "commlayer.zero") from None
 
-from ..mesh import Mesh, init_mesh
-from .checkpoint import consolidated_state_dict
-from .checks import check_model_and_optimizer
-from .config import ZeroConfig, ZeroConfigError, load_config, resolve_batch_sizes
-from .engine import ZeroEngine
-from .experts import check_expert_support
-from .hybrid import plan_data_parallel
+from commlayer.mesh import Mesh, init_mesh
+from commlayer.zero.checkpoint import consolidated_state_dict
+from commlayer.zero.checks import check_model_and_optimizer
+from commlayer.zero.config import ZeroConfig, ZeroConfigError, load_config, resolve_batch_sizes
+from commlayer.zero.engine import ZeroEngine
+from commlayer.zero.experts import check_expert_support
+from commlayer.zero.hybrid import plan_data_parallel
 
 __all__ = [
     "ZeroConfig",

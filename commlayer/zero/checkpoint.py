@@ -11,7 +11,7 @@ A save goes to a new version directory beside the current one and ``<tag>`` (a s
 is switched to it in one atomic rename only after every rank's file is complete, then ``latest``
 is replaced; the old version is deleted last. An interrupted save therefore leaves the previous
 checkpoint loadable, under any tag, and every file's checksum is verified on load
-(:mod:`commlayer.zero._versions`). Fragments are addressed by (parameter name, element range), not by rank,
+(:mod:`commlayer.zero.versions`). Fragments are addressed by (parameter name, element range), not by rank,
 so a checkpoint loads at any world size and stage: each rank copies the overlap of its new
 fragments with the saved ones. :func:`consolidated_state_dict` assembles the plain fp32 model
 without any process group.
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import dist
-from ..errors import CheckpointError, InvalidArgumentError, UnsupportedError
-from . import _versions
+from commlayer import dist
+from commlayer.core.errors import CheckpointError, InvalidArgumentError, UnsupportedError
+from commlayer.zero import versions as _versions
 
 if TYPE_CHECKING:
-    from .engine import ZeroEngine
+    from commlayer.zero.engine import ZeroEngine
 
 __all__ = ["CheckpointFallbackWarning", "consolidated_state_dict", "load_checkpoint", "save_checkpoint"]
 

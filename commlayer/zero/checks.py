@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import InvalidArgumentError
-from .config import ZeroConfig
+from commlayer.core.errors import InvalidArgumentError
+from commlayer.zero.config import ZeroConfig
 
 __all__ = ["ELEMENTWISE_OPTIMIZERS", "check_model_and_optimizer", "named_parameters"]
 

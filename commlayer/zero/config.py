@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 
 __all__ = [
     "BF16Config",

@@ -23,17 +23,17 @@ from typing import Any
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup
-from ..mesh import Mesh
-from .config import BatchSizes, ZeroConfig
-from .engine_setup import build_experts, build_runtime, plan_layout, take_rank0_values
-from .experts import split_experts
-from .hybrid import DataParallelDims, effective_dims, partition_dims
-from .master import MasterShard, param_group_index
-from .replicated import ReplicatedParams
-from .scaler import LossScaler
-from .stage3 import PartitionedParams
+from commlayer import dist
+from commlayer.dist import ProcessGroup
+from commlayer.mesh import Mesh
+from commlayer.zero.config import BatchSizes, ZeroConfig
+from commlayer.zero.engine_setup import build_experts, build_runtime, plan_layout, take_rank0_values
+from commlayer.zero.experts import split_experts
+from commlayer.zero.hybrid import DataParallelDims, effective_dims, partition_dims
+from commlayer.zero.master import MasterShard, param_group_index
+from commlayer.zero.replicated import ReplicatedParams
+from commlayer.zero.scaler import LossScaler
+from commlayer.zero.stage3 import PartitionedParams
 
 __all__ = ["ZeroEngine"]
 
@@ -335,7 +335,7 @@ class ZeroEngine:
             >>> engine.save_checkpoint("ckpt")
             'ckpt/global_step10'
         """
-        from .checkpoint import save_checkpoint
+        from commlayer.zero.checkpoint import save_checkpoint
 
         return save_checkpoint(self, save_dir, tag, client_state)
 
@@ -356,7 +356,7 @@ class ZeroEngine:
 
             >>> path, client_state = engine.load_checkpoint("ckpt")
         """
-        from .checkpoint import load_checkpoint
+        from commlayer.zero.checkpoint import load_checkpoint
 
         return load_checkpoint(self, load_dir, tag, load_optimizer_states)
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup
-from ..mesh import Mesh
-from .config import BatchSizes, ZeroConfig
-from .experts import ExpertShards
-from .hybrid import DataParallelDims
-from .master import MasterShard
-from .partition import FlatLayout, bucket_indices, build_layout
-from .reducer import GradientReducer
-from .replicated import ReplicatedParams, keeps_full_gradients
-from .stage3 import PartitionedParams
-from .units import UnitPlan, plan_units
+from commlayer import dist
+from commlayer.dist import ProcessGroup
+from commlayer.mesh import Mesh
+from commlayer.zero.config import BatchSizes, ZeroConfig
+from commlayer.zero.experts import ExpertShards
+from commlayer.zero.hybrid import DataParallelDims
+from commlayer.zero.master import MasterShard
+from commlayer.zero.partition import FlatLayout, bucket_indices, build_layout
+from commlayer.zero.reducer import GradientReducer
+from commlayer.zero.replicated import ReplicatedParams, keeps_full_gradients
+from commlayer.zero.stage3 import PartitionedParams
+from commlayer.zero.units import UnitPlan, plan_units
 
 __all__ = [
     "ALIGNMENT",

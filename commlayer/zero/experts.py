@@ -17,16 +17,16 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup
-from ..mesh import Mesh
-from ..parallel.moe import is_expert_parameter
-from .config import ZeroConfig, ZeroConfigError
-from .hybrid import DataParallelDims
-from .master import MasterShard
-from .partition import bucket_indices, build_layout
-from .reducer import GradientReducer
-from .replicated import ReplicatedParams
+from commlayer import dist
+from commlayer.dist import ProcessGroup
+from commlayer.mesh import Mesh
+from commlayer.parallel.moe import is_expert_parameter
+from commlayer.zero.config import ZeroConfig, ZeroConfigError
+from commlayer.zero.hybrid import DataParallelDims
+from commlayer.zero.master import MasterShard
+from commlayer.zero.partition import bucket_indices, build_layout
+from commlayer.zero.reducer import GradientReducer
+from commlayer.zero.replicated import ReplicatedParams
 
 __all__ = ["ExpertShards", "check_expert_support", "split_experts"]
 

@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..mesh import Mesh
-from .config import ZeroConfig, ZeroConfigError
+from commlayer.mesh import Mesh
+from commlayer.zero.config import ZeroConfig, ZeroConfigError
 
 __all__ = ["DataParallelDims", "effective_dims", "partition_dims", "plan_data_parallel"]
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup
-from .partition import FlatLayout, Fragment, Segment
+from commlayer import dist
+from commlayer.dist import ProcessGroup
+from commlayer.zero.partition import FlatLayout, Fragment, Segment
 
 __all__ = ["MasterShard"]
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup, Work
-from .master import MasterShard
-from .partition import Segment
+from commlayer import dist
+from commlayer.dist import ProcessGroup, Work
+from commlayer.zero.master import MasterShard
+from commlayer.zero.partition import Segment
 
 __all__ = ["GradientReducer"]
 

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup, Work
-from ..errors import CommError
-from .master import MasterShard
-from .partition import FlatLayout, Segment
-from .reducer import GradientReducer
+from commlayer import dist
+from commlayer.core.errors import CommError
+from commlayer.dist import ProcessGroup, Work
+from commlayer.zero.master import MasterShard
+from commlayer.zero.partition import FlatLayout, Segment
+from commlayer.zero.reducer import GradientReducer
 
 __all__ = ["ReplicatedParams", "keeps_full_gradients"]
 

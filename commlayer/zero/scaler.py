@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import FP16Config
+from commlayer.zero.config import FP16Config
 
 __all__ = ["LossScaler"]
 

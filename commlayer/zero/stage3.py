@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from .. import dist
-from ..dist import ProcessGroup, Work
-from .master import MasterShard
-from .partition import FlatLayout, Segment
-from .reducer import GradientReducer
-from .replicated import outside_backward
-from .units import UnitPlan
+from commlayer import dist
+from commlayer.dist import ProcessGroup, Work
+from commlayer.zero.master import MasterShard
+from commlayer.zero.partition import FlatLayout, Segment
+from commlayer.zero.reducer import GradientReducer
+from commlayer.zero.replicated import outside_backward
+from commlayer.zero.units import UnitPlan
 
 __all__ = ["PartitionedParams"]
 

@@ -352,7 +352,7 @@ private:
 
     static ccl::pt2pt_attr pt2pt_attr(int tag) {
         // oneCCL carries group_id but does not match on it: messages between two ranks match in
-        // the order both posted them (strict order, see backends/ccl/_environment.py).
+        // the order both posted them (strict order, see backends/ccl/environment.py).
         return ccl::create_operation_attr<ccl::pt2pt_attr>(
             ccl::attr_val<ccl::pt2pt_attr_id::group_id>(tag));
     }

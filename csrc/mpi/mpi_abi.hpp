@@ -1,4 +1,4 @@
-// Calling an MPI collective's C function without MPI's headers (csrc/mpi/launcher.cpp).
+// Calling an MPI collective's C function without MPI's headers (csrc/mpi/fast_paths.cpp).
 //
 // The library is the one mpi4py loaded, known only at run time, and the MPIs differ in ABI:
 // MPICH and Intel MPI spell a handle (MPI_Comm, MPI_Datatype, MPI_Op) as an int, Open MPI as a

@@ -1,6 +1,6 @@
-// The mismatch check's side of the mpi launcher (csrc/mpi/launcher.cpp): this rank's and its
+// The mismatch check's side of the mpi launcher (csrc/mpi/fast_paths.cpp): this rank's and its
 // peers' slots in the communicator's shared window, the waits for a peer's signature, and the
-// look without waiting that speculation needs (backends/mpi/_shared_signatures.py has the protocol).
+// look without waiting that speculation needs (backends/mpi/shared_signatures.py has the protocol).
 #pragma once
 
 #include <Python.h>
@@ -10,7 +10,7 @@
 #include <sched.h>
 #include <vector>
 
-#include "../launch/spin.hpp"
+#include "../common/spin.hpp"
 
 namespace commlayer::mpi {
 
@@ -22,7 +22,7 @@ namespace commlayer::mpi {
 constexpr int kHeldPolls = 64;
 constexpr double kYieldSeconds = 0.01;
 
-// The mismatch check's slots in the communicator's shared window (backends/mpi/_shared_signatures.py):
+// The mismatch check's slots in the communicator's shared window (backends/mpi/shared_signatures.py):
 // 8 int64 words per slot, two slots per rank; word 0 the sequence, 1 the key, 2 the count, 3 the
 // decision (sequence * 4 + kSpeculated, or Python's "refused").
 constexpr std::int64_t kSpeculated = 1;

@@ -13,7 +13,7 @@
 
 #include "comm.hpp"
 #include "kernels.hpp"
-#include "launcher.hpp"
+#include "fast_paths.hpp"
 #include "segment.hpp"
 #include "window_copies.hpp"
 
@@ -95,7 +95,7 @@ py::object launcher(py::object self, const std::string& op, int fixed, py::dict 
 // A window's put or get that its fast path did not take (window_copies.hpp).
 void window_copy(Address dst, Address src, std::size_t bytes) { window_copy_bytes(ptr(dst), ptr(src), bytes); }
 
-// A window's (put, get) fast paths (window_copies.hpp); `reader` is commlayer.backends._tensor_meta's.
+// A window's (put, get) fast paths (window_copies.hpp); `reader` is commlayer.core._tensor_meta's.
 py::object window_copies(std::vector<Address> addresses, std::vector<long long> sizes, py::dict group_ranks,
                          int scalar_type, int itemsize, py::object reader) {
     auto read = reinterpret_cast<CommlayerTensorMetaReader>(
@@ -121,7 +121,7 @@ PYBIND11_MODULE(_C, m) {
     m.doc() = "commlayer shared-memory communicator (csrc/shm)";
     // Native errors surface as commlayer's public types themselves (no private subclasses), so
     // users see CommTimeoutError, not a name inside this extension, and ops need no translating.
-    const py::module_ errors = py::module_::import("commlayer.errors");
+    const py::module_ errors = py::module_::import("commlayer.core.errors");
     launch_errors.timeout = py::object(errors.attr("CommTimeoutError")).release().ptr();
     launch_errors.peer = py::object(errors.attr("CommError")).release().ptr();
     launch_errors.mismatch = py::object(errors.attr("CollectiveMismatchError")).release().ptr();

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <sched.h>
 
-#include "../launch/spin.hpp"
+#include "../common/spin.hpp"
 #include "placement.hpp"
 
 namespace commlayer::shm {
@@ -64,7 +64,7 @@ std::uint64_t pack_signature(int kind, std::size_t count, DType dtype, int reduc
 }
 
 // "all_reduce(float32[8], op sum)", "broadcast(int64[4], root 1)", "barrier()".
-// A duration as people write it ("3 s", "1 min 30 s"), matching commlayer.metrics.format_duration.
+// A duration as people write it ("3 s", "1 min 30 s"), matching commlayer.core.metrics.format_duration.
 std::string describe_duration(double seconds) {
     char text[48];
     if (seconds < 1) {

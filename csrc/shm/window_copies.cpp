@@ -1,7 +1,7 @@
 // The window fast paths of the shm backend; see window_copies.hpp.
 #include "window_copies.hpp"
 
-#include "../launch/recording.hpp"
+#include "../common/recording.hpp"
 #include "copy.hpp"
 
 namespace commlayer::shm {

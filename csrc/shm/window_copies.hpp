@@ -3,7 +3,7 @@
 // The user layer's checks of a put (a contiguous CPU tensor of the window's dtype, a member rank,
 // an int offset whose span fits) cost more than the copy itself up to tens of KiB when asked of
 // the tensor's Python attributes. Here they are field reads of the tensor's metadata (the
-// reader of commlayer.backends._tensor_meta). A call whose arguments are not plainly valid does
+// reader of commlayer.core._tensor_meta). A call whose arguments are not plainly valid does
 // nothing and returns False: the user layer then runs the checks that explain what is wrong.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../launch/tensor_meta.h"
+#include "../common/tensor_meta.h"
 
 namespace commlayer::shm {
 

@@ -1,4 +1,4 @@
-// commlayer.backends._tensor_meta: a tensor's dtype, device, layout, contiguity and sizes read
+// commlayer.core._tensor_meta: a tensor's dtype, device, layout, contiguity and sizes read
 // straight from its at::Tensor, for the C launchers' plan lookups and flight-recorder entries.
 //
 // Asked through Python, those five are five getter calls (torch's argument parser for
@@ -6,13 +6,13 @@
 // of facade on the project VM, and two to three times that on the GPU hosts' CPUs. Here they are
 // a few field reads. The price is a build against one torch version's headers: the module
 // carries the version it was built for, and commlayer.dist hands its reader to the launchers
-// only when torch's version is that one (backends/_tensor_reader.py; otherwise they ask Python).
+// only when torch's version is that one (commlayer/core/tensor_reader.py; otherwise they ask Python).
 #include <Python.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include "../launch/tensor_meta.h"
+#include "../common/tensor_meta.h"
 
 #ifndef COMMLAYER_TORCH_VERSION
 #error "build with -DCOMMLAYER_TORCH_VERSION=\"<torch.__version__>\" (setup.py does)"

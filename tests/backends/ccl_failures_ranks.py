@@ -15,9 +15,9 @@ import torch.distributed as torch_dist
 
 from commlayer import dist
 from commlayer.backends.ccl import CclBackend
-from commlayer.backends.ccl._bootstrap import GroupKeys
-from commlayer.errors import CommError, CommTimeoutError
-from commlayer.types import GroupSpec
+from commlayer.backends.ccl.bootstrap import GroupKeys
+from commlayer.core.errors import CommError, CommTimeoutError
+from commlayer.core.types import GroupSpec
 
 TIMEOUT = timedelta(seconds=3)
 

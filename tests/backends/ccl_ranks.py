@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from commlayer import dist
-from commlayer.errors import UnsupportedError
+from commlayer.core.errors import UnsupportedError
+from commlayer.core.types import ReduceOp
 from commlayer.testing.conformance import NUMERIC_DTYPES, assert_equal, reduced, values
-from commlayer.types import ReduceOp
 
 # The issue's contract, spelled out instead of read from the backend's declared capabilities,
 # so a narrowed declaration cannot silently shrink what is tested.
@@ -51,11 +51,11 @@ def check_required_dtypes_and_ops() -> None:
 
 
 def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
-    """The planned ops run backends/ccl/_plans.py's launchers: exact results, sync and async, an
+    """The planned ops run backends/ccl/fast_paths.py's launchers: exact results, sync and async, an
     uneven all-to-all through the op method, and each call in the flight recorder with its op,
     shape, dtype, root and state."""
-    from commlayer.facade import dispatch
-    from commlayer.facade.groups import resolve_group
+    from commlayer.facade.calls import dispatch
+    from commlayer.facade.groups.group import resolve_group
 
     rank, size = dist.get_rank(), dist.get_world_size()
     base = torch.arange(6, dtype=torch.float64)
@@ -85,7 +85,7 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
         plan.run for key, plan in dispatch.plans.items() if torch.float64 in key and ReduceOp.AVG not in key
     ]
     modules = {run.__module__ for run in planned}  # the recorder's launcher, named after ccl's start
-    assert modules == {"commlayer.backends.ccl._plans"}, modules
+    assert modules == {"commlayer.backends.ccl.fast_paths"}, modules
     entries = [entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]]
     seen = [
         (entry["op"], entry["shape"], entry["dtype"], entry["root"], entry["state"]) for entry in entries[-5:]

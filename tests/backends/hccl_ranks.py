@@ -14,10 +14,10 @@ import torch_npu  # the TEST DOUBLE (see the module docstring)
 
 from commlayer import dist
 from commlayer.backends.hccl import HcclBackend
-from commlayer.errors import BackendUnavailableError
-from commlayer.selection import detect_accelerator
+from commlayer.contract.selection import detect_accelerator
+from commlayer.core.errors import BackendUnavailableError
+from commlayer.core.types import ReduceOp
 from commlayer.testing import conformance
-from commlayer.types import ReduceOp
 
 assert getattr(torch_npu, "IS_TEST_DOUBLE", False), "expected the torch_npu test double on PYTHONPATH"
 

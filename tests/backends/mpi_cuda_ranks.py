@@ -3,7 +3,7 @@
 Whether the MPI library is CUDA-aware decides the path: device pointers handed to MPI, or tensors
 staged through host memory (logged once). Force each path with COMMLAYER_MPI_CUDA_AWARE=1 / 0::
 
-    COMMLAYER_MPI_CUDA_AWARE=0 mpirun -n 2 python -m commlayer.testing._worker --backend mpi tests.backends.mpi_cuda_ranks:main
+    COMMLAYER_MPI_CUDA_AWARE=0 mpirun -n 2 python -m commlayer.testing.worker --backend mpi tests.backends.mpi_cuda_ranks:main
 
 (under the harness: ``run_world("tests.backends.mpi_cuda_ranks:main", 2, backend="mpi", launcher="mpirun")``).
 Group layout as in :mod:`commlayer.testing.conformance`: world of 2 uses [0, 1] in a new group, larger worlds
@@ -17,7 +17,7 @@ import os
 import torch
 
 from commlayer import dist
-from commlayer.rendezvous import discover
+from commlayer.core.rendezvous import discover
 from commlayer.testing.conformance import run_suite
 
 

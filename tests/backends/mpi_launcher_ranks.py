@@ -1,4 +1,4 @@
-"""Rank-side checks of the mpi backend's C launcher (csrc/mpi/launcher.cpp), run inside
+"""Rank-side checks of the mpi backend's C launcher (csrc/mpi/fast_paths.cpp), run inside
 tests/backends/mpi_ranks.py's world: the C launcher and the Python one it stands in for must be
 interchangeable rank by rank, because they share the mismatch check's sequence and slots."""
 
@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.backend import C_LAUNCHER_ENV
-from commlayer.backends.mpi import MpiOptions, _native
-from commlayer.errors import CollectiveMismatchError
-from commlayer.facade import dispatch
+from commlayer.backends.mpi import MpiOptions
+from commlayer.backends.mpi import native_fast_paths as _native
+from commlayer.contract.backend import C_LAUNCHER_ENV
+from commlayer.core.errors import CollectiveMismatchError
+from commlayer.facade.calls import dispatch
 
 
 def check_c_and_python_launchers_interoperate() -> None:
@@ -55,7 +56,7 @@ def _check_the_launcher_finds_the_loaded_library() -> None:
 
 
 def launcher_kind(run: Any) -> str:
-    """ "C" (csrc/mpi), "Python" (backends/mpi/_plans.py) or "facade": which launcher a plan runs."""
+    """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which launcher a plan runs."""
     if getattr(run, "__name__", "") == "mpi_launcher":
         return "C"
     return "Python" if (run.__module__ or "").endswith("mpi._plans") else "facade"

@@ -20,15 +20,16 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.backends.mpi import MpiOptions, _native
+from commlayer.backends.mpi import MpiOptions
+from commlayer.backends.mpi import native_fast_paths as _native
 from commlayer.backends.mpi.options import MODES
-from commlayer.errors import (
+from commlayer.core.errors import (
     BackendUnavailableError,
     CollectiveMismatchError,
     CommTimeoutError,
     InvalidArgumentError,
 )
-from commlayer.rendezvous import discover
+from commlayer.core.rendezvous import discover
 from commlayer.testing import conformance
 
 from .mpi_launcher_ranks import (
@@ -69,11 +70,11 @@ def main(*options: str) -> None:
 
 
 def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
-    """Ordered mode's planned ops run backends/mpi/_plans.py's launchers (the other modes the
+    """Ordered mode's planned ops run backends/mpi/fast_paths.py's launchers (the other modes the
     facade's): exact results, sync and async, and each call in the flight recorder with its op,
     shape, dtype, root and completed state."""
-    from commlayer.facade import dispatch
-    from commlayer.facade.groups import resolve_group
+    from commlayer.facade.calls import dispatch
+    from commlayer.facade.groups.group import resolve_group
 
     rank, size = dist.get_rank(), dist.get_world_size()
     base = torch.arange(6, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Rank-side checks of the mpi check's speculation (backends/mpi/_shared_signatures.py), run inside
+"""Rank-side checks of the mpi check's speculation (backends/mpi/shared_signatures.py), run inside
 tests/backends/mpi_ranks.py's world: ranks that enter a call before a late peer has published must
 still end, with every rank raising the mismatch and no input touched, when that peer disagrees."""
 
@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.backends.mpi import MpiOptions, _native
-from commlayer.errors import CollectiveMismatchError
+from commlayer.backends.mpi import MpiOptions
+from commlayer.backends.mpi import native_fast_paths as _native
+from commlayer.core.errors import CollectiveMismatchError
 
 _LATE_S = 0.2  # the disagreeing rank's delay: every other rank has entered its call by then
 _SPECULATED = "entered before every peer had published"

@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 
 from commlayer import dist
-from commlayer.errors import CommError
+from commlayer.core.errors import CommError
 
 
 def main(victim: int, timeout_s: float) -> None:

@@ -34,8 +34,8 @@ def run() -> None:
 
 def _check_public(error: BaseException, name: str) -> None:
     kind = type(error)
-    assert (kind.__module__, kind.__name__) == ("commlayer.errors", name), (
+    assert (kind.__module__, kind.__name__) == ("commlayer.core.errors", name), (
         f"{kind.__module__}.{kind.__qualname__}"
     )
     printed = traceback.format_exception_only(kind, error)[-1]
-    assert printed.startswith(f"commlayer.errors.{name}: "), printed
+    assert printed.startswith(f"commlayer.core.errors.{name}: "), printed

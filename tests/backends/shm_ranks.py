@@ -22,10 +22,10 @@ import torch
 
 from commlayer import dist
 from commlayer.backends.shm import ShmOptions
-from commlayer.rendezvous import discover
+from commlayer.core.rendezvous import discover
+from commlayer.core.types import ReduceOp
 from commlayer.testing import conformance
 from commlayer.testing.conformance import assert_equal, reduced, values
-from commlayer.types import ReduceOp
 
 TINY = ShmOptions(small_bytes=256, chunk_bytes=4096, spins=16)
 PATH_SIZES = (1, 7, 31, 32, 33, 63, 64, 65, 200, 1000, 1024, 1025, 5000)

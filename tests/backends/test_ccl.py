@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.registry import list_backends
+from commlayer.contract.registry import list_backends
 from commlayer.testing import run_world
 from tests._examples import torchrun_allreduce_example
 

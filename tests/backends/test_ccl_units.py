@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from commlayer.backends.ccl import INSTALL_HINT, CclBackend, _native
-from commlayer.backends.ccl._bootstrap import GroupKeys, printable
-from commlayer.backends.ccl._build import (
+from commlayer.backends.ccl import INSTALL_HINT, CclBackend
+from commlayer.backends.ccl import native as _native
+from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
+from commlayer.backends.ccl.bootstrap import GroupKeys, printable
+from commlayer.backends.ccl.build import (
     CACHE_ENV,
     BuildPlan,
     BuildUnavailable,
@@ -24,13 +26,12 @@ from commlayer.backends.ccl._build import (
     cache_root,
     cached_extension,
 )
-from commlayer.backends.ccl._environment import HostLayout, oneccl_defaults
-from commlayer.backends.ccl._locate import OneCclInstall, candidate_prefixes, find_oneccl
-from commlayer.backends.ccl.backend import _element_counts, _unflatten_into
-from commlayer.registry import get_backend_class, list_backends
-from commlayer.selection import resolve_backend_spec
+from commlayer.backends.ccl.environment import HostLayout, oneccl_defaults
+from commlayer.backends.ccl.locate import OneCclInstall, candidate_prefixes, find_oneccl
+from commlayer.contract.registry import get_backend_class, list_backends
+from commlayer.contract.selection import resolve_backend_spec
+from commlayer.core.types import ReduceOp
 from commlayer.testing.conformance import NUMERIC_DTYPES
-from commlayer.types import ReduceOp
 
 HAS_EXTENSION = importlib.util.find_spec(_native.EXTENSION) is not None
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from commlayer.backends.hccl import INSTALL_HINT, HcclBackend
-from commlayer.registry import list_backends
+from commlayer.contract.registry import list_backends
 from commlayer.testing import run_world
 
 DOUBLE = Path(__file__).resolve().parent / "doubles" / "fake_torch_npu_double"

@@ -1,4 +1,4 @@
-"""mpi's shared-memory signature exchange (backends/mpi/_shared_signatures.py) on plain memory.
+"""mpi's shared-memory signature exchange (backends/mpi/shared_signatures.py) on plain memory.
 
 The slots are the layout the MPI window holds (two 64-byte slots per rank); here they live in
 one process's bytearrays, with the peer's writes made by the test, so every case is exact and
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from commlayer.backends.mpi import _shared_signatures
-from commlayer.backends.mpi._shared_signatures import SharedSignatures
-from commlayer.errors import CommTimeoutError
-from commlayer.work import WaitLimit
+from commlayer.backends.mpi import shared_signatures as _shared_signatures
+from commlayer.backends.mpi.shared_signatures import SharedSignatures
+from commlayer.core.errors import CommTimeoutError
+from commlayer.core.work import WaitLimit
 
 _WORDS = 8
 LIMIT = WaitLimit(0.05, 0, "MPI", group="tp")

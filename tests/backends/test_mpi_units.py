@@ -18,18 +18,19 @@ import pytest
 import torch
 
 from commlayer import dist, list_backends
-from commlayer.backends.mpi import MpiBackend, MpiOptions, _runtime, discovery
-from commlayer.backends.mpi._layouts import counts_and_displacements as _counts_and_displacements
-from commlayer.backends.mpi._layouts import layout as _layout
-from commlayer.backends.mpi._runtime import (
+from commlayer.backends.mpi import MpiBackend, MpiOptions, discovery
+from commlayer.backends.mpi import runtime as _runtime
+from commlayer.backends.mpi.discovery import local_layout, master_address
+from commlayer.backends.mpi.layouts import counts_and_displacements as _counts_and_displacements
+from commlayer.backends.mpi.layouts import layout as _layout
+from commlayer.backends.mpi.runtime import (
     choose_library,
     first_version_line,
     launcher_family,
     library_candidates,
     mpi4py_version_problem,
 )
-from commlayer.backends.mpi.discovery import local_layout, master_address
-from commlayer.errors import BackendUnavailableError, InvalidArgumentError
+from commlayer.core.errors import BackendUnavailableError, InvalidArgumentError
 from commlayer.testing import run_world
 
 OPEN_MPI_ENV = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}

@@ -1,6 +1,6 @@
 """Pure logic of the peermem backend: routing, the fixed-order reference, codes shared with the
 kernels, the build cache and registration. The kernels themselves run on GPU machines
-(benchmarks/peermem_gpu.py); nothing here needs a device."""
+(benchmarks/gpu/peermem.py); nothing here needs a device."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 import commlayer
 from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem import PeermemBackend
-from commlayer.backends.peermem._comm import KINDS, OP_CODES, _local_attach, timeout_error
-from commlayer.backends.peermem._library import SOURCE, cache_path
+from commlayer.backends.peermem.communicator import KINDS, OP_CODES, _local_attach, timeout_error
+from commlayer.backends.peermem.kernel_library import SOURCE, cache_path
 from commlayer.backends.peermem.reference import fixed_order_reduce, reference_reduce_scatter
 from commlayer.backends.peermem.routing import (
     CROSSOVERS,
@@ -26,8 +26,8 @@ from commlayer.backends.peermem.routing import (
     fits,
     grid_blocks,
 )
-from commlayer.selection import resolve_backend_spec
-from commlayer.types import GroupSpec, ReduceOp
+from commlayer.contract.selection import resolve_backend_spec
+from commlayer.core.types import GroupSpec, ReduceOp
 
 KiB, MiB, HALF = 1 << 10, 1 << 20, 32 << 20
 
@@ -152,5 +152,5 @@ def test_registered_and_chosen_by_default() -> None:
 def test_a_missing_peer_is_named_in_a_typed_timeout() -> None:
     spec = GroupSpec(name="tp", ranks=(4, 6, 7), global_rank=7, store=None)
     error = timeout_error(spec, 1, "wait")
-    assert isinstance(error, commlayer.errors.CommTimeoutError) and isinstance(error, TimeoutError)
+    assert isinstance(error, commlayer.core.errors.CommTimeoutError) and isinstance(error, TimeoutError)
     assert "group rank 1 (global rank 6)" in str(error) and "waiting rank 2" in str(error)

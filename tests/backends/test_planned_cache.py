@@ -1,11 +1,11 @@
-"""Pure logic: the C plan lookups' inline cache (csrc/torch_launcher/planned.c, issue 14).
+"""Pure logic: the C plan lookups' inline cache (csrc/torch_fast_paths/in_place.c, issue 14).
 
 ``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
 building and hashing the key, for as long as the plans dict is unchanged. Every change to the
 dict (a plan added or replaced, a clear) must send the next call back to the dict, and the cache
 must not keep a group alive, and a tensor changed in place (another dtype, strides, size) must be
 looked up again. Each test runs with the tensor read through its Python attributes and through
-the C tensor reader (commlayer.backends._tensor_meta). The two-tensor collectives' lookup
+the C tensor reader (commlayer.core._tensor_meta). The two-tensor collectives' lookup
 (``PlannedPaired``) reads tensors through the C reader only. Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
 as the Python functions do and fall back to them, and the launcher's reuse of an evicted recorder
 entry that nobody else holds.
@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 import torch
 
-from commlayer.backends import _tensor_reader, _torch_plans
-from commlayer.types import ReduceOp
+from commlayer.backends import torch_fast_paths as _torch_plans
+from commlayer.core import tensor_reader as _tensor_reader
+from commlayer.core.types import ReduceOp
 
 from ._tensor_kinds import PassThroughMode, Traced
 
@@ -35,7 +36,7 @@ READERS = ["python attributes", "c tensor reader"]
 @pytest.fixture(autouse=True, params=READERS)
 def reader(request: pytest.FixtureRequest) -> Any:
     """Every test runs twice: tensors read through their Python attributes, and through the C
-    tensor reader (commlayer.backends._tensor_meta) where this torch has one built."""
+    tensor reader (commlayer.core._tensor_meta) where this torch has one built."""
     installed = _tensor_reader.tensor_meta_reader()
     if request.param == READERS[1] and installed is None:
         pytest.skip("no C tensor reader built for this torch")
@@ -178,7 +179,7 @@ def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_document
     assert isend(tensor, src=1)[0] == "checked"  # not send's: the Python function decides
     from commlayer import dist
 
-    assert dist.isend.__name__ == "isend" and dist.isend.__module__ == "commlayer.facade.p2p"
+    assert dist.isend.__name__ == "isend" and dist.isend.__module__ == "commlayer.facade.ops.p2p"
     assert "Args:" in (dist.isend.__doc__ or "") and "group_dst" in str(inspect.signature(dist.isend))
 
 

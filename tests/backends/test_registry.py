@@ -8,7 +8,7 @@ import torch.distributed as torch_dist
 
 import commlayer
 from commlayer import dist
-from commlayer.errors import BackendUnavailableError
+from commlayer.core.errors import BackendUnavailableError
 
 
 def test_builtin_backends_come_from_entry_points() -> None:

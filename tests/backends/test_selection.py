@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from commlayer.errors import InvalidArgumentError
-from commlayer.selection import BACKEND_ENV, parse_backend_spec, resolve_backend_spec
+from commlayer.contract.selection import BACKEND_ENV, parse_backend_spec, resolve_backend_spec
+from commlayer.core.errors import InvalidArgumentError
 
 DEVICES = {"gloo": ["cpu"], "nccl": ["cuda"], "mpi": ["cpu", "cuda"], "ccl": ["cpu", "xpu"]}
 

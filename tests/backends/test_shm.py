@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.ports import free_port
+from commlayer.core.ports import free_port
 from commlayer.testing import require_mpirun, run_world
 from commlayer.testing.fork_server import warm_command
 

@@ -1,4 +1,4 @@
-"""The shm backend's fused launchers (csrc/shm/launcher.cpp) in a world of one: the wiring only.
+"""The shm backend's fused launchers (csrc/shm/fast_paths.cpp) in a world of one: the wiring only.
 
 Their results across ranks are checked by the compatibility suite and the stress test
 (tests/backends/test_shm.py), which run every planned op through them.
@@ -15,10 +15,10 @@ import torch.distributed as torch_dist
 
 from commlayer import dist
 from commlayer.backends.shm import ShmBackend
-from commlayer.facade import dispatch
-from commlayer.facade.groups import resolve_group
-from commlayer.types import ReduceOp
-from commlayer.work import Work
+from commlayer.core.types import ReduceOp
+from commlayer.core.work import Work
+from commlayer.facade.calls import dispatch
+from commlayer.facade.groups.group import resolve_group
 
 
 @pytest.fixture

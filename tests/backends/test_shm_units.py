@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from commlayer.backends.shm import ShmBackend, ShmOptions
-from commlayer.backends.shm._native import DTYPE_CODES, OP_CODES, load_extension
-from commlayer.backends.shm._setup import HOST_ID_ENV, HostMap, host_identity
-from commlayer.errors import InvalidArgumentError
+from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
+from commlayer.backends.shm.segments import HOST_ID_ENV, HostMap, host_identity
+from commlayer.core.errors import InvalidArgumentError
+from commlayer.core.types import ReduceOp
 from commlayer.testing.conformance import ops_for
-from commlayer.types import ReduceOp
 
 NATIVE = load_extension()
 HALF = (torch.bfloat16, torch.float16)

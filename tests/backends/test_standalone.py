@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.backend import Backend, StandaloneOptions
 from commlayer.backends.gloo import GlooBackend
 from commlayer.backends.nccl import NcclBackend
-from commlayer.errors import CollectiveMismatchError, UnsupportedError
+from commlayer.contract.backend import Backend, StandaloneOptions
+from commlayer.contract.registry import register_backend, unregister_backend
+from commlayer.core.errors import CollectiveMismatchError, UnsupportedError
+from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.ft import FaultToleranceOptions, FaultTolerantDataParallel, Manager
-from commlayer.registry import register_backend, unregister_backend
-from commlayer.types import Availability, Capabilities, GroupSpec, ReduceOp
 
 TIMEOUT = timedelta(seconds=20)
 

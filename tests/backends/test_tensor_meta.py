@@ -1,4 +1,4 @@
-"""Pure logic: the C launchers' tensor reader (csrc/tensor_meta, commlayer.backends._tensor_meta).
+"""Pure logic: the C launchers' tensor reader (csrc/tensor_meta, commlayer.core._tensor_meta).
 
 It reads a tensor's dtype, device, layout, contiguity and sizes from its at::Tensor; it must agree
 with the tensor's Python attributes wherever it answers, answer nothing for what Python may answer
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from commlayer.backends import _tensor_reader
+from commlayer.core import tensor_reader as _tensor_reader
 
 from ._tensor_kinds import PassThroughMode, Traced
 
@@ -77,7 +77,7 @@ def test_the_facade_hands_the_reader_to_the_lookups_without_any_torch_backend() 
 import sys, torch
 from commlayer import dist
 from commlayer.backends import _torch_launcher as native
-assert "commlayer.backends._torch_plans" not in sys.modules
+assert "commlayer.backends.torch_fast_paths" not in sys.modules
 out, tensor, no_plan = torch.zeros(4), torch.ones(2), object()
 key = ("all_gather_into_tensor", None, *(t for x in (out, tensor) for t in (x.dtype, x.device, x.layout)))
 plans = {key: (lambda async_op, *tensors: "ran", None, 2)}

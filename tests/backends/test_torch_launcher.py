@@ -1,6 +1,6 @@
 """Pure logic: the torch backends' C launchers and planned p2p lookup (issue 14), each driven
 with plain Python callables in place of the ProcessGroup method, against what the Python
-launchers of ``backends/_torch_plans.py`` do: the recorder entry, the Work, the wait, errors.
+launchers of ``backends/torch_fast_paths.py`` do: the recorder entry, the Work, the wait, errors.
 The end-to-end checks (real gloo worlds, exact results) are in
 tests/observability/test_hotpath_recorder.py and tests/facade/plans_ranks.py, which run both
 kinds of launcher.
@@ -16,10 +16,10 @@ from typing import Any, NoReturn
 import pytest
 import torch
 
-from commlayer.backends import _torch_plans
-from commlayer.errors import CommError
-from commlayer.flight_recorder import COMPLETED, STARTED, WORK, describe_entry
-from commlayer.work import Work
+from commlayer.backends import torch_fast_paths as _torch_plans
+from commlayer.core.errors import CommError
+from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, describe_entry
+from commlayer.core.work import Work
 
 native = _torch_plans.native
 pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 import commlayer
-from commlayer.backend import Backend
-from commlayer.backends.ccl._window import payload_spec
-from commlayer.errors import InvalidArgumentError, InvalidTypeError
-from commlayer.one_sided import TwoSidedWindow, WindowSpec
-from commlayer.one_sided.messages import Header, Kind, channel, decode, encode, tag
-from commlayer.registry import get_backend_class, list_backends
+from commlayer.backends.ccl.window import payload_spec
+from commlayer.contract.backend import Backend
+from commlayer.contract.emulated_windows import TwoSidedWindow
+from commlayer.contract.registry import get_backend_class, list_backends
+from commlayer.contract.window_messages import Header, Kind, channel, decode, encode, tag
+from commlayer.contract.windows import WindowSpec
+from commlayer.core.errors import InvalidArgumentError, InvalidTypeError
+from commlayer.core.types import GroupSpec
 from commlayer.testing import mpirun_unavailable_reason, run_world
-from commlayer.types import GroupSpec
 from commlayer.windows.validate import check_dtypes_agree, check_peer, check_span, check_tensor
 
 # --- pure logic --------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ def test_a_ccl_windows_payloads_travel_on_a_communicator_named_after_the_window(
     channel = payload_spec(group, window)
     assert (channel.ranks, channel.global_rank, channel.group_rank) == ((1, 3), 3, 1)
     assert channel.name == "group2/window4/payloads" != group.name
-    assert issubclass(TwoSidedWindow, commlayer.one_sided.BackendWindow)
+    assert issubclass(TwoSidedWindow, commlayer.contract.windows.BackendWindow)
 
 
 # --- real worlds -------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ from datetime import timedelta
 import torch
 
 from commlayer import dist
-from commlayer.errors import CommTimeoutError, InvalidArgumentError, InvalidTypeError
-from commlayer.facade.call_timeouts import DeadlineWork
-from commlayer.facade.groups import current_world
+from commlayer.core.errors import CommTimeoutError, InvalidArgumentError, InvalidTypeError
+from commlayer.facade.calls.timeouts import DeadlineWork
+from commlayer.facade.groups.group import current_world
 
 TIMEOUT_S = 1.0
 LIMIT_S = 1.5 * TIMEOUT_S

@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 
 from commlayer import dist
-from commlayer.errors import InvalidArgumentError, InvalidTypeError
-from commlayer.facade.call_timeouts import checked_timeout
+from commlayer.core.errors import InvalidArgumentError, InvalidTypeError
+from commlayer.facade.calls.timeouts import checked_timeout
 from commlayer.testing import mpirun_unavailable_reason, run_world
 
 TARGET = "tests.facade.call_timeouts_ranks:peer_never_comes"

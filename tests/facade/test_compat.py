@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.ports import free_port
+from commlayer.core.ports import free_port
 from commlayer.testing import run_world
 from tests._examples import torchrun_allreduce_example
 

@@ -12,14 +12,14 @@ import torch.distributed as torch_dist
 
 import commlayer
 from commlayer import dist
-from commlayer.errors import (
+from commlayer.core.errors import (
     AlreadyInitializedError,
     InvalidArgumentError,
     InvalidTypeError,
     NotInitializedError,
     UnsupportedError,
 )
-from commlayer.rendezvous import RendezvousEnvError
+from commlayer.core.rendezvous import RendezvousEnvError
 
 
 def test_ops_before_init_say_how_to_fix_it() -> None:
@@ -201,7 +201,7 @@ def test_single_process_needs_no_launcher(monkeypatch: pytest.MonkeyPatch) -> No
 def test_torch_arguments_without_effect_are_logged_once(
     world_of_one: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from commlayer.facade import ignored_arguments
+    from commlayer.facade.calls import ignored_arguments
 
     ignored_arguments._logged.clear()
     with caplog.at_level("WARNING", logger="commlayer.dist"):

@@ -18,11 +18,14 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import comms_logger, dist
-from commlayer.comms_logger import _logger, _timer
-from commlayer.errors import InvalidArgumentError, UnsupportedError
-from commlayer.facade import dispatch, planned_collectives, planned_paired_collectives
+from commlayer.comms_logger import logger as _logger
+from commlayer.comms_logger import timer as _timer
+from commlayer.core.errors import InvalidArgumentError, UnsupportedError
+from commlayer.core.types import ReduceOp
+from commlayer.facade.calls import dispatch
+from commlayer.facade.ops import in_place as planned_collectives
+from commlayer.facade.ops import into_tensor as planned_paired_collectives
 from commlayer.testing import run_world
-from commlayer.types import ReduceOp
 
 
 def _init() -> None:

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
-from commlayer.facade.torch_bridge_work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
+from commlayer.core.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
+from commlayer.core.work import CompletedWork, Work
+from commlayer.facade.torch_bridge.work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
 from commlayer.launch import ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import mpirun_plan, require_mpirun, run_world
-from commlayer.work import CompletedWork, Work
 
 # Names of torch.distributed that commlayer.dist deliberately does not provide, with the reason.
 NOT_PROVIDED = {
@@ -86,7 +86,7 @@ def test_availability_and_complex_support_follow_commlayer_backends() -> None:
 
 
 def test_torch_debug_level_api_turns_on_commlayer_debug_mode() -> None:
-    from commlayer.facade.debug_check import debug_mode
+    from commlayer.facade.calls.debug_check import debug_mode
 
     assert dist.get_debug_level is torch_dist.get_debug_level and not debug_mode({})
     dist.set_debug_level(dist.DebugLevel.DETAIL)

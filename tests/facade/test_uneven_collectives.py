@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commlayer.facade.uneven_collectives import size_digest
+from commlayer.facade.ops.uneven import size_digest
 from commlayer.testing import mpirun_unavailable_reason, run_world
-from commlayer.testing.conformance._uneven_checks import part_sizes
+from commlayer.testing.conformance.uneven_checks import part_sizes
 
 RANKS = "tests.facade.uneven_collectives_ranks"
 

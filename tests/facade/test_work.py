@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from commlayer.errors import CommTimeoutError
-from commlayer.work import CompletedWork, DeadlineWork, WaitLimit, WorkList
+from commlayer.core.errors import CommTimeoutError
+from commlayer.core.work import CompletedWork, DeadlineWork, WaitLimit, WorkList
 
 
 class FlagWork(DeadlineWork):
@@ -124,6 +124,6 @@ def test_source_rank_is_part_of_every_work() -> None:
 
 
 def _abandoned() -> list:
-    from commlayer import work
+    from commlayer.core import work
 
     return work._ABANDONED

@@ -20,7 +20,7 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from commlayer import dist
-from commlayer.facade.torch_process_group import CommlayerProcessGroup
+from commlayer.facade.torch_bridge.process_group import CommlayerProcessGroup
 
 STEPS = 3
 TOLERANCE = 1e-6
@@ -226,7 +226,7 @@ def _error_of(call: Callable[[], object]) -> BaseException | None:
 def _members_only_new_group_is_refused(rank: int) -> None:
     """``use_local_synchronization`` (only the members call torch's new_group): torch would give the
     gloo companion the group's own hashed name, so shm refuses it clearly, and nothing hangs."""
-    from commlayer.errors import UnsupportedError
+    from commlayer.core.errors import UnsupportedError
 
     if rank in (0, 1):
         error = _error_of(lambda: torch_dist.new_group([0, 1], use_local_synchronization=True))

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.errors import InvalidArgumentError
-from commlayer.facade.torch_process_group import CommlayerProcessGroup
+from commlayer.core.errors import InvalidArgumentError
+from commlayer.facade.torch_bridge.process_group import CommlayerProcessGroup
 
 
 def run_all() -> None:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.errors import CommTimeoutError
+from commlayer.core.errors import CommTimeoutError
 
 
 def main(path: str) -> None:

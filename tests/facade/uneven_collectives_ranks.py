@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from commlayer import dist
-from commlayer.errors import CollectiveMismatchError
+from commlayer.core.errors import CollectiveMismatchError
 
 
 def mismatched_sizes() -> None:

@@ -29,7 +29,7 @@ def check(expected_export: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 4, world
     # The agent's torchrun-style variables. Under mpirun, commlayer's torch autoload copies only
-    # MPI's RANK/WORLD_SIZE/LOCAL_* (commlayer._torch_autoload), never torchrun's GROUP_RANK.
+    # MPI's RANK/WORLD_SIZE/LOCAL_* (commlayer.facade.torch_bridge.autoload), never torchrun's GROUP_RANK.
     under_mpi = "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
     if "RANK" in os.environ and not under_mpi:
         assert rank == int(os.environ["RANK"]) and os.environ["WORLD_SIZE"] == "4"

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
+from commlayer.contract.registry import did_you_mean
+from commlayer.core.metrics import format_duration
 from commlayer.launch.nproc import resolve_nproc
 from commlayer.launch.report import final_report
 from commlayer.launch.supervise import LaunchResult, ProcessOutcome
 from commlayer.launch.tracebacks import TracebackHold, strip_torch_prefix
-from commlayer.metrics import format_duration
-from commlayer.registry import did_you_mean
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_unknown_backend_names_get_a_suggestion() -> None:
 
 def test_every_place_a_backend_name_is_accepted_suggests_the_close_one() -> None:
     from commlayer import dist
-    from commlayer.errors import BackendUnavailableError
+    from commlayer.core.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError, match="unknown backend 'glo'; did you mean 'gloo'"):
         dist.init_process_group("glo", rank=0, world_size=1, store=dist.HashStore())
@@ -82,7 +82,7 @@ def test_a_traceback_is_held_and_its_exception_kept() -> None:
         "",
         "Traceback (most recent call last):",
         '  File "y.py", line 2, in <module>',
-        "commlayer.errors.CommTimeoutError: all_reduce: late",
+        "commlayer.core.errors.CommTimeoutError: all_reduce: late",
         "  its second line",
         "Exception raised from sendBytes at Utils.hpp:758 (most recent call first):",
         "frame #0: c10::Error::Error() + 0x9d",

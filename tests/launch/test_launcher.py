@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from commlayer import cli
+from commlayer.core.ports import free_port
 from commlayer.launch import LaunchConfig, LaunchResult, ProcessOutcome, SuperviseOptions, launch
-from commlayer.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = str(REPO / "tests" / "launch" / "launcher_ranks.py")

@@ -72,7 +72,7 @@ def test_hosts_have_own_names_addresses_and_a_dead_end_interface(unnamed_cluster
     first, second = unnamed_cluster.hosts
     assert run_on(second.command(["hostname"])).strip() == second.name != first.name
     probe = (
-        "import sys; from commlayer.netif import route_interface, interface_addresses;"
+        "import sys; from commlayer.core.netif import route_interface, interface_addresses;"
         "print(route_interface(sys.argv[1]), route_interface(sys.argv[2]), sorted(interface_addresses()))"
     )
     routes = run_on(first.command([sys.executable, "-c", probe, second.address, second.side_address or ""]))

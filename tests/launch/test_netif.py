@@ -1,8 +1,13 @@
-"""commlayer.netif: which interface every backend is told to use (tier 1, no communication)."""
+"""commlayer.core.netif: which interface every backend is told to use (tier 1, no communication)."""
 
 from __future__ import annotations
 
-from commlayer.netif import INTERFACE_VARIABLES, interface_addresses, interface_environment, route_interface
+from commlayer.core.netif import (
+    INTERFACE_VARIABLES,
+    interface_addresses,
+    interface_environment,
+    route_interface,
+)
 
 
 def test_explicit_interface_reaches_every_backend_variable() -> None:

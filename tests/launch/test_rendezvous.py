@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from commlayer.rendezvous import RendezvousEnvError, RendezvousInfo, discover, expand_slurm_nodelist
+from commlayer.core.rendezvous import RendezvousEnvError, RendezvousInfo, discover, expand_slurm_nodelist
 
 TORCHRUN = {
     "RANK": "3",

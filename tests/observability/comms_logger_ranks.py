@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from commlayer import comms_logger, dist
-from commlayer.facade import dispatch
+from commlayer.facade.calls import dispatch
 
 EXPECTED_COUNTS = {
     ("all_reduce", 40): 4,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from commlayer import dist, hooks
-from commlayer.facade import dispatch
+from commlayer.core.types import ReduceOp
+from commlayer.facade.calls import dispatch
 from commlayer.mesh import init_mesh
-from commlayer.types import ReduceOp
 
 
 def every_check() -> None:

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as torch_dist
 from torch.profiler import ProfilerActivity, profile
 
-from commlayer import dist, profiling
+from commlayer import dist
+from commlayer.core import profiling
 
 
 def main(path: str) -> None:

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from commlayer import comms_logger, dist
-from commlayer.comms_logger._logger import LoggerOptions, TraceEvent
-from commlayer.comms_logger._summary import chrome_trace, combine_ranks, format_summary
-from commlayer.facade import dispatch
+from commlayer.comms_logger.logger import LoggerOptions, TraceEvent
+from commlayer.comms_logger.summary import chrome_trace, combine_ranks, format_summary
+from commlayer.facade.calls import dispatch
 from commlayer.testing import run_world
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from commlayer import hooks
-from commlayer.facade import dispatch
+from commlayer.facade.calls import dispatch
 from commlayer.hooks.content_hash import digest
 from commlayer.testing import run_world
 

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.backends import _torch_plans
-from commlayer.facade import dispatch
-from commlayer.facade.groups import resolve_group
-from commlayer.flight_recorder import FlightRecorder, describe_entry
-from commlayer.types import ReduceOp
+from commlayer.backends import torch_fast_paths as _torch_plans
+from commlayer.core.flight_recorder import FlightRecorder, describe_entry
+from commlayer.core.types import ReduceOp
+from commlayer.facade.calls import dispatch
+from commlayer.facade.groups.group import resolve_group
 
 
 @pytest.fixture(params=["C", "Python"])
@@ -87,7 +87,7 @@ def test_the_torch_backend_plans_record_themselves(world: None) -> None:
         if native and plan.call.op == "all_reduce":
             assert isinstance(plan.run, _torch_plans.native.Launcher), plan.run
         else:
-            assert plan.run.__module__ == "commlayer.backends._torch_plans", plan.run
+            assert plan.run.__module__ == "commlayer.backends.torch_fast_paths", plan.run
 
 
 def test_an_async_entry_tracks_its_work_weakly(world: None) -> None:
@@ -118,8 +118,9 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
 def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     """Where the extension is not built, the Python lookups stand in for PlannedCollective and
     PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
-    from commlayer.facade import p2p, planned_lookups
-    from commlayer.facade.plan_cache import NO_PLAN, native
+    from commlayer.facade.calls import lookups as planned_lookups
+    from commlayer.facade.calls.plans import NO_PLAN, native
+    from commlayer.facade.ops import p2p
 
     if native is None:
         pytest.skip("the C lookups are not built")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from commlayer import dist
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from commlayer.mesh import Mesh, init_mesh
 
 # (2, 2) mesh ("dp", "sp"), ep=2: rank = 2 * dp + sp.

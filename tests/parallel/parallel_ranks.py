@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from commlayer import dist, zero
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from commlayer.mesh import Mesh, init_mesh
 from commlayer.parallel import GateOptions, MoE, UlyssesAttention, reduce_gradients, shard_sequence
 from commlayer.zero import ZeroConfigError

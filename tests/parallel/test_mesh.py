@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from commlayer import dist
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from commlayer.mesh import init_mesh
 from commlayer.testing import run_world
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from commlayer.mesh import MeshLayout, factorisations
 
 NAMES = ("pp", "dp", "sp", "tp")

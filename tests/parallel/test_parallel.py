@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from commlayer.mesh import init_mesh
 from commlayer.parallel import GateOptions, MoE, UlyssesAttention, capacity_for, route, shard_sequence
-from commlayer.parallel._routes import RouteMap, combine, dispatch
+from commlayer.parallel.routes import RouteMap, combine, dispatch
 from commlayer.testing import require_mpirun, run_world
 
 REPO = Path(__file__).resolve().parents[2]

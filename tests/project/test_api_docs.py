@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.backend import Backend
+from commlayer.contract.backend import Backend
 from commlayer.mesh import Mesh, MeshLayout, init_mesh
 from commlayer.zero import ZeroEngine
 

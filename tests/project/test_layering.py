@@ -20,28 +20,10 @@ SOURCES = {"commlayer": REPO / "commlayer", "commlayer.backends": REPO / "backen
 
 # Layers, lowest first; a module may import only from its own layer or lower ones.
 LAYERS = (
-    ("commlayer.settings",),
-    (
-        "commlayer.types",
-        "commlayer.errors",
-        "commlayer.work",
-        "commlayer.health",
-        "commlayer.flight_recorder",
-        "commlayer.ports",
-        "commlayer.metrics",
-        "commlayer.netif",
-        "commlayer.profiling",
-        "commlayer.call_deadline",
-    ),
-    (
-        "commlayer.fallbacks",
-        "commlayer.backend",
-        "commlayer.rendezvous",
-        "commlayer.launch",
-        "commlayer.fabric_regions",
-        "commlayer.one_sided",
-    ),
-    ("commlayer.registry", "commlayer.selection", "commlayer.backends", "commlayer.facade", "commlayer.dist"),
+    ("commlayer.core.settings",),
+    ("commlayer.core",),
+    ("commlayer.contract",),
+    ("commlayer.backends", "commlayer.facade", "commlayer.dist"),
     (
         "commlayer.mesh",
         "commlayer.zero",
@@ -52,12 +34,12 @@ LAYERS = (
         "commlayer.windows",
     ),
     (
+        "commlayer.launch",
         "commlayer.bench",
         "commlayer.testing",
         "commlayer.cli",
         "commlayer.__main__",
         "commlayer.trace_analysis",
-        "commlayer._torch_autoload",
         "commlayer",
     ),
 )

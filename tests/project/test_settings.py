@@ -1,6 +1,6 @@
 """The settings module owns every ``COMMLAYER_*`` variable (tier 1: source text and pure logic).
 
-Every name the product's source mentions is declared in commlayer.settings, no other module
+Every name the product's source mentions is declared in commlayer.core.settings, no other module
 spells a name out as a string of its own, the configuration page's generated tables equal the
 module's, and the accessors parse each type and default.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from commlayer import settings
-from commlayer.settings import GENERATED_MARKER, SETTINGS, Setting
+from commlayer.core import settings
+from commlayer.core.settings import GENERATED_MARKER, SETTINGS, Setting
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "guides" / "configuration.md"
@@ -44,7 +44,7 @@ def _named_in_source() -> dict[str, set[str]]:
 
 def test_every_variable_the_source_names_is_declared() -> None:
     undeclared = {name: sorted(files) for name, files in _named_in_source().items() if name not in DECLARED}
-    assert not undeclared, f"declare these in commlayer/settings.py: {undeclared}"
+    assert not undeclared, f"declare these in commlayer/core/settings.py: {undeclared}"
 
 
 def test_every_declared_variable_is_named_by_the_source() -> None:
@@ -55,7 +55,7 @@ def test_no_module_but_settings_spells_a_variable_name_out() -> None:
     """A name as a whole string constant outside settings.py would be a second place reading it."""
     spelled = []
     for path in _python_sources():
-        if path == REPO / "commlayer" / "settings.py":
+        if path == REPO / "commlayer" / "core" / "settings.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and NAME.fullmatch(node.value):
@@ -67,7 +67,7 @@ def test_the_page_lists_every_variable_as_the_module_generates_it() -> None:
     _, marker, generated = PAGE.read_text().partition(GENERATED_MARKER)
     assert marker, f"{PAGE} lost its line {GENERATED_MARKER!r}"
     assert generated.strip() == settings.markdown_table().strip(), (
-        "regenerate it: python -m commlayer.settings --write docs/guides/configuration.md"
+        "regenerate it: python -m commlayer.core.settings --write docs/guides/configuration.md"
     )
     assert all(f"`{name}`" in generated for name in DECLARED)
 

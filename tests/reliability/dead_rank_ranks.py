@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.ports import free_port
+from commlayer.core.ports import free_port
 from tests.reliability.forked_worlds import reap
 
 WORLD_SIZE = 3

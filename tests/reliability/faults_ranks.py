@@ -173,7 +173,7 @@ def skipped_barrier(rank: int, size: int, faulty: bool, out: Path) -> str:
 
 
 def steady(rank: int, size: int, faulty: bool, out: Path) -> str:
-    """No fault: the repeated-run loop's body (benchmarks/multirank_loop.py)."""
+    """No fault: the repeated-run loop's body (benchmarks/faults/repeated_tests.py)."""
     _checked_ops(rank, size, 60)
     return "returned"
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from commlayer import dist
-from commlayer.errors import PeerFailureError
-from commlayer.ports import free_port
+from commlayer.core.errors import PeerFailureError
+from commlayer.core.ports import free_port
 from tests.reliability.forked_worlds import run_forked
 
 WORLD_SIZE = 3

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commlayer.errors import CheckpointError
+from commlayer.core.errors import CheckpointError
 from commlayer.zero.checkpoint import CheckpointFallbackWarning
 from tests.zero import zero_model as common
 from tests.zero.test_zero_engine import RECIPE, make_engine

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from commlayer import zero
-from commlayer.errors import CheckpointError
+from commlayer.core.errors import CheckpointError
 from commlayer.testing.fork_server import warm_command
 from tests.zero import zero_model as common
 from tests.zero.test_zero_engine import RECIPE, make_engine

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from commlayer.fabric_regions import release_regions_of
-from commlayer.ports import free_port
+from commlayer.core.ports import free_port
+from commlayer.core.shm_files import release_regions_of
 from commlayer.testing import require_mpirun
 from commlayer.testing.fork_server import warm_command
 from commlayer.testing.mpi import mpirun_plan

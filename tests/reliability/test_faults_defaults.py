@@ -6,7 +6,7 @@ Debug mode's fingerprints are the facade's, the same on every backend: tests/rel
 them on gloo, ccl and mpi, and they were run on shm by hand (benchmarks/RESULTS.md).
 Without debug mode, a mismatched collective must still never return garbage: shm compares each
 op's packed signature beside its step counter, mpi runs one 32-byte Allreduce(MAX) of it first,
-gloo one small allreduce(MAX) of it first (backends/_gloo_check.py).
+gloo one small allreduce(MAX) of it first (backends/mismatch/gloo.py).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_gloo_async_wait_after_a_death_names_the_op_group_and_dead_rank(tmp_path
 def test_gloo_mismatch_without_debug_mode_is_caught_before_the_collective(kind: str, tmp_path: Path) -> None:
     """Without the check, float32 against int32 returned garbage with exit code 0 (as plain torch
     does), 4 against 8 elements made gloo abort rank 0, all_reduce against broadcast timed out
-    (benchmarks/gloo_mismatch_probe.py). Now every rank raises, sync or async, naming both calls."""
+    (benchmarks/faults/gloo_mismatch_detection.py). Now every rank raises, sync or async, naming both calls."""
     outcome = run_fault_world("gloo", kind, tmp_path)
     rank1_call = {
         "mismatch_dtype": "all_reduce(int32, reduce op SUM",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.errors import BackendUnavailableError
-from commlayer.registry import get_backend_class
+from commlayer.contract.registry import get_backend_class
+from commlayer.core.errors import BackendUnavailableError
 from commlayer.testing.fault_injection import FaultPlan, run_job
 
 

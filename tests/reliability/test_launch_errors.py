@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from commlayer.ports import free_port
+from commlayer.core.ports import free_port
 from commlayer.testing.fork_server import warm_command
 
 pytestmark = pytest.mark.multirank

@@ -15,18 +15,18 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from commlayer import health
-from commlayer.backends._gloo_check import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
-from commlayer.backends._signature import dtype_codes, mismatch, pack
-from commlayer.backends._signer import Signer, split_counts, verify_enabled
-from commlayer.backends.mpi._ordered import OrderedExecutor
-from commlayer.backends.mpi._signature import SignatureCheck, describe
-from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
-from commlayer.facade.failures import translate
-from commlayer.facade.groups import ProcessGroup
-from commlayer.facade.init_method import _bounded
-from commlayer.types import ReduceOp
-from commlayer.work import WaitLimit
+from commlayer.backends.mismatch.gloo import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
+from commlayer.backends.mismatch.signature import dtype_codes, mismatch, pack
+from commlayer.backends.mismatch.signer import Signer, split_counts, verify_enabled
+from commlayer.backends.mpi.ordered import OrderedExecutor
+from commlayer.backends.mpi.signature import SignatureCheck, describe
+from commlayer.core import health
+from commlayer.core.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from commlayer.core.types import ReduceOp
+from commlayer.core.work import WaitLimit
+from commlayer.facade.calls.failures import translate
+from commlayer.facade.groups.group import ProcessGroup
+from commlayer.facade.lifecycle.init_method import _bounded
 
 DTYPES = (torch.float32, torch.int32, torch.float64, torch.int64, torch.bfloat16)
 
@@ -157,8 +157,8 @@ _ABANDONED_CONNECT = """
 import socket, sys
 from datetime import timedelta
 import torch.distributed as torch_dist
-from commlayer.facade.init_method import _bounded
-from commlayer.errors import CommTimeoutError
+from commlayer.facade.lifecycle.init_method import _bounded
+from commlayer.core.errors import CommTimeoutError
 with socket.socket() as probe:  # a port nobody listens on: torch's client retries past its timeout
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
@@ -203,7 +203,7 @@ def test_a_backend_error_that_saw_a_peer_exit_becomes_a_peer_failure_naming_it()
 
 def test_an_op_on_a_destroyed_group_names_op_group_and_rank() -> None:
     from commlayer import dist
-    from commlayer.errors import InvalidArgumentError
+    from commlayer.core.errors import InvalidArgumentError
 
     dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
     try:

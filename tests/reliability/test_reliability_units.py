@@ -11,16 +11,16 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from commlayer import health
 from commlayer.cli import main as cli_main
-from commlayer.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
-from commlayer.facade.aborted_groups import abort_group
-from commlayer.facade.debug_check import debug_mode, describe_call
-from commlayer.facade.failures import translate
-from commlayer.facade.groups import ProcessGroup
-from commlayer.flight_recorder import FlightRecorder, mark_completed, prefill, track, write_dump
+from commlayer.core import health
+from commlayer.core.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
+from commlayer.core.flight_recorder import FlightRecorder, mark_completed, prefill, track, write_dump
+from commlayer.core.work import CompletedWork
+from commlayer.facade.calls.debug_check import debug_mode, describe_call
+from commlayer.facade.calls.failures import translate
+from commlayer.facade.groups.aborted import abort_group
+from commlayer.facade.groups.group import ProcessGroup
 from commlayer.trace_analysis import analyze, load_dumps
-from commlayer.work import CompletedWork
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from commlayer import dist
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from tests.reliability.forked_worlds import forked_records
 
 

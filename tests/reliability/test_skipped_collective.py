@@ -1,7 +1,7 @@
 """A rank that skips a collective is named by the ranks that wait for it, on every backend.
 
 Without debug mode, the ranks whose collective timed out ask their peers, through the store, for
-the last collective each entered on the group (commlayer/facade/progress.py): the CommTimeoutError
+the last collective each entered on the group (commlayer/facade/monitor/progress.py): the CommTimeoutError
 then says which rank did not call it. shm's own wait names the rank it waited for. On mpi the
 survivors wait for the skipping rank in the mismatch check's exchange, outside MPI, so they raise
 the same catchable error before anything ends the job.

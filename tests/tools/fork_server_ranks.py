@@ -7,7 +7,8 @@ import random
 import sys
 import time
 
-from commlayer import dist, settings
+from commlayer import dist
+from commlayer.core import settings
 
 
 def own_process_state(expected_cwd: str, marker_variable: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from commlayer.rendezvous import discover
+from commlayer.core.rendezvous import discover
 
 FOREVER_SECONDS = 3600.0
 

@@ -14,8 +14,8 @@ import pytest
 
 from commlayer.bench import cli
 from commlayer.bench.records import RECORD_KEYS
-from commlayer.metrics import busbw_factor
-from commlayer.registry import list_backends
+from commlayer.contract.registry import list_backends
+from commlayer.core.metrics import busbw_factor
 from commlayer.testing import require_mpirun, run_world
 from commlayer.testing.fork_server import warm_command
 

@@ -16,7 +16,7 @@ from commlayer.bench.options import BENCH_DTYPES, BenchOptions
 from commlayer.bench.progress import ProgressBar, StepFileWriter, follow_file
 from commlayer.bench.records import RECORD_KEYS, BenchRecord, SweepResult, read_json, write_csv, write_json
 from commlayer.bench.table import format_report, format_side_by_side
-from commlayer.metrics import algbw_gbps, busbw_factor, busbw_gbps, format_size, parse_size, size_sweep
+from commlayer.core.metrics import algbw_gbps, busbw_factor, busbw_gbps, format_size, parse_size, size_sweep
 
 # nccl-tests doc/PERFORMANCE.md, written out as exact fractions of n.
 EXPECTED_FACTORS = {

@@ -35,7 +35,7 @@ def _needs_mpi() -> str | None:
 
 
 def _needs_ccl() -> str | None:
-    from commlayer.backends.ccl._locate import find_oneccl
+    from commlayer.backends.ccl.locate import find_oneccl
 
     return None if find_oneccl(require_headers=True) else "oneCCL headers not found"
 

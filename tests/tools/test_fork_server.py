@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer import settings
+from commlayer.core import settings
 from commlayer.launch.supervise import pid_running
 from commlayer.testing import run_world
 from commlayer.testing.fork_server import warm_command
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_only_python_dash_m_commands_are_taken_and_the_switch_turns_it_off() -> None:
-    command = (sys.executable, "-m", "commlayer.testing._worker", "pkg.mod:fn")
+    command = (sys.executable, "-m", "commlayer.testing.worker", "pkg.mod:fn")
     off = {**os.environ, settings.TESTING_FORK_SERVER.name: "0"}
     assert warm_command(command, off) == command
     script = (sys.executable, "script.py")
@@ -54,7 +54,7 @@ def test_forked_ranks_have_their_own_environment_cwd_seed_and_stand_in() -> None
 @pytest.mark.multirank
 def test_a_killed_stand_in_takes_its_rank_with_it(tmp_path: Path) -> None:
     command = warm_command(
-        (sys.executable, "-m", "commlayer.testing._worker", f"{TARGETS}:report_pid_then_sleep"),
+        (sys.executable, "-m", "commlayer.testing.worker", f"{TARGETS}:report_pid_then_sleep"),
         os.environ,
     )
     assert "-S" in command, "the fork server did not start"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from commlayer.core.shm_files import release_stale_regions
 from commlayer.testing import MpirunError, mpirun_plan, require_mpirun, run_world
-from commlayer.testing._results import ResultsDir
-from commlayer.testing._shm import release_stale_regions
+from commlayer.testing.results import ResultsDir
 
 TARGETS = "tests.tools.harness_ranks"
 OPENMPI = {"COMMLAYER_MPI": "openmpi"}

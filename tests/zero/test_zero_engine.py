@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commlayer import dist, zero
-from commlayer.errors import InvalidArgumentError, NotInitializedError
+from commlayer.core.errors import InvalidArgumentError, NotInitializedError
 from commlayer.mesh import init_mesh
 from tests.zero import zero_model as common
 from tests.zero.zero_model import Recipe

@@ -23,7 +23,7 @@ def test_stages_match_single_process_and_checkpoints_reshard_from_4_to_2(tmp_pat
         args=[str(tmp_path)],
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".stage2.A",  # the version directories the tags link to (commlayer.zero._versions)
+        ".stage2.A",  # the version directories the tags link to (commlayer.zero.versions)
         ".stage3.A",
         "latest",
         "stage2",

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from commlayer import dist, zero
-from commlayer.errors import InvalidArgumentError
+from commlayer.core.errors import InvalidArgumentError
 from commlayer.zero.engine_setup import ALIGNMENT
 
 from . import zero_model as common

@@ -13,10 +13,18 @@ backend authors' own checks.
 
 from __future__ import annotations
 
-from ._case import Case
-from .certificate import FAIL, PASS, UNSUPPORTED, Cell, Certificate, Verdict
-from .suite import main, run_suite
-from .values import DTYPES, NUMEL, NUMERIC_DTYPES, assert_equal, ops_for, reduced, values
+from commlayer.testing.conformance.case import Case
+from commlayer.testing.conformance.certificate import FAIL, PASS, UNSUPPORTED, Cell, Certificate, Verdict
+from commlayer.testing.conformance.suite import main, run_suite
+from commlayer.testing.conformance.values import (
+    DTYPES,
+    NUMEL,
+    NUMERIC_DTYPES,
+    assert_equal,
+    ops_for,
+    reduced,
+    values,
+)
 
 __all__ = [
     "DTYPES",

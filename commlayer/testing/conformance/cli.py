@@ -14,11 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ...errors import BackendUnavailableError
-from ..harness import run_world
-from ._case import dtype_name
-from .certificate import Certificate
-from .values import DTYPES
+from commlayer.core.errors import BackendUnavailableError
+from commlayer.testing.conformance.case import dtype_name
+from commlayer.testing.conformance.certificate import Certificate
+from commlayer.testing.conformance.values import DTYPES
+from commlayer.testing.harness import run_world
 
 __all__ = ["main"]
 
@@ -43,7 +43,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _launcher_for(name: str) -> str:
-    from ...registry import get_backend_class  # imports torch: only this subcommand pays for it
+    from commlayer.contract.registry import (
+        get_backend_class,  # imports torch: only this subcommand pays for it
+    )
 
     return get_backend_class(name).launcher
 

@@ -22,12 +22,13 @@ from typing import Any
 import torch
 
 from commlayer import dist
-from commlayer.backend import Backend
-
-from . import _checks, _hook_checks, _uneven_checks
-from ._case import Case
-from .certificate import Certificate
-from .window_checks import check_windows
+from commlayer.contract.backend import Backend
+from commlayer.testing.conformance import checks as _checks
+from commlayer.testing.conformance import hook_checks as _hook_checks
+from commlayer.testing.conformance import uneven_checks as _uneven_checks
+from commlayer.testing.conformance.case import Case
+from commlayer.testing.conformance.certificate import Certificate
+from commlayer.testing.conformance.window_checks import check_windows
 
 __all__ = ["main", "run_suite"]
 

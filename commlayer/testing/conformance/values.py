@@ -12,7 +12,7 @@ from functools import reduce as fold
 
 import torch
 
-from commlayer.types import ReduceOp
+from commlayer.core.types import ReduceOp
 
 __all__ = ["DTYPES", "NARROW", "NUMEL", "NUMERIC_DTYPES", "assert_equal", "ops_for", "reduced", "values"]
 

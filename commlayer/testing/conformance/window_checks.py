@@ -13,9 +13,8 @@ import torch
 
 import commlayer
 from commlayer import dist
-from commlayer.errors import CommTimeoutError, InvalidArgumentError, InvalidTypeError, UnsupportedError
-
-from ._case import Case
+from commlayer.core.errors import CommTimeoutError, InvalidArgumentError, InvalidTypeError, UnsupportedError
+from commlayer.testing.conformance.case import Case
 
 __all__ = ["WINDOW_DTYPES", "block_values", "check_windows", "expect_error"]
 

@@ -17,7 +17,7 @@ import torch
 
 import commlayer
 from commlayer import dist
-from commlayer.work import Work
+from commlayer.core.work import Work
 
 __all__ = ["SLAB", "StressReport", "run_window_stress"]
 

@@ -14,7 +14,7 @@ from functools import reduce
 import torch
 
 from commlayer import Availability, Backend, Capabilities, GroupSpec, ReduceOp
-from commlayer.work import CompletedWork, Work
+from commlayer.core.work import CompletedWork, Work
 
 _COMBINE = {ReduceOp.SUM: torch.add, ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}
 

@@ -10,7 +10,7 @@ import torch
 from commlayer_storecomm import StoreBackend
 
 from commlayer import Capabilities, ReduceOp
-from commlayer.work import Work
+from commlayer.core.work import Work
 
 
 class BrokenBackend(StoreBackend):

@@ -1,0 +1,377 @@
+"""A per-group ring buffer of the last collectives, cheap enough to stay on in production.
+
+Every op the facade launches is recorded before it reaches the backend, as one small list::
+
+    [seq, op, shape, dtype, root, state, queued_ns, completed_ns, work_ref]
+
+``seq`` counts the group's collectives (point-to-point ops have their own counter, marked by a
+``p2p`` op name), so entry #1234 on one rank is the same collective as #1234 on every other rank
+of the group. ``state`` is ``started`` until a synchronous op returns (then ``completed``); an
+async op's state is read from its Work, through a weak reference, when the ring is dumped. A dump
+is plain JSON, one file per rank; ``commlayer trace analyze DIR`` merges them
+(:mod:`commlayer.trace_analysis`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, NoReturn
+
+import torch
+
+from commlayer.core import settings
+
+__all__ = [
+    "COMPLETED",
+    "DEFAULT_CAPACITY",
+    "P2P_OPS",
+    "STARTED",
+    "FlightRecorder",
+    "Recording",
+    "capacity_from_env",
+    "describe_entry",
+    "mark_completed",
+    "prefill",
+    "track",
+    "write_dump",
+]
+
+DEFAULT_CAPACITY = 2000
+CAPACITY_ENV = settings.FLIGHT_RECORDER_SIZE.name
+STARTED = "started"
+COMPLETED = "completed"
+P2P_OPS = frozenset({"send", "recv"})
+
+# Entry slots (a list, not an object: building one costs ~30 ns, an instance ~300 ns).
+SEQ, OP, SHAPE, DTYPE, ROOT, STATE, QUEUED_NS, COMPLETED_NS, WORK = range(9)
+
+_monotonic_ns = time.monotonic_ns
+_weak = weakref.ref
+_Tensor = torch.Tensor
+
+
+def capacity_from_env(environ: dict[str, str] | os._Environ = os.environ) -> int:
+    """Ring size from ``$COMMLAYER_FLIGHT_RECORDER_SIZE`` (default 2000, at least 1)."""
+    return max(1, int(settings.FLIGHT_RECORDER_SIZE.value(environ)))
+
+
+# The tensor of a planned op's call that its entry records (the index in the launcher's
+# ``run(async_op, *tensors)``), as the facade plans them: the one tensor, all_gather's output,
+# reduce_scatter's and all_to_all's input. Backends' fused launchers read it from here.
+PLANNED_PAYLOAD: dict[str, int] = {
+    "all_reduce": 0,
+    "broadcast": 0,
+    "all_gather_into_tensor": 0,
+    "reduce_scatter_tensor": 1,
+    "all_to_all_single": 1,
+}
+
+
+class Recording(NamedTuple):
+    """What a fused launcher needs to enter its calls in a ring itself, with no Python call.
+
+    A wrapper frame and an ``enter`` call cost a planned op more than the entry's own work, so
+    launchers that record (``Backend.recorded_plan``) take these steps inline, in this order::
+
+        seq = next_seq()
+        entry = [seq, op, shape, dtype, root, STARTED, monotonic_ns(), 0, None]
+        ring[seq % capacity] = entry   # then WORK (weakly) or STATE and COMPLETED_NS
+
+    where ``shape`` is ``payload.shape`` (a point-to-point entry's too: its dump lists it as the
+    one shape of a list, as :meth:`FlightRecorder.enter` records them). On any exception
+    the launcher calls ``fail(error)`` inside its ``except`` block: it re-raises ``error`` or
+    its typed translation (and dumps the rings, see ``commlayer.facade.calls.failures``).
+
+    In Python these steps are written once, in :meth:`launcher`; C launchers (csrc) take the
+    same steps from the tuple's fields.
+    """
+
+    next_seq: Callable[[], int]
+    ring: list[list[Any] | None]
+    capacity: int
+    op: str  # as entered: "all_reduce", or "p2p:send" for point-to-point ops
+    dtype: torch.dtype
+    root: int
+    fail: Callable[[Exception], NoReturn]
+
+    def launcher(
+        self, payload: int, start: Callable[..., Any], one_tensor: bool = False
+    ) -> Callable[..., Any]:
+        """``run(async_op, *tensors)``: each call entered as listed above, around ``start``.
+
+        Args:
+            payload: the index of the tensor the entry describes.
+            start: ``start(async_op, *tensors)`` begins the op and returns the async op's Work
+                (tracked weakly, returned to the caller), or for a synchronous op what to wait
+                for, or None when it has already completed.
+            one_tensor: the op takes exactly one tensor: ``run(async_op, tensor)`` passes it on
+                without ``*args`` packing (as cheap as the steps written inline).
+        """
+        next_seq, ring, capacity, name, dtype, root, fail = self
+        if one_tensor:
+            return functools.update_wrapper(self._one_tensor_launcher(start), start)
+
+        def run(async_op: bool, *tensors: Any) -> Any:
+            seq = next_seq()
+            entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+            ring[seq % capacity] = entry
+            try:
+                work = start(async_op, *tensors)
+                if async_op:
+                    entry[WORK] = _weak(work)
+                    return work
+                if work is not None:
+                    work.wait()
+            except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+                fail(error)
+            entry[STATE] = COMPLETED
+            entry[COMPLETED_NS] = _monotonic_ns()
+            return None
+
+        return functools.update_wrapper(run, start)  # named after start: where the launcher's op is
+
+    def _one_tensor_launcher(self, start: Callable[..., Any]) -> Callable[..., Any]:
+        next_seq, ring, capacity, name, dtype, root, fail = self
+
+        def run_one(async_op: bool, tensor: Any) -> Any:
+            seq = next_seq()
+            entry = [seq, name, tensor.shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+            ring[seq % capacity] = entry
+            try:
+                work = start(async_op, tensor)
+                if async_op:
+                    entry[WORK] = _weak(work)
+                    return work
+                if work is not None:
+                    work.wait()
+            except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+                fail(error)
+            entry[STATE] = COMPLETED
+            entry[COMPLETED_NS] = _monotonic_ns()
+            return None
+
+        return run_one
+
+    def op_launcher(
+        self, payload: int, method: Callable[..., Any], fixed: tuple[Any, ...]
+    ) -> Callable[..., Any]:
+        """:meth:`launcher` around a backend's op method itself, without a frame of its own:
+        ``run(async_op, *tensors)`` calls ``method(*tensors, *fixed, async_op=async_op)``."""
+        next_seq, ring, capacity, name, dtype, root, fail = self
+
+        def run(async_op: bool, *tensors: Any) -> Any:
+            seq = next_seq()
+            entry = [seq, name, tensors[payload].shape, dtype, root, STARTED, _monotonic_ns(), 0, None]
+            ring[seq % capacity] = entry
+            try:
+                work = method(*tensors, *fixed, async_op=async_op)
+                if async_op:
+                    entry[WORK] = _weak(work)
+                    return work
+                work.wait()
+            except Exception as error:  # noqa: BLE001 - fail() re-raises it, translated; zero-cost until raised
+                fail(error)
+            entry[STATE] = COMPLETED
+            entry[COMPLETED_NS] = _monotonic_ns()
+            return None
+
+        return run
+
+
+class FlightRecorder:
+    """The ring of one process group on this rank."""
+
+    def __init__(self, group_name: str, ranks: Sequence[int], capacity: int = DEFAULT_CAPACITY) -> None:
+        self.group_name = group_name
+        self.ranks = tuple(ranks)
+        self.capacity = capacity
+        self._ring: list[list[Any] | None] = [None] * capacity
+        self._p2p_ring: list[list[Any] | None] = [None] * capacity
+        self._collectives = itertools.count(1)  # the group's collective sequence numbers
+        self._p2p = itertools.count(1)
+        # Debug mode's cross-rank check of each collective (commlayer.facade.calls.failures), else None.
+        self.verify: Callable[[list[Any]], None] | None = None
+
+    def enter(self, op: str, payload: torch.Tensor | Sequence[torch.Tensor], root: int = -1) -> list[Any]:
+        """Record ``op`` as started and return its entry (the caller marks it completed).
+
+        ``root`` is the group rank of a rooted op (-1 otherwise). In debug mode the collective is
+        compared across ranks here, before it reaches the backend. This runs on every call, so
+        it is written for speed (about 0.2 us): counters are itertools counters, the entry a list.
+        """
+        if op in P2P_OPS:
+            return self._enter_p2p(op, payload)
+        seq = next(self._collectives)
+        if type(payload) is _Tensor:
+            entry = [seq, op, payload.shape, payload.dtype, root, STARTED, _monotonic_ns(), 0, None]
+        else:
+            entry = _list_entry(seq, op, payload, root)
+        self._ring[seq % self.capacity] = entry
+        if self.verify is not None:
+            self.verify(entry)
+        return entry
+
+    def recording(
+        self, op: str, dtype: torch.dtype, root: int, fail: Callable[[Exception], NoReturn]
+    ) -> Recording | None:
+        """How a fused launcher of ``op`` on ``dtype`` tensors records its calls; None in debug
+        mode, where every collective must go through :meth:`enter` (which verifies it)."""
+        if self.verify is not None:
+            return None
+        if op in P2P_OPS:
+            return Recording(self._p2p.__next__, self._p2p_ring, self.capacity, "p2p:" + op, dtype, -1, fail)
+        return Recording(self._collectives.__next__, self._ring, self.capacity, op, dtype, root, fail)
+
+    def recorded(
+        self,
+        op: str,
+        root: int,
+        payload: int,
+        run: Callable[..., Any],
+        fail: Callable[[Exception], NoReturn],
+        one_tensor: bool = False,
+    ) -> Callable[..., Any]:
+        """``run`` (a plan's launcher, ``run(async_op, *tensors)``) with each call entered through
+        :meth:`enter` (so debug mode verifies it first), tracked or completed after, and its
+        errors passed to ``fail`` (which re-raises them, translated).
+
+        Args:
+            op: the op as entered.
+            root: the group rank of a rooted op, else -1.
+            payload: the index of the tensor the entry describes.
+            run: the launcher to record.
+            fail: called inside the except block with the error.
+            one_tensor: ``run`` takes exactly one tensor (no ``*args`` packing: about 0.1 us less).
+        """
+        enter = self.enter
+        if one_tensor:
+
+            def run_recorded_one(async_op: bool, tensor: Any) -> Any:
+                entry = enter(op, tensor, root)
+                try:
+                    work = run(async_op, tensor)
+                except Exception as error:  # noqa: BLE001 - re-raised (translated); zero-cost until raised
+                    fail(error)
+                if work is None:
+                    entry[STATE] = COMPLETED
+                    entry[COMPLETED_NS] = _monotonic_ns()
+                else:
+                    entry[WORK] = _weak(work)
+                return work
+
+            return run_recorded_one
+
+        def run_recorded(async_op: bool, *tensors: Any) -> Any:
+            entry = enter(op, tensors[payload], root)
+            try:
+                work = run(async_op, *tensors)
+            except Exception as error:  # noqa: BLE001 - re-raised, translated
+                fail(error)
+            if work is None:
+                entry[STATE] = COMPLETED
+                entry[COMPLETED_NS] = _monotonic_ns()
+            else:
+                entry[WORK] = _weak(work)
+            return work
+
+        return run_recorded
+
+    def op_of(self, work: Any) -> str | None:
+        """The op (``recv``, not ``p2p:recv``) whose entry tracks ``work``, if still in the rings."""
+        for entry in (*self._ring, *self._p2p_ring):
+            if entry and entry[SEQ] and isinstance(entry[WORK], weakref.ref) and entry[WORK]() is work:
+                return entry[OP].removeprefix("p2p:")
+        return None
+
+    def _enter_p2p(self, op: str, payload: torch.Tensor | Sequence[torch.Tensor]) -> list[Any]:
+        seq = next(self._p2p)
+        entry = _list_entry(seq, "p2p:" + op, [payload] if type(payload) is _Tensor else payload, -1)
+        self._p2p_ring[seq % self.capacity] = entry
+        return entry
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The recorded entries, oldest first, as JSON-ready dicts (reads async states now)."""
+        entries = [describe_entry(entry) for entry in (*self._ring, *self._p2p_ring) if entry and entry[SEQ]]
+        return sorted(entries, key=lambda entry: (entry["op"].startswith("p2p:"), entry["seq"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group_name,
+            "ranks": list(self.ranks),
+            "last_collective": max((entry[SEQ] for entry in self._ring if entry), default=0),
+            "entries": self.snapshot(),
+        }
+
+
+def prefill(ring: list[list[Any] | None]) -> None:
+    """Fill the empty slots of ``ring`` with blank entries (``seq`` 0, which no call has).
+
+    For launchers that rewrite the entry they replace in place (shm's): without blanks, each of
+    a group's first ``capacity`` calls allocates a list in fresh memory, ~0.25 us more per call
+    on the project VM than the steady state. Every reader skips blank entries. Each blank is a
+    list of its own (a launcher rewrites only an entry nothing else holds); the cost is one list
+    per slot, about 130 bytes.
+    """
+    for slot, entry in enumerate(ring):
+        if entry is None:
+            ring[slot] = [0, "", (), None, -1, COMPLETED, 0, 0, None]
+
+
+def mark_completed(entry: list[Any]) -> None:
+    """A synchronous op's entry, completed (``launch`` takes these two steps inline)."""
+    entry[STATE] = COMPLETED
+    entry[COMPLETED_NS] = _monotonic_ns()
+
+
+def track(entry: list[Any], work: Any) -> None:
+    """Remember an async op's Work weakly: the ring must not keep its tensors alive."""
+    entry[WORK] = weakref.ref(work)
+
+
+def describe_entry(entry: list[Any]) -> dict[str, Any]:
+    state = entry[STATE]
+    work_ref = entry[WORK]
+    if state == STARTED and work_ref is not None:
+        work = work_ref()
+        if work is None:
+            state = "released"  # the caller dropped the handle; its outcome is unknown
+        elif work.is_completed():
+            state = COMPLETED if work.exception() is None else "failed"
+    shape = entry[SHAPE]
+    if isinstance(shape, list):
+        described = [list(item) for item in shape]
+    else:  # a fused launcher's point-to-point entry holds its one shape bare (saves a list a call)
+        described = [list(shape)] if entry[OP].startswith("p2p:") else list(shape)
+    return {
+        "seq": entry[SEQ],
+        "op": entry[OP],
+        "shape": described,
+        "dtype": str(entry[DTYPE]).replace("torch.", ""),
+        "root": entry[ROOT],
+        "state": state,
+        "queued_ns": entry[QUEUED_NS],
+        "completed_ns": entry[COMPLETED_NS] or None,
+    }
+
+
+def _list_entry(seq: int, op: str, payload: Sequence[torch.Tensor], root: int) -> list[Any]:
+    dtype = payload[0].dtype if len(payload) else None
+    return [seq, op, [tensor.shape for tensor in payload], dtype, root, STARTED, _monotonic_ns(), 0, None]
+
+
+def write_dump(directory: str | os.PathLike[str], rank: int, document: dict[str, Any]) -> Path:
+    """Write ``document`` as ``DIR/rank<rank>.json`` atomically (a reader never sees half a file)."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"rank{rank}.json"
+    partial = folder / f".rank{rank}.json.{os.getpid()}.tmp"
+    partial.write_text(json.dumps(document, indent=1))
+    os.replace(partial, target)
+    return target

@@ -1,0 +1,68 @@
+"""Shared-memory regions that ranks killed mid-job leave in /dev/shm, and their removal.
+
+libfabric's shm provider (Intel MPI, oneCCL over OFI) keeps one region per process in
+``/dev/shm/<pid>:<n>:<m>`` and removes it only on a clean exit. Once a killed rank's pid is handed
+to a new process (``pid_max`` is often 32768, and threads draw from the same pool), that process
+fails in MPI_Init with "OFI EP enable failed (Device or resource busy)". So a survivor removes the
+regions of a peer it saw die, a process that abandoned a communicator removes its own at exit,
+and tests that kill ranks on purpose clean up after themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from commlayer.core.processes import pid_running
+
+__all__ = ["note_local_peers", "release_job_regions", "release_regions_of", "release_stale_regions"]
+
+_SHARED_MEMORY = Path("/dev/shm")
+_REGION_NAME = re.compile(r"(\d+):\d+:\d+")
+
+
+def release_stale_regions(created_after: float, directory: Path = _SHARED_MEMORY) -> list[Path]:
+    """Remove regions modified after ``created_after`` (epoch seconds) whose process has exited."""
+    return _release(
+        directory, lambda pid, entry: not pid_running(pid) and entry.stat().st_mtime >= created_after
+    )
+
+
+# Processes of this job's other ranks on this host (the peer monitor learns them): a rank that
+# ends the job with MPI_Abort removes their regions too, since the launcher then kills them
+# before they can remove their own (unlinking a region its owner still maps is harmless).
+_local_peers: set[int] = set()
+
+
+def note_local_peers(pids: Iterable[int]) -> None:
+    """Remember the pids of this job's other ranks on this host."""
+    _local_peers.update(pids)
+
+
+def release_job_regions() -> list[Path]:
+    """Remove this process's regions and those of the job's other ranks on this host: called by a
+    rank about to abort the job."""
+    return release_regions_of({os.getpid(), *_local_peers})
+
+
+def release_regions_of(pids: Iterable[int], directory: Path = _SHARED_MEMORY) -> list[Path]:
+    """Remove the regions of ``pids`` (exited processes, or this one as it exits)."""
+    wanted = set(pids)
+    return _release(directory, lambda pid, entry: pid in wanted)
+
+
+def _release(directory: Path, doomed: Callable[[int, Path], bool]) -> list[Path]:
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in directory.iterdir():
+            match = _REGION_NAME.fullmatch(entry.name)
+            if match is None:
+                continue
+            with contextlib.suppress(OSError):
+                if doomed(int(match.group(1)), entry):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed

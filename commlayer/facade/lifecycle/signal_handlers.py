@@ -1,0 +1,47 @@
+"""Process-wide hooks: SIGUSR1 dumps the rings, an uncaught CommError dumps them at exit, and a
+torch Work's failed wait raises a typed error."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from commlayer.core.errors import CommError
+from commlayer.core.work import set_wait_error_hook
+from commlayer.facade.calls.failures import typed_wait_error
+from commlayer.facade.monitor.dumps import dump_flight_recorder
+
+__all__ = ["install_handlers"]
+
+log = logging.getLogger("commlayer.dist")
+
+
+def install_handlers() -> None:
+    """SIGUSR1 dumps the rings (when nobody else handles it); an uncaught CommError dumps at exit;
+    a torch Work's failed wait raises a typed error naming op, group and rank."""
+    set_wait_error_hook(typed_wait_error)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if on_main_thread and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGUSR1, _on_sigusr1)
+    if not isinstance(sys.excepthook, _DumpingExceptHook):
+        sys.excepthook = _DumpingExceptHook(sys.excepthook)
+
+
+def _on_sigusr1(signum: int, frame: Any) -> None:
+    dump_flight_recorder(reason="SIGUSR1")
+
+
+class _DumpingExceptHook:
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, kind: type[BaseException], value: BaseException, trace: Any) -> None:
+        if isinstance(value, CommError):
+            try:
+                dump_flight_recorder(reason=f"uncaught {kind.__name__}: {value}")
+            except Exception as problem:  # noqa: BLE001 - never mask the original traceback
+                log.warning("commlayer: flight recorder dump failed: %s", problem)
+        self.previous(kind, value, trace)

@@ -1,0 +1,250 @@
+"""The torch bridge, both ways: commlayer groups as torch ProcessGroups, and torch on commlayer.
+
+* ``group.torch_group`` of a group whose backends are not torch's own (mpi, ccl, hccl, plugins) is
+  a :class:`~commlayer.dist.torch_process_group.CommlayerProcessGroup` registered in torch's group tables,
+  so DDP, FSDP2, DeviceMesh, DTensor, functional collectives and DCP accept it. The world group's
+  bridge becomes torch's default group when torch has none; nothing is communicated.
+* ``torch.distributed.init_process_group("commlayer")`` (the ``"commlayer"`` backend registered
+  with ``Backend.register_backend``) runs an unmodified torch script on the backend commlayer's
+  ``init_process_group(backend=None)`` would pick (``$COMMLAYER_BACKEND``, else the accelerator's).
+  torch's ``new_group(ranks, backend="commlayer")`` (every mesh dimension of torch's
+  ``init_device_mesh``) gets a commlayer group built by its members alone, on torch's store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as torch_dist
+import torch.distributed.distributed_c10d as c10d
+
+from commlayer.contract.registry import get_backend_class
+from commlayer.contract.selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
+from commlayer.core.errors import UnsupportedError
+from commlayer.facade.groups.group import ProcessGroup, current_world, world_or_none
+from commlayer.facade.torch_bridge.process_group import CommlayerProcessGroup
+
+__all__ = [
+    "BACKEND_NAME",
+    "after_group_created",
+    "init_device_mesh",
+    "register_with_torch",
+    "release",
+    "torch_group_for",
+]
+
+BACKEND_NAME = "commlayer"
+_DEVICES = ["cpu", "cuda"]
+
+
+def register_with_torch() -> None:
+    """Make ``"commlayer"`` a torch.distributed backend name (idempotent)."""
+    if BACKEND_NAME.upper() not in torch_dist.Backend._plugins:
+        torch_dist.Backend.register_backend(
+            BACKEND_NAME, _create_from_torch, extended_api=True, devices=_DEVICES
+        )
+
+
+def torch_group_for(group: ProcessGroup) -> Any:
+    """The torch ProcessGroup behind ``group``: torch's own for gloo/nccl, else the bridge.
+
+    The first call for the world group may make the bridge torch's default group; the first call
+    for any group registers it with torch. Both are local: no rank waits for another.
+    """
+    if group.bridge is None:
+        world = current_world("torch_group")
+        native = _native_torch_group(group)
+        if native is not None:
+            group.bridge = native
+        elif group is world.default_group:
+            group.bridge = _bridge_world(world.default_group, world)
+        else:
+            torch_group_for(world.default_group)  # torch needs its default group first
+            group.bridge = _register(group, f"{BACKEND_NAME}:{group.group_name}", world)
+    return group.bridge
+
+
+def after_group_created(group: ProcessGroup) -> None:
+    """Give a new group its torch ProcessGroup at once when torch.compile may trace it."""
+    from commlayer.facade.torch_bridge.traceable import dynamo_loaded
+
+    if dynamo_loaded():
+        torch_group_for(group)
+
+
+def release(groups: Sequence[ProcessGroup]) -> None:
+    """Before commlayer tears ``groups`` down, unregister their bridges from torch."""
+    bridged = [group.bridge for group in groups if isinstance(group.bridge, CommlayerProcessGroup)]
+    for group in groups:
+        group.bridge = None
+    if not bridged or not torch_dist.is_initialized():
+        return
+    if isinstance(c10d._get_default_group(), CommlayerProcessGroup) and any(
+        pg is torch_dist.group.WORLD for pg in bridged
+    ):
+        torch_dist.destroy_process_group()  # the bridge is torch's world: every torch group goes
+        return
+    for pg in bridged:
+        if pg in c10d._world.pg_map:
+            torch_dist.destroy_process_group(pg)
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: tuple[int, ...],
+    *,
+    mesh_dim_names: tuple[str, ...] | None = None,
+    **kwargs: Any,
+) -> torch_dist.DeviceMesh:
+    """torch's ``init_device_mesh`` over commlayer's world (bridged first when it is not torch's)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_init_device_mesh
+
+    torch_group_for(current_world("init_device_mesh").default_group)
+    return torch_init_device_mesh(device_type, mesh_shape, mesh_dim_names=mesh_dim_names, **kwargs)
+
+
+# --- commlayer -> torch -----------------------------------------------------------------------
+
+
+def _native_torch_group(group: ProcessGroup) -> Any | None:
+    """torch's own ProcessGroup when every backend of ``group`` runs its ops on one (gloo, nccl, hccl).
+
+    A backend that merely keeps a torch group on the side (shm's gloo companion for p2p) gets the
+    bridge, so that DDP's all-reduces run on the backend itself.
+    """
+    backends = group.unique_backends()
+    if all(
+        getattr(type(backend), "torch_backend", None) and backend.torch_group is not None
+        for backend in backends
+    ):
+        return group.primary_backend.torch_group
+    return None
+
+
+def _bridge_world(default: ProcessGroup, world: Any) -> Any:
+    if torch_dist.is_initialized():  # torch's default group is another backend's (mixed specs)
+        return _register(default, f"{BACKEND_NAME}:world", world)
+    torch_dist.init_process_group(
+        BACKEND_NAME,
+        store=torch_dist.PrefixStore(f"{BACKEND_NAME}/bridge", world.store),
+        rank=world.rank,
+        world_size=world.size,
+        timeout=world.timeout,
+    )
+    return torch_dist.group.WORLD
+
+
+def _register(group: ProcessGroup, name: str, world: Any) -> CommlayerProcessGroup:
+    pg = CommlayerProcessGroup(group, name)
+    c10d._register_pg_in_world(
+        pg,
+        backend_name=BACKEND_NAME,
+        store=torch_dist.PrefixStore(f"{name}/", world.store),
+        group_name=name,
+        backend_config=str(torch_dist.BackendConfig(BACKEND_NAME)),
+        rank_mapping={rank: index for index, rank in enumerate(group.ranks)},
+        add_to_default_tag=True,
+    )
+    return pg
+
+
+# --- torch -> commlayer -----------------------------------------------------------------------
+
+
+def _create_from_torch(options: Any, backend_options: Any) -> Any:
+    """torch's creator for the ``"commlayer"`` backend: its default group, or one of its new_groups.
+
+    torch calls it on the member ranks only, with a store of the group's own and the group's
+    global ranks (none for the default group).
+    """
+    world = world_or_none()
+    members = list(options.global_ranks_in_group)
+    if world is None:
+        return _start_world(options, members)
+    if members:
+        return _member_group(options, members)
+    bridge = CommlayerProcessGroup(world.default_group, str(options.group_id))
+    world.default_group.bridge = bridge
+    return bridge
+
+
+def _start_world(options: Any, members: list[int]) -> Any:
+    """torch's default group on the backend commlayer picks (torch's gloo served directly)."""
+    spec = resolve_backend_spec(None, os.environ, detect_accelerator())
+    names = set(
+        parse_backend_spec(spec, lambda name: sorted(get_backend_class(name).capabilities.devices)).values()
+    )
+    native = {name for name in names if getattr(get_backend_class(name), "torch_backend", None)}
+    if native:
+        return _torch_native_group(spec, names, native, options)
+    if members:
+        raise UnsupportedError(
+            f"new_group: the 'commlayer' backend has no world on rank {options.group_rank} to build "
+            "groups from; start it with init_process_group('commlayer') first"
+        )
+    return _init_commlayer_world(spec, options)
+
+
+def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
+    """torch's ``new_group(ranks, backend="commlayer")``: a commlayer group its members build alone.
+
+    DeviceMesh builds every mesh dimension this way; torch destroys the group with the bridge.
+    """
+    from commlayer.facade.lifecycle.process_groups import new_member_group
+
+    name = str(options.group_id)
+    if not name.isdigit():
+        _refuse_hashed_name_over_torch_groups(options.group_rank)
+    group = new_member_group(f"torch:{name}", members, options.store, options.timeout)
+    bridge = CommlayerProcessGroup(group, name)
+    bridge.owns_group = True
+    group.bridge = bridge
+    return bridge
+
+
+def _refuse_hashed_name_over_torch_groups(group_rank: int) -> None:
+    """torch names a ``use_local_synchronization`` group by a hash of its ranks and its count of
+    groups; a torch group built underneath it (shm's gloo companion) would get the very same name
+    and collide in torch's registry, so such worlds refuse it up front."""
+    world = current_world("new_group")
+    over_torch = sorted(
+        backend_name
+        for backend_name, backend in world.world_backends.items()
+        if backend.torch_group is not None
+    )
+    if over_torch:
+        raise UnsupportedError(
+            f"new_group: use_local_synchronization=True is not supported on backend '{over_torch[0]}' "
+            f"(group rank {group_rank}, global rank {world.rank}), whose groups stand on torch groups; "
+            "call new_group on every rank instead"
+        )
+
+
+def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
+    from commlayer.facade.lifecycle.process_groups import init_process_group
+
+    init_process_group(
+        backend=spec,
+        store=options.store,
+        rank=options.group_rank,
+        world_size=options.group_size,
+        timeout=options.timeout,
+    )
+    world = current_world("init_process_group")
+    bridge = CommlayerProcessGroup(world.default_group, str(options.group_id))
+    bridge.owns_world = True
+    world.default_group.bridge = bridge
+    return bridge
+
+
+def _torch_native_group(spec: str, names: set[str], native: set[str], options: Any) -> Any:
+    """commlayer picked torch's own backend: hand torch that backend itself (no bridge needed)."""
+    if names != native or names - {"gloo"}:
+        raise UnsupportedError(
+            f"init_process_group('commlayer'): commlayer picks '{spec}' here; torch serves "
+            f"{sorted(native)} itself, so pass backend='{spec}' to torch, or set COMMLAYER_BACKEND to a "
+            "commlayer backend (mpi, ccl, ...)"
+        )
+    return torch_dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
