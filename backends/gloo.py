@@ -1,6 +1,6 @@
 """Gloo through torch.distributed: the default CPU backend.
 
-Every collective is verified across the group by default (:mod:`._gloo_check`): without it, gloo
+Every collective is verified across the group by default (:mod:`.mismatch.gloo`): without it, gloo
 returns garbage for a dtype or reduce-op mismatch, and aborts a rank or returns garbage for a
 count mismatch.
 """

@@ -145,7 +145,7 @@ class CclBackend(Backend):
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
-        """The fused launcher of a planned collective (see Backend.recorded_plan and _plans.py)."""
+        """The fused launcher of a planned collective (see Backend.recorded_plan and fast_paths.py)."""
         methods = functools.partial(getattr, self)
         context = LaunchContext(
             self._types, self._signer, self._live, self._limit, self._expire, self.size, methods

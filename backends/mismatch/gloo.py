@@ -5,7 +5,7 @@ Measured without it (benchmarks/faults/gloo_mismatch_detection.py, check off): g
 mismatch, on all eleven ops the facade sends it; a count mismatch makes gloo abort the receiving
 process (SIGABRT from its transport thread) or, on broadcast and scatter, return garbage; a root
 mismatch times out. So before each collective on a gloo group every rank contributes its call's
-packed signature (:mod:`._signature`: op, dtype, reduce op, root, count) to one 32-byte
+packed signature (:mod:`commlayer.backends.signature`: op, dtype, reduce op, root, count) to one 32-byte
 ``allreduce(MAX)`` on the same ProcessGroup and waits for it; when the calls differ every rank
 raises :class:`~commlayer.core.errors.CollectiveMismatchError` naming both calls, and the data op is
 never issued.

@@ -1,10 +1,10 @@
 """A backend's default mismatch check by one signature reduction before each collective.
 
-Every rank of the group contributes its call's packed signature (:mod:`._signature`: op, dtype,
+Every rank of the group contributes its call's packed signature (:mod:`commlayer.backends.signature`: op, dtype,
 reduce op, root, count) to one small ``allreduce(MAX)`` on the group itself and waits for it;
 when the calls differ every rank raises :class:`~commlayer.core.errors.CollectiveMismatchError`
-naming both calls, and the data op is never issued. gloo (:mod:`._gloo_check`) and ccl use it;
-why it waits instead of overlapping the data op is in :mod:`._gloo_check`.
+naming both calls, and the data op is never issued. gloo (:mod:`commlayer.backends.gloo`) and ccl use it;
+why it waits instead of overlapping the data op is in :mod:`commlayer.backends.gloo`.
 """
 
 from __future__ import annotations

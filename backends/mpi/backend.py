@@ -1,13 +1,13 @@
 """The ``mpi`` backend: MPI through mpi4py, for jobs started by ``mpirun``.
 
 Tensors reach MPI as zero-copy views of their memory (``MPI.buffer.fromaddress`` over
-``data_ptr()``), typed by :mod:`._datatypes`.
+``data_ptr()``), typed by :mod:`.datatypes`.
 
 MPI never matches a blocking collective with a non-blocking one, and torch lets one rank call
 ``all_reduce(t)`` while another calls ``all_reduce(t, async_op=True)``. The default mode,
 ``MpiOptions("ordered")``, makes every collective MPI's blocking call, in call order: a
 synchronous op calls it in place, an asynchronous one is queued to the communicator's worker
-thread (:mod:`._ordered`). So ranks may disagree on ``async_op`` and synchronous ops run at
+thread (:mod:`.ordered`). So ranks may disagree on ``async_op`` and synchronous ops run at
 blocking-MPI speed (Open MPI's Allreduce is 2-3.7x faster than its Iallreduce from 1 MiB), but a
 synchronous op cannot time out. ``MpiOptions("requests")`` makes every collective a non-blocking
 request (synchronous ones waited in place, until the group's timeout); ``MpiOptions("blocking")``
@@ -17,7 +17,7 @@ are non-blocking in every mode, so a batch of them is posted before anything wai
 
 Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are
 (``new_group([1, 3])``: ``broadcast(t, root=0)`` on global rank 3 is ``Bcast(t, root=0)`` on a
-two-rank communicator, where global rank 1 sends). Planned ops run fused launchers (:mod:`._plans`).
+two-rank communicator, where global rank 1 sends). Planned ops run fused launchers (:mod:`.fast_paths`).
 """
 
 from __future__ import annotations
@@ -256,10 +256,10 @@ class MpiBackend(MpiCollectives, Backend):
     ) -> Work:
         """Run one collective given its (blocking, non-blocking) MPI calls, both taking ``arguments``.
 
-        Ordered mode: the blocking call, here or on the worker (see :mod:`._ordered`). Otherwise a
+        Ordered mode: the blocking call, here or on the worker (see :mod:`.ordered`). Otherwise a
         synchronous op makes the blocking call in "blocking" mode, else waits for the request here:
         on a request no other thread has seen, that skips building a Work and its locks.
-        ``signature`` (None when the check is off): checked across ranks first (:mod:`._signature`),
+        ``signature`` (None when the check is off): checked across ranks first (:mod:`.signature`),
         in the same thread and order as the call itself.
         """
         blocking, nonblocking = calls

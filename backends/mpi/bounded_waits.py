@@ -1,6 +1,6 @@
 """Waits of the mpi backend's own, outside any MPI call, that raise the typed error themselves.
 
-The watchdog of synchronous calls (:mod:`._ordered`) ends the job with MPI_Abort when a stamped
+The watchdog of synchronous calls (:mod:`.ordered`) ends the job with MPI_Abort when a stamped
 call outlives the group's timeout, because a thread blocked inside MPI cannot be handed an error.
 A thread that is still in one of the backend's own waits (the mismatch check's shared-memory
 exchange, where a peer that skipped the op is noticed) can be: it raises CommTimeoutError or

@@ -1,4 +1,4 @@
-"""What ordered mode's fused launchers (:mod:`._plans`, :mod:`._native`) need from one MpiBackend.
+"""What ordered mode's fused launchers (:mod:`.fast_paths`, :mod:`.native_fast_paths`) need from one MpiBackend.
 
 The backend builds a :class:`LaunchContext` when the facade asks it for a plan and hands it to
 the launcher factory, which reads it once per plan; the launchers never see the backend itself.

@@ -4,14 +4,14 @@ The facade builds one launcher per kind of call and then calls ``run(async_op, *
 every call of that kind. Everything the kind fixes -- the MPI call, its datatype and reduction,
 the mismatch check's key -- is looked up once here, so a call only wraps its tensors' memory,
 enters the flight recorder (the steps ``Recording`` lists) and hands the same blocking call, the
-mismatch check first, to the ordered executor, exactly as the op methods do (:mod:`._ordered`).
+mismatch check first, to the ordered executor, exactly as the op methods do (:mod:`.ordered`).
 Against the facade's generic launcher around the op method this saves the per-call lookups, the
 ``functools.partial`` of the check, a ``CompletedWork`` and its wait: about 1 us of Python per op.
 
 CUDA tensors (staged or CUDA-aware) and uneven all-to-all splits take the op method itself.
-Where the C launcher can be built (:mod:`._native`), it serves the plain synchronous calls and
+Where the C launcher can be built (:mod:`.native_fast_paths`), it serves the plain synchronous calls and
 hands every other call to the Python launcher built here.
-The backend hands the launchers what they need as a :class:`~._launch_context.LaunchContext`.
+The backend hands the launchers what they need as a :class:`~.fast_path_context.LaunchContext`.
 """
 
 from __future__ import annotations

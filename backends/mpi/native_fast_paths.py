@@ -2,7 +2,7 @@
 the speed of MPI's own C function.
 
 A planned collective on CPU tensors, called synchronously with nothing queued, is most calls of
-a training loop or a benchmark. For those the C launcher does what :mod:`._plans`' Python
+a training loop or a benchmark. For those the C launcher does what :mod:`.fast_paths`' Python
 launcher does -- the mismatch check through the shared window, the flight-recorder entry, the
 watchdog's stamps, the blocking call without the GIL -- but calls the MPI library's C function
 itself instead of mpi4py's method, with the handles mpi4py already holds. Every other call (async,

@@ -60,7 +60,7 @@ class MpiWork(DeadlineWork):
 
 def wait_in_place(request: Any, op: str, limit: WaitLimit, keep_alive: Sequence[Any]) -> None:
     """Wait for a request no Work wraps until the group's timeout; an expired one is remembered
-    as abandoned (see :func:`._runtime.abandon`)."""
+    as abandoned (see :func:`.runtime.abandon`)."""
     try:
         wait_or_expire(request.Test, op, limit, (request, keep_alive))
     except CommError as error:

@@ -1,6 +1,6 @@
 """The mismatch check's exchange through shared memory, for a communicator whose ranks share a host.
 
-The default check (:mod:`._signature`) needs every rank's packed signature before the data moves.
+The default check (:mod:`.signature`) needs every rank's packed signature before the data moves.
 Across hosts that is one 32-byte ``Allreduce(MAX)``; inside one host it is a cache line away: each
 rank owns two 64-byte slots in an ``MPI.Win.Allocate_shared`` window (MPI allocates and frees it:
 no /dev/shm name, nothing left behind by a killed job) and, for its n-th check, writes
@@ -26,7 +26,7 @@ under x86's total store order, so elsewhere :func:`open_shared_signatures` retur
 check stays the Allreduce. The wait polls, then yields the CPU (a peer may share it), and gives up
 at ``deadline_s`` with the group's typed error (a dead peer's PeerFailureError, else
 CommTimeoutError), which the caller may catch: no MPI call is in progress, so the watchdog of
-synchronous calls leaves this wait to raise (:mod:`._bounded_waits`); the op is then remembered as abandoned (a peer that read this rank's signature
+synchronous calls leaves this wait to raise (:mod:`.bounded_waits`); the op is then remembered as abandoned (a peer that read this rank's signature
 may be inside the data call), so the job ends with MPI_Abort at exit instead of hanging in
 MPI_Finalize.
 """

@@ -10,12 +10,12 @@ they are equal everywhere exactly when every rank made the same call, so every r
 and raises :class:`~commlayer.core.errors.CollectiveMismatchError` before the real collective moves a
 byte. It is one more collective of latency (a few microseconds on one host:
 benchmarks/overhead/mismatch_checks.py). On a communicator whose ranks all share one host, the
-same four values come from a shared-memory exchange instead (:mod:`._shared_signatures`): each
+same four values come from a shared-memory exchange instead (:mod:`.shared_signatures`): each
 rank publishes its signature in a cache line and reads its peers', a fraction of a microsecond
 where the Allreduce is a round trip through the MPI library. There, the C launcher may also enter
 a call whose input MPI never writes before the late peers have published (speculation); a peer
 that disagrees completes that call on scratch memory and every rank still raises, inputs
-untouched (:meth:`SignatureCheck.speculated`, :mod:`._speculation`).
+untouched (:meth:`SignatureCheck.speculated`, :mod:`.speculation`).
 
 Vector all-to-alls pass a count of 0: their per-rank sizes differ legitimately.
 Example: world of 2, rank 0 ``all_reduce(float32[4])``, rank 1 ``all_reduce(float32[8])``: the
@@ -65,7 +65,7 @@ class SignatureCheck:
     rank: int
     limit: WaitLimit | None = None  # set with ``shared``, whose waits it bounds
     shared: SharedSignatures | None = None
-    # replay(key, count): a speculating peer's call, run here on scratch memory (see _speculation.py)
+    # replay(key, count): a speculating peer's call, run here on scratch memory (see speculation.py)
     replay: Callable[[int, int], None] | None = None
 
     @classmethod

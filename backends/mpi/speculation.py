@@ -1,7 +1,7 @@
 """A speculating peer's call, run on scratch memory so that it completes before every rank raises.
 
 The C launcher may enter a collective before every peer has published its signature (see
-:mod:`._shared_signatures`). A peer that then finds a mismatch cannot just raise: the speculator
+:mod:`.shared_signatures`). A peer that then finds a mismatch cannot just raise: the speculator
 would wait inside MPI forever. It runs the speculator's call instead -- decoded from the
 speculator's published ``(key, count)`` -- on zeroed buffers of its own, leaving its tensors
 untouched, and raises afterwards like every other rank.

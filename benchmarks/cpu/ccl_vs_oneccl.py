@@ -74,7 +74,7 @@ def main() -> None:
     settings, json_path = _parse()
     install = find_oneccl(require_headers=True)
     if install is None:
-        sys.exit("ccl_compare: oneCCL headers not found; pip install 'commlayer[ccl]' first")
+        sys.exit("ccl_vs_oneccl: oneCCL headers not found; pip install 'commlayer[ccl]' first")
     build_program(install)
     started = _machine()
     samples: list[Sample] = []

@@ -29,7 +29,7 @@ from commlayer import dist, zero
 def load_anchor(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("zero_anchor", path)
     if spec is None or spec.loader is None or not path.is_file():
-        raise SystemExit(f"zero_gpu: --anchor expected the path of zero_anchor.py, received {str(path)!r}")
+        raise SystemExit(f"zero: --anchor expected the path of zero_anchor.py, received {str(path)!r}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

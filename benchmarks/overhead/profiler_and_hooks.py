@@ -44,7 +44,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dispatch_overhead import NullBackend, per_call_us
+from facade_dispatch import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist, hooks

@@ -23,7 +23,7 @@ import torch.distributed as torch_dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dispatch_overhead import NullBackend, per_call_us
+from facade_dispatch import NullBackend, per_call_us
 
 import commlayer
 from commlayer import dist

@@ -79,7 +79,7 @@ class _Records:
     # collections cost the hot path about 2 us a call.
     pending: list[tuple[_Label, int, float, float]] = field(default_factory=list)
     wall_offset: float = 0.0  # time.time() - time.perf_counter(), for pending's timestamps
-    # The C timers' entries (a TimedLog, see _timer.py): a ring of the most recent calls, folded
+    # The C timers' entries (a TimedLog, see timer.py): a ring of the most recent calls, folded
     # into totals by drain() and made trace events only by trace().
     log: Any = None
 

@@ -1,6 +1,6 @@
 """The window every backend gets by default: one-sided ops emulated with two-sided messages.
 
-Each op is a header (:mod:`.messages`) pushed onto a store queue per (origin, target) pair; a
+Each op is a header (:mod:`.window_messages`) pushed onto a store queue per (origin, target) pair; a
 put's data and a get's answer travel over the backend's ``send``/``recv`` on the window's tags,
 each send issued before the header announcing it, so a rank only ever receives data that is
 already on its way. A rank *applies* what its queues hold whenever it makes a window call (any:

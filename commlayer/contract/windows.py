@@ -1,7 +1,7 @@
 """What a backend's one-sided window is: the object behind ``commlayer.window(tensor, group)``.
 
 A backend returns one from :meth:`commlayer.contract.backend.Backend.window`; the default is the two-sided
-emulation in :mod:`.two_sided`. The user-facing layer (:mod:`commlayer.windows`) has validated
+emulation in :mod:`.emulated_windows`. The user-facing layer (:mod:`commlayer.windows`) has validated
 every argument before a method here runs: ranks are group ranks, offsets and sizes fit the
 target's window, dtypes match the window's and tensors are contiguous.
 

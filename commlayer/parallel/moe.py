@@ -7,7 +7,7 @@ forward pass routes every token (:mod:`.gating`), packs the kept choices into an
 tokens of its own experts from every rank, runs its experts, all-to-alls the results back and
 combines them with the gate weights. Backward runs the same exchanges in reverse.
 
-Packing and combining are row gathers whose gradients are gathers too (:mod:`._routes`): no
+Packing and combining are row gathers whose gradients are gathers too (:mod:`.routes`): no
 one-hot ``[tokens, experts, capacity]`` einsum, no atomic adds and no device-to-host sync.
 
 Gradients: expert weights differ across the "ep" group, so they are summed over ``mesh["edp"]``

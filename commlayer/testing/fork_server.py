@@ -2,7 +2,7 @@
 
 Importing torch is most of what a rank costs before its first collective, and a test suite
 starts hundreds of ranks. :func:`warm_command` turns a rank's ``python -m MODULE ...`` command
-into one that a fork server (``_fork_server.py``, one per distinct import-time environment, which
+into one that a fork server (``fork_server_main.py``, one per distinct import-time environment, which
 has imported torch and the rank worker) runs for it: the rank still gets its own stdio,
 environment, working directory, exit status and signals. Any command the server cannot take, or
 any trouble starting one, keeps the cold start.
@@ -26,7 +26,7 @@ from commlayer.core import settings
 
 __all__ = ["warm_command"]
 
-_SCRIPT = str(Path(__file__).with_name("_fork_server.py"))
+_SCRIPT = str(Path(__file__).with_name("fork_server_main.py"))
 _READY_TIMEOUT_S = 60.0
 # The modules a server imports for its ranks: torch's import is most of a rank's start-up, the
 # worker's (commlayer's) most of the rest; then the facade and the backends nearly every rank

@@ -2,8 +2,8 @@
 
 Run by path, never imported by commlayer::
 
-    python _fork_server.py serve SOCKET VARIABLE [MODULE...]   # one per environment (fork_server.py)
-    python -S -E _fork_server.py run SOCKET -m MODULE ARGS...
+    python fork_server_main.py serve SOCKET VARIABLE [MODULE...]   # one per environment (fork_server.py)
+    python -S -E fork_server_main.py run SOCKET -m MODULE ARGS...
 
 The server imports torch and the given modules (the rank worker's), nothing else: every fork
 starts from that state, so a server serves only ranks whose import-time environment is its own
@@ -189,7 +189,7 @@ def _run_as_main(argv: list[str]) -> int:
     import threading
 
     if len(argv) < 2 or argv[0] != "-m":
-        print(f"_fork_server: expected '-m MODULE ARGS...', received {argv!r}", file=sys.stderr)
+        print(f"fork_server: expected '-m MODULE ARGS...', received {argv!r}", file=sys.stderr)
         return 2
     module = argv[1]
     sys.argv = [module, *argv[2:]]
@@ -249,7 +249,7 @@ def run(path: str, argv: list[str]) -> NoReturn:
         signal.signal(signum, lambda received, _frame: _forward(pid, received))
     reply = replies.readline().split()
     if not reply:
-        print("_fork_server: the server ended before the rank did", file=sys.stderr)
+        print("fork_server: the server ended before the rank did", file=sys.stderr)
         os._exit(1)
     _exit_like(int(reply[1]))
 
@@ -278,4 +278,6 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["run"]:
         run(sys.argv[2], sys.argv[3:])
     else:
-        sys.exit("usage: _fork_server.py serve SOCKET VARIABLE [MODULE...] | run SOCKET -m MODULE ARGS...")
+        sys.exit(
+            "usage: fork_server_main.py serve SOCKET VARIABLE [MODULE...] | run SOCKET -m MODULE ARGS..."
+        )

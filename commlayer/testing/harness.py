@@ -5,7 +5,7 @@ Every multi-rank test in the project goes through here::
     run_world("commlayer.testing.conformance:main", 4)               # 4 local ranks, gloo process group
     run_world("tests.backends.mpi_ranks:main", 3, backend="mpi", launcher="mpirun", args=["float64"])
 
-Each rank runs ``python -m commlayer.testing.worker`` (see ``_worker.py``). The first rank to fail
+Each rank runs ``python -m commlayer.testing.worker`` (see ``worker.py``). The first rank to fail
 stops the world, a timeout stops it too, and the AssertionError then carries the traceback of every
 rank that raised plus the tail of every rank's output (under mpirun: of mpirun's tagged output).
 """

@@ -1,6 +1,6 @@
 """The results directory through which ranks tell run_world what happened to them.
 
-Per rank, written atomically by the worker (``_worker.py``) and read by the parent (``harness.py``):
+Per rank, written atomically by the worker (``worker.py``) and read by the parent (``harness.py``):
 
     rank3.started     pid of the rank, written before the target is imported
     rank3.traceback   the formatted exception, when the target (or init) raised

@@ -59,7 +59,7 @@ def launcher_kind(run: Any) -> str:
     """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which launcher a plan runs."""
     if getattr(run, "__name__", "") == "mpi_launcher":
         return "C"
-    return "Python" if (run.__module__ or "").endswith("mpi._plans") else "facade"
+    return "Python" if (run.__module__ or "").endswith("mpi.fast_paths") else "facade"
 
 
 def _distinct(rank: int, numel: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:

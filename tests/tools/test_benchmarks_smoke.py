@@ -46,49 +46,64 @@ def _needs_namespaces() -> str | None:
 
 # script -> (arguments of a tiny run, what it needs beyond this Python: a reason to skip or None)
 CPU_RUNS: dict[str, tuple[list[str], object]] = {
-    "dispatch_overhead.py": (["--iters", "20", "--repeats", "1"], None),
-    "logger_overhead.py": (["--calls", "100", "--rounds", "1"], None),
-    "reliability_overhead.py": (["--iters", "20", "--repeats", "1", "--debug-iters", "2"], None),
-    "profiler_overhead.py": (["--iters", "20", "--repeats", "1"], None),
-    "shm_call_cost.py": (["--iters", "20", "--repeats", "1"], None),
-    "torch_vs_commlayer.py": (["--standin", "--rounds", "1", "--iters", "1"], None),
-    "torch_bridge_bench.py": (["--calls", "10", "--repeats", "1", "--skip-ddp"], _needs_mpi),
-    "mismatch_check_overhead.py": (["--iters", "10", "--repeats", "1", "--max-bytes", "8"], _needs_mpi),
-    "mpi_bench.py": (
+    "overhead/facade_dispatch.py": (["--iters", "20", "--repeats", "1"], None),
+    "overhead/comms_logger.py": (["--calls", "100", "--rounds", "1"], None),
+    "overhead/recorder_and_debug_checks.py": (
+        ["--iters", "20", "--repeats", "1", "--debug-iters", "2"],
+        None,
+    ),
+    "overhead/profiler_and_hooks.py": (["--iters", "20", "--repeats", "1"], None),
+    "overhead/shm_call_cost.py": (["--iters", "20", "--repeats", "1"], None),
+    "overhead/torch_vs_commlayer.py": (["--standin", "--rounds", "1", "--iters", "1"], None),
+    "overhead/torch_bridge.py": (["--calls", "10", "--repeats", "1", "--skip-ddp"], _needs_mpi),
+    "overhead/mismatch_checks.py": (["--iters", "10", "--repeats", "1", "--max-bytes", "8"], _needs_mpi),
+    "overhead/mpi_vs_mpi4py.py": (
         ["--world-sizes", "2", "--pairs", "default", "--variants", "mpi", "--rounds", "1"]
         + ["--budget", "0.001", "--max-bytes", "8", "--timeout", "100"],
         _needs_mpi,
     ),
-    "ccl_compare.py": (
+    "cpu/ccl_vs_oneccl.py": (
         ["--worlds", "2", "--rounds", "1", "-e", "8", "--iters", "1", "--warmup", "0", "--backends", "ccl"],
         _needs_ccl,
     ),
-    "gloo_mismatch_probe.py": (["--modes", "on", "--ops", "all_reduce", "--kinds", "count"], None),
-    "multirank_loop.py": (["--runs", "1", "--batch", "1", "--tests", QUICK_TEST], None),
-    "multihost_bench.py": (
+    "faults/gloo_mismatch_detection.py": (["--modes", "on", "--ops", "all_reduce", "--kinds", "count"], None),
+    "faults/repeated_tests.py": (["--runs", "1", "--batch", "1", "--tests", QUICK_TEST], None),
+    "cpu/multihost.py": (
         ["--max-bytes", "8", "--ops", "all_reduce", "--backends", "gloo", "--configs", "two-hosts"],
         _needs_namespaces,
     ),
-    "shm_goals.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
-    "zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
+    "cpu/shm_targets.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
+    "gpu/zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
 }
 # Scripts that need a GPU (or several), or a fault-injection job of minutes under torchrun or
 # torchft: compiled only.
 GPU_ONLY = (
-    "compile_gpu.py",
-    "fault_injection.py",
-    "parallel_gpu.py",
-    "peermem_conformance.py",
-    "peermem_gpu.py",
-    "peermem_timeout_gpu.py",
-    "restart_baseline.py",
-    "torchft_baseline.py",
-    "zero_gpu.py",
+    "gpu/compile.py",
+    "faults/fault_injection.py",
+    "gpu/parallel_layers.py",
+    "gpu/peermem_conformance.py",
+    "gpu/peermem.py",
+    "faults/peermem_timeout_gpu.py",
+    "faults/torchrun_restart.py",
+    "faults/torchft_baseline.py",
+    "gpu/zero.py",
+)
+
+
+# Modules the scripts import; they run nothing themselves and are compiled only.
+HELPERS = (
+    "gpu/stream_profile.py",
+    "gpu/timed_steps.py",
+    "overhead/mpi_report.py",
+    "overhead/standin.py",
+    "overhead/timed_ops.py",
+    "overhead/torch_bridge_costs.py",
 )
 
 
 def _scripts(suffix: str) -> list[str]:
-    return sorted(path.name for path in BENCHMARKS.glob(f"*{suffix}"))
+    """Every script under benchmarks/, as its path below that folder."""
+    return sorted(str(path.relative_to(BENCHMARKS)) for path in BENCHMARKS.glob(f"*/*{suffix}"))
 
 
 def _skip_reason(script: str) -> str | None:
@@ -98,8 +113,8 @@ def _skip_reason(script: str) -> str | None:
 
 def _run(script: str, out: Path) -> subprocess.CompletedProcess:
     arguments = CPU_RUNS[script][0]
-    if script in ("multirank_loop.py", "multihost_bench.py"):
-        arguments = [*arguments, "--out", str(out / script)]
+    if script in ("faults/repeated_tests.py", "cpu/multihost.py"):
+        arguments = [*arguments, "--out", str(out / Path(script).stem)]
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     command = [sys.executable, str(BENCHMARKS / script), *arguments]
     return subprocess.run(
@@ -126,8 +141,7 @@ def cpu_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:
     """A new benchmark script gets a tiny run here (or a place among the GPU-only scripts)."""
-    helpers = {name for name in _scripts(".py") if name.startswith("_")}
-    assert set(_scripts(".py")) - helpers == set(CPU_RUNS) | set(GPU_ONLY)
+    assert set(_scripts(".py")) - set(HELPERS) == set(CPU_RUNS) | set(GPU_ONLY)
 
 
 @pytest.mark.parametrize("script", sorted(CPU_RUNS))
@@ -141,7 +155,7 @@ def test_cpu_benchmark_runs_at_tiny_sizes(script: str, cpu_runs: dict[str, Futur
     assert result.stdout.strip(), f"{script} printed nothing"
 
 
-@pytest.mark.parametrize("script", [*GPU_ONLY, *(name for name in _scripts(".py") if name.startswith("_"))])
+@pytest.mark.parametrize("script", [*GPU_ONLY, *HELPERS])
 def test_gpu_benchmark_and_helper_compile(script: str, tmp_path: Path) -> None:
     py_compile.compile(str(BENCHMARKS / script), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
 

@@ -4,11 +4,11 @@ Ops on a rank outside the group return None without communicating (torch's NON_G
 behaviour). Strided tensors are staged through contiguous buffers (:mod:`.staging`), so backends
 only ever see contiguous tensors.
 
-Plans (the hot path, :mod:`.plan_cache`): the ops that run thousands of times a second run a
-cached :class:`~.plan_cache.Plan` after their first call of a kind. A plan is built here
+Plans (the hot path, :mod:`.plans`): the ops that run thousands of times a second run a
+cached :class:`~.plans.Plan` after their first call of a kind. A plan is built here
 (:func:`new_plan`) around the backend's ``plan`` method (a fused launcher, e.g. a torch
 ProcessGroup's bound method with prebuilt options) or, for backends without one, around the
-ordinary backend op (:mod:`.plan_launchers`).
+ordinary backend op (:mod:`.runners`).
 
 Observers (the hook point, :mod:`.observers`): with an observer set (:func:`set_observer`),
 plans are rebuilt so that each launch goes through it; ops without plans go through
@@ -176,7 +176,7 @@ def launch(
     wait by its group's timeout itself (torch's own timeout, MPI and oneCCL adapters' deadline).
 
     ``average`` lists the buffers to divide by the group size once the op completes, before any
-    copy back: an AVG the backend ran as SUM (see :func:`.op_calls.averaged`).
+    copy back: an AVG the backend ran as SUM (see :func:`.op_call.averaged`).
 
     ``payload`` is the buffer whose size is the op's message size in nccl-tests' terms (the full
     gathered output, the full reduce-scatter input); it is only measured when the comms logger

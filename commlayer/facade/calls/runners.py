@@ -1,4 +1,4 @@
-"""Plan launchers: the ``run(async_op, *tensors)`` callables a :class:`.plan_cache.Plan` holds.
+"""Plan launchers: the ``run(async_op, *tensors)`` callables a :class:`.plans.Plan` holds.
 
 A backend's own recorded launcher (``recorded_plan``) or fused launcher (``plan``) where it has
 one, else the facade's around the ordinary backend op, each entering every call in the group's

@@ -1,5 +1,5 @@
 """Making and unmaking groups: init_process_group, new_group, new_member_group and
-destroy_process_group. The rank/size getters live in :mod:`.group_getters`."""
+destroy_process_group. The rank/size getters live in :mod:`commlayer.facade.groups.queries`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Flight-recorder dumps: every group's ring of this rank, written as one JSON document.
 
 Dumps are written on request (:func:`dump_flight_recorder`), on SIGUSR1, when an op fails with a
-commlayer error, and at exit after an uncaught commlayer error (see :mod:`.signal_handlers`). Each job writes into its own
+commlayer error, and at exit after an uncaught commlayer error (see :mod:`commlayer.facade.lifecycle.signal_handlers`). Each job writes into its own
 folder, ``$COMMLAYER_TRACE_DIR/<job id>`` (:mod:`commlayer.core.job`), so that two jobs' dumps
 never mix; ``commlayer trace analyze`` reads the newest job's folder. A rank announces its dump
 once per failure, however many of the failure's paths (the op, the peer's request, the uncaught

@@ -1,2 +1,2 @@
-"""The ops of ``torch.distributed``, each built on :mod:`..calls`: collectives in place, into a
+"""The ops of ``torch.distributed``, each built on :mod:`commlayer.facade.calls`: collectives in place, into a
 tensor, over tensor lists, rooted, uneven and coalesced; point-to-point; object collectives."""

@@ -1,10 +1,10 @@
 """The hot in-place collectives (all_reduce, broadcast): validated once per kind of call, then
 run through a plan.
 
-Each op first asks its lookup (:mod:`.planned_lookups`) for a plan under its key (what its
-validation depended on, see :mod:`.plan_cache`) and runs it; a miss goes to the op's
+Each op first asks its lookup (:mod:`commlayer.facade.calls.lookups`) for a plan under its key (what its
+validation depended on, see :mod:`commlayer.facade.calls.plans`) and runs it; a miss goes to the op's
 ``_checked_`` twin, which validates in full and builds the plan. ``src`` is a global rank, as
-in torch. The output/input collectives live in :mod:`.planned_paired_collectives`.
+in torch. The output/input collectives live in :mod:`.into_tensor`.
 """
 
 from __future__ import annotations

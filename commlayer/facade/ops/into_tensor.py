@@ -1,8 +1,8 @@
 """The hot output/input collectives (all_gather_into_tensor, reduce_scatter_tensor,
 all_to_all_single): validated once per kind of call, then run through a plan.
 
-Each op first asks its C lookup (:mod:`.planned_lookups`), then looks its plan up under a key
-spelt out inline (what its validation depended on, see :mod:`.plan_cache`) and runs it after the
+Each op first asks its C lookup (:mod:`commlayer.facade.calls.lookups`), then looks its plan up under a key
+spelt out inline (what its validation depended on, see :mod:`commlayer.facade.calls.plans`) and runs it after the
 few per-call checks the key cannot hold (element counts, split sizes, contiguity); a miss goes
 to the op's ``_checked_`` twin, which validates in full and builds the plan.
 """

@@ -2,9 +2,9 @@
 torch.distributed's signatures; each one validates, then dispatches on every call.
 
 The hot ops, which run through plans (all_reduce, broadcast, all_gather_into_tensor,
-reduce_scatter_tensor, all_to_all_single), live in :mod:`.planned_collectives` and
-:mod:`.planned_paired_collectives`; the collectives with a root (reduce, gather, scatter) in
-:mod:`.rooted_collectives`.
+reduce_scatter_tensor, all_to_all_single), live in :mod:`.in_place` and
+:mod:`.into_tensor`; the collectives with a root (reduce, gather, scatter) in
+:mod:`.rooted`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The records of benchmarks/cpu/mpi_vs_mpi4py.py and their reports: the JSON file and the markdown tables."""
+"""The records of benchmarks/overhead/mpi_vs_mpi4py.py and their reports: the JSON file and the markdown tables."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Two measurements, both in one process so nothing but dispatch differs:
   stage, wrap the Work, wait) is all that is timed.
 * ``gloo``: a world of one on gloo, facade vs raw ``torch.distributed`` on the same tensor.
 
-    python benchmarks/overhead/dispatch.py [--iters 5000] [--repeats 25]
+    python benchmarks/overhead/facade_dispatch.py [--iters 5000] [--repeats 25]
 """
 
 from __future__ import annotations

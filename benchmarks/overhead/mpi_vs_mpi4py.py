@@ -2,8 +2,8 @@
 
 One command launches every job (world sizes x MPI launcher/library pairs) and prints the tables::
 
-    python benchmarks/cpu/mpi_vs_mpi4py.py --world-sizes 2,4 --pairs default,openmpi --out results.json
-    python benchmarks/cpu/mpi_vs_mpi4py.py --render benchmarks/data/mpi_ordered_default/vm.json   # the tables again
+    python benchmarks/overhead/mpi_vs_mpi4py.py --world-sizes 2,4 --pairs default,openmpi --out results.json
+    python benchmarks/overhead/mpi_vs_mpi4py.py --render benchmarks/data/mpi_ordered_default/vm.json   # the tables again
 
 Each job runs this file under mpirun (the pair's launcher, from commlayer.testing.mpirun_plan) and
 measures all_reduce (SUM, float32, in place), all_gather and reduce_scatter (one tensor each),
@@ -323,7 +323,7 @@ def launch_jobs(arguments: argparse.Namespace, scratch: Path) -> list[Record]:
             result = supervise([ProcessSpec(f"mpirun {pair} x{world_size}", job, plan.env)], options)
             if result.exit_code != 0:
                 raise SystemExit(
-                    f"mpi_bench: the {pair} job at {world_size} ranks failed ({result.summary('mpi_bench')})"
+                    f"mpi_vs_mpi4py: the {pair} job at {world_size} ranks failed ({result.summary('mpi_bench')})"
                 )
             records += [Record(**row) for row in json.loads(output.read_text())["records"]]
     return records
