@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
-__all__ = ["pid_running"]
+__all__ = ["pid_running", "process_age"]
 
 
 def pid_running(pid: int) -> bool:
@@ -60,3 +61,14 @@ def _parent_pid(pid: str) -> int | None:
             return int(stat.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+
+def process_age(pid: int) -> float | None:
+    """Seconds since process ``pid`` started (to a clock tick), or None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")

@@ -2,10 +2,10 @@
 
 ::
 
-    manager = Manager(store, member=replica * shards + shard, options=options, sharded=stage > 0)
+    manager = Manager(FaultToleranceOptions(shards=2))  # under `commlayer run --ft`
     engine = FaultTolerantDataParallel(model, lambda params: torch.optim.AdamW(params), manager, stage=2)
     while engine.step < steps:
-        engine.train_step(lambda module, step: loss_of(module, batch(step, replica, shard)))
+        engine.train_step(lambda module, step: loss_of(module, batch(step, manager.slot)))
 
 Parameters live in one flat fp32 buffer. Stage 0 all-reduces gradients over every member and
 steps the whole optimizer on each; stages 1 and 2 reduce-scatter gradients within the replica,
@@ -174,22 +174,27 @@ class FaultTolerantDataParallel:
 
     def _reduce(self, generation: Generation) -> None:
         run = self.manager.run
-        contributors = generation.world.size  # members of complete replicas
+        contributors = len(generation.decision.members)  # members of complete replicas
         if self.stage == 0:
-            world = generation.world
-            run(world, lambda: world.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
+            if generation.world is not None:
+                run(generation.world, lambda world: world.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
             self.master.grad = self.grads / contributors
             return
         shard = torch.empty(self.shard_numel, dtype=self.flat.dtype, device=self.flat.device)
+        start = self.shard_index * self.shard_numel
         group, replicas = generation.shard_group, generation.replica_group
-        if group.capabilities.native_reduce_scatter:
-            run(group, lambda: group.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True))
-        else:  # an all_reduce and a slice anyway, and gloo's Work must be waited to finish
-            run(group, lambda: group.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
-            start = self.shard_index * self.shard_numel
+        if group is None:
             shard.copy_(self.grads[start : start + self.shard_numel])
-        if replicas.size > 1:
-            run(replicas, lambda: replicas.all_reduce(shard, ReduceOp.SUM, async_op=True))
+        elif group.backend.capabilities.native_reduce_scatter:
+            run(
+                group,
+                lambda shards: shards.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True),
+            )
+        else:  # an all_reduce and a slice anyway, and gloo's Work must be waited to finish
+            run(group, lambda shards: shards.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
+            shard.copy_(self.grads[start : start + self.shard_numel])
+        if replicas is not None:
+            run(replicas, lambda across: across.all_reduce(shard, ReduceOp.SUM, async_op=True))
         self.master.grad = shard.div_(contributors)
 
     def _apply(self, generation: Generation, step: int) -> None:
@@ -209,11 +214,15 @@ class FaultTolerantDataParallel:
             self._gather(generation)
 
     def _gather(self, generation: Generation) -> None:
-        if self.stage == 0:
+        group = generation.shard_group
+        if self.stage == 0 or group is None:
             with torch.no_grad():
-                self.flat.copy_(self.master.detach())
+                self.flat[self.shard_index * self.shard_numel :][: self.shard_numel].copy_(
+                    self.master.detach()
+                )
         else:
-            group = generation.shard_group
             source = self.master.detach()
-            self.manager.run(group, lambda: group.all_gather_into_tensor(self.flat, source, async_op=True))
+            self.manager.run(
+                group, lambda shards: shards.all_gather_into_tensor(self.flat, source, async_op=True)
+            )
         self._gathered = generation.number

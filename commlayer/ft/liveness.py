@@ -128,6 +128,17 @@ class Liveness:
             return f"no progress for {now - beat.progress:.1f}s"
         return None
 
+    def hung(self, member: int) -> bool:
+        """Whether ``member`` is alive but hung: its heartbeat is fresh, its loop is not."""
+        beat = self.beat(member)
+        now = time.time()
+        return (
+            beat is not None
+            and now - beat.time <= self.options.heartbeat_timeout_s
+            and not beat.waiting
+            and now - beat.progress > self.options.hang_timeout_s
+        )
+
     def dead(self, members: Iterable[int], incarnations: dict[int, str] | None = None) -> dict[int, str]:
         """``{member: reason}`` for every dead member of ``members``."""
         found = {}
