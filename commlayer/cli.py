@@ -166,11 +166,18 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--max_restarts",
         dest="max_restarts",
         type=_non_negative_int,
-        default=0,
+        default=None,
         metavar="N",
         help="when a rank fails, stop every rank and start all of them again, up to N times, as "
         "torchrun (each start sees $TORCHELASTIC_RESTART_COUNT and gets a fresh rendezvous; the "
-        "script resumes from its checkpoint; default 0)",
+        "script resumes from its checkpoint; default 0); with --ft, restarts of each member in its "
+        "slot (default 3)",
+    )
+    run.add_argument(
+        "--ft",
+        action="store_true",
+        help="a commlayer.ft job: host its store here, keep the others training when a member dies "
+        "and restart that member in its slot (under mpirun: restart the whole job)",
     )
     run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
     run.add_argument(
@@ -257,7 +264,27 @@ def _run(args: argparse.Namespace) -> int:
     if (args.launcher or _launcher_of_chosen_backend()) == "mpirun":
         args.nproc_per_node = nproc
         return _run_under_mpirun(args, program)
+    if args.ft:
+        return _run_ft_here(args, (sys.executable, *program, *args.script_args), nproc)
     return _run_here(args, (sys.executable, *program, *args.script_args), nproc)
+
+
+def _run_ft_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) -> int:
+    """A fault-tolerant job on this host: members restarted in their slots (launch.fault_tolerance)."""
+    from commlayer.launch import fault_tolerance  # hosts a TCPStore: imports torch
+
+    job = os.environ.get(JOB_ID_ENV) or new_job_id()
+    log_dir = args.log_dir or default_log_dir(job)
+    restarts = fault_tolerance.DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+    options = SuperviseOptions(timeout=args.timeout, log_dir=log_dir)
+    environ = {**os.environ, JOB_ID_ENV: job}
+    address = args.master_addr or "127.0.0.1"
+    result, hosted = fault_tolerance.run_here(
+        command, nproc, address, args.master_port, restarts, environ, options
+    )
+    for line in fault_tolerance.report_lines(result, hosted, log_dir):
+        print(line, file=sys.stderr, flush=True)
+    return result.exit_code
 
 
 def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) -> int:
@@ -284,7 +311,7 @@ def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) ->
         for line in [*lines, *([restart_line(result, attempt)] if attempt is not None else [])]:
             print(line, file=sys.stderr, flush=True)
 
-    last = run_with_restarts(start, lambda run: run[0], args.max_restarts, args.timeout, report)
+    last = run_with_restarts(start, lambda run: run[0], args.max_restarts or 0, args.timeout, report)
     report(last)
     return last[0].exit_code
 
@@ -331,7 +358,7 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
             if line is not None:
                 print(line, file=sys.stderr, flush=True)
 
-    result = run_with_restarts(start, lambda result: result, args.max_restarts, args.timeout, report)
+    result = run_with_restarts(start, lambda result: result, args.max_restarts or 0, args.timeout, report)
     report(result)
     return result.exit_code
 

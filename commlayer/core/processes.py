@@ -63,7 +63,6 @@ def _parent_pid(pid: str) -> int | None:
         return None
 
 
-
 def process_age(pid: int) -> float | None:
     """Seconds since process ``pid`` started (to a clock tick), or None without /proc."""
     try:

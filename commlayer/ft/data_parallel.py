@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from commlayer.core.errors import CheckpointError
 from commlayer.core.types import ReduceOp
+from commlayer.ft import checkpoint
 from commlayer.ft.communicators import Generation, standalone_backend
 from commlayer.ft.errors import StepAbortedError
 from commlayer.ft.manager import Manager
@@ -127,10 +131,70 @@ class FaultTolerantDataParallel:
     def import_state(self, payload: bytes, step: int) -> None:
         """Take a peer's master shard and optimizer state, at ``step`` (see TrainingState)."""
         state = torch.load(io.BytesIO(payload), map_location=self.flat.device, weights_only=True)
+        self.restore(state["master"], state["optimizer"], step)
+
+    def restore(self, master: torch.Tensor, optimizer_state: dict, step: int) -> None:
+        """Hold ``master`` (this member's shard) and ``optimizer_state`` after ``step`` steps."""
         with torch.no_grad():
-            self.master.copy_(state["master"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            self.master.copy_(master)
+        self.optimizer.load_state_dict(optimizer_state)
         self._step = step
+        self._gathered = None  # the parameters are gathered from the shards before the next step
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    @property
+    def shard_count(self) -> int:
+        """How many shards the state is split into (1 for stage 0)."""
+        return self.manager.options.shards if self.stage > 0 else 1
+
+    def save_checkpoint(self, directory: str | os.PathLike, keep: int = 2) -> Path | None:
+        """Write this member's shard of the state after ``self.step`` steps under ``directory``
+        when it is its shard's writer, a member of the first replica that trained the step (no
+        collective: call it on every member); returns the file written, or None. The ``keep``
+        newest complete checkpoints stay. See :mod:`commlayer.ft.checkpoint`."""
+        replica, shard = self.manager.slot
+        contributors = self.last_contributors
+        if self._step <= 0 or not contributors or replica != contributors[0]:
+            return None  # another replica's member writes this shard (or nothing was trained yet)
+        if self.shard_count == 1 and shard != 0:
+            return None  # replicated state: one member writes it
+        payload = {
+            "names": self._names(),
+            "master": self.master.detach(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        return checkpoint.write_shard(
+            directory, self._step, self.shard_index, self.shard_count, payload, keep
+        )
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> int | None:
+        """Resume from the newest complete checkpoint under ``directory``; returns its step, or
+        None when there is none or when this member joins a running job (a peer sends it the
+        newest state instead).
+
+        Raises:
+            CheckpointError: the checkpoint holds another model's parameters.
+        """
+        if self._step < 0:
+            return None
+        found = checkpoint.newest_shard(directory, self.shard_index, self.shard_count, self.flat.device)
+        if found is None:
+            return None
+        step, payload, path = found
+        if payload.get("format") != checkpoint.FORMAT or payload["names"] != self._names():
+            raise CheckpointError(
+                f"FaultTolerantDataParallel.load_checkpoint: {path} expected this model's "
+                f"{len(self._names())} parameters, received a checkpoint of {len(payload.get('names', []))} "
+                f"(member {self.manager.member})"
+            )
+        self.restore(payload["master"], payload["optimizer"], step)
+        return step
+
+    def _names(self) -> list[tuple[str, list[int]]]:
+        return [
+            (name, list(param.shape)) for name, param in self.module.named_parameters() if param.requires_grad
+        ]
 
     # --- training ------------------------------------------------------------------------------
 

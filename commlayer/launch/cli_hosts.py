@@ -62,7 +62,9 @@ def _run_with_restarts(plan: JobPlan, args: argparse.Namespace) -> HostsRun:
         print(outcome.summary, file=sys.stderr, flush=True)
         print(restart_line(outcome.result, attempt), file=sys.stderr, flush=True)
 
-    return run_with_restarts(start, lambda outcome: outcome.result, args.max_restarts, args.timeout, report)
+    return run_with_restarts(
+        start, lambda outcome: outcome.result, args.max_restarts or 0, args.timeout, report
+    )
 
 
 def with_job_limit(outcome: HostsRun, timeout: float | None) -> HostsRun:
