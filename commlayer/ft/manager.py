@@ -15,6 +15,7 @@ a healthy peer over the backend. A member its peers drop as hung leaves (exit co
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import logging
@@ -138,8 +139,12 @@ class Manager:
         self._starting = False  # inside a collective's start: a blocking backend waits there
         self._interrupted = False  # the watchdog stopped a blocked wait: keep no communicator
         self._last_check = 0.0
+        self._closed = threading.Event()
         self._watchdog = threading.Thread(target=self._watch, name="commlayer-ft-watchdog", daemon=True)
         self._watchdog.start()
+        # A daemon thread still inside a store call when the interpreter finalizes is ended by
+        # pthread_exit across C++ frames, which aborts the process: stop them first.
+        atexit.register(self.close)
 
     def _announce(self) -> None:
         environment = self.environment
@@ -253,7 +258,14 @@ class Manager:
         """This member trained every step: members still waiting to join give up, and it stops
         heartbeating."""
         self.record.finish()
+        self.close()
+
+    def close(self) -> None:
+        """Stop this member's heartbeat and watchdog threads (also run at interpreter exit)."""
+        self._closed.set()
         self.heartbeat.stop()
+        if self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=2)
 
     # --- collectives ---------------------------------------------------------------------------
 
@@ -351,8 +363,7 @@ class Manager:
         """Interrupt a collective that runs in the calling thread (shm) when its step is lost, and
         leave the job when the peers dropped this member as hung."""
         fence_checked = 0.0
-        while True:
-            time.sleep(0.02)
+        while not self._closed.wait(0.02):
             try:
                 if time.monotonic() - fence_checked > _FENCE_CHECK_S:
                     fence_checked = time.monotonic()

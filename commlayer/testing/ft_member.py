@@ -1,7 +1,8 @@
 """One member of a fault-tolerant training job on a tiny deterministic model (for tests and the
-fault-injection benchmark): ``python -m commlayer.testing.ft_member --member M --store HOST:PORT ...``
-under a supervisor that hosts the store, or ``commlayer run --ft -n 4 -m commlayer.testing.ft_member
---out DIR ...``, which gives the store and the member through the environment.
+fault-injection benchmark): ``commlayer run --ft -n 4 -m commlayer.testing.ft_member --out DIR ...``.
+Each start of a member writes ``DIR/m<member>r<restart>.json``: its status, steps, training time,
+the Manager's timings and its final parameters. A key ``hang/<member>`` in the store makes the
+member's first start hang after that step; ``--fail-restarts`` makes every replacement fail.
 
 Every member builds the same model; member ``(replica, shard)`` trains step ``t`` on a batch
 seeded by ``(t, replica, shard)``, so a single process can replay the job (:func:`reference`).
@@ -17,6 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
@@ -72,57 +74,35 @@ def reference(steps: int, shards: int, contributions: Mapping[int, list[int]]) -
 def main() -> None:
     args = _parse()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck member waits
+    restart = int(settings.FT_SLOT_RESTART.value() or 0)
+    if args.fail_restarts and restart > 0:
+        raise SystemExit(f"ft_member: a replacement that cannot start (restart {restart})")
     options = FaultToleranceOptions(
         replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
     )
-    store = _store(args.store)
-    member = args.member if store is not None else int(os.environ.get("RANK", "0"))
+    member = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format=f"member {member} %(asctime)s %(message)s")
     replica, shard = options.slot(member)
     cuda_context_s = _start_device(args.device, member, args.shards)
     model = build_model().to(_device(args.device, member, args.shards))
-    if args.wait_key:  # a spare started ahead of time (and warmed up): it joins when told to
-        loss_of(model, 0, replica, shard).backward()
-        make_optimizer(list(model.parameters()))  # the first optimizer pays torch's lazy imports
-        store.set(f"{args.wait_key}/ready", "1")
-        store.wait([args.wait_key])
-    manager = Manager(options, store=store, member=None if store is None else member, sharded=args.stage > 0)
+    manager = Manager(options, sharded=args.stage > 0)
     engine = FaultTolerantDataParallel(model, make_optimizer, manager, stage=args.stage)
-    started, status = time.time(), "finished"
+    started, status = None, "finished"  # timed from its first step: start-up varies with the load
     try:
         while engine.step < args.steps:
             engine.train_step(lambda module, step: loss_of(module, step, replica, shard))
+            started = started or time.time()
             time.sleep(args.step_time)
             manager.store.set(f"progress/{member}", str(engine.step))
-            if not args.wait_key and _first_start():  # only the first member in the slot hangs
+            if restart == 0:  # only the member first started in the slot is told to hang
                 _maybe_hang(manager.store, member, engine.step)
         manager.finish()
     except JobFinishedError:
         status = "not joined"
     timings = {"cuda_context_s": cuda_context_s, "generations": manager.timings}
-    _report(_out_path(args.out, member), engine, manager, status, time.time() - started, timings)
+    out = Path(args.out) / f"m{member}r{restart}.json"
+    _report(out, engine, manager, status, time.time() - (started or time.time()), timings)
     os._exit(0)
-
-
-def _store(address: str) -> torch_dist.Store | None:
-    """The supervisor's store (``--store``), or None under a launcher, which gives its own."""
-    if not address:
-        return None
-    host, port = address.rsplit(":", 1)
-    return torch_dist.TCPStore(
-        host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout
-    )
-
-
-def _first_start() -> bool:
-    return int(os.environ.get(settings.FT_SLOT_RESTART.name) or 0) == 0
-
-
-def _out_path(out: str, member: int) -> str:
-    """``--out`` itself, or under a launcher a file per start of the member in the folder ``--out``."""
-    if not os.path.isdir(out):
-        return out
-    return os.path.join(out, f"m{member}r{int(os.environ.get(settings.FT_SLOT_RESTART.name) or 0)}.json")
 
 
 def _start_device(kind: str, member: int, shards: int) -> float | None:
@@ -163,7 +143,7 @@ def _maybe_hang(store: torch_dist.Store, member: int, step: int) -> None:
 
 
 def _report(
-    out: str,
+    out: Path,
     engine: FaultTolerantDataParallel,
     manager: Manager,
     status: str,
@@ -185,10 +165,6 @@ def _report(
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--member", type=int, default=0, help="with --store: this member's slot")
-    parser.add_argument(
-        "--store", default="", help="HOST:PORT of a supervisor's store (default: the launcher's)"
-    )
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--backend", default="gloo")
@@ -197,8 +173,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--hang-timeout", type=float, default=3.0)
-    parser.add_argument("--out", required=True, help="report file, or a folder of one per member start")
-    parser.add_argument("--wait-key", default="")
+    parser.add_argument("--out", required=True, help="folder of reports, m<member>r<restart>.json")
+    parser.add_argument("--fail-restarts", action="store_true", help="replacements exit at once")
     return parser.parse_args()
 
 
