@@ -331,7 +331,8 @@ def _launcher_of_chosen_backend() -> str:
 
 
 def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int:
-    """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads."""
+    """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads;
+    with --ft, whole-job restarts from the last checkpoint (mpirun ends a job at a death)."""
     from commlayer.testing.mpi import MpirunError, mpirun_plan
 
     environ = dict(os.environ)
@@ -340,6 +341,7 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
         environ["MASTER_ADDR"] = args.master_addr
     if args.master_port is not None:
         environ["MASTER_PORT"] = str(args.master_port)
+    hosted = _ft_fallback(args, environ) if args.ft else None
     try:
         plan = mpirun_plan(args.nproc_per_node or 1, environ)
     except MpirunError as problem:
@@ -360,7 +362,22 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
 
     result = run_with_restarts(start, lambda result: result, args.max_restarts or 0, args.timeout, report)
     report(result)
+    del hosted  # the store lived as long as every attempt
     return result.exit_code
+
+
+def _ft_fallback(args: argparse.Namespace, environ: dict[str, str]) -> object:
+    """--ft under mpirun: say so, default --max-restarts, and host the store every attempt uses."""
+    from commlayer.launch import fault_tolerance  # hosts a TCPStore: imports torch
+
+    if args.max_restarts is None:
+        args.max_restarts = fault_tolerance.DEFAULT_MAX_RESTARTS
+    print(fault_tolerance.mpirun_fallback_line(args.max_restarts), file=sys.stderr, flush=True)
+    hosted = fault_tolerance.HostedStore(
+        args.master_addr or "127.0.0.1", args.master_port, args.nproc_per_node
+    )
+    environ.update(hosted.environment())
+    return hosted
 
 
 def _list_backends() -> int:

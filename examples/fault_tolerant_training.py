@@ -57,14 +57,14 @@ def main() -> None:
     resumed = engine.load_checkpoint(args.checkpoint_dir)
     if resumed is not None and manager.member == 0:
         print(f"resuming at step {resumed} from {args.checkpoint_dir}")
-    loss = float("nan")
     while engine.step < args.steps:
         loss = engine.train_step(lambda module, step: loss_of(module, step, replica, shard))
         if engine.step % args.checkpoint_every == 0:
             engine.save_checkpoint(args.checkpoint_dir)
+            print(f"member {manager.member}: step {engine.step}, loss {loss:.4f}")
         time.sleep(args.step_time)
     manager.finish()
-    print(f"member {manager.member}: trained to step {engine.step}, last loss {loss:.4f}")
+    print(f"member {manager.member}: trained to step {engine.step}")
 
 
 def device(backend: str) -> torch.device:

@@ -31,6 +31,9 @@ from commlayer.core.rendezvous import discover
 __all__ = ["JobEnvironment", "connect_store", "job_environment", "job_prefix", "tell_keeper"]
 
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# An MPI launcher's own variables: `import torch` copies them into RANK/WORLD_SIZE
+# (commlayer.facade.torch_bridge.autoload), so they tell mpirun's members apart.
+_MPI_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _TORCHRUN_NOTE = (
     "commlayer.ft: under torchrun a member's death restarts every member (torch's elastic agent "
     "restarts whole worlds): the job resumes from its last checkpoint. `commlayer run --ft` keeps "
@@ -61,6 +64,12 @@ class JobEnvironment:
     restart: int  # whole-job restarts before this start
     slot_restart: int = 0  # restarts of this member in its slot (commlayer run --ft)
     channel: int | None = None  # the slot keeper's pipe (commlayer run --ft)
+
+    @property
+    def restarts_members(self) -> bool:
+        """Whether a dead member comes back alone (``commlayer run --ft``); elsewhere the launcher
+        restarts the whole job, so the survivors of a death end this start at once."""
+        return self.launcher == "commlayer run --ft"
 
     def prefix_of(self, base: str) -> str:
         """The key prefix of this start of the job in the store (``base``: the options' prefix)."""
@@ -94,7 +103,7 @@ def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
         slot_restart = int(settings.FT_SLOT_RESTART.value(environ) or 0)
         channel = settings.FT_CHANNEL.value(environ)
         # Under its mpirun fallback `commlayer run --ft` says itself that deaths restart the job.
-        ft = "commlayer run --ft" if info.source == "torchrun" else "commlayer run --ft (mpirun)"
+        ft = "commlayer run --ft (mpirun)" if _under_mpi(environ) else "commlayer run --ft"
         return JobEnvironment(
             host, port, False, info.rank, info.world_size, ft, restart, slot_restart, channel
         )
@@ -104,7 +113,7 @@ def job_environment(environ: Mapping[str, str] | None = None) -> JobEnvironment:
         return JobEnvironment(
             info.master_addr, info.master_port, False, info.rank, info.world_size, "torchrun", restart
         )
-    if info.source != "torchrun":
+    if _under_mpi(environ):
         hosts = info.rank == 0
         return JobEnvironment(
             info.master_addr, info.master_port, hosts, info.rank, info.world_size, "mpirun", restart
@@ -138,6 +147,10 @@ def tell_keeper(environment: JobEnvironment | None, word: str) -> None:
         return
     with contextlib.suppress(OSError):
         os.write(environment.channel, f"{word}\n".encode())
+
+
+def _under_mpi(environ: Mapping[str, str]) -> bool:
+    return any(name in environ for name in _MPI_VARIABLES)
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -32,6 +32,7 @@ import torch
 
 from commlayer.contract.backend import Backend
 from commlayer.core import health
+from commlayer.core.errors import PeerFailureError
 from commlayer.core.processes import process_age
 from commlayer.core.work import Work
 from commlayer.ft.communicators import Communicator, Generation, build_generation, standalone_backend
@@ -172,7 +173,19 @@ class Manager:
     # --- generations ---------------------------------------------------------------------------
 
     def ensure_generation(self, state: TrainingState) -> Generation:
-        """The current generation; after a failure or a join, a new one (quorum, rebuild, sync)."""
+        """The current generation; after a failure or a join, a new one (quorum, rebuild, sync).
+
+        Raises:
+            PeerFailureError: a member died under a launcher that restarts whole jobs (torchrun,
+                mpirun): this start of the job ends, the next resumes from its checkpoint.
+        """
+        environment = self.environment
+        if self.generation is None and self.timings and environment and not environment.restarts_members:
+            raise PeerFailureError(
+                f"commlayer.ft: member {self.member}: a member of the job was lost, and {environment.launcher} "
+                "restarts the whole job rather than one member: this start ends here and the next resumes "
+                "from the last checkpoint"
+            )
         while self.generation is None:
             began = time.monotonic()
             decision = self._quorum(state)

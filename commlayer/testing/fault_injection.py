@@ -72,22 +72,30 @@ def random_plan(rng: random.Random, members: int, steps: int, second: bool) -> F
 
 
 class LaunchedJob:
-    """``commlayer run --ft`` started as a subprocess, and its store read from outside."""
+    """A launcher started as a subprocess on a job whose store listens on ``port``, and that store
+    read from outside (:meth:`ft_run`: ``commlayer run --ft``)."""
 
     def __init__(
-        self, workdir: Path, launcher_args: list[str], program: list[str], env: dict[str, str]
+        self, workdir: Path, command: list[str], env: dict[str, str], port: int, log_dir: Path
     ) -> None:
-        self.workdir, self.port = workdir, free_port()
+        self.workdir, self.port, self.log_dir = workdir, port, log_dir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.log_dir = workdir / "logs"
-        command = [sys.executable, "-m", "commlayer", "run", "--ft", "--master-port", str(self.port)]
-        command += ["--log-dir", str(self.log_dir), *launcher_args, *program]
         self.output = open(workdir / "launcher.log", "w")  # noqa: SIM115 - closed in wait()
         self.process = subprocess.Popen(
             command, stdout=self.output, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self.started = time.time()
         self.store = self._connect()
+
+    @classmethod
+    def ft_run(
+        cls, workdir: Path, launcher_args: list[str], program: list[str], env: dict[str, str]
+    ) -> LaunchedJob:
+        """``commlayer run --ft LAUNCHER_ARGS PROGRAM`` with its store on a free port."""
+        port, log_dir = free_port(), workdir / "logs"
+        command = [sys.executable, "-m", "commlayer", "run", "--ft", "--master-port", str(port)]
+        command += ["--log-dir", str(log_dir), *launcher_args, *program]
+        return cls(workdir, command, env, port, log_dir)
 
     def _connect(self) -> torch_dist.Store:
         deadline = time.monotonic() + 120
@@ -177,7 +185,7 @@ def run_job(
         ["--fail-restarts"] if plan.fault == "restart-fails" else []
     )
     launcher = ["-n", str(replicas * shards), "--max-restarts", str(max_restarts)]
-    job = LaunchedJob(workdir, launcher, program, {**os.environ, "OMP_NUM_THREADS": "1"})
+    job = LaunchedJob.ft_run(workdir, launcher, program, {**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = job.started + deadline_s
     faulted = _inject(job, plan, shards, rng, deadline)
     code, hung = job.wait(deadline)

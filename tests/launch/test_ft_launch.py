@@ -15,6 +15,7 @@ import os
 import random
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -22,8 +23,10 @@ from types import ModuleType
 import pytest
 import torch
 
+from commlayer.core.ports import free_port
 from commlayer.core.processes import pid_running
 from commlayer.ft.checkpoint import read_parameters
+from commlayer.testing import require_mpirun
 from commlayer.testing.fault_injection import FaultPlan, LaunchedJob, run_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +55,9 @@ def _example_args(checkpoints: Path, backend: str = "gloo", steps: int = STEPS) 
 
 
 def _start(tmp_path: Path, program: list[str], *launcher: str) -> LaunchedJob:
-    return LaunchedJob(tmp_path, ["-n", "4", *launcher], program, {**os.environ, "OMP_NUM_THREADS": "1"})
+    return LaunchedJob.ft_run(
+        tmp_path, ["-n", "4", *launcher], program, {**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 def _committed(job: LaunchedJob) -> int:
@@ -168,3 +173,58 @@ def test_a_hung_member_is_dropped_leaves_and_comes_back(tmp_path: Path) -> None:
     assert result.completed, (result.errors, result.output)
     assert result.max_error <= 1e-6 and result.job["restarts"] == {"1": 1}, result.output
     assert "its peers dropped it as hung" in result.output
+
+
+def _fault_free(steps: int) -> dict[int, list[int]]:
+    return {step: [0, 1] for step in range(steps)}
+
+
+def _whole_job_restart(job: LaunchedJob, tmp_path: Path, steps: int) -> str:
+    """Kill member 1 after the first checkpoint; the job must start again from it and finish as if
+    nothing happened (a death ends a start before any step drops a contribution)."""
+    deadline = job.started + 200
+    assert job.wait_for(lambda: _committed(job) >= EVERY + 2, deadline), job.text()
+    os.kill(job.member_pid(1), signal.SIGKILL)
+    code, hung = job.wait(deadline)
+    output = job.text()
+    assert (code, hung) == (0, False), output
+    assert re.search(r"resuming at step [1-9]0 from", output), output
+    saved_step, saved = read_parameters(tmp_path / "checkpoints")
+    assert saved_step == steps, output
+    for name, want in _replay(_fault_free(steps), steps).items():
+        assert torch.allclose(saved[name], want, rtol=0, atol=1e-6), (name, output)
+    return output
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_death_restarts_the_whole_job_from_its_checkpoint(tmp_path: Path) -> None:
+    port = free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--max-restarts", "1"]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--monitor-interval", "0.1"]
+    command = [*torchrun, EXAMPLE, *_example_args(tmp_path / "checkpoints", steps=30)]
+    job = LaunchedJob(tmp_path, command, {**os.environ, "OMP_NUM_THREADS": "1"}, port, tmp_path)
+    output = _whole_job_restart(job, tmp_path, 30)
+    assert output.count("commlayer.ft: under torchrun a member's death restarts every member") == 2, output
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_under_mpirun_ft_says_so_and_restarts_the_whole_job_from_its_checkpoint(tmp_path: Path) -> None:
+    require_mpirun()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
+    launcher = ["--launcher", "mpirun", "-n", "4", "--max-restarts", "1"]
+    job = LaunchedJob.ft_run(
+        tmp_path, launcher, [EXAMPLE, *_example_args(tmp_path / "checkpoints", steps=30)], env
+    )
+    output = _whole_job_restart(job, tmp_path, 30)
+    line = (
+        "commlayer run --ft: mpirun ends the job when any member dies (MPI without ULFM cannot survive a "
+        "death): restarting the whole job from its last checkpoint instead, up to 1 times"
+    )
+    assert output.splitlines()[0] == line and output.count(line) == 1, output
+    assert "restarting every rank (restart 1 of 1)" in output, output
