@@ -141,8 +141,8 @@ def connect_store(environment: JobEnvironment, timeout: timedelta) -> Any:
 
 
 def tell_keeper(environment: JobEnvironment | None, word: str) -> None:
-    """One word to the slot keeper (``late``: the job finished before this member joined, so it
-    is not restarted; ``lost``: no live member holds some shard, so restarting cannot help)."""
+    """One word to the slot keeper (``lost``: no live member holds some shard of the state, so
+    restarting this member cannot help)."""
     if environment is None or environment.channel is None:
         return
     with contextlib.suppress(OSError):

@@ -33,6 +33,7 @@ import torch
 from commlayer.contract.backend import Backend
 from commlayer.core import health
 from commlayer.core.errors import PeerFailureError
+from commlayer.core.netif import apply_interface_environment
 from commlayer.core.processes import process_age
 from commlayer.core.work import Work
 from commlayer.ft.communicators import Communicator, Generation, build_generation, standalone_backend
@@ -122,6 +123,8 @@ class Manager:
         if store is None:
             assert self.environment is not None
             store = connect_store(self.environment, timedelta(seconds=options.store_timeout_s))
+            # Members reach each other on the interface that reaches the store, as init does.
+            apply_interface_environment(self.environment.store_host)
         self.store, self.member, self.options, self.sharded = store, member, options, sharded
         self.record = JobRecord(store, options.prefix)
         self._announce()

@@ -20,7 +20,6 @@ and restarts the whole job from its last checkpoint instead (``--max-restarts``)
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
@@ -30,7 +29,7 @@ from typing import Any
 from commlayer.core import settings
 from commlayer.launch.local import LaunchConfig, launch
 from commlayer.launch.report import final_report
-from commlayer.launch.slot_keeper import GAVE_UP
+from commlayer.launch.slot_keeper import GAVE_UP, keeper_command
 from commlayer.launch.supervise import LaunchResult, SuperviseOptions
 
 __all__ = [
@@ -40,7 +39,6 @@ __all__ = [
     "mpirun_fallback_line",
     "report_lines",
     "run_here",
-    "slot_program",
 ]
 
 DEFAULT_MAX_RESTARTS = 3
@@ -85,13 +83,6 @@ class HostedStore:
         return check
 
 
-def slot_program(program: tuple[str, ...], max_restarts: int, label: str | None = None) -> tuple[str, ...]:
-    """``program`` under a slot keeper that restarts it up to ``max_restarts`` times."""
-    named = ("--label", label) if label else ()
-    keeper = (sys.executable, "-m", "commlayer.launch.slot_keeper", "--max-restarts", str(max_restarts))
-    return (*keeper, *named, "--", *program)
-
-
 def run_here(
     command: tuple[str, ...],
     nproc: int,
@@ -104,7 +95,7 @@ def run_here(
     """``nproc`` members of a fault-tolerant job on this host, each under its slot keeper."""
     hosted = HostedStore(master_addr, master_port, nproc)
     config = LaunchConfig(
-        command=slot_program(command, max_restarts),
+        command=keeper_command(command, max_restarts),
         nproc_per_node=nproc,
         master_addr=master_addr,
         master_port=hosted.port,

@@ -9,10 +9,10 @@ the newest state from a peer (:mod:`commlayer.ft`)::
 
     commlayer run: rank 3 was killed by SIGKILL (exit code 137); restarting it in its slot in 0.5s (restart 1 of 3)
 
-The keeper exits 0 when the member finished, or when it arrived after the others finished
-(the member says so on the pipe ``$COMMLAYER_FT_CHANNEL``). It gives up, exiting with the
-member's status, when the restarts are spent or when the member says that restarting cannot help
-(no live member holds some shard of the state); its last line then reads::
+The keeper exits 0 when the member exits 0 (it finished, or it came back after the others
+finished). It gives up, exiting with the member's status, when the restarts are spent or when the
+member says on the pipe ``$COMMLAYER_FT_CHANNEL`` that restarting cannot help (no live member
+holds some shard of the state); its last line then reads::
 
     commlayer run: rank 3 gave up after 3 restarts in its slot: it was killed by SIGKILL (exit code 137)
 
@@ -34,11 +34,18 @@ from collections.abc import Sequence
 from commlayer.core import settings
 from commlayer.launch.supervise import child_setup, describe_exit, shell_code
 
-__all__ = ["GAVE_UP", "backoff_seconds", "main"]
+__all__ = ["GAVE_UP", "backoff_seconds", "keeper_command", "main"]
 
 GAVE_UP = "gave up after"  # in the keeper's last line when it stops restarting
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
+
+
+def keeper_command(program: Sequence[str], max_restarts: int, label: str | None = None) -> tuple[str, ...]:
+    """``program`` under a slot keeper that restarts it up to ``max_restarts`` times."""
+    named = ("--label", label) if label else ()
+    keeper = (sys.executable, "-m", "commlayer.launch.slot_keeper", "--max-restarts", str(max_restarts))
+    return (*keeper, *named, "--", *program)
 
 
 def backoff_seconds(restart: int) -> float:
@@ -61,9 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, words = _run_member(args.program, restart)
         if code == 0 or stopping.is_set():
             return shell_code(code)
-        if "late" in words:
-            _say(f"{label} started after the others finished; nothing is left for it to do")
-            return 0
         what = describe_exit(code)
         if "lost" in words or restart >= args.max_restarts:
             why = " (no live member holds some shard of the state)" if "lost" in words else ""

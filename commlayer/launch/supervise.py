@@ -67,6 +67,9 @@ class SuperviseOptions:
     # Hold each process's stderr from its first Python traceback on, for the caller to show
     # (ProcessOutcome.held and .exception); echoed output then stays one screen long.
     hold_tracebacks: bool = False
+    # (index, exit code) -> True for a failure that stops nothing (a lost host of a job whose
+    # members survive each other); the others run on and the process counts as ended.
+    tolerated: Callable[[int, int], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
@@ -205,7 +208,8 @@ def _watch(running: list[_Running], options: SuperviseOptions, received: list[in
         except queue.Empty:
             continue
         remaining -= 1
-        if code != 0 and not received and failure is None:
+        tolerated = options.tolerated is not None and options.tolerated(index, code)
+        if code != 0 and not received and failure is None and not tolerated:
             failure, settled = index, time.monotonic() + options.settle
     if failure is not None:
         return _Ending(first_failure=failure)
