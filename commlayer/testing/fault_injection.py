@@ -17,6 +17,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ import torch.distributed as torch_dist
 
 from commlayer.core.ports import free_port
 from commlayer.core.processes import pid_running
+from commlayer.launch.supervise import child_setup
 from commlayer.testing.ft_member import reference
 
 __all__ = ["FAULTS", "FaultPlan", "JobResult", "LaunchedJob", "random_plan", "run_job"]
@@ -51,7 +53,8 @@ class FaultPlan:
 @dataclass
 class JobResult:
     """What one job did (see the module docstring); ``ended_s`` is how long after the last fault
-    the launcher exited."""
+    the launcher exited, ``members_gone_s`` how long after the store host's death (``store-host``)
+    every member was gone."""
 
     completed: bool
     max_error: float
@@ -64,11 +67,14 @@ class JobResult:
     job: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     output: str = ""
+    members_gone_s: float | None = None
 
 
-def random_plan(rng: random.Random, members: int, steps: int, second: bool) -> FaultPlan:
-    """A random victim, step (early enough for a replacement to join) and fault."""
-    return FaultPlan(rng.randrange(members), rng.randrange(2, max(3, steps // 3)), rng.choice(FAULTS), second)
+def random_plan(
+    rng: random.Random, members: int, steps: int, second: bool, faults: tuple[str, ...] = FAULTS
+) -> FaultPlan:
+    """A random victim, step (early enough for a replacement to join) and fault of ``faults``."""
+    return FaultPlan(rng.randrange(members), rng.randrange(2, max(3, steps // 3)), rng.choice(faults), second)
 
 
 class LaunchedJob:
@@ -81,10 +87,15 @@ class LaunchedJob:
         self.workdir, self.port, self.log_dir = workdir, port, log_dir
         workdir.mkdir(parents=True, exist_ok=True)
         self.output = open(workdir / "launcher.log", "w")  # noqa: SIM115 - closed in wait()
-        self.process = subprocess.Popen(
-            command, stdout=self.output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        self.process = subprocess.Popen(  # its own group, and it dies with this process
+            command,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=child_setup(),  # noqa: PLW1509 - PR_SET_PDEATHSIG has no Popen equivalent
         )
         self.started = time.time()
+        self.members_gone_s: float | None = None
         self.store = self._connect()
 
     @classmethod
@@ -98,20 +109,18 @@ class LaunchedJob:
         return cls(workdir, command, env, port, log_dir)
 
     def _connect(self) -> torch_dist.Store:
-        deadline = time.monotonic() + 120
+        """A client of the launcher's store once it listens (polled quietly: torch logs each retry)."""
+        deadline = time.monotonic() + 180
         while True:
-            try:
-                return torch_dist.TCPStore(
-                    "127.0.0.1",
-                    self.port,
-                    is_master=False,
-                    timeout=timedelta(seconds=5),
-                    wait_for_workers=False,
-                )
-            except RuntimeError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise
-                time.sleep(0.2)
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"the launcher's store never listened on port {self.port}: {self.text()}")
+            time.sleep(0.05)
+        return torch_dist.TCPStore(
+            "127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
+        )
 
     def value(self, key: str) -> str | None:
         """A key of the launcher's store, or None (also once the launcher is gone)."""
@@ -206,7 +215,12 @@ def _inject(
         return None
     faulted = time.time()
     if plan.fault == "store-host":
+        members = [job.member_pid(member) for member in range(job_members(job))]
         os.kill(job.process.pid, signal.SIGKILL)
+        while any(pid is not None and pid_running(pid) for pid in members) and time.time() < faulted + 10:
+            time.sleep(0.005)
+        if not any(pid is not None and pid_running(pid) for pid in members):
+            job.members_gone_s = time.time() - faulted
         return faulted
     first = job.member_pid(plan.member)
     if plan.fault in _SIGNALS and first is not None:
@@ -267,5 +281,24 @@ def _collect(
         report.pop("params")
     seconds = time.time() - job.started
     return JobResult(
-        completed, max_error, seconds, hung, code, ended, members, contributions, record, errors, job.text()
+        completed,
+        max_error,
+        seconds,
+        hung,
+        code,
+        ended,
+        members,
+        contributions,
+        record,
+        errors,
+        job.text(),
+        job.members_gone_s,
     )
+
+
+def job_members(job: LaunchedJob) -> int:
+    """How many member slots have a heartbeat in the job's store."""
+    count = 0
+    while job.value(f"ft/hb/{count}") is not None:
+        count += 1
+    return count

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.core import settings
+from commlayer.core.processes import process_age
 from commlayer.ft import FaultToleranceOptions, FaultTolerantDataParallel, JobFinishedError, Manager
 
 __all__ = ["batch", "build_model", "main", "make_optimizer", "reference"]
@@ -85,6 +86,7 @@ def main() -> None:
     replica, shard = options.slot(member)
     cuda_context_s = _start_device(args.device, member, args.shards)
     model = build_model().to(_device(args.device, member, args.shards))
+    startup_s = process_age(os.getpid())  # interpreter, imports, CUDA context, model
     manager = Manager(options, sharded=args.stage > 0)
     engine = FaultTolerantDataParallel(model, make_optimizer, manager, stage=args.stage)
     started, status = None, "finished"  # timed from its first step: start-up varies with the load
@@ -99,7 +101,7 @@ def main() -> None:
         manager.finish()
     except JobFinishedError:
         status = "not joined"
-    timings = {"cuda_context_s": cuda_context_s, "generations": manager.timings}
+    timings = {"cuda_context_s": cuda_context_s, "startup_s": startup_s, "generations": manager.timings}
     out = Path(args.out) / f"m{member}r{restart}.json"
     _report(out, engine, manager, status, time.time() - (started or time.time()), timings)
     os._exit(0)
