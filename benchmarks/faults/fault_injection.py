@@ -188,7 +188,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--outcomes", action="store_true", help="also the restart-fails and store-host runs")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: a GPU per member")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--step-time", type=float, default=0.2, help="seconds of simulated compute per step")
     parser.add_argument("--hang-timeout", type=float, default=1.5)
     parser.add_argument("--baseline-runs", type=int, default=3)

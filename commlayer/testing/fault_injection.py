@@ -198,8 +198,10 @@ def run_job(
     deadline = job.started + deadline_s
     faulted = _inject(job, plan, shards, rng, deadline)
     code, hung = job.wait(deadline)
-    ended = None if faulted is None else time.time() - faulted
-    return _collect(job, code, hung, ended, steps, shards, reports)
+    failed_starts = [float(path.read_text()) for path in reports.glob("*.failed")]
+    last_fault = max([faulted, *failed_starts]) if faulted is not None else None
+    ended = None if last_fault is None else time.time() - last_fault
+    return _collect(job, code, hung, ended, steps, shards, replicas * shards, reports)
 
 
 def _inject(
@@ -253,24 +255,25 @@ def _collect(
     ended: float | None,
     steps: int,
     shards: int,
+    slots: int,
     reports: Path,
 ) -> JobResult:
     record_path = job.log_dir / "ft_job.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     contributions = {int(step): replicas for step, replicas in record.get("contributions", {}).items()}
     members = {path.stem: json.loads(path.read_text()) for path in sorted(reports.glob("m*r*.json"))}
-    latest = {}  # each slot's last start
-    for label, report in members.items():
-        member, restart = map(int, label[1:].split("r"))
-        if restart >= latest.get(member, (-1, ""))[0]:
-            latest[member] = (restart, label)
+    # Each slot's last start (the record counts restarts) must have trained every step.
+    restarts = {int(member): count for member, count in record.get("restarts", {}).items()}
+    latest = [f"m{member}r{restarts.get(member, 0)}" for member in range(slots)]
     finished = {
-        label: members[label] for _, label in latest.values() if members[label]["status"] == "finished"
+        label: members[label] for label in latest if members.get(label, {}).get("status") == "finished"
     }
     errors = [
-        f"m{m}: {members[label]['status']}" for m, (_, label) in latest.items() if label not in finished
+        f"{label}: {members.get(label, {}).get('status', 'no report')}"
+        for label in latest
+        if label not in finished
     ]
-    completed = code == 0 and not hung and len(contributions) == steps and len(finished) == len(latest) > 0
+    completed = code == 0 and not hung and len(contributions) == steps and len(finished) == slots
     max_error = float("inf")
     if len(contributions) == steps and finished:
         want = reference(steps, shards, contributions)

@@ -1,7 +1,8 @@
 """One member of a fault-tolerant training job on a tiny deterministic model (for tests and the
 fault-injection benchmark): ``commlayer run --ft -n 4 -m commlayer.testing.ft_member --out DIR ...``.
 Each start of a member writes ``DIR/m<member>r<restart>.json``: its status, steps, training time,
-the Manager's timings and its final parameters. A key ``hang/<member>`` in the store makes the
+the Manager's timings and its final parameters (a start that fails on purpose writes the time to
+``DIR/m<member>r<restart>.failed`` instead). A key ``hang/<member>`` in the store makes the
 member's first start hang after that step; ``--fail-restarts`` makes every replacement fail.
 
 Every member builds the same model; member ``(replica, shard)`` trains step ``t`` on a batch
@@ -77,6 +78,7 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck member waits
     restart = int(settings.FT_SLOT_RESTART.value() or 0)
     if args.fail_restarts and restart > 0:
+        (Path(args.out) / f"m{os.environ.get('RANK')}r{restart}.failed").write_text(str(time.time()))
         raise SystemExit(f"ft_member: a replacement that cannot start (restart {restart})")
     options = FaultToleranceOptions(
         replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
