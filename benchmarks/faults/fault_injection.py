@@ -8,7 +8,8 @@ member in its slot. Reported per run: whether every member finished every step (
 the largest deviation of the final parameters from a one-process replay that drops the same
 contributions, whether it hung, and the time lost per failure: the slowest never-killed member's
 training time (from its first step) minus the median of the fault-free runs measured in the same
-invocation, divided by the kills. `--outcomes` adds one run of each other failure kind and checks
+invocation, divided by the kills; and the same cost read from the survivors' own steps
+(:func:`recovery_seconds`), which the machine's load does not blur. `--outcomes` adds one run of each other failure kind and checks
 its defined outcome: a member whose restarts all fail (`restart-fails`: the launcher ends the job
 with a non-zero status within 5 s of the last failure) and the store host's death (`store-host`:
 the launcher killed; every member gone within 3 s).
@@ -43,6 +44,20 @@ def survivor_seconds(result: JobResult, victims: set[int]) -> float:
         if label.endswith("r0") and int(label[1:-2]) not in victims and report["status"] == "finished"
     ]
     return max(times) if times else float("nan")
+
+
+def recovery_seconds(report: dict) -> float | None:
+    """What the failures cost one member in its own steps: the extra duration, over the median
+    step of the same run, of each step at which it entered a new generation (the step retried
+    after a death, the step at which a replacement joined). Machine load shifts every step alike,
+    so this holds where a comparison with separate fault-free runs drowns in the load's noise."""
+    ends = dict(report["timings"].get("step_ends", []))
+    durations = {step: ends[step] - ends[step - 1] for step in ends if step - 1 in ends}
+    if not durations:
+        return None
+    typical = statistics.median(durations.values())
+    rebuilt = [entry["step"] + 1 for entry in report["timings"]["generations"][1:]]
+    return sum(durations[step] - typical for step in rebuilt if step in durations)
 
 
 def main() -> None:
@@ -84,6 +99,13 @@ def _run(workdir: Path, index: int, plan: FaultPlan, reference: float, common: d
     restarts = {int(member): count for member, count in result.job.get("restarts", {}).items()}
     victims = set(restarts) | ({plan.member} if plan.member is not None else set())
     kills = 2 if plan.second else 1
+    broken = {victim // 2 for victim in victims}  # replicas of 2 shards that lost a member
+    costs = [
+        recovery_seconds(report)
+        for label, report in result.members.items()
+        if label.endswith("r0") and int(label[1:-2]) // 2 not in broken and report["status"] == "finished"
+    ]
+    costs = [cost for cost in costs if cost is not None]
     record = {
         "run": index,
         "fault": plan.fault,
@@ -105,6 +127,7 @@ def _run(workdir: Path, index: int, plan: FaultPlan, reference: float, common: d
             if label.endswith("r0") and int(label[1:-2]) not in victims
         },
         "lost_per_failure_s": (survivor_seconds(result, victims) - reference) / kills,
+        "recovery_per_failure_s": max(costs) / kills if costs else None,
         "ended_after_fault_s": result.ended_s,
         "errors": result.errors,
     }
@@ -153,9 +176,11 @@ def _summary(args: argparse.Namespace, reference: float, records: list[dict]) ->
     hung = sum(1 for r in records if r["hung"])
     lost = [r["lost_per_failure_s"] for r in random_runs if r["completed"]]
     median = statistics.median(lost) if lost else float("nan")
+    recovery = [r["recovery_per_failure_s"] for r in random_runs if r["recovery_per_failure_s"] is not None]
     print(
         f"{right}/{len(random_runs)} finished with the right parameters, {hung} hung; median time lost per "
-        f"failure {median:.2f}s (one step {reference / (args.steps - 1):.3f}s)"
+        f"failure {median:.2f}s against fault-free runs, {statistics.median(recovery or [float('nan')]):.2f}s "
+        f"in the survivors' own steps (one step {reference / (args.steps - 1):.3f}s)"
     )
     rejoins = [rejoin for r in random_runs for rejoin in r["rejoined"].values()]
     started = [t for r in random_runs for t in r["replacements"].values()]

@@ -46,6 +46,7 @@ class Communicator:
     """One standalone communicator and the ops this member issued and finished on it."""
 
     key: str
+    members: tuple[int, ...]  # member slots, in rank order
     backend: Backend
     issued: int = 0
     completed: int = 0
@@ -121,7 +122,7 @@ def build_generation(
         spec = GroupSpec(
             f"{prefix}/{name}", tuple(range(len(members))), members.index(member), store, timeout
         )
-        return Communicator(key, backend_class.create_standalone(spec, _UNCHECKED))
+        return Communicator(key, tuple(members), backend_class.create_standalone(spec, _UNCHECKED))
 
     # A member that dies while the others build would hold them in a store read: bound it.
     store.set_timeout(timedelta(seconds=options.build_timeout_s))

@@ -51,6 +51,9 @@ log = logging.getLogger("commlayer.ft")
 
 _POLL_S = 0.0005
 _CHECK_EVERY_S = 0.01
+# A step lost elsewhere (a peer aborted it, a member of another communicator died) leaves an op
+# whose own members all live this long to finish, so its communicator stays in step and is kept.
+_OP_GRACE_S = 0.5
 _FENCE_CHECK_S = 0.1
 # A member its peers dropped as hung exits with this code (EX_TEMPFAIL): its launcher restarts it.
 FENCED_EXIT_CODE = 75
@@ -101,27 +104,10 @@ class Manager:
         member: int | None = None,
         sharded: bool = True,
     ) -> None:
-        options = options if options is not None else FaultToleranceOptions()
-        self.environment: JobEnvironment | None = None
-        if store is None:
-            self.environment = job_environment()
-            options = replace(
-                options.for_world(self.environment.world_size),
-                prefix=self.environment.prefix_of(options.prefix),
-            )
-            member = self.environment.member if member is None else member
-        if member is None or options.replicas is None:
-            raise ValueError(
-                "Manager: with a store given, arguments 'member' and 'options.replicas' expected, "
-                f"received member={member}, replicas={options.replicas}"
-            )
-        if not 0 <= member < options.members:
-            raise ValueError(
-                f"Manager: argument 'member' expected in [0, {options.members}), received {member}"
-            )
+        self.environment = None if store is not None else job_environment()
+        options, member = _layout(options or FaultToleranceOptions(), member, self.environment)
         standalone_backend(options.backend)  # before the first quorum: every generation needs it
-        if store is None:
-            assert self.environment is not None
+        if self.environment is not None:
             store = connect_store(self.environment, timedelta(seconds=options.store_timeout_s))
             # Members reach each other on the interface that reaches the store, as init does.
             apply_interface_environment(self.environment.store_host)
@@ -139,7 +125,8 @@ class Manager:
         self._started = time.monotonic() - (process_age(os.getpid()) or 0.0)
         self._spare: dict[str, Communicator] = {}  # idle communicators a next generation may keep
         self._outcome_key: str | None = None
-        self._blocked: Backend | None = None
+        self._blocked: Communicator | None = None  # the op this member waits in
+        self._lost_since: float | None = None  # when the waited op's step was found lost elsewhere
         self._starting = False  # inside a collective's start: a blocking backend waits there
         self._interrupted = False  # the watchdog stopped a blocked wait: keep no communicator
         self._last_check = 0.0
@@ -288,7 +275,7 @@ class Manager:
     def run(self, comm: Communicator, start: Callable[[Backend], Work]) -> None:
         """Start a collective, ``start(comm.backend)``, and wait for it; StepAbortedError when the
         step is lost (the communicator then counts an unfinished op and is not kept)."""
-        self._blocked = comm.backend
+        self._blocked, self._lost_since = comm, None
         self.heartbeat.waiting(True)
         comm.issued += 1
         try:
@@ -296,10 +283,15 @@ class Manager:
             work = start(comm.backend)
             self._starting = False
             while not work.is_completed():
-                self._check(force=False)
+                if time.monotonic() - self._last_check >= _CHECK_EVERY_S:
+                    self._last_check = time.monotonic()
+                    if (reason := self._op_verdict(comm)) is not None:
+                        raise StepAbortedError(f"member {self.member}: {reason}")
                 time.sleep(_POLL_S)
             work.wait()
             comm.completed += 1
+            if self._lost_since is not None:  # finished in step, but the step is lost elsewhere
+                raise StepAbortedError(f"member {self.member}: the step was lost while this op finished")
         except StepAbortedError:
             raise
         except RuntimeError as error:  # a peer's death surfaces as the library's error
@@ -353,16 +345,29 @@ class Manager:
         if not force and now - self._last_check < _CHECK_EVERY_S:
             return
         self._last_check = now
-        reason = self._abort_reason()
-        if reason is not None:
-            raise StepAbortedError(f"member {self.member}: {reason}")
+        found = self._abort_reason()
+        if found is not None:
+            raise StepAbortedError(f"member {self.member}: {found[0]}")
 
-    def _abort_reason(self) -> str | None:
+    def _op_verdict(self, comm: Communicator) -> str | None:
+        """Why to leave the op waited on ``comm`` now: a member of ``comm`` died, or the step was
+        lost elsewhere and the op has not finished within its grace."""
+        found = self._abort_reason(comm.members)
+        if found is None:
+            return None
+        reason, fatal = found
+        now = time.monotonic()
+        self._lost_since = self._lost_since or now
+        return reason if fatal or now - self._lost_since > _OP_GRACE_S else None
+
+    def _abort_reason(self, members: tuple[int, ...] | None = None) -> tuple[str, bool] | None:
+        """Why the current phase is lost, and whether that dooms an op over ``members`` (default:
+        every member of the generation), or None."""
         generation, key = self.generation, self._outcome_key
         if generation is None or key is None:
             return None
         if self.store.check([key]):  # decided: every member acts on the same outcome
-            return "a peer aborted the step" if self.store.get(key) == b"abort" else None
+            return ("a peer aborted the step", members is None) if self.store.get(key) == b"abort" else None
         incarnations = generation.decision.incarnations
         dead = self.liveness.dead(
             (m for m in generation.decision.members if m != self.member),
@@ -372,7 +377,7 @@ class Manager:
             if self.liveness.hung(member):  # alive but stuck: it leaves, and comes back restarted
                 self.record.fence(member, incarnations[member])
         if dead:
-            return f"members died: {dead}"
+            return f"members died: {dead}", members is None or any(member in members for member in dead)
         return None
 
     def _watch(self) -> None:
@@ -385,12 +390,12 @@ class Manager:
                     fence_checked = time.monotonic()
                     self._leave_if_fenced()
                 blocked = self._blocked
-                reason = None if blocked is None else self._abort_reason()
+                reason = None if blocked is None else self._op_verdict(blocked)
             except Exception:  # noqa: BLE001 - the store is gone: the job is ending
                 return
             if reason is not None and blocked is not None and self._blocked is blocked and self._starting:
                 self._interrupted = True
-                health.report(blocked.spec.ranks[0], reason)
+                health.report(blocked.backend.spec.ranks[0], reason)
 
     def _leave_if_fenced(self) -> None:
         if self.record.fenced(self.member) != self.heartbeat.incarnation:
@@ -445,6 +450,24 @@ class Manager:
             return False
         state.import_state(data.cpu().numpy().tobytes(), decision.step)
         return True
+
+
+def _layout(
+    options: FaultToleranceOptions, member: int | None, environment: JobEnvironment | None
+) -> tuple[FaultToleranceOptions, int]:
+    """The options with the launcher's replicas and key prefix, and this member's slot."""
+    if environment is not None:
+        world = options.for_world(environment.world_size)
+        options = replace(world, prefix=environment.prefix_of(options.prefix))
+        member = environment.member if member is None else member
+    if member is None or options.replicas is None:
+        raise ValueError(
+            "Manager: with a store given, arguments 'member' and 'options.replicas' expected, "
+            f"received member={member}, replicas={options.replicas}"
+        )
+    if not 0 <= member < options.members:
+        raise ValueError(f"Manager: argument 'member' expected in [0, {options.members}), received {member}")
+    return options, member
 
 
 def _abort(comm: Communicator) -> None:

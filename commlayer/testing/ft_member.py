@@ -92,10 +92,12 @@ def main() -> None:
     manager = Manager(options, sharded=args.stage > 0)
     engine = FaultTolerantDataParallel(model, make_optimizer, manager, stage=args.stage)
     started, status = None, "finished"  # timed from its first step: start-up varies with the load
+    ends: list[tuple[int, float]] = []  # (steps applied, when) after each step
     try:
         while engine.step < args.steps:
             engine.train_step(lambda module, step: loss_of(module, step, replica, shard))
             started = started or time.time()
+            ends.append((engine.step, time.time()))
             time.sleep(args.step_time)
             manager.store.set(f"progress/{member}", str(engine.step))
             if restart == 0:  # only the member first started in the slot is told to hang
@@ -103,7 +105,12 @@ def main() -> None:
         manager.finish()
     except JobFinishedError:
         status = "not joined"
-    timings = {"cuda_context_s": cuda_context_s, "startup_s": startup_s, "generations": manager.timings}
+    timings = {
+        "cuda_context_s": cuda_context_s,
+        "startup_s": startup_s,
+        "generations": manager.timings,
+        "step_ends": ends,
+    }
     out = Path(args.out) / f"m{member}r{restart}.json"
     _report(out, engine, manager, status, time.time() - (started or time.time()), timings)
     os._exit(0)
