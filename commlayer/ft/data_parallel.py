@@ -164,9 +164,12 @@ class FaultTolerantDataParallel:
             "master": self.master.detach(),
             "optimizer": self.optimizer.state_dict(),
         }
-        return checkpoint.write_shard(
+        self.manager.heartbeat.progress()  # writing is progress: peers must not take it for a hang
+        written = checkpoint.write_shard(
             directory, self._step, self.shard_index, self.shard_count, payload, keep
         )
+        self.manager.heartbeat.progress()
+        return written
 
     def load_checkpoint(self, directory: str | os.PathLike) -> int | None:
         """Resume from the newest complete checkpoint under ``directory``; returns its step, or

@@ -60,6 +60,11 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="commlayer-ft-heartbeat", daemon=True)
         self._thread.start()
 
+    @property
+    def last_progress(self) -> float:
+        """When the training loop last moved on or started waiting (time.time())."""
+        return self._progress
+
     def progress(self) -> None:
         """The training loop moved on (call it between phases of a step)."""
         self._progress = time.time()

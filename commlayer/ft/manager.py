@@ -398,7 +398,12 @@ class Manager:
                 health.report(blocked.backend.spec.ranks[0], reason)
 
     def _leave_if_fenced(self) -> None:
-        if self.record.fenced(self.member) != self.heartbeat.incarnation:
+        """Leave when the peers dropped this member as hung and it has not moved on for another
+        ``hang_timeout_s`` (a member that was only slow rejoins through the quorum instead)."""
+        fence = self.record.fenced(self.member)
+        if fence is None or fence[0] != self.heartbeat.incarnation:
+            return
+        if self.heartbeat.last_progress > fence[1] or time.time() - fence[1] < self.options.hang_timeout_s:
             return
         print(
             f"commlayer.ft: member {self.member}: its peers dropped it as hung (no progress for "

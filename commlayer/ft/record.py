@@ -8,12 +8,13 @@ Under the job's key prefix (:func:`commlayer.ft.environment.job_prefix`)::
     failed               why the job cannot go on (no live member holds some shard)
     restarts/<m>         how many times the launcher restarted member m in its slot
     rejoined/<m>         how member m's last replacement caught up (JSON: step, seconds per phase)
-    fenced/<m>           the incarnation of member m that its peers dropped as hung
+    fenced/<m>           the incarnation of member m that its peers dropped as hung, and when
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 __all__ = ["JobRecord"]
@@ -52,12 +53,16 @@ class JobRecord:
         self.store.set(self._key("rejoined", member), json.dumps(details))
 
     def fence(self, member: int, incarnation: str) -> None:
-        """Peers dropped ``incarnation`` of ``member`` as hung: it should leave."""
-        self.store.set(self._key("fenced", member), incarnation)
+        """Peers dropped ``incarnation`` of ``member`` as hung, now: unless it moves on, it leaves."""
+        self.store.set(self._key("fenced", member), json.dumps([incarnation, time.time()]))
 
-    def fenced(self, member: int) -> str | None:
-        """The incarnation of ``member`` its peers dropped as hung, if any."""
-        return self._get("fenced", member)
+    def fenced(self, member: int) -> tuple[str, float] | None:
+        """The incarnation of ``member`` its peers dropped as hung, and when, if any."""
+        found = self._get("fenced", member)
+        if found is None:
+            return None
+        incarnation, when = json.loads(found)
+        return incarnation, when
 
     @property
     def finished(self) -> bool:
