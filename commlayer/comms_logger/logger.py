@@ -22,7 +22,7 @@ from commlayer.core import settings
 from commlayer.core.metrics import OP_FAMILY, busbw_factor, format_size
 from commlayer.core.work import Work
 from commlayer.facade.calls import dispatch
-from commlayer.facade.calls.observers import observed
+from commlayer.facade.calls.dispatch import observed
 
 __all__ = [
     "ENV_ENABLE",

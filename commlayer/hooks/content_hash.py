@@ -21,8 +21,8 @@ import torch
 
 from commlayer import dist
 from commlayer.core.errors import CommError
-from commlayer.facade.calls.hooks import CollectiveCall, RemovableHandle, register_pre_hook
 from commlayer.facade.groups.group import ProcessGroup
+from commlayer.hooks.registry import CollectiveCall, RemovableHandle, register_pre_hook
 
 __all__ = ["ContentDivergenceError", "ContentHashHook", "Divergence", "content_hash", "digest"]
 

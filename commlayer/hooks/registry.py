@@ -1,14 +1,15 @@
 """Public pre- and post-hooks on every facade op, each handed a typed :class:`CollectiveCall`.
 
 Hooks are registered process-wide (:func:`register_pre_hook`, re-exported by
-:mod:`commlayer.hooks`) or on one group (``group.register_pre_hook(fn)``); each registration
+:mod:`commlayer.hooks`) or on one group (``group.register_pre_hook(fn)``, which this module
+gives every group); each registration
 returns a :class:`RemovableHandle`. A pre-hook runs before the op is launched and may raise to
 refuse it; a post-hook runs once the op has completed (a blocking op before the call returns, an
 async one when its Work is first seen complete by ``wait()`` or ``is_completed()``). Ops that a
 hook issues itself (a content-hash hook gathers hashes) run without hooks.
 
-How it stays free when unused: the hooks are one observer of :mod:`.dispatch` (the "hooks"
-slot), installed only while at least one hook is registered; registering or removing a hook
+How it stays free when unused: the hooks are one observer of
+:mod:`commlayer.facade.calls.dispatch` (the "hooks" slot), installed only while at least one hook is registered; registering or removing a hook
 drops every plan, so plans are built with the hook wrapper only while hooks exist, and only for
 groups that have hooks (a process-wide hook counts for every group).
 """
@@ -29,7 +30,7 @@ from torch.utils.hooks import RemovableHandle as _TorchHandle
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import dispatch
-from commlayer.facade.groups.group import ProcessGroup
+from commlayer.facade.groups.group import ProcessGroup, extend_groups
 
 __all__ = [
     "CollectiveCall",
@@ -277,3 +278,6 @@ def _scalars(op: str, fixed: tuple[Any, ...]) -> tuple[int | None, Any]:
 
 
 _OBSERVER = _HookObserver()
+# group.register_pre_hook(fn) and group.register_post_hook(fn), on every group.
+extend_groups("register_pre_hook", register_pre_hook)
+extend_groups("register_post_hook", register_post_hook)
