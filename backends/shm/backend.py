@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -54,6 +54,9 @@ class ShmBackend(Backend):
         native_reduce_scatter=True,
     )
     install_hint = INSTALL_HINT
+    # Builds the communicator of a group that spans hosts: .two_level registers its subclass's
+    # ``build`` here (the package imports it), as this module cannot import its own subclass.
+    build_multi_host: ClassVar[Callable[..., Backend] | None] = None
     builds_standalone = True
 
     def __init__(
@@ -332,8 +335,7 @@ def _build(spec: GroupSpec, companion: GlooBackend, options: ShmOptions) -> Back
     prefix = f"commlayer/shm/{spec.name}"
     hosts = exchange_hosts(spec, prefix, os.environ)
     if not hosts.single_host:
-        from commlayer.backends.shm.two_level import TwoLevelBackend  # a subclass of this module's class
-
-        return TwoLevelBackend.build(spec, companion, options, hosts, prefix)
+        assert ShmBackend.build_multi_host is not None, "commlayer.backends.shm registers it"
+        return ShmBackend.build_multi_host(spec, companion, options, hosts, prefix)
     comm = build_comm(spec, prefix, range(spec.size), hosts.pids, options)
     return ShmBackend(spec, companion, comm, options, hosts)
