@@ -10,6 +10,14 @@ Buffer layout, world of 2, all_gather of S = 16 bytes of float32 (count 4, chunk
     rank 0 input [1, 3]   rank 1 input [2, 4]   every output [1, 3, 2, 4]
 
 pingpong pairs ranks (0, 1), (2, 3), ...; an odd last rank sits out. Its time is half a round trip.
+
+Windows (``put``, ``get``): every rank registers a window of S bytes; rank ``r`` puts its values
+into rank ``(r + 1) % n``'s window (``put``), or reads rank ``(r + 1) % n``'s window into a local
+buffer (``get``). The time is one op's, complete at the target (every backend's put/get here
+returns remote-complete, the two-sided emulation's excepted, which completes at the next fence).
+Results are checked after a fence. The ``mpi4py`` reference runs the same pattern on a raw MPI
+window (``Win.Create``, ``Lock_all``, ``Put``/``Get`` + ``Flush``), see
+:class:`commlayer.bench.raw.RawMpiWindow`.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import torch
 
 from commlayer import dist
 from commlayer.core.work import Work
+from commlayer.windows import window
 
 __all__ = [
     "BENCH_OPS",
     "FACADE_OPS",
+    "WINDOW_OPS",
     "BenchCase",
     "CaseContext",
     "Layout",
@@ -36,6 +46,8 @@ __all__ = [
 ]
 
 BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "pingpong")
+#: The one-sided ops (``--op put``/``get``): see the window cases below.
+WINDOW_OPS = ("put", "get")
 
 #: The facade ops each bench op calls, to check a backend's capabilities before communicating.
 FACADE_OPS = {
@@ -321,6 +333,56 @@ class CopyCase(BenchCase):
         return self._mismatches(self.target, self.source)
 
 
+# --- one-sided windows: put and get of S bytes to the next rank -------------------------------
+def _open_window(context: CaseContext, tensor: torch.Tensor) -> Any:
+    """A window over ``tensor``: commlayer's, or the reference's own (collective)."""
+    if hasattr(context.api, "window"):
+        return context.api.window(tensor)
+    return window(tensor, group=context.group)
+
+
+class _WindowCase(BenchCase):
+    def __init__(self, context: CaseContext, shape: Layout) -> None:
+        super().__init__(context, shape)
+        self.local = self._empty(shape.count)
+        self.window = _open_window(context, self._empty(shape.count))
+        self.peer = (context.rank + 1) % context.world_size
+        self.source = (context.rank - 1) % context.world_size
+
+    def close(self) -> None:
+        self.window.free()
+
+
+class PutCase(_WindowCase):
+    def fill(self, iteration: int) -> None:
+        self.local.copy_(self._mine(0, self.layout.count, iteration))
+        self.window.tensor.zero_()
+        self.window.fence()
+
+    def launch(self, async_op: bool) -> Work | None:
+        return self.window.put(self.local, self.peer, 0, async_op=async_op)
+
+    def wrong(self, iteration: int) -> int:
+        self.window.fence()
+        expected = self._values_of(self.source, 0, self.layout.count, iteration)
+        return self._mismatches(self.window.tensor, expected)
+
+
+class GetCase(_WindowCase):
+    def fill(self, iteration: int) -> None:
+        self.window.tensor.copy_(self._mine(0, self.layout.count, iteration))
+        self.local.zero_()
+        self.window.fence()
+
+    def launch(self, async_op: bool) -> Work | None:
+        return self.window.get(self.local, self.peer, 0, async_op=async_op)
+
+    def wrong(self, iteration: int) -> int:
+        self.window.fence()
+        expected = self._values_of(self.peer, 0, self.layout.count, iteration)
+        return self._mismatches(self.local, expected)
+
+
 _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
     "all_reduce": AllReduceCase,
     "broadcast": BroadcastCase,
@@ -329,14 +391,12 @@ _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
     "all_to_all": ChunkedCase,
     "barrier": BarrierCase,
     "pingpong": PingPongCase,
+    "put": PutCase,
+    "get": GetCase,
 }
 
 
 def make_case(context: CaseContext, shape: Layout) -> BenchCase:
     if hasattr(context.api, "copy"):
         return CopyCase(context, shape)
-    if shape.op in ("put", "get"):
-        from commlayer.bench.window_cases import WINDOW_CASES  # built on this module's BenchCase
-
-        return WINDOW_CASES[shape.op](context, shape)
     return _CASES[shape.op](context, shape)
