@@ -24,7 +24,7 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.contract.backend import C_LAUNCHER_ENV, c_launchers_enabled
-from commlayer.core.flight_recorder import COMPLETED, STARTED, Recording
+from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import CompletedWork, TorchWork, Work, _raise_typed
 
@@ -32,6 +32,10 @@ try:
     from commlayer.backends import _torch_fast_paths as native
 except ImportError:  # a checkout laid out without building (the GPU scripts' site): Python launchers
     native = None
+else:  # the fast paths read tensors through the C reader, where one fits this torch
+    from commlayer.core.tensor_reader import tensor_meta_reader
+
+    native.set_tensor_meta(tensor_meta_reader())
 
 __all__ = [
     "C_LAUNCHER_ENV",
@@ -79,14 +83,9 @@ def _native_launcher(
 ) -> Launcher | None:
     """The C launcher of ``shape`` (0: ``method([t], options)``, 1: ``method(out, in, options)``
     on 1-D views, 2: ``method([t], peer, tag)``), or None where the Python one must serve."""
-    next_seq, ring, _, op, dtype, root, fail = recording
-    counter = getattr(next_seq, "__self__", None)  # itertools.count.__next__ -> the count
-    if not native_enabled() or not hasattr(counter, "__next__"):
+    if not native_enabled():
         return None
-    return native.Launcher(
-        shape, method, *options_pair, *peer_tag, payload, counter, ring, op, dtype, root,
-        STARTED, COMPLETED, fail, LaunchedWork,
-    )  # fmt: skip
+    return native.FastPath(shape, method, *options_pair, *peer_tag, payload, recording, LaunchedWork)
 
 
 def wrap(torch_work: Any, results: tuple[torch.Tensor, ...]) -> Work:
@@ -118,7 +117,7 @@ def _listed(
             return TorchWork(method([tensor], async_options), (tensor,))
         return method([tensor], sync_options)
 
-    return recording.launcher(0, start, one_tensor=True)
+    return recording.fast_path(0, start, one_tensor=True)
 
 
 def _paired(
@@ -141,7 +140,7 @@ def _paired(
             return TorchWork(method(flat_output, flat_input, async_options), (output,))
         return method(flat_output, flat_input, sync_options)
 
-    return recording.launcher(payload, start)
+    return recording.fast_path(payload, start)
 
 
 def _all_reduce(recording: Recording, process_group: Any, op: ReduceOp) -> Launcher:
@@ -179,7 +178,7 @@ def _point_to_point(recording: Recording, method: Callable[..., Any], peer: int,
         torch_work = method([tensor], peer, tag)
         return TorchWork(torch_work, (tensor,)) if async_op else torch_work
 
-    return recording.launcher(0, start, one_tensor=True)
+    return recording.fast_path(0, start, one_tensor=True)
 
 
 def _all_gather_into_tensor(recording: Recording, process_group: Any) -> Launcher:
@@ -215,7 +214,7 @@ def _all_to_all_single(recording: Recording, process_group: Any) -> Launcher:
             return TorchWork(torch_work, (output,))
         return method(output, tensor, output_splits or [], input_splits or [], sync_options)
 
-    return recording.launcher(1, start)
+    return recording.fast_path(1, start)
 
 
 _BUILDERS: dict[str, Callable[..., Launcher]] = {

@@ -67,7 +67,7 @@ def fused_launcher(
         return None
     start = starter(context, fixed, recording.dtype)
     one_tensor = op in _ONE_TENSOR
-    return None if start is None else recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor)
+    return None if start is None else recording.fast_path(PLANNED_PAYLOAD[op], start, one_tensor)
 
 
 def _verify(context: LaunchContext) -> Callable[..., None] | None:

@@ -51,7 +51,7 @@ def ordered_launcher(
     start = _starter(context, op, fixed, blocking, prepare)
     if check is not None and check.shared is not None:
         start = _publishing_early(context, op, check, key, call, prepare, start)
-    run = recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor=op in ("all_reduce", "broadcast"))
+    run = recording.fast_path(PLANNED_PAYLOAD[op], start, one_tensor=op in ("all_reduce", "broadcast"))
     native = native_launcher(context, op, fixed, recording, key, run)
     if native is None:
         return run

@@ -26,7 +26,7 @@ from typing import Any
 
 from commlayer.backends.mpi.fast_path_context import LaunchContext
 from commlayer.contract.backend import c_launchers_enabled
-from commlayer.core.flight_recorder import COMPLETED, STARTED, Recording
+from commlayer.core.flight_recorder import Recording
 from commlayer.core.work import Work
 
 try:
@@ -72,7 +72,7 @@ def native_launcher(
     if functions is None or handle_size is None:
         return None
     name, payload = _CALLS[op]
-    return _extension.launcher(
+    return _extension.fast_path(
         op=op,
         function=functions[name],
         handles=_handles(context, op, fixed, recording, handle_size),
@@ -86,7 +86,8 @@ def native_launcher(
         limit=context.limit,
         error_type=mpi.Exception,
         shared=None if check is None else _shared(context, op, fixed, key),
-        recording=(*recording, payload, STARTED, COMPLETED),
+        recording=recording,
+        payload=payload,
     )
 
 

@@ -32,7 +32,7 @@ from commlayer.backends.shm.segments import HostMap, build_comm, exchange_hosts
 from commlayer.contract.backend import Backend, StandaloneOptions
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
-from commlayer.core.flight_recorder import COMPLETED, STARTED, Recording, prefill
+from commlayer.core.flight_recorder import Recording, prefill
 from commlayer.core.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.core.work import CompletedWork, Work
 
@@ -141,24 +141,26 @@ class ShmBackend(Backend):
         The launcher reads each tensor's address, element count and dtype itself and runs the op,
         with no Python frame in between: at 8 bytes that is most of the backend's cost.
         """
-        return self._launcher(op, fixed, None)
+        return self._launcher(op, fixed)
 
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
         """:meth:`plan`'s launchers, entering every call in the flight recorder themselves."""
         payload, _ = _FUSED.get(op, (0, None))
-        launcher = self._launcher(op, fixed, (*recording, payload, STARTED, COMPLETED))
+        launcher = self._launcher(op, fixed, recording, payload)
         if launcher is not None:
             prefill(recording.ring)  # it rewrites entries in place: from the first call, no list per call
         return launcher
 
-    def _launcher(self, op: str, fixed: tuple[Any, ...], recording: tuple[Any, ...] | None) -> Any:
-        # An extension built before launchers existed (a tree not rebuilt yet) plans nothing.
-        if type(self) is not ShmBackend or op not in _FUSED or not hasattr(self._comm, "launcher"):
+    def _launcher(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording | None = None, payload: int = 0
+    ) -> Any:
+        # An extension built before fast paths existed (a tree not rebuilt yet) plans nothing.
+        if type(self) is not ShmBackend or op not in _FUSED or not hasattr(self._comm, "fast_path"):
             return None
         code = _FUSED[op][1](*fixed)
-        return self._comm.launcher(op, code, DTYPE_CODES, CompletedWork, recording)
+        return self._comm.fast_path(op, code, DTYPE_CODES, CompletedWork, recording, payload)
 
     def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
         """A window in shared memory (:mod:`.window`) on one x86-64 host; elsewhere the two-sided one."""

@@ -57,7 +57,7 @@ def _check_the_launcher_finds_the_loaded_library() -> None:
 
 def launcher_kind(run: Any) -> str:
     """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which launcher a plan runs."""
-    if getattr(run, "__name__", "") == "mpi_launcher":
+    if getattr(run, "__name__", "") == "mpi_fast_path":
         return "C"
     return "Python" if (run.__module__ or "").endswith("mpi.fast_paths") else "facade"
 

@@ -1,4 +1,4 @@
-"""Pure logic: the C plan lookups' inline cache (csrc/torch_fast_paths/in_place.c, issue 14).
+"""Pure logic: the C plan lookups' inline cache (csrc/facade_fast_paths/one_tensor.c, issue 14).
 
 ``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
 building and hashing the key, for as long as the plans dict is unchanged. Every change to the
@@ -24,12 +24,16 @@ import torch
 
 from commlayer.backends import torch_fast_paths as _torch_plans
 from commlayer.core import tensor_reader as _tensor_reader
+from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import ReduceOp
+from commlayer.facade.calls import plans as _plans
 
 from ._tensor_kinds import PassThroughMode, Traced
 
-native = _torch_plans.native
-pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
+native = _plans.native  # the facade's fast paths: the lookups and p2p entries
+pytestmark = pytest.mark.skipif(
+    native is None or _torch_plans.native is None, reason="the C fast path extensions are not built"
+)
 READERS = ["python attributes", "c tensor reader"]
 
 
@@ -40,9 +44,11 @@ def reader(request: pytest.FixtureRequest) -> Any:
     installed = _tensor_reader.tensor_meta_reader()
     if request.param == READERS[1] and installed is None:
         pytest.skip("no C tensor reader built for this torch")
-    native.set_tensor_meta(installed if request.param == READERS[1] else None)
+    for extension in (native, _torch_plans.native):
+        extension.set_tensor_meta(installed if request.param == READERS[1] else None)
     yield request.param
-    native.set_tensor_meta(installed)
+    for extension in (native, _torch_plans.native):
+        extension.set_tensor_meta(installed)
 
 
 class Group:
@@ -184,11 +190,13 @@ def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_document
 
 
 def _recording_all_reduce(ring: list, first_seq: int) -> Any:
-    """A C launcher of all_reduce over a no-op ProcessGroup method, entering its calls in ``ring``."""
-    return native.Launcher(
-        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(first_seq), ring,
-        "all_reduce", torch.float32, -1, "started", "completed", print, _torch_plans.LaunchedWork,
-    )  # fmt: skip
+    """A C fast path of all_reduce over a no-op ProcessGroup method, entering its calls in ``ring``."""
+    recording = Recording(
+        itertools.count(first_seq).__next__, ring, len(ring), "all_reduce", torch.float32, -1, print
+    )
+    return _torch_plans.native.FastPath(
+        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, recording, _torch_plans.LaunchedWork
+    )
 
 
 def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it() -> None:

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from commlayer.backends import torch_fast_paths as _torch_plans
+from commlayer.comms_logger.timer import native as _logger_native
 from commlayer.core.errors import CommError
-from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, describe_entry
+from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, Recording, describe_entry
 from commlayer.core.work import Work
+from commlayer.facade.calls import plans as _plans
 
 native = _torch_plans.native
 pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
@@ -51,11 +53,11 @@ def _fail(error: Exception) -> NoReturn:
 
 def _launcher(shape: int, method: Any, payload: int = 0, capacity: int = 4) -> tuple[Any, list]:
     ring: list = [None] * capacity
-    launcher = native.Launcher(
-        shape, method, "sync-options", "async-options", 1, 7, payload, itertools.count(1), ring,
-        "p2p:send" if shape == 2 else "all_reduce", torch.float32, -1, STARTED, COMPLETED, _fail,
-        _torch_plans.LaunchedWork,
-    )  # fmt: skip
+    op = "p2p:send" if shape == 2 else "all_reduce"
+    recording = Recording(itertools.count(1).__next__, ring, capacity, op, torch.float32, -1, _fail)
+    launcher = native.FastPath(
+        shape, method, "sync-options", "async-options", 1, 7, payload, recording, _torch_plans.LaunchedWork
+    )
     return launcher, ring
 
 
@@ -170,7 +172,7 @@ def test_planned_p2p_runs_only_a_plan_its_key_vouches_for() -> None:
             lambda async_op, t: seen.append((async_op, t)) or "work",
         )
     }
-    planned = native.PlannedP2P(plans, "send", True, no_plan)
+    planned = _plans.native.PlannedP2P(plans, "send", True, no_plan)
     assert planned(tensor, 1, None, 0, None) == "work" and seen == [(True, tensor)]
     refused = [
         (tensor, True, None, 0, None),  # True == 1 as a key, but not an int peer
@@ -197,7 +199,7 @@ class MutableOwner:
 
 def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, Any, list, list, MutableOwner]:
     """The timer, its log (capacity 4), what reached the observed run, what was drained, its owner."""
-    log = native.TimedLog(4)
+    log = _logger_native.TimedLog(4)
     observed: list = []
     drained: list = []
     owner = MutableOwner()
@@ -210,7 +212,7 @@ def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, Any, lis
         drained.append((max_events, log.fold()))
 
     label = ("all_reduce", "gloo", "world", 2, 0)
-    timer = native.Timed(run, observed_run, owner, label, log, drain, 99, drain_at, payload)
+    timer = _logger_native.Timed(run, observed_run, owner, label, log, drain, 99, drain_at, payload)
     return timer, log, observed, drained, owner
 
 
@@ -246,7 +248,7 @@ def test_the_c_log_folds_each_label_and_size_and_keeps_the_most_recent_calls() -
     log.clear()
     assert log.events() == [] and log.dropped() == 0 and log.unfolded == 0 and log.fold() == []
     with pytest.raises(ValueError, match="drain_at <= the log's capacity"):
-        native.Timed(print, print, MutableOwner(), (), log, print, 99, 5, 0)
+        _logger_native.Timed(print, print, MutableOwner(), (), log, print, 99, 5, 0)
 
 
 def test_the_c_timer_drains_when_full_and_enters_nothing_when_the_run_fails() -> None:

@@ -85,7 +85,7 @@ def test_the_torch_backend_plans_record_themselves(world: None) -> None:
     native = _torch_plans.native_enabled()
     for plan in dispatch.plans.values():
         if native and plan.call.op == "all_reduce":
-            assert isinstance(plan.run, _torch_plans.native.Launcher), plan.run
+            assert isinstance(plan.run, _torch_plans.native.FastPath), plan.run
         else:
             assert plan.run.__module__ == "commlayer.backends.torch_fast_paths", plan.run
 
@@ -118,7 +118,7 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
 def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     """Where the extension is not built, the Python lookups stand in for PlannedCollective and
     PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
-    from commlayer.facade.calls import lookups as planned_lookups
+    from commlayer.facade.calls import plans as planned_lookups
     from commlayer.facade.calls.plans import NO_PLAN, native
     from commlayer.facade.ops import p2p
 

@@ -6,9 +6,9 @@ only ever see contiguous tensors.
 
 Plans (the hot path, :mod:`.plans`): the ops that run thousands of times a second run a
 cached :class:`~.plans.Plan` after their first call of a kind. A plan is built here
-(:func:`new_plan`) around the backend's ``plan`` method (a fused launcher, e.g. a torch
+(:func:`new_plan`) around the backend's fast path (``recorded_plan`` or ``plan``, e.g. a torch
 ProcessGroup's bound method with prebuilt options) or, for backends without one, around the
-ordinary backend op (:mod:`.runners`).
+ordinary backend op (:func:`.plans.recorded_run`).
 
 Observers (the hook point): with an observer set (:func:`set_observer`: the comms logger in the
 "logger" slot, the public hooks of :mod:`commlayer.hooks` in the "hooks" slot), plans are rebuilt
@@ -39,8 +39,7 @@ from commlayer.core.flight_recorder import COMPLETED, COMPLETED_NS, STATE, track
 from commlayer.core.work import CompletedWork, Work
 from commlayer.facade.calls.failures import on_failure
 from commlayer.facade.calls.op_call import OpCall, device_type
-from commlayer.facade.calls.plans import Plan, forget_plans, plans
-from commlayer.facade.calls.runners import recorded_launcher
+from commlayer.facade.calls.plans import Plan, forget_plans, plans, recorded_run
 from commlayer.facade.calls.staging import copy_back_results, divide_results
 from commlayer.facade.groups.group import ProcessGroup, resolve_group
 
@@ -169,7 +168,7 @@ def new_plan(
     (of dtype ``dtype``); ``flat`` passes 1-D views to the backend op, which the contract
     promises for the tensor-in/tensor-out collectives.
     """
-    run = recorded_launcher(call, op, fixed, payload, flat, dtype)
+    run = recorded_run(call, op, fixed, payload, flat, dtype)
     if _profiling and not call.backend.records_profiler_events:
         run = profiling.profiled(op, call.group.group_name, run)
     observer = _observer

@@ -1,7 +1,7 @@
 """The hot in-place collectives (all_reduce, broadcast): validated once per kind of call, then
 run through a plan.
 
-Each op first asks its lookup (:mod:`commlayer.facade.calls.lookups`) for a plan under its key (what its
+Each op first asks its lookup (:mod:`commlayer.facade.calls.plans`) for a plan under its key (what its
 validation depended on, see :mod:`commlayer.facade.calls.plans`) and runs it; a miss goes to the op's
 ``_checked_`` twin, which validates in full and builds the plan. ``src`` is a global rank, as
 in torch. The output/input collectives live in :mod:`.into_tensor`.
@@ -19,9 +19,8 @@ from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
 from commlayer.facade.calls.dispatch import begin, remember
-from commlayer.facade.calls.lookups import planned_all_reduce, planned_broadcast
-from commlayer.facade.calls.plans import NO_PLAN
-from commlayer.facade.calls.staging import CopyBack, contiguous, run_staged
+from commlayer.facade.calls.plans import NO_PLAN, planned_all_reduce, planned_broadcast, run_staged
+from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
 
 __all__ = ["all_reduce", "broadcast"]

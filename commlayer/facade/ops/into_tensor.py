@@ -1,7 +1,7 @@
 """The hot output/input collectives (all_gather_into_tensor, reduce_scatter_tensor,
 all_to_all_single): validated once per kind of call, then run through a plan.
 
-Each op first asks its C lookup (:mod:`commlayer.facade.calls.lookups`), then looks its plan up under a key
+Each op first asks its C lookup (:mod:`commlayer.facade.calls.plans`), then looks its plan up under a key
 spelt out inline (what its validation depended on, see :mod:`commlayer.facade.calls.plans`) and runs it after the
 few per-call checks the key cannot hold (element counts, split sizes, contiguity); a miss goes
 to the op's ``_checked_`` twin, which validates in full and builds the plan.
@@ -20,9 +20,15 @@ from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
 from commlayer.facade.calls.dispatch import begin, remember
-from commlayer.facade.calls.lookups import planned_all_gather, planned_all_to_all, planned_reduce_scatter
-from commlayer.facade.calls.plans import NO_PLAN, plans
-from commlayer.facade.calls.staging import CopyBack, contiguous, run_staged
+from commlayer.facade.calls.plans import (
+    NO_PLAN,
+    planned_all_gather,
+    planned_all_to_all,
+    planned_reduce_scatter,
+    plans,
+    run_staged,
+)
+from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
 from commlayer.facade.ops.uneven import all_gather_into_tensor_v
 

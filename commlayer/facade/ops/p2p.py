@@ -21,8 +21,8 @@ from commlayer.facade.calls.complex_tensors import as_real, is_complex
 from commlayer.facade.calls.dispatch import begin, launch, remember
 from commlayer.facade.calls.failures import wait_translated
 from commlayer.facade.calls.op_call import OpCall
-from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned
-from commlayer.facade.calls.staging import contiguous, run_staged
+from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned, run_staged
+from commlayer.facade.calls.staging import contiguous
 from commlayer.facade.calls.timeouts import with_timeout
 from commlayer.facade.groups.group import resolve_group
 

@@ -1,4 +1,4 @@
-// The comms logger's per-plan timer, in C: commlayer.backends._torch_fast_paths.Timed.
+// The comms logger's per-plan timer, in C: commlayer.comms_logger._fast_paths.Timed.
 //
 // commlayer.comms_logger times a blocking op on CPU tensors with two clock reads around the plan
 // and one pending entry; in Python that wrapper was ~0.3 us per call on the project VM (a frame,
@@ -7,7 +7,7 @@
 // the logger's TimedLog (timed_log.c) with no Python object made. It lives in this extension
 // because it is commlayer's one module built on the Python C API alone; it runs any backend's
 // plan. The Python wrapper in comms_logger/_timer.py stays the reference and the fallback.
-#include "fast_paths.h"
+#include "logger_fast_paths.h"
 
 #include <time.h>
 
@@ -134,7 +134,7 @@ static void timed_dealloc(Timed *self) {
 }
 
 PyTypeObject TimedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.Timed",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.comms_logger._fast_paths.Timed",
     .tp_basicsize = sizeof(Timed),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Timed(run, observed, owner, label, log, drain, max_events, drain_at, payload)"

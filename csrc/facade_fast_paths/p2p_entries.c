@@ -1,5 +1,5 @@
 // The C entries of commlayer.dist's isend, irecv, send and recv (P2PEntry).
-#include "fast_paths.h"
+#include "facade_fast_paths.h"
 
 // P2PEntry(planned, checked, returns_peer): called as the Python function `checked` is,
 // (tensor, peer=None, group=None, tag=0, group_peer=None), it runs the call through its C plan
@@ -106,7 +106,7 @@ static PyGetSetDef entry_getset[] = {
 };
 
 PyTypeObject P2PEntryType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.P2PEntry",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.facade.calls._fast_paths.P2PEntry",
     .tp_basicsize = sizeof(P2PEntry),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "P2PEntry(planned, checked, returns_peer=False): checked's call, through planned first.",

@@ -1,6 +1,6 @@
-// The planned lookup of the two-tensor collectives of commlayer.backends._torch_fast_paths:
+// The planned lookup of the two-tensor collectives of commlayer.facade.calls._fast_paths:
 // PlannedPaired (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single).
-#include "fast_paths.h"
+#include "facade_fast_paths.h"
 
 // PlannedPaired(plans, kind, relation, no_plan): called as (output, input, group, async_op,
 // scalar, extra), it runs the plan of commlayer.facade.ops.in_place's key (kind, group, [scalar,]
@@ -18,7 +18,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *plans, *kind, *no_plan;
     int relation;
-    // The last call that ran a plan (an inline cache, as planned.c's; the plan borrowed while
+    // The last call that ran a plan (an inline cache, as one_tensor.c's; the plan borrowed while
     // plans' version tag is unchanged, the group held weakly).
     uint64_t version;
     PyObject *plan, *group, *scalar;
@@ -173,7 +173,7 @@ static void paired_dealloc(PlannedPaired *self) {
 }
 
 PyTypeObject PlannedPairedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.PlannedPaired",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.facade.calls._fast_paths.PlannedPaired",
     .tp_basicsize = sizeof(PlannedPaired),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "PlannedPaired(plans, kind, relation, no_plan)(output, input, group, async_op, scalar, extra): "

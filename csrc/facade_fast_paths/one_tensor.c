@@ -1,6 +1,6 @@
-// The planned lookups of commlayer.backends._torch_fast_paths: point-to-point (PlannedP2P) and the
+// The planned lookups of commlayer.facade.calls._fast_paths: point-to-point (PlannedP2P) and the
 // one-tensor collectives (PlannedCollective: all_reduce, broadcast).
-#include "fast_paths.h"
+#include "facade_fast_paths.h"
 
 // PlannedP2P(plans, kind, async_op, no_plan): called as (tensor, peer, group, tag, group_peer),
 // it runs the plan of commlayer.facade.ops.p2p's key (kind, group, peer, tag, dtype, device, layout)
@@ -331,7 +331,7 @@ static void planned_dealloc(PlannedP2P *self) {
 }
 
 PyTypeObject PlannedP2PType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.PlannedP2P",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.facade.calls._fast_paths.PlannedP2P",
     .tp_basicsize = sizeof(PlannedP2P),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "PlannedP2P(plans, kind, async_op, no_plan)(tensor, peer, group, tag, group_peer): a planned "
@@ -347,7 +347,7 @@ PyTypeObject PlannedP2PType = {
 
 
 PyTypeObject PlannedCollectiveType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.PlannedCollective",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.facade.calls._fast_paths.PlannedCollective",
     .tp_basicsize = sizeof(PlannedP2P),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "PlannedCollective(plans, kind, int_scalar, no_plan)(tensor, scalar, group, async_op, extra): a "
