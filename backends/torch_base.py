@@ -132,10 +132,10 @@ class TorchBackend(Backend):
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
-        """Fused launchers for the hot ops, each entering its calls in the flight recorder.
+        """Fast paths for the hot ops, each entering its calls in the flight recorder.
 
         ``plan`` stays the contract's default (None): without a recording (debug mode, where each
-        collective is verified across ranks first anyway) the facade's generic launcher serves.
+        collective is verified across ranks first anyway) the facade's generic fast path serves.
         """
         if op in self.generic_ops:
             return None

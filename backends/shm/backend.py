@@ -118,7 +118,7 @@ class ShmBackend(Backend):
 
     @contextmanager
     def call_timeout(self, seconds: float) -> Iterator[None]:
-        """Every wait of the ops launched in the context ends at ``seconds`` (run to completion:
+        """Every wait of the ops started in the context ends at ``seconds`` (run to completion:
         the op waits in the calling thread, so its deadline is the segment's)."""
         comm = self._comm
         if comm is None or not hasattr(comm, "timeout_s"):  # an extension built before it
@@ -136,24 +136,24 @@ class ShmBackend(Backend):
         return self._companion.torch_group
 
     def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
-        """Fused launchers: one C function per op, a Work only for async ops (see Backend.plan).
+        """Fast paths: one C function per op, a Work only for async ops (see Backend.plan).
 
-        The launcher reads each tensor's address, element count and dtype itself and runs the op,
+        The fast path reads each tensor's address, element count and dtype itself and runs the op,
         with no Python frame in between: at 8 bytes that is most of the backend's cost.
         """
-        return self._launcher(op, fixed)
+        return self._fast_path(op, fixed)
 
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
-        """:meth:`plan`'s launchers, entering every call in the flight recorder themselves."""
+        """:meth:`plan`'s fast paths, entering every call in the flight recorder themselves."""
         payload, _ = _FUSED.get(op, (0, None))
-        launcher = self._launcher(op, fixed, recording, payload)
-        if launcher is not None:
+        fast_path = self._fast_path(op, fixed, recording, payload)
+        if fast_path is not None:
             prefill(recording.ring)  # it rewrites entries in place: from the first call, no list per call
-        return launcher
+        return fast_path
 
-    def _launcher(
+    def _fast_path(
         self, op: str, fixed: tuple[Any, ...], recording: Recording | None = None, payload: int = 0
     ) -> Any:
         # An extension built before fast paths existed (a tree not rebuilt yet) plans nothing.
@@ -288,7 +288,7 @@ class ShmBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
 
-# Ops with a native launcher (csrc/shm/fast_paths.hpp): which tensor argument the flight recorder's
+# Ops with a native fast path (csrc/shm/fast_paths.hpp): which tensor argument the flight recorder's
 # entry describes (as the facade's plans record them), and what the fixed arguments become.
 _FUSED: dict[str, tuple[int, Callable[..., int]]] = {
     "all_reduce": (0, lambda op: OP_CODES[op]),

@@ -16,7 +16,7 @@ source benchmarks/gpu/site.sh
 source benchmarks/gpu/build.sh
 # gpu_site.sh lays commlayer out without building: compile the torch C launchers and the tensor
 # reader for this python3 and torch; without a compiler, the Python launchers run.
-build_c_launchers . "$SITE" 2>>"$OUT/machine.txt" | tee -a "$OUT/machine.txt" \
+build_c_fast_paths . "$SITE" 2>>"$OUT/machine.txt" | tee -a "$OUT/machine.txt" \
   || echo "=== no C launcher: the Python launchers run" | tee -a "$OUT/machine.txt"
 (cd /tmp && python3 -c 'from commlayer.backends import _tensor_reader as r, _torch_plans as p; print("C launchers:", p.native_enabled(), "C tensor reader:", r.tensor_meta_reader() is not None)') \
   | tee -a "$OUT/machine.txt"
@@ -28,14 +28,14 @@ timeout -k 5 "${PER_RUN:-330}" python3 benchmarks/overhead/torch_vs_commlayer.py
 if [ "${DIAG:-0}" = 1 ]; then  # async send/recv alone: unpinned, then with the Python launchers
   for variant in nopin python; do
     flags=(--pin); [ "$variant" = nopin ] && flags=()
-    COMMLAYER_C_LAUNCHER=$([ "$variant" = python ] && echo 0 || echo 1) timeout -k 5 120 python3 \
+    COMMLAYER_C_FAST_PATHS=$([ "$variant" = python ] && echo 0 || echo 1) timeout -k 5 120 python3 \
       benchmarks/overhead/torch_vs_commlayer.py --nproc "$NPROC" --backend nccl --ops send_recv --modes async \
       --min-bytes 8 --max-bytes 2M --factor 16 --rounds 41 --control "${flags[@]}" \
       2>&1 | tee "$OUT/diag_send_recv_${variant}_${NPROC}gpu.txt" || echo "=== diag $variant FAILED"
   done
 fi
 [ "${STANDIN:-1}" = 1 ] || exit 0
-for launcher in 1 0; do  # the C launchers, then the Python ones (COMMLAYER_C_LAUNCHER=0), same host
-  COMMLAYER_C_LAUNCHER=$launcher timeout -k 5 "${STANDIN_RUN:-60}" python3 benchmarks/overhead/torch_vs_commlayer.py \
+for launcher in 1 0; do  # the C launchers, then the Python ones (COMMLAYER_C_FAST_PATHS=0), same host
+  COMMLAYER_C_FAST_PATHS=$launcher timeout -k 5 "${STANDIN_RUN:-60}" python3 benchmarks/overhead/torch_vs_commlayer.py \
     --standin --rounds 9 2>&1 | tee "$OUT/standin_${NPROC}gpu_host_c$launcher.txt" || echo "=== stand-in FAILED"
 done

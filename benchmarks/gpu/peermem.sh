@@ -5,7 +5,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export COMMLAYER_PEERMEM_CACHE=/tmp/peermem_cache
 export SITE=/tmp/peermem_site
 source benchmarks/gpu/site.sh || exit 1
-source benchmarks/gpu/build.sh && build_c_launchers . "$SITE" || echo "=== C launchers not built"
+source benchmarks/gpu/build.sh && build_c_fast_paths . "$SITE" || echo "=== C fast paths not built"
 nvidia-smi topo -m | tee "$OUT/topology.txt"
 start=$(date +%s)
 (cd /tmp && python3 -c 'import torch; from commlayer.backends.peermem.kernel_library import load_library as l; m, n = torch.cuda.get_device_capability(); l(f"sm_{m}{n}")') || exit 1

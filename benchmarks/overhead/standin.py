@@ -212,7 +212,7 @@ def _lay_out(ref: str, site: Path) -> None:
     if _same_sources(ref, "csrc/ccl"):
         for built in (REPO / "backends" / "ccl").glob("_C*.so"):
             shutil.copy2(built, site / "commlayer" / "backends" / "ccl" / built.name)
-    _build_launchers(ref, site)
+    _build_fast_paths(ref, site)
     project = tomllib.loads((site / "pyproject.toml").read_text())["project"]
     info = site / "commlayer-0.0.0.dist-info"
     info.mkdir()
@@ -223,13 +223,14 @@ def _lay_out(ref: str, site: Path) -> None:
     (info / "entry_points.txt").write_text("\n".join(lines))
 
 
-def _build_launchers(ref: str, site: Path) -> None:
-    """Compile ``ref``'s torch C launchers, and its tensor reader where it has one, into ``site``
-    with benchmarks/gpu/build.sh, as the GPU scripts do. Without its own builds, REF's commlayer
-    would import the working tree's through the editable install's finder: its Python with this
-    tree's C, not REF."""
+def _build_fast_paths(ref: str, site: Path) -> None:
+    """Compile ``ref``'s C fast paths, and its tensor reader where it has one, into ``site`` with
+    benchmarks/gpu/build.sh, as the GPU scripts do (it knows each layout's folders). Without its
+    own builds, REF's commlayer would import the working tree's through the editable install's
+    finder: its Python with this tree's C, not REF."""
+    folders = ("csrc/torch_launcher/", "csrc/torch_fast_paths/", "csrc/facade_fast_paths/")
     listed = subprocess.run(
-        ["git", "-C", str(REPO), "ls-tree", "--name-only", ref, "csrc/torch_fast_paths/"],
+        ["git", "-C", str(REPO), "ls-tree", "--name-only", ref, *folders],
         capture_output=True,
         text=True,
         check=True,
@@ -241,7 +242,7 @@ def _build_launchers(ref: str, site: Path) -> None:
             ["git", "-C", str(REPO), "archive", ref, "csrc"], check=True, capture_output=True
         )
         subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-        build = 'source "$0" && build_c_launchers "$1" "$2"'
+        build = 'source "$0" && build_c_fast_paths "$1" "$2"'
         script = str(REPO / "benchmarks" / "gpu" / "build.sh")
         environment = {**os.environ, "PYTHON": sys.executable}
         subprocess.run(["bash", "-c", build, script, tree, str(site)], env=environment, check=True)

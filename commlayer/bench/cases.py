@@ -1,4 +1,4 @@
-"""One benchmarked op at one size: its buffers, its launch, and the exact check of its result.
+"""One benchmarked op at one size: its buffers, its run, and the exact check of its result.
 
 Every rank can compute every other rank's input, so a result is checked locally. Rank ``r``'s
 element ``i`` at iteration ``it`` holds ``1 + r + n * ((i + it) % M)``: distinct per rank, distinct
@@ -164,7 +164,7 @@ class CaseContext:
 
 
 class BenchCase:
-    """Buffers of one (op, size); ``fill(it)`` then ``launch(async_op)`` then ``wrong(it)``."""
+    """Buffers of one (op, size); ``fill(it)`` then ``run_op(async_op)`` then ``wrong(it)``."""
 
     def __init__(self, context: CaseContext, shape: Layout) -> None:
         self.context = context
@@ -189,7 +189,7 @@ class BenchCase:
     def fill(self, iteration: int) -> None:
         """Inputs get this iteration's values; outputs get 0, a value no correct result holds."""
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         raise NotImplementedError
 
     def wrong(self, iteration: int) -> int:
@@ -209,7 +209,7 @@ class AllReduceCase(BenchCase):
     def fill(self, iteration: int) -> None:
         self.buffer.copy_(self._mine(0, self.layout.count, iteration))
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.context.api.all_reduce(self.buffer, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
@@ -225,7 +225,7 @@ class BroadcastCase(AllReduceCase):
         else:
             self.buffer.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.context.api.broadcast(self.buffer, src=0, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
@@ -246,7 +246,7 @@ class ChunkedCase(BenchCase):
         self.input.copy_(self._mine(0, self.input.numel(), iteration))
         self.output.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         group, op = self.context.group, self.layout.op
         if op == "all_gather":
             return self.context.api.all_gather_into_tensor(
@@ -273,7 +273,7 @@ class ChunkedCase(BenchCase):
 
 
 class BarrierCase(BenchCase):
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.context.api.barrier(group=self.context.group, async_op=async_op)
 
 
@@ -293,7 +293,7 @@ class PingPongCase(BenchCase):
             self.outgoing.copy_(self._mine(0, self.layout.count, iteration))
         self.incoming.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         if not self.active:
             return None
         group = self.context.group
@@ -325,7 +325,7 @@ class CopyCase(BenchCase):
             self.source.copy_(self._mine(0, self.layout.count, iteration))
         self.target.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         self.context.api.copy(self.target, self.source)
         return None
 
@@ -359,7 +359,7 @@ class PutCase(_WindowCase):
         self.window.tensor.zero_()
         self.window.fence()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.window.put(self.local, self.peer, 0, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
@@ -374,7 +374,7 @@ class GetCase(_WindowCase):
         self.local.zero_()
         self.window.fence()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.window.get(self.local, self.peer, 0, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:

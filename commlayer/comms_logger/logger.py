@@ -105,7 +105,7 @@ class CommsLogger:
         )
 
     def _record(self, call: dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
-        if self.records.pending:  # keep events in launch order
+        if self.records.pending:  # keep events in the order the ops started
             self.records.drain(self.options.max_trace_events)
         size = call.group.size()
         event = TraceEvent(

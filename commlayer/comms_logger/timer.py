@@ -5,7 +5,7 @@ The timer is C where the extension is built (``csrc/logger_fast_paths/timed.c``)
 and its entries are records in a C ring (``TimedLog``) that the logger folds into one aggregate
 per (op, size) and turns into trace events only when a trace is asked for. This module's Python
 timer, which appends a tuple per call to the records' ``pending`` list, stays the reference and
-the fallback (``$COMMLAYER_C_LAUNCHER=0`` keeps it).
+the fallback (``$COMMLAYER_C_FAST_PATHS=0`` keeps it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from commlayer.contract.backend import c_launchers_enabled
+from commlayer.contract.fast_paths import c_fast_paths_enabled
 from commlayer.core.work import Work
 
 try:
@@ -59,7 +59,7 @@ def timed_plan(
     appended to ``records.pending``), ``records.drain(max_events)`` folding them in once
     ``DRAIN_AT`` are waiting; an async call, or any call while ``owner._muted_thread`` is set,
     goes to ``observed_run`` instead."""
-    if native is not None and c_launchers_enabled():
+    if native is not None and c_fast_paths_enabled():
         log = records.c_log(max(max_events, DRAIN_AT), native.TimedLog)
         return native.Timed(
             run, observed_run, owner, label, log, records.drain, max_events, DRAIN_AT, payload

@@ -312,7 +312,7 @@ def prefill(ring: list[list[Any] | None]) -> None:
 
 
 def mark_completed(entry: list[Any]) -> None:
-    """A synchronous op's entry, completed (``dispatch.launch`` takes these two steps inline)."""
+    """A synchronous op's entry, completed (``dispatch.run_op`` takes these two steps inline)."""
     entry[STATE] = COMPLETED
     entry[COMPLETED_NS] = _monotonic_ns()
 

@@ -1,6 +1,6 @@
 """Public hooks on every collective and p2p call of ``commlayer.dist``.
 
-Register a function that sees each call's typed arguments before it is launched (a pre-hook,
+Register a function that sees each call's typed arguments before it is started (a pre-hook,
 which may refuse it by raising) or once it has completed (a post-hook)::
 
     from commlayer import dist, hooks

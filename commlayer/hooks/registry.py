@@ -3,7 +3,7 @@
 Hooks are registered process-wide (:func:`register_pre_hook`, re-exported by
 :mod:`commlayer.hooks`) or on one group (``group.register_pre_hook(fn)``, which this module
 gives every group); each registration
-returns a :class:`RemovableHandle`. A pre-hook runs before the op is launched and may raise to
+returns a :class:`RemovableHandle`. A pre-hook runs before the op is started and may raise to
 refuse it; a post-hook runs once the op has completed (a blocking op before the call returns, an
 async one when its Work is first seen complete by ``wait()`` or ``is_completed()``). Ops that a
 hook issues itself (a content-hash hook gathers hashes) run without hooks.
@@ -103,7 +103,7 @@ _INPUT_AT = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1, "all_to_al
 
 
 def register_pre_hook(fn: PreHook, group: ProcessGroup | None = None) -> RemovableHandle:
-    """Call ``fn(call)`` before every op (of ``group``; None: of every group) is launched.
+    """Call ``fn(call)`` before every op (of ``group``; None: of every group) is started.
 
     Args:
         fn (Callable[[CollectiveCall], None]): the hook; an exception it raises refuses the op.

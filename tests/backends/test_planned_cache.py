@@ -7,7 +7,7 @@ must not keep a group alive, and a tensor changed in place (another dtype, strid
 looked up again. Each test runs with the tensor read through its Python attributes and through
 the C tensor reader (commlayer.core._tensor_meta). The two-tensor collectives' lookup
 (``PlannedPaired``) reads tensors through the C reader only. Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
-as the Python functions do and fall back to them, and the launcher's reuse of an evicted recorder
+as the Python functions do and fall back to them, and the fast_path's reuse of an evicted recorder
 entry that nobody else holds.
 """
 
@@ -195,33 +195,33 @@ def _recording_all_reduce(ring: list, first_seq: int) -> Any:
         itertools.count(first_seq).__next__, ring, len(ring), "all_reduce", torch.float32, -1, print
     )
     return _torch_plans.native.FastPath(
-        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, recording, _torch_plans.LaunchedWork
+        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, recording, _torch_plans.FastPathWork
     )
 
 
 def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it() -> None:
     ring: list = [None] * 2
-    launcher = _recording_all_reduce(ring, first_seq=1)
-    launcher(False, torch.ones(2))  # seq 1 -> slot 1
-    launcher(False, torch.ones(2))  # seq 2 -> slot 0
+    fast_path = _recording_all_reduce(ring, first_seq=1)
+    fast_path(False, torch.ones(2))  # seq 1 -> slot 1
+    fast_path(False, torch.ones(2))  # seq 2 -> slot 0
     kept = ring[1]  # a reader's snapshot of the entry for seq 1
-    launcher(False, torch.ones(3))  # seq 3 evicts seq 1: a new entry, the snapshot is untouched
+    fast_path(False, torch.ones(3))  # seq 3 evicts seq 1: a new entry, the snapshot is untouched
     assert kept[0] == 1 and kept[2] == torch.Size([2]) and ring[1] is not kept and ring[1][0] == 3
     unheld = id(ring[0])
-    launcher(False, torch.ones(4, 1))  # seq 4 evicts seq 2, which only the ring held: rewritten
+    fast_path(False, torch.ones(4, 1))  # seq 4 evicts seq 2, which only the ring held: rewritten
     assert id(ring[0]) == unheld and ring[0][:4] == [4, "all_reduce", torch.Size([4, 1]), torch.float32]
     assert ring[0][5] == "completed" and not gc.is_tracked(ring[0])
 
 
 def test_each_entry_holds_the_shape_its_tensor_had_when_called() -> None:
     ring: list = [None] * 8
-    launcher = _recording_all_reduce(ring, first_seq=0)
+    fast_path = _recording_all_reduce(ring, first_seq=0)
     tensor = torch.ones(2, 3)
-    launcher(False, tensor)
-    launcher(False, tensor)
+    fast_path(False, tensor)
+    fast_path(False, tensor)
     tensor.resize_(6)  # the same Python tensor, resized in place
-    launcher(False, tensor)
-    launcher(False, torch.ones(*range(1, 11)))  # more dimensions than the C reader takes
+    fast_path(False, tensor)
+    fast_path(False, torch.ones(*range(1, 11)))  # more dimensions than the C reader takes
     assert [tuple(entry[2]) for entry in ring[:4]] == [(2, 3), (2, 3), (6,), tuple(range(1, 11))]
 
 

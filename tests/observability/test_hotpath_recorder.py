@@ -30,7 +30,7 @@ def world(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
     """A world of one, once with the C launchers (where built) and once with the Python ones."""
     if request.param == "C" and not _torch_plans.native_enabled():
         pytest.skip("the C launcher extension is not built")
-    monkeypatch.setenv(_torch_plans.C_LAUNCHER_ENV, "1" if request.param == "C" else "0")
+    monkeypatch.setenv(_torch_plans.C_FAST_PATHS_ENV, "1" if request.param == "C" else "0")
     dist.init_process_group(
         "gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20)
     )

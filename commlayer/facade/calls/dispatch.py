@@ -1,4 +1,4 @@
-"""The path every facade op takes: resolve the group, pick the backend, stage, launch, wait.
+"""The path every facade op takes: resolve the group, pick the backend, stage, run, wait.
 
 Ops on a rank outside the group return None without communicating (torch's NON_GROUP_MEMBER
 behaviour). Strided tensors are staged through contiguous buffers (:mod:`.staging`), so backends
@@ -12,12 +12,12 @@ ordinary backend op (:func:`.plans.recorded_run`).
 
 Observers (the hook point): with an observer set (:func:`set_observer`: the comms logger in the
 "logger" slot, the public hooks of :mod:`commlayer.hooks` in the "hooks" slot), plans are rebuilt
-so that each launch goes through ``observer.observe(call, nbytes, start, **details)``; ops
-without plans go through :func:`launch`, which calls the same hook. Several observers nest, the
+so that each run goes through ``observer.observe(call, nbytes, start, **details)``; ops
+without plans go through :func:`run_op`, which calls the same hook. Several observers nest, the
 latest slot outermost. Without one, neither path pays anything for it.
 
 Profiler events (:mod:`commlayer.core.profiling`). While a torch profiler runs, plans are rebuilt so
-that each launch on a backend whose library records no events of its own is recorded as one
+that each run on a backend whose library records no events of its own is recorded as one
 event named like torch's; ops without plans test one module flag. With no profiler running,
 planned calls pay nothing for it and unplanned ones that flag.
 """
@@ -47,11 +47,11 @@ __all__ = [
     "NestedObservers",
     "Observer",
     "begin",
-    "launch",
     "new_plan",
     "observed",
     "payload_nbytes",
     "remember",
+    "run_op",
     "set_observer",
     "wrapped_plan",
 ]
@@ -63,11 +63,11 @@ _monotonic_ns = time.monotonic_ns
 class Observer(Protocol):
     """The hook every op passes through while set (the comms logger, the public hooks).
 
-    ``observe`` wraps ``start`` (which launches the op and returns its Work) and returns the Work
-    the caller gets; ``details`` are the call's arguments (see :func:`launch`:
+    ``observe`` wraps ``start`` (which starts the op and returns its Work) and returns the Work
+    the caller gets; ``details`` are the call's arguments (see :func:`run_op`:
     ``tensors``, ``inputs``, ``root``, ``reduce_op``, ``async_op``), for observers that want them.
     An observer may also define ``wrap_plan(call, run, payload, fixed)``, returning its own
-    ``run(async_op, *tensors)`` around a plan's launcher, built once per plan (``fixed``: the
+    ``run(async_op, *tensors)`` around a plan's fast path, built once per plan (``fixed``: the
     plan's scalar arguments): that is where a cheap per-call record belongs. Without it, plans
     go through :func:`observed`.
     """
@@ -76,7 +76,7 @@ class Observer(Protocol):
 
 
 class NestedObservers:
-    """Several observers as one: the first innermost, each wrapping the launch of the one before."""
+    """Several observers as one: the first innermost, each wrapping the start of the one before."""
 
     def __init__(self, chain: tuple[Observer, ...]) -> None:
         self.chain = chain
@@ -105,7 +105,7 @@ def wrapped_plan(
 def observed(
     observer: Observer, call: OpCall, run: Callable[..., Work | None], payload: int
 ) -> Callable[..., Work | None]:
-    """``run`` with every launch handed to ``observer.observe`` (a blocking run's None -> a done Work)."""
+    """``run`` with every start handed to ``observer.observe`` (a blocking run's None -> a done Work)."""
 
     def observed_run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
         start = lambda: run(async_op, *tensors) or CompletedWork()
@@ -146,7 +146,7 @@ profiling.listen(_profiler_toggled)
 
 
 def set_observer(observer: Observer | None, slot: str = "logger") -> None:
-    """Route every op's launch through ``observer`` in ``slot`` (None: empty the slot); drops every plan.
+    """Route every op's start through ``observer`` in ``slot`` (None: empty the slot); drops every plan.
 
     Slots let the comms logger ("logger") and the public hooks ("hooks") observe at once.
     """
@@ -232,7 +232,7 @@ def _new_call(op: str, group: ProcessGroup, device: torch.device | None) -> OpCa
     return OpCall(op, group, backend, None if device is None else device_type(device))
 
 
-def launch(
+def run_op(
     call: OpCall,
     start: Callable[[Backend, Mapping[str, bool]], Work],
     *,

@@ -1,6 +1,6 @@
 """Per-call ``timeout=``: every collective and p2p call of commlayer.dist takes one.
 
-The facade launches the op asynchronously and waits on its Work with that deadline
+The facade starts the op asynchronously and waits on its Work with that deadline
 (``Work.wait(timeout)``, which every backend's Work honours); expiry becomes a
 :class:`~commlayer.core.errors.CommTimeoutError` naming the op, the group and the rank, translated
 like any failed op (the group is aborted and the flight recorders dump). An async call returns a
@@ -132,7 +132,7 @@ _P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 
 @contextmanager
 def _bounded(op: str, group_arg: Any, seconds: float) -> Iterator[None]:
-    """The launch's own waits bounded by ``seconds``: the thread's call deadline (gloo's signature
+    """The start's own waits bounded by ``seconds``: the thread's call deadline (gloo's signature
     check) and each backend's ``call_timeout`` (shm, whose ops run to completion)."""
     group = resolve_group(op, group_arg)
     with ExitStack() as stack:
@@ -151,7 +151,7 @@ def with_timeout(
     try:
         with _bounded(op, group_arg, seconds):
             work = start(True)
-    except CommTimeoutError as error:  # a wait inside the launch ended; launch translated it
+    except CommTimeoutError as error:  # a wait inside the start ended; run_op translated it
         raise _expired(op, group_arg, seconds) from error
     if work is None:
         return None
@@ -165,13 +165,13 @@ def rerun_with_timeout(op: Callable[..., Work | None], arguments: dict[str, Any]
     """Run the collective ``op`` again under its call's ``timeout`` (see :func:`with_timeout`).
 
     ``arguments`` are the call's own, as ``locals()`` reads them on entry to ``op``; the rerun
-    launches async without the timeout, so it takes the op's ordinary path.
+    starts async without the timeout, so it takes the op's ordinary path.
     """
-    relaunch = {name: value for name, value in arguments.items() if name not in ("timeout", "async_op")}
+    rerun = {name: value for name, value in arguments.items() if name not in ("timeout", "async_op")}
     return with_timeout(
         op.__name__,
         arguments.get("group"),
         arguments["async_op"],
         arguments["timeout"],
-        lambda wait_async: op(**relaunch, async_op=wait_async),
+        lambda wait_async: op(**rerun, async_op=wait_async),
     )

@@ -96,7 +96,7 @@ class ProcessGroup:
         self.op_calls: dict[tuple[str, Any], Any] = {}
         # The torch ProcessGroup bridging this group, once torch_group built it (mpi, ccl, ...).
         self.bridge: Any = None
-        # The last collectives on this group (commlayer.core.flight_recorder), filled by launch.
+        # The last collectives on this group (commlayer.core.flight_recorder), filled as ops run.
         self.recorder = recorder or FlightRecorder(name, ranks, capacity_from_env())
         # This group's hooks (commlayer.facade.calls.hooks), by handle id.
         self.pre_hooks: OrderedDict[int, Any] = OrderedDict()

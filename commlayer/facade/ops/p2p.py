@@ -18,7 +18,7 @@ from commlayer.core.errors import UnsupportedError, invalid_argument
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import as_real, is_complex
-from commlayer.facade.calls.dispatch import begin, launch, remember
+from commlayer.facade.calls.dispatch import begin, remember, run_op
 from commlayer.facade.calls.failures import wait_translated
 from commlayer.facade.calls.op_call import OpCall
 from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned, run_staged
@@ -287,7 +287,7 @@ def _point_to_point(
         return NOT_MEMBER
     request, call = prepared.request, prepared.call
     if request.peer < 0:  # any source: the sender is known only once a message arrives
-        work = launch(
+        work = run_op(
             call, lambda b, hint: b.recv_any(request.tensor, tag, **hint), async_op=True, payload=tensor
         )
         return with_copy_back(work, prepared.copy_back)

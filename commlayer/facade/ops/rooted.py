@@ -16,7 +16,7 @@ from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
-from commlayer.facade.calls.dispatch import begin, launch
+from commlayer.facade.calls.dispatch import begin, run_op
 from commlayer.facade.calls.op_call import averaged, wire_op
 from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
@@ -77,7 +77,7 @@ def reduce(
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     wire = wire_op(call, reduce_op)
-    return launch(
+    return run_op(
         call,
         lambda b, mode: b.reduce(buffer, root, wire, **mode),
         async_op=async_op,
@@ -142,7 +142,7 @@ def gather(
     copy_back: CopyBack = []
     buffers = None if outputs is None else [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.gather(source, buffers, root, **hint),
         async_op=async_op,
@@ -207,7 +207,7 @@ def scatter(
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.scatter(buffer, sources, root, **hint),
         async_op=async_op,

@@ -19,7 +19,7 @@ from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
-from commlayer.facade.calls.dispatch import begin, launch
+from commlayer.facade.calls.dispatch import begin, run_op
 from commlayer.facade.calls.failures import wait_translated
 from commlayer.facade.calls.ignored_arguments import note_ignored
 from commlayer.facade.calls.op_call import averaged, wire_op
@@ -80,7 +80,7 @@ def all_gather(
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.all_gather(buffers, source, **hint),
         async_op=async_op,
@@ -144,7 +144,7 @@ def reduce_scatter(
     buffer = contiguous(output, copy_back)
     sources = [chunk.contiguous() for chunk in inputs]
     wire = wire_op(call, reduce_op)
-    return launch(
+    return run_op(
         call,
         lambda b, mode: b.reduce_scatter(buffer, sources, wire, **mode),
         async_op=async_op,
@@ -206,7 +206,7 @@ def all_to_all(
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     sources = [chunk.contiguous() for chunk in inputs]
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.all_to_all(buffers, sources, **hint),
         async_op=async_op,
@@ -254,7 +254,7 @@ def barrier(
         return None
     if device_ids is not None:
         note_ignored("barrier", "device_ids", device_ids)
-    work = launch(call, lambda b, hint: b.barrier(**hint), async_op=True)
+    work = run_op(call, lambda b, hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work
     wait_translated(work, "barrier", group)

@@ -28,7 +28,7 @@ from commlayer.core.errors import CollectiveMismatchError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
-from commlayer.facade.calls.dispatch import begin, launch
+from commlayer.facade.calls.dispatch import begin, run_op
 from commlayer.facade.calls.op_call import OpCall, averaged, wire_op
 from commlayer.facade.calls.staging import contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
@@ -93,7 +93,7 @@ def all_gather_v(
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.all_gather_v(buffers, source, **hint),
         async_op=async_op,
@@ -199,7 +199,7 @@ def reduce_scatter_v(
     buffer = contiguous(output, copy_back)
     sources = [chunk.contiguous() for chunk in inputs]
     wire = wire_op(call, reduce_op)
-    return launch(
+    return run_op(
         call,
         lambda b, mode: b.reduce_scatter_v(buffer, sources, wire, **mode),
         async_op=async_op,
