@@ -4,7 +4,7 @@ The facade starts the op asynchronously and waits on its Work with that deadline
 (``Work.wait(timeout)``, which every backend's Work honours); expiry becomes a
 :class:`~commlayer.core.errors.CommTimeoutError` naming the op, the group and the rank, translated
 like any failed op (the group is aborted and the flight recorders dump). An async call returns a
-:class:`DeadlineWork`, whose untimed ``wait()`` ends at the same deadline. The keyword is
+:class:`CallTimeoutWork`, whose untimed ``wait()`` ends at the same deadline. The keyword is
 torchcomms' (``timeout``: a timedelta or seconds); without it (None) nothing here runs.
 """
 
@@ -24,7 +24,7 @@ from commlayer.core.work import Work, to_seconds
 from commlayer.facade.calls.failures import raise_translated
 from commlayer.facade.groups.group import resolve_group
 
-__all__ = ["DeadlineWork", "checked_timeout", "rerun_with_timeout", "with_timeout"]
+__all__ = ["CallTimeoutWork", "checked_timeout", "rerun_with_timeout", "with_timeout"]
 
 
 def checked_timeout(op: str, timeout: Any, rank: int = -1) -> float:
@@ -49,7 +49,7 @@ def _rank() -> int:
     return -1 if world is None else world.rank
 
 
-class DeadlineWork(Work):
+class CallTimeoutWork(Work):
     """An async op's Work that carries its call's deadline: an untimed ``wait()`` ends there."""
 
     def __init__(self, work: Work, op: str, group_arg: Any, seconds: float) -> None:
@@ -146,7 +146,7 @@ def with_timeout(
     op: str, group_arg: Any, async_op: bool, timeout: Any, start: Callable[[bool], Work | None]
 ) -> Any:
     """Run ``start(True)`` (the op, async) and wait on its Work for ``timeout``; an async call
-    gets a :class:`DeadlineWork`. None on a rank outside the group, as the op itself returns."""
+    gets a :class:`CallTimeoutWork`. None on a rank outside the group, as the op itself returns."""
     seconds = checked_timeout(op, timeout, _rank())
     try:
         with _bounded(op, group_arg, seconds):
@@ -156,7 +156,7 @@ def with_timeout(
     if work is None:
         return None
     if async_op:
-        return DeadlineWork(work, op, group_arg, seconds)
+        return CallTimeoutWork(work, op, group_arg, seconds)
     _wait_by(work, op, group_arg, seconds, seconds)
     return None
 
