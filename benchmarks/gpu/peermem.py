@@ -25,6 +25,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
+from graph_timing import captured, timed
 from peermem_checks import STAGES, Checks, run_all
 
 from commlayer import dist
@@ -35,41 +36,13 @@ SIZES = [16, 256, 4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB
 AR_FORCED = ("one_shot", "one_shot_push", "two_shot", "push", "zero_copy")
 
 
-def timed(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch_dist.barrier()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
-def graphed(fn, calls: int, backend) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    backend.register_graph_buffers()
-    return graph
-
-
 def measure(fn, nbytes: int, backend) -> tuple[float, float]:
     iters = int(max(20, min(300, 4e8 / max(nbytes, 1))))
     for _ in range(5):
         fn()
     eager = min(timed(fn, iters) for _ in range(3))
     calls = int(max(5, min(50, 1e8 / max(nbytes, 1))))
-    graph = graphed(fn, calls, backend)
+    graph = captured(fn, calls, backend)
     replays = max(3, iters // calls)
     in_graph = min(timed(graph.replay, replays) for _ in range(3)) / calls
     del graph

@@ -11,6 +11,7 @@ and the fused all-reduce + residual + RMSNorm.
 from __future__ import annotations
 
 import torch
+from graph_timing import captured
 
 from commlayer import dist
 from commlayer.backends.peermem.reference import fixed_order_reduce, fused_reference, within_bound
@@ -231,15 +232,7 @@ def graphs(checks: Checks, backend, algorithm: str | None) -> None:
         dist.all_to_all_single(a2a_out, a2a_in)
         results["fused"] = all_reduce_residual_rms_norm(partial, residual, weight)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        body()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph = captured(body, warmup=1)
     for replay in range(4):
         if replay == 2:
             results["registered"] = backend.register_graph_buffers()

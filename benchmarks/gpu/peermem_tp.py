@@ -24,6 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
+from graph_timing import captured, timed
 
 from commlayer import dist
 from commlayer.parallel import TensorParallelBlock
@@ -45,34 +46,11 @@ def step_fn(blocks, final_norm: torch.Tensor, x: torch.Tensor, group):
     return step
 
 
-def timed(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch_dist.barrier()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
 def measure(step, backend) -> tuple[float, float]:
     for _ in range(3):
         step()
     eager = min(timed(step, 20) for _ in range(3))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    if backend is not None:
-        backend.register_graph_buffers()
+    graph = captured(step, 1, backend)
     graph.replay()
     in_graph = min(timed(graph.replay, 50) for _ in range(5))
     del graph

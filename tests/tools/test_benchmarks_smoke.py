@@ -94,6 +94,7 @@ GPU_ONLY = (
 
 # Modules the scripts import; they run nothing themselves and are compiled only.
 HELPERS = (
+    "gpu/graph_timing.py",
     "gpu/peermem_checks.py",
     "gpu/stream_profile.py",
     "gpu/timed_steps.py",
