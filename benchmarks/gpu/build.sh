@@ -20,7 +20,7 @@ build_c_fast_paths() {
   fi
   local pair
   for pair in $extensions; do
-    gcc -O2 -fPIC -shared -fvisibility=hidden -I"$include" "$tree/csrc/${pair%%:*}"/*.c \
+    gcc -O2 -fPIC -shared -fvisibility=hidden -I"$include" -I"$tree/csrc" "$tree/csrc/${pair%%:*}"/*.c \
       -o "$site/commlayer/${pair#*:}$suffix" || return 1
   done
   [ -f "$tree/csrc/tensor_meta/reader.cpp" ] || return 0
@@ -35,7 +35,7 @@ PY
   )
   for standard in c++20 c++17; do  # torch 2.13's headers want C++20; older ones build with 17
     # shellcheck disable=SC2086  # flags is a list of words
-    g++ -std=$standard -O2 -fPIC -shared -fvisibility=hidden -w -I"$include" $flags \
+    g++ -std=$standard -O2 -fPIC -shared -fvisibility=hidden -w -I"$include" -I"$tree/csrc" $flags \
       "$tree/csrc/tensor_meta/reader.cpp" -ltorch_python -ltorch_cpu -lc10 \
       -o "$site/commlayer/$reader$suffix" 2>/dev/null && return 0
   done
