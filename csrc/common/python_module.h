@@ -31,3 +31,22 @@ static inline PyObject *commlayer_set_tensor_meta(PyObject *reader, CommlayerTen
     *into = (CommlayerTensorMetaReader)function;
     Py_RETURN_NONE;
 }
+
+// A garbage-collected object's dealloc: untracked, its references cleared by PREFIX_clear, freed.
+#define COMMLAYER_GC_DEALLOC(PREFIX, STRUCT)          \
+    static void PREFIX##_dealloc(STRUCT *self) {      \
+        PyObject_GC_UnTrack(self);                    \
+        PREFIX##_clear(self);                         \
+        Py_TYPE(self)->tp_free((PyObject *)self);     \
+    }
+
+// The fields of a type whose instances are called like functions (vectorcall) and hold
+// references the collector traverses: made by tp_new, set up by INIT, and dealloc'd, traversed
+// and cleared by PREFIX_dealloc, PREFIX_traverse and PREFIX_clear. A type adds its other
+// fields after it: {COMMLAYER_VECTORCALL_TYPE(...), .tp_repr = ...}.
+#define COMMLAYER_VECTORCALL_TYPE(NAME, STRUCT, INIT, PREFIX, DOC)                                         \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = NAME, .tp_basicsize = sizeof(STRUCT),                         \
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL, .tp_doc = DOC,        \
+    .tp_new = PyType_GenericNew, .tp_init = (initproc)INIT, .tp_dealloc = (destructor)PREFIX##_dealloc,    \
+    .tp_traverse = (traverseproc)PREFIX##_traverse, .tp_clear = (inquiry)PREFIX##_clear,                   \
+    .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(STRUCT, vectorcall)

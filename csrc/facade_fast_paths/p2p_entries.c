@@ -1,6 +1,8 @@
 // The C entries of commlayer.dist's isend, irecv, send and recv (P2PEntry).
 #include "facade_fast_paths.h"
 
+#include "../common/python_module.h"
+
 // P2PEntry(planned, checked, returns_peer): called as the Python function `checked` is,
 // (tensor, peer=None, group=None, tag=0, group_peer=None), it runs the call through its C plan
 // lookup (planned, a PlannedP2P) and calls `checked` with the very same arguments when that
@@ -90,11 +92,7 @@ static int entry_clear(P2PEntry *self) {
     return 0;
 }
 
-static void entry_dealloc(P2PEntry *self) {
-    PyObject_GC_UnTrack(self);
-    entry_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(entry, P2PEntry)
 
 static PyObject *entry_repr(P2PEntry *self) {
     return PyUnicode_FromFormat("<commlayer C entry of %R>", self->checked);
@@ -106,17 +104,9 @@ static PyGetSetDef entry_getset[] = {
 };
 
 PyTypeObject P2PEntryType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.facade.calls._fast_paths.P2PEntry",
-    .tp_basicsize = sizeof(P2PEntry),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "P2PEntry(planned, checked, returns_peer=False): checked's call, through planned first.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)entry_init,
-    .tp_dealloc = (destructor)entry_dealloc,
-    .tp_traverse = (traverseproc)entry_traverse,
-    .tp_clear = (inquiry)entry_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(P2PEntry, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.facade.calls._fast_paths.P2PEntry", P2PEntry, entry_init, entry,
+        "P2PEntry(planned, checked, returns_peer=False): checked's call, through planned first."),
     .tp_repr = (reprfunc)entry_repr,
     .tp_getset = entry_getset,
     .tp_dictoffset = offsetof(P2PEntry, dict),

@@ -2,6 +2,8 @@
 // PlannedPaired (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single).
 #include "facade_fast_paths.h"
 
+#include "../common/python_module.h"
+
 // PlannedPaired(plans, kind, relation, no_plan): called as (output, input, group, async_op,
 // scalar, extra), it runs the plan of commlayer.facade.ops.in_place's key (kind, group, [scalar,]
 // output's dtype, device, layout, input's dtype, device, layout) when the tensor meta reader
@@ -166,23 +168,11 @@ static int paired_clear(PlannedPaired *self) {
     return 0;
 }
 
-static void paired_dealloc(PlannedPaired *self) {
-    PyObject_GC_UnTrack(self);
-    paired_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(paired, PlannedPaired)
 
 PyTypeObject PlannedPairedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.facade.calls._fast_paths.PlannedPaired",
-    .tp_basicsize = sizeof(PlannedPaired),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "PlannedPaired(plans, kind, relation, no_plan)(output, input, group, async_op, scalar, extra): "
-              "a planned two-tensor collective, or no_plan.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)paired_init,
-    .tp_dealloc = (destructor)paired_dealloc,
-    .tp_traverse = (traverseproc)paired_traverse,
-    .tp_clear = (inquiry)paired_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(PlannedPaired, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.facade.calls._fast_paths.PlannedPaired", PlannedPaired, paired_init, paired,
+        "PlannedPaired(plans, kind, relation, no_plan)(output, input, group, async_op, scalar, extra): "
+        "a planned two-tensor collective, or no_plan."),
 };

@@ -9,6 +9,8 @@
 // plan. The Python wrapper in comms_logger/_timer.py stays the reference and the fallback.
 #include "logger_fast_paths.h"
 
+#include "../common/python_module.h"
+
 #include <time.h>
 
 typedef struct {
@@ -127,25 +129,13 @@ static int timed_clear(Timed *self) {
     return 0;
 }
 
-static void timed_dealloc(Timed *self) {
-    PyObject_GC_UnTrack(self);
-    timed_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(timed, Timed)
 
 PyTypeObject TimedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.comms_logger._fast_paths.Timed",
-    .tp_basicsize = sizeof(Timed),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Timed(run, observed, owner, label, log, drain, max_events, drain_at, payload)"
-              "(async_op, *tensors): the comms logger's timer around a plan.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)timed_init,
-    .tp_dealloc = (destructor)timed_dealloc,
-    .tp_traverse = (traverseproc)timed_traverse,
-    .tp_clear = (inquiry)timed_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(Timed, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.comms_logger._fast_paths.Timed", Timed, timed_init, timed,
+        "Timed(run, observed, owner, label, log, drain, max_events, drain_at, payload)"
+        "(async_op, *tensors): the comms logger's timer around a plan."),
 };
 
 int timed_init_names(void) {

@@ -15,6 +15,8 @@
 // Python wrapper does.
 #include "fast_paths.h"
 
+#include "../common/python_module.h"
+
 #include "../common/recorder.h"
 
 enum Shape { LISTED = 0, PAIRED = 1, POINT_TO_POINT = 2 };
@@ -223,11 +225,7 @@ static int fast_path_clear(FastPath *self) {
     return 0;
 }
 
-static void fast_path_dealloc(FastPath *self) {
-    PyObject_GC_UnTrack(self);
-    fast_path_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(fast_path, FastPath)
 
 static PyObject *fast_path_repr(FastPath *self) {
     return PyUnicode_FromFormat("<commlayer C fast path of %R>", self->recording.op);
@@ -244,18 +242,10 @@ static PyGetSetDef fast_path_getset[] = {
 };
 
 PyTypeObject FastPathType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.FastPath",
-    .tp_basicsize = sizeof(FastPath),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "FastPath(shape, method, sync_options, async_options, peer, tag, payload, recording, work_type): "
-              "run(async_op, *tensors), recorded as the flight_recorder.Recording says.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)fast_path_init,
-    .tp_dealloc = (destructor)fast_path_dealloc,
-    .tp_traverse = (traverseproc)fast_path_traverse,
-    .tp_clear = (inquiry)fast_path_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(FastPath, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.backends._torch_fast_paths.FastPath", FastPath, fast_path_init, fast_path,
+        "FastPath(shape, method, sync_options, async_options, peer, tag, payload, recording, work_type): "
+        "run(async_op, *tensors), recorded as the flight_recorder.Recording says."),
     .tp_repr = (reprfunc)fast_path_repr,
     .tp_getset = fast_path_getset,
 };
