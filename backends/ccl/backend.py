@@ -36,6 +36,7 @@ from commlayer.backends.ccl.native import (
 from commlayer.backends.ccl.window import ChannelWindow, payload_channel
 from commlayer.backends.mismatch.signer import Signer, verify_enabled
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health, settings
 from commlayer.core.errors import CommError
@@ -142,9 +143,7 @@ class CclBackend(Backend):
         """``ip_port`` of the oneCCL KVS this communicator was built from (for diagnostics)."""
         return self._live().address
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
         """The fast path of a planned collective (see Backend.recorded_plan and fast_paths.py)."""
         methods = functools.partial(getattr, self)
         context = CclFastPathContext(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlayer.backends.ccl.native import CclWork, NativeTypes
-from commlayer.contract.fast_paths import FastPathContext
+from commlayer.contract.fast_paths import FastPath, FastPathContext
 from commlayer.core.flight_recorder import PLANNED_PAYLOAD, Recording
 from commlayer.core.work import Work
 
@@ -55,7 +55,7 @@ class CclFastPathContext(FastPathContext):
 
 def fast_path(
     context: CclFastPathContext, op: str, fixed: tuple[Any, ...], recording: Recording
-) -> Callable[..., Work | None] | None:
+) -> FastPath | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's fast path must do."""
     starter = _STARTERS.get(op)
     if starter is None or recording.dtype not in context.types.datatypes:

@@ -50,6 +50,7 @@ from commlayer.backends.mpi.runtime import (
 from commlayer.backends.mpi.shared_signatures import open_shared_signatures
 from commlayer.backends.mpi.signature import SignatureCheck, verified_call
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
 from commlayer.core.errors import BackendUnavailableError, UnsupportedError, invalid_argument
@@ -198,9 +199,7 @@ class MpiBackend(MpiCollectives, Backend):
         """The MPI library serving this communicator, e.g. ``Open MPI v5.0.11, ...``."""
         return library_version(self._mpi)
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
         """Ordered mode's fast path of a planned collective (see Backend.recorded_plan)."""
         if self._ordered is None:
             return None

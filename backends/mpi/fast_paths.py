@@ -24,6 +24,7 @@ import torch
 from commlayer.backends.mpi.fast_path_context import MpiFastPathContext
 from commlayer.backends.mpi.native_fast_paths import c_fast_path
 from commlayer.backends.mpi.ordered import OrderedWork
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core.flight_recorder import PLANNED_PAYLOAD, Recording, prefill
 from commlayer.core.work import Work
 
@@ -37,7 +38,7 @@ Prepared = tuple[tuple[Any, ...], list[torch.Tensor]]
 
 def ordered_fast_path(
     context: MpiFastPathContext, op: str, fixed: tuple[Any, ...], recording: Recording
-) -> Callable[..., Work | None] | None:
+) -> FastPath | None:
     """``run(async_op, *tensors)`` for ``op``, or None where the op method's fast path must do."""
     if op not in PLANNED_PAYLOAD:
         return None
@@ -84,7 +85,7 @@ def _starter(
     fixed: tuple[Any, ...],
     blocking: Callable[..., None],
     prepare: Callable[..., Prepared | None],
-) -> Callable[..., Work | None]:
+) -> FastPath:
     """``start(async_op, *tensors)`` (see Recording.fast_path): the op method's Work for CUDA
     tensors and uneven splits, an OrderedWork when async, else the blocking call in place."""
     method, executor, limit = context.op_method(op), context.executor, context.limit
@@ -109,8 +110,8 @@ def _publishing_early(
     key: int,
     call: Callable[..., Any],
     prepare: Callable[..., Prepared | None],
-    otherwise: Callable[..., Work | None],
-) -> Callable[..., Work | None]:
+    otherwise: FastPath,
+) -> FastPath:
     """``start`` whose synchronous in-place calls publish their signature before the executor and
     gather the peers' right before the MPI call (see SharedSignatures.publish): the check waits
     for the slowest rank, and this way that wait overlaps each rank's own Python. Asynchronous

@@ -21,13 +21,11 @@ import ctypes
 import functools
 import os
 import re
-from collections.abc import Callable
 from typing import Any
 
 from commlayer.backends.mpi.fast_path_context import MpiFastPathContext
-from commlayer.contract.fast_paths import c_fast_paths_enabled
+from commlayer.contract.fast_paths import FastPath, c_fast_paths_enabled
 from commlayer.core.flight_recorder import Recording
-from commlayer.core.work import Work
 
 try:
     from commlayer.backends.mpi import _fast_paths as _extension  # csrc/mpi/fast_paths.cpp
@@ -59,8 +57,8 @@ def c_fast_path(
     fixed: tuple[Any, ...],
     recording: Recording,
     key: int,
-    otherwise: Callable[..., Work | None],
-) -> Callable[..., Work | None] | None:
+    otherwise: FastPath,
+) -> FastPath | None:
     """The C ``run(async_op, *tensors)`` of ``op`` whose unusual calls go to ``otherwise``; None
     where it cannot be built (see the module docstring)."""
     check, mpi = context.check, context.mpi

@@ -30,6 +30,7 @@ from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
 from commlayer.backends.shm.options import ShmOptions
 from commlayer.backends.shm.segments import HostMap, build_comm, exchange_hosts
 from commlayer.contract.backend import Backend, StandaloneOptions
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
 from commlayer.core.flight_recorder import Recording, prefill
@@ -135,7 +136,7 @@ class ShmBackend(Backend):
     def torch_group(self) -> Any | None:
         return self._companion.torch_group
 
-    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
+    def plan(self, op: str, *fixed: Any) -> FastPath | None:
         """Fast paths: one C function per op, a Work only for async ops (see Backend.plan).
 
         The fast path reads each tensor's address, element count and dtype itself and runs the op,
@@ -143,9 +144,7 @@ class ShmBackend(Backend):
         """
         return self._fast_path(op, fixed)
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
         """:meth:`plan`'s fast paths, entering every call in the flight recorder themselves."""
         payload, _ = _FUSED.get(op, (0, None))
         fast_path = self._fast_path(op, fixed, recording, payload)

@@ -18,6 +18,7 @@ import torch
 from commlayer.comms_logger.records import TraceEvent, _Accumulator, _Records
 from commlayer.comms_logger.summary import chrome_trace, combine_ranks, format_summary
 from commlayer.comms_logger.timer import timed_plan
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core import settings
 from commlayer.core.metrics import OP_FAMILY, busbw_factor, format_size
 from commlayer.core.work import Work
@@ -88,10 +89,10 @@ class CommsLogger:
     def wrap_plan(
         self,
         call: dispatch.OpCall,
-        run: Callable[..., Work | None],
+        run: FastPath,
         payload: int,
         fixed: tuple[Any, ...] = (),
-    ) -> Callable[..., Work | None]:
+    ) -> FastPath:
         """The per-plan hook (see ``observers.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""
         if not self.options.wants(call.op):

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from commlayer.contract.fast_paths import c_fast_paths_enabled
+from commlayer.contract.fast_paths import FastPath, c_fast_paths_enabled
 from commlayer.core.work import Work
 
 try:
@@ -32,7 +32,7 @@ __all__ = ["DRAIN_AT", "Records", "timed_plan"]
 
 DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the records' lock
 
-Run = Callable[..., Work | None]
+Run = FastPath
 
 
 class Records(Protocol):

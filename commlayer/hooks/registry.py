@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle as _TorchHandle
 
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import dispatch
@@ -246,10 +247,10 @@ class _HookObserver:
     def wrap_plan(
         self,
         call: dispatch.OpCall,
-        run: Callable[..., Work | None],
+        run: FastPath,
         payload: int,
         fixed: tuple[Any, ...] = (),
-    ) -> Callable[..., Work | None]:
+    ) -> FastPath:
         pre, post = _hooks_of(call.group)
         if not (pre or post):
             return run  # registering a hook later drops this plan

@@ -50,13 +50,8 @@ class ReplicatedParams:
         overlap: bool,
         allgather_numel: int,
     ) -> None:
-        self.params, self.names, self.layout, self.master, self.reducer = (
-            list(params),
-            list(names),
-            layout,
-            master,
-            reducer,
-        )
+        self.params, self.names = list(params), list(names)
+        self.layout, self.master, self.reducer = layout, master, reducer
         self.gather_group, self.full_grads, self.overlap, self.allgather_numel = (
             gather_group,
             full_grads,

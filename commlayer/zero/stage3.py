@@ -87,13 +87,8 @@ class PartitionedParams:
         train_dtype: torch.dtype,
         prefetch_numel: int,
     ) -> None:
-        self.params, self.names, self.layout, self.master, self.reducer = (
-            list(params),
-            list(names),
-            layout,
-            master,
-            reducer,
-        )
+        self.params, self.names = list(params), list(names)
+        self.layout, self.master, self.reducer = layout, master, reducer
         self.gather_group, self.train_dtype, self.prefetch_numel = gather_group, train_dtype, prefetch_numel
         device = master.values.device
         self.units = [

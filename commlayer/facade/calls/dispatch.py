@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core import profiling
 from commlayer.core.errors import UnsupportedError, invalid_argument
 from commlayer.core.flight_recorder import COMPLETED, COMPLETED_NS, STATE, track
@@ -86,25 +87,21 @@ class NestedObservers:
             start = functools.partial(observer.observe, call, nbytes, start, **details)
         return start()
 
-    def wrap_plan(
-        self, call: OpCall, run: Callable[..., Work | None], payload: int, fixed: tuple[Any, ...] = ()
-    ) -> Callable[..., Work | None]:
+    def wrap_plan(self, call: OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...] = ()) -> FastPath:
         for observer in self.chain:
             run = wrapped_plan(observer, call, run, payload, fixed)
         return run
 
 
 def wrapped_plan(
-    observer: Observer, call: OpCall, run: Callable[..., Work | None], payload: int, fixed: tuple[Any, ...]
-) -> Callable[..., Work | None]:
+    observer: Observer, call: OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...]
+) -> FastPath:
     """``run`` as ``observer`` wants plans run: its own ``wrap_plan``, else :func:`observed`."""
     wrap = getattr(observer, "wrap_plan", None)
     return wrap(call, run, payload, fixed) if wrap is not None else observed(observer, call, run, payload)
 
 
-def observed(
-    observer: Observer, call: OpCall, run: Callable[..., Work | None], payload: int
-) -> Callable[..., Work | None]:
+def observed(observer: Observer, call: OpCall, run: FastPath, payload: int) -> FastPath:
     """``run`` with every start handed to ``observer.observe`` (a blocking run's None -> a done Work)."""
 
     def observed_run(async_op: bool, *tensors: torch.Tensor) -> Work | None:

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import torch
 
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.work import Work
 from commlayer.facade.calls.op_call import SUM, OpCall, emulates_avg
@@ -71,7 +72,7 @@ class Plan(NamedTuple):
     returns None. ``size`` is the group's size, for the per-call element-count checks.
     """
 
-    run: Callable[..., Work | None]
+    run: FastPath
     call: OpCall
     size: int
 
@@ -167,7 +168,7 @@ _REDUCING_PLANS = frozenset({"all_reduce", "reduce_scatter_tensor"})
 
 def recorded_run(
     call: OpCall, op: str, fixed: tuple[Any, ...], payload: int, flat: bool, dtype: torch.dtype | None
-) -> Callable[..., Work | None]:
+) -> FastPath:
     """A plan's run, entering each call in the group's flight recorder: the backend's own fast
     path (``recorded_plan``), else the facade's (:func:`fused_run`), each recording inline; the
     recording wrapper only around a backend ``plan`` and in debug mode."""
@@ -186,9 +187,7 @@ def recorded_run(
     return fused_run(backend, op, fixed, payload, flat, record)
 
 
-def op_run(
-    backend: Backend, op: str, fixed: tuple[Any, ...], flat: bool, divisor: int = 0
-) -> Callable[..., Work | None]:
+def op_run(backend: Backend, op: str, fixed: tuple[Any, ...], flat: bool, divisor: int = 0) -> FastPath:
     """``run(async_op, *tensors)`` around a backend op that has no fast path of its own.
 
     ``divisor`` > 0 divides the first tensor (the output) by it once the op completes: an AVG
@@ -213,7 +212,7 @@ def op_run(
 
 def fused_run(
     backend: Backend, op: str, fixed: tuple[Any, ...], payload: int, flat: bool, record: Recording
-) -> Callable[..., Work | None]:
+) -> FastPath:
     """``run(async_op, *tensors)`` around a backend op, entering each call in the flight recorder
     inline (``Recording``'s fast paths): what mpi, oneCCL and plugin backends' plans run."""
     method = getattr(backend, op)
