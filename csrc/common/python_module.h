@@ -50,3 +50,17 @@ static inline PyObject *commlayer_set_tensor_meta(PyObject *reader, CommlayerTen
     .tp_new = PyType_GenericNew, .tp_init = (initproc)INIT, .tp_dealloc = (destructor)PREFIX##_dealloc,    \
     .tp_traverse = (traverseproc)PREFIX##_traverse, .tp_clear = (inquiry)PREFIX##_clear,                   \
     .tp_call = PyVectorcall_Call, .tp_vectorcall_offset = offsetof(STRUCT, vectorcall)
+
+// A type's object fields listed once, as FIELDS(EACH) calling EACH(name) per field, give its
+// traverse and clear: PREFIX_traverse visits them, PREFIX_clear clears them (then returns 0).
+#define COMMLAYER_VISIT_FIELD(name) Py_VISIT(self->name);
+#define COMMLAYER_CLEAR_FIELD(name) Py_CLEAR(self->name);
+#define COMMLAYER_GC_FIELDS(PREFIX, STRUCT, FIELDS)                                 \
+    static int PREFIX##_traverse(STRUCT *self, visitproc visit, void *arg) {        \
+        FIELDS(COMMLAYER_VISIT_FIELD)                                               \
+        return 0;                                                                   \
+    }                                                                               \
+    static int PREFIX##_clear(STRUCT *self) {                                       \
+        FIELDS(COMMLAYER_CLEAR_FIELD)                                               \
+        return 0;                                                                   \
+    }

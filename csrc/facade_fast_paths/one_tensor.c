@@ -304,11 +304,10 @@ static int collective_init(PlannedP2P *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+#define PLANNED_OBJECTS(EACH) EACH(plans) EACH(kind) EACH(async_op) EACH(no_plan)
+
 static int planned_traverse(PlannedP2P *self, visitproc visit, void *arg) {
-    Py_VISIT(self->plans);
-    Py_VISIT(self->kind);
-    Py_VISIT(self->async_op);
-    Py_VISIT(self->no_plan);
+    PLANNED_OBJECTS(COMMLAYER_VISIT_FIELD)
     Py_VISIT(self->hit.group);
     for (int index = 0; index < HEAD_SCALARS; index++) Py_VISIT(self->hit.scalars[index]);
     Py_VISIT(self->hit.dtype);
@@ -318,10 +317,7 @@ static int planned_traverse(PlannedP2P *self, visitproc visit, void *arg) {
 }
 
 static int planned_clear(PlannedP2P *self) {
-    Py_CLEAR(self->plans);
-    Py_CLEAR(self->kind);
-    Py_CLEAR(self->async_op);
-    Py_CLEAR(self->no_plan);
+    PLANNED_OBJECTS(COMMLAYER_CLEAR_FIELD)
     forget_hit(&self->hit);
     return 0;
 }

@@ -78,19 +78,8 @@ static int entry_init(P2PEntry *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-static int entry_traverse(P2PEntry *self, visitproc visit, void *arg) {
-    Py_VISIT(self->planned);
-    Py_VISIT(self->checked);
-    Py_VISIT(self->dict);
-    return 0;
-}
-
-static int entry_clear(P2PEntry *self) {
-    Py_CLEAR(self->planned);
-    Py_CLEAR(self->checked);
-    Py_CLEAR(self->dict);
-    return 0;
-}
+#define ENTRY_OBJECTS(EACH) EACH(planned) EACH(checked) EACH(dict)
+COMMLAYER_GC_FIELDS(entry, P2PEntry, ENTRY_OBJECTS)
 
 COMMLAYER_GC_DEALLOC(entry, P2PEntry)
 

@@ -151,20 +151,18 @@ static int paired_init(PlannedPaired *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+#define PAIRED_OBJECTS(EACH) EACH(plans) EACH(kind) EACH(no_plan)
+
 static int paired_traverse(PlannedPaired *self, visitproc visit, void *arg) {
-    Py_VISIT(self->plans);
-    Py_VISIT(self->kind);
-    Py_VISIT(self->no_plan);
+    PAIRED_OBJECTS(COMMLAYER_VISIT_FIELD)
     Py_VISIT(self->group);
     Py_VISIT(self->scalar);
     return 0;
 }
 
 static int paired_clear(PlannedPaired *self) {
-    forget(self);
-    Py_CLEAR(self->plans);
-    Py_CLEAR(self->kind);
-    Py_CLEAR(self->no_plan);
+    forget(self);  // the cached call: group and scalar
+    PAIRED_OBJECTS(COMMLAYER_CLEAR_FIELD)
     return 0;
 }
 

@@ -107,27 +107,8 @@ static int timed_init(Timed *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-static int timed_traverse(Timed *self, visitproc visit, void *arg) {
-    Py_VISIT(self->run);
-    Py_VISIT(self->observed);
-    Py_VISIT(self->owner);
-    Py_VISIT(self->label);
-    Py_VISIT(self->log);
-    Py_VISIT(self->drain);
-    Py_VISIT(self->max_events);
-    return 0;
-}
-
-static int timed_clear(Timed *self) {
-    Py_CLEAR(self->run);
-    Py_CLEAR(self->observed);
-    Py_CLEAR(self->owner);
-    Py_CLEAR(self->label);
-    Py_CLEAR(self->log);
-    Py_CLEAR(self->drain);
-    Py_CLEAR(self->max_events);
-    return 0;
-}
+#define TIMED_OBJECTS(EACH) EACH(run) EACH(observed) EACH(owner) EACH(label) EACH(log) EACH(drain) EACH(max_events)
+COMMLAYER_GC_FIELDS(timed, Timed, TIMED_OBJECTS)
 
 COMMLAYER_GC_DEALLOC(timed, Timed)
 

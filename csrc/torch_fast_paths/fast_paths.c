@@ -202,25 +202,16 @@ static int fast_path_init(FastPath *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+#define FAST_PATH_OBJECTS(EACH) \
+    EACH(method) EACH(sync_options) EACH(async_options) EACH(peer) EACH(tag) EACH(work_type) EACH(last_shape)
+
 static int fast_path_traverse(FastPath *self, visitproc visit, void *arg) {
-    Py_VISIT(self->method);
-    Py_VISIT(self->sync_options);
-    Py_VISIT(self->async_options);
-    Py_VISIT(self->peer);
-    Py_VISIT(self->tag);
-    Py_VISIT(self->work_type);
-    Py_VISIT(self->last_shape);
+    FAST_PATH_OBJECTS(COMMLAYER_VISIT_FIELD)
     return commlayer_recording_traverse(&self->recording, visit, arg);
 }
 
 static int fast_path_clear(FastPath *self) {
-    Py_CLEAR(self->method);
-    Py_CLEAR(self->sync_options);
-    Py_CLEAR(self->async_options);
-    Py_CLEAR(self->peer);
-    Py_CLEAR(self->tag);
-    Py_CLEAR(self->work_type);
-    Py_CLEAR(self->last_shape);
+    FAST_PATH_OBJECTS(COMMLAYER_CLEAR_FIELD)
     commlayer_recording_clear(&self->recording);
     return 0;
 }

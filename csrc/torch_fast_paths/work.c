@@ -1,6 +1,8 @@
 // The C Work of commlayer.backends._torch_fast_paths: what an async fast path returns.
 #include "fast_paths.h"
 
+#include "../common/python_module.h"
+
 // Work(torch_work, result): what an async fast path returns, a virtual subclass of commlayer's Work
 // (registered by backends/torch_fast_paths.py). Building a Python Work and its instance dict, and a
 // Python frame for its wait, cost isend(...).wait() ~0.3 us on the GPU hosts' CPUs; this one is
@@ -102,19 +104,8 @@ static PyGetSetDef cwork_forwarded[] = {
 };
 #undef FORWARDED
 
-static int cwork_traverse(CWork *self, visitproc visit, void *arg) {
-    Py_VISIT(self->torch_work);
-    Py_VISIT(self->result);
-    Py_VISIT(self->full);
-    return 0;
-}
-
-static int cwork_clear(CWork *self) {
-    Py_CLEAR(self->torch_work);
-    Py_CLEAR(self->result);
-    Py_CLEAR(self->full);
-    return 0;
-}
+#define CWORK_OBJECTS(EACH) EACH(torch_work) EACH(result) EACH(full)
+COMMLAYER_GC_FIELDS(cwork, CWork, CWORK_OBJECTS)
 
 static void cwork_dealloc(CWork *self) {
     PyObject_GC_UnTrack(self);
