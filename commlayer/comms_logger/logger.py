@@ -87,11 +87,7 @@ class CommsLogger:
         return start().then(finished)
 
     def wrap_plan(
-        self,
-        call: dispatch.OpCall,
-        run: FastPath,
-        payload: int,
-        fixed: tuple[Any, ...] = (),
+        self, call: dispatch.OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...] = ()
     ) -> FastPath:
         """The per-plan hook (see ``observers.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""

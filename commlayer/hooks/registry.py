@@ -245,11 +245,7 @@ class _HookObserver:
         return _hooked(pre, post, record, start)
 
     def wrap_plan(
-        self,
-        call: dispatch.OpCall,
-        run: FastPath,
-        payload: int,
-        fixed: tuple[Any, ...] = (),
+        self, call: dispatch.OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...] = ()
     ) -> FastPath:
         pre, post = _hooks_of(call.group)
         if not (pre or post):

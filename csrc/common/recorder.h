@@ -34,26 +34,20 @@ typedef struct {
     PyObject *started, *completed;  // the entry states
 } CommlayerRecording;
 
+// The Recording's references: those the collector traverses, and the entry states besides.
+#define COMMLAYER_RECORDING_TRAVERSED(EACH) \
+    EACH(next_seq) EACH(sequence) EACH(ring) EACH(op) EACH(dtype) EACH(root) EACH(fail)
+#define COMMLAYER_RECORDING_CLEAR(name) Py_CLEAR(recording->name);
+#define COMMLAYER_RECORDING_VISIT(name) Py_VISIT(recording->name);
+
 static inline void commlayer_recording_clear(CommlayerRecording *recording) {
-    Py_CLEAR(recording->next_seq);
-    Py_CLEAR(recording->sequence);
-    Py_CLEAR(recording->ring);
-    Py_CLEAR(recording->op);
-    Py_CLEAR(recording->dtype);
-    Py_CLEAR(recording->root);
-    Py_CLEAR(recording->fail);
+    COMMLAYER_RECORDING_TRAVERSED(COMMLAYER_RECORDING_CLEAR)
     Py_CLEAR(recording->started);
     Py_CLEAR(recording->completed);
 }
 
 static inline int commlayer_recording_traverse(CommlayerRecording *recording, visitproc visit, void *arg) {
-    Py_VISIT(recording->next_seq);
-    Py_VISIT(recording->sequence);
-    Py_VISIT(recording->ring);
-    Py_VISIT(recording->op);
-    Py_VISIT(recording->dtype);
-    Py_VISIT(recording->root);
-    Py_VISIT(recording->fail);
+    COMMLAYER_RECORDING_TRAVERSED(COMMLAYER_RECORDING_VISIT)
     return 0;
 }
 
