@@ -51,7 +51,7 @@ def check_required_dtypes_and_ops() -> None:
 
 
 def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
-    """The planned ops run backends/ccl/fast_paths.py's fast_paths: exact results, sync and async, an
+    """The planned ops run backends/ccl/fast_paths.py's fast paths: exact results, sync and async, an
     uneven all-to-all through the op method, and each call in the flight recorder with its op,
     shape, dtype, root and state."""
     from commlayer.facade.calls import dispatch

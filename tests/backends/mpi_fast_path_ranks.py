@@ -1,4 +1,4 @@
-"""Rank-side checks of the mpi backend's C fast_path (csrc/mpi/fast_paths.cpp), run inside
+"""Rank-side checks of the mpi backend's C fast path (csrc/mpi/fast_paths.cpp), run inside
 tests/backends/mpi_ranks.py's world: the C fast_path and the Python one it stands in for must be
 interchangeable rank by rank, because they share the mismatch check's sequence and slots."""
 
@@ -19,7 +19,7 @@ from commlayer.facade.calls import dispatch
 
 
 def check_c_and_python_launchers_interoperate() -> None:
-    """Rank 0 plans with the Python fast_paths, every other rank with the C ones, on one group:
+    """Rank 0 plans with the Python fast paths, every other rank with the C ones, on one group:
     the five planned ops give exact results (sync, async, and a non-contiguous input staged by the
     facade), and a count mismatch raises CollectiveMismatchError on every rank with the data
     untouched, the group usable afterwards."""
@@ -46,7 +46,7 @@ def check_c_and_python_launchers_interoperate() -> None:
 
 
 def _check_the_launcher_finds_the_loaded_library() -> None:
-    """Every MPI function the fast_paths call, from the one library mpi4py loaded, and the handle
+    """Every MPI function the fast paths call, from the one library mpi4py loaded, and the handle
     ABI of that library: ints for MPICH's (Intel MPI), pointers for Open MPI's."""
     mpi = dist.group.WORLD.primary_backend._mpi
     functions = _native._library_functions()
@@ -56,7 +56,7 @@ def _check_the_launcher_finds_the_loaded_library() -> None:
 
 
 def fast_path_kind(run: Any) -> str:
-    """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which fast_path a plan runs."""
+    """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which fast path a plan runs."""
     if getattr(run, "__name__", "") == "mpi_fast_path":
         return "C"
     return "Python" if (run.__module__ or "").endswith("mpi.fast_paths") else "facade"

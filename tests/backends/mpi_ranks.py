@@ -2,8 +2,8 @@
 
 Run under mpirun by the harness::
 
-    run_world("tests.backends.mpi_ranks:main", 3, backend="mpi", fast_path="mpirun", args=["compat"])
-    run_world("tests.backends.mpi_ranks:gloo_through_mpi_discovery", 3, backend=None, fast_path="mpirun")
+    run_world("tests.backends.mpi_ranks:main", 3, backend="mpi", launcher="mpirun", args=["compat"])
+    run_world("tests.backends.mpi_ranks:gloo_through_mpi_discovery", 3, backend=None, launcher="mpirun")
 
 Every rank and element gets a distinct value (rank * 1000 + index) and every result is checked
 exactly. The subgroup used below, in a world of 3, is global ranks [2, 0] (sorted to (0, 2)), so
@@ -70,7 +70,7 @@ def main(*options: str) -> None:
 
 
 def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
-    """Ordered mode's planned ops run backends/mpi/fast_paths.py's fast_paths (the other modes the
+    """Ordered mode's planned ops run backends/mpi/fast_paths.py's fast paths (the other modes the
     facade's): exact results, sync and async, and each call in the flight recorder with its op,
     shape, dtype, root and completed state."""
     from commlayer.facade.calls import dispatch
@@ -90,7 +90,7 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     fast_paths = {fast_path_kind(plan.run) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"}
     backend = dist.group.WORLD.primary_backend
     ordered = backend.options.mode == "ordered"  # else the facade's fast_path
-    # One host, the extension built: the C fast_path (csrc/mpi) serves ordered mode's plain calls.
+    # One host, the extension built: the C fast path (csrc/mpi) serves ordered mode's plain calls.
     native = _native.native_enabled()
     one_host = backend._check is None or backend._check.shared is not None
     expected_kind = ("C" if native and one_host else "Python") if ordered else "facade"
@@ -412,12 +412,12 @@ def _distinct(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def mpi_backend_without_mpirun() -> None:
-    """Ranks from a non-MPI fast_path: each is a world of one to MPI, so init must refuse and explain."""
+    """Ranks from a non-MPI launcher: each is a world of one to MPI, so init must refuse and explain."""
     world = int(os.environ["WORLD_SIZE"])
     try:
         dist.init_process_group("mpi")
     except BackendUnavailableError as error:
-        assert f"needs its {world} ranks started by an MPI fast_path" in str(error), str(error)
+        assert f"needs its {world} ranks started by an MPI launcher" in str(error), str(error)
         assert f"mpirun -n {world} python your_script.py" in str(error), str(error)
         assert f"(rank {os.environ['RANK']})" in str(error), str(error)
     else:
