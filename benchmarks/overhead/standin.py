@@ -14,6 +14,7 @@ on the real library: the backend's own op (the floor) against the facade's, both
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import tomllib
 import torch
@@ -31,8 +33,7 @@ import torch.distributed as torch_dist
 from timed_ops import trio
 
 import commlayer
-from commlayer import dist
-from commlayer.core.types import Capabilities, ReduceOp
+from commlayer import Capabilities, ReduceOp, dist
 
 STANDIN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "send", "recv")
 REPO = Path(__file__).resolve().parents[2]
@@ -55,13 +56,21 @@ def per_call_us(calls: dict[str, object], iters: int, rounds: int) -> dict[str, 
     return {name: min(values) for name, values in samples.items()}
 
 
+def _in_layout(module: str, before_layers: str) -> ModuleType:
+    """``module`` of the commlayer this process imports, or its name in a commit from before the
+    layers were folders (``--before``): the working tree's editable install would otherwise
+    answer the new name with the new module, of another commlayer than the one being measured."""
+    layered = (Path(commlayer.__file__).parent / "core").is_dir()
+    return importlib.import_module(module if layered else before_layers)
+
+
 def measure(iters: int, rounds: int) -> list[dict]:
     """Rows of (op, mode, bare_us, raw_us, commlayer_us) for the commlayer this process imports."""
     import torch.testing._internal.distributed.fake_pg
 
-    from commlayer.backends.torch_base import TorchBackend
+    TorchBackend = _in_layout("commlayer.backends.torch_base", "commlayer.backends._torch").TorchBackend
 
-    class StandInBackend(TorchBackend):
+    class StandInBackend(TorchBackend):  # type: ignore[misc,valid-type]
         name = torch_backend = "fake"
         capabilities = Capabilities(devices=frozenset({"cpu"}))
 
@@ -92,8 +101,8 @@ def measure_library(backend: str, iters: int, rounds: int) -> list[dict]:
     backend's own op called directly (the floor) against the facade's, both waited. These
     backends have no torch wrapper to compare with: ``raw_us`` is NaN."""
     from commlayer import comms_logger
-    from commlayer.facade.groups.group import resolve_group
 
+    resolve_group = _in_layout("commlayer.facade.groups.group", "commlayer.facade.groups").resolve_group
     dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
     rows = []
     try:
