@@ -52,7 +52,7 @@ def main() -> None:
     args = parse()
     manager = ft.Manager(ft.FaultToleranceOptions(shards=2, backend=args.backend))
     replica, shard = manager.slot
-    model = build_model(getattr(torch, args.dtype)).to(device(args.backend))
+    model = build_model(getattr(torch, args.dtype)).to(device(args.backend, shards=2))
     engine = ft.FaultTolerantDataParallel(model, make_optimizer, manager, stage=2)
     resumed = engine.load_checkpoint(args.checkpoint_dir)
     if resumed is not None and manager.member == 0:
@@ -67,11 +67,14 @@ def main() -> None:
     print(f"member {manager.member}: trained to step {engine.step}")
 
 
-def device(backend: str) -> torch.device:
-    """One GPU per member on this host for NCCL (LOCAL_RANK), else the CPU."""
-    if backend != "nccl":
+def device(backend: str, shards: int) -> torch.device:
+    """One GPU per member on this host for nccl or peermem (LOCAL_RANK), else the CPU. With fewer
+    GPUs than members, (replica, shard) takes GPU (replica + shard) % GPUs: no communicator (a
+    replica's shards, a shard's replicas) then holds two members on one GPU."""
+    if backend not in ("nccl", "peermem"):
         return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    index = local if local < count else (local // shards + local % shards) % count
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -81,7 +84,7 @@ def parse() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--backend", default="gloo", help="gloo or shm on CPUs, nccl on GPUs")
+    parser.add_argument("--backend", default="gloo", help="gloo or shm on CPUs, nccl or peermem on GPUs")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument(
