@@ -7,9 +7,9 @@
 # peermem kernels, no network needed); about 3-4 minutes, never more than DEADLINE (230) seconds:
 #
 #   bash benchmarks/gpu/ft.sh                       # peermem (the default CUDA backend), then nccl
-#   BACKENDS=nccl RUNS=3 STEPS=60 bash benchmarks/gpu/ft.sh
+#   BACKENDS=nccl RUNS=3 STEPS=70 bash benchmarks/gpu/ft.sh
 #
-# Per backend: RUNS (3) runs with one kill each and one fault-free run, STEPS (60) steps of 0.2 s;
+# Per backend: RUNS (3) runs with one kill each and one fault-free run, STEPS (70) steps of 0.2 s;
 # each backend gets an equal share of what is left of DEADLINE (one with under 40 s is skipped, and
 # summary.txt says so).
 # With 4 GPUs each member has its own; with 2, members 0 and 3 share GPU 0 and members 1 and 2 GPU
@@ -45,7 +45,7 @@ export COMMLAYER_PEERMEM_CACHE=/tmp/peermem_cache SITE=/tmp/ft_site
 OUT=${OUT:-/tmp/ft_gpu}
 BACKENDS=${BACKENDS:-peermem nccl}
 RUNS=${RUNS:-3}
-STEPS=${STEPS:-60}
+STEPS=${STEPS:-70}
 deadline=$(($(date +%s) + ${DEADLINE:-230}))
 mkdir -p "$OUT"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
