@@ -34,7 +34,7 @@ from commlayer.core.processes import pid_running
 from commlayer.launch.supervise import child_setup
 from commlayer.testing.ft_member import reference
 
-__all__ = ["FAULTS", "FaultPlan", "JobResult", "LaunchedJob", "random_plan", "run_job"]
+__all__ = ["FAULTS", "FaultPlan", "JobResult", "RunningJob", "random_plan", "run_job"]
 
 FAULTS = ("sigkill", "sigterm", "hang")  # what random_plan draws; see FaultPlan for the others
 _SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "restart-fails": signal.SIGKILL}
@@ -77,7 +77,7 @@ def random_plan(
     return FaultPlan(rng.randrange(members), rng.randrange(2, max(3, steps // 3)), rng.choice(faults), second)
 
 
-class LaunchedJob:
+class RunningJob:
     """A launcher started as a subprocess on a job whose store listens on ``port``, and that store
     read from outside (:meth:`ft_run`: ``commlayer run --ft``)."""
 
@@ -101,7 +101,7 @@ class LaunchedJob:
     @classmethod
     def ft_run(
         cls, workdir: Path, launcher_args: list[str], program: list[str], env: dict[str, str]
-    ) -> LaunchedJob:
+    ) -> RunningJob:
         """``commlayer run --ft LAUNCHER_ARGS PROGRAM`` with its store on a free port."""
         port, log_dir = free_port(), workdir / "logs"
         command = [sys.executable, "-m", "commlayer", "run", "--ft", "--master-port", str(port)]
@@ -194,7 +194,7 @@ def run_job(
         ["--fail-restarts"] if plan.fault == "restart-fails" else []
     )
     launcher = ["-n", str(replicas * shards), "--max-restarts", str(max_restarts)]
-    job = LaunchedJob.ft_run(workdir, launcher, program, {**os.environ, "OMP_NUM_THREADS": "1"})
+    job = RunningJob.ft_run(workdir, launcher, program, {**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = job.started + deadline_s
     faulted = _inject(job, plan, shards, rng, deadline)
     code, hung = job.wait(deadline)
@@ -205,7 +205,7 @@ def run_job(
 
 
 def _inject(
-    job: LaunchedJob, plan: FaultPlan, shards: int, rng: random.Random, deadline: float
+    job: RunningJob, plan: FaultPlan, shards: int, rng: random.Random, deadline: float
 ) -> float | None:
     """Break the job as planned; when the last fault happened (None: no fault)."""
     if plan.member is None:
@@ -233,7 +233,7 @@ def _inject(
 
 
 def _second_kill(
-    job: LaunchedJob, plan: FaultPlan, shards: int, rng: random.Random, first: int | None, deadline: float
+    job: RunningJob, plan: FaultPlan, shards: int, rng: random.Random, first: int | None, deadline: float
 ) -> float:
     """SIGKILL the replacement (once it runs) or the victim's partner, while the replica recovers."""
     assert plan.member is not None
@@ -249,7 +249,7 @@ def _second_kill(
 
 
 def _collect(
-    job: LaunchedJob,
+    job: RunningJob,
     code: int | None,
     hung: bool,
     ended: float | None,
@@ -299,7 +299,7 @@ def _collect(
     )
 
 
-def job_members(job: LaunchedJob) -> int:
+def job_members(job: RunningJob) -> int:
     """How many member slots have a heartbeat in the job's store."""
     count = 0
     while job.value(f"ft/hb/{count}") is not None:

@@ -27,7 +27,7 @@ from commlayer.core.ports import free_port
 from commlayer.core.processes import pid_running
 from commlayer.ft.checkpoint import read_parameters
 from commlayer.testing import require_mpirun
-from commlayer.testing.fault_injection import FaultPlan, LaunchedJob, run_job
+from commlayer.testing.fault_injection import FaultPlan, RunningJob, run_job
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "fault_tolerant_training.py")
@@ -54,13 +54,13 @@ def _example_args(checkpoints: Path, backend: str = "gloo", steps: int = STEPS) 
     ]
 
 
-def _start(tmp_path: Path, program: list[str], *launcher: str) -> LaunchedJob:
-    return LaunchedJob.ft_run(
+def _start(tmp_path: Path, program: list[str], *launcher: str) -> RunningJob:
+    return RunningJob.ft_run(
         tmp_path, ["-n", "4", *launcher], program, {**os.environ, "OMP_NUM_THREADS": "1"}
     )
 
 
-def _committed(job: LaunchedJob) -> int:
+def _committed(job: RunningJob) -> int:
     return int(job.value("ft/committed") or -1)
 
 
@@ -189,7 +189,7 @@ def _fault_free(steps: int) -> dict[int, list[int]]:
     return {step: [0, 1] for step in range(steps)}
 
 
-def _whole_job_restart(job: LaunchedJob, tmp_path: Path, steps: int) -> str:
+def _whole_job_restart(job: RunningJob, tmp_path: Path, steps: int) -> str:
     """Kill member 1 after the first checkpoint; the job must start again from it and finish as if
     nothing happened (a death ends a start before any step drops a contribution)."""
     deadline = job.started + 200
@@ -212,7 +212,7 @@ def test_under_torchrun_a_death_restarts_the_whole_job_from_its_checkpoint(tmp_p
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--max-restarts", "1"]
     torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--monitor-interval", "0.1"]
     command = [*torchrun, EXAMPLE, *_example_args(tmp_path / "checkpoints", steps=30)]
-    job = LaunchedJob(tmp_path, command, {**os.environ, "OMP_NUM_THREADS": "1"}, port, tmp_path)
+    job = RunningJob(tmp_path, command, {**os.environ, "OMP_NUM_THREADS": "1"}, port, tmp_path)
     output = _whole_job_restart(job, tmp_path, 30)
     assert output.count("commlayer.ft: under torchrun a member's death restarts every member") == 2, output
 
@@ -228,7 +228,7 @@ def test_under_mpirun_ft_says_so_and_restarts_the_whole_job_from_its_checkpoint(
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     }
     launcher = ["--launcher", "mpirun", "-n", "4", "--max-restarts", "1"]
-    job = LaunchedJob.ft_run(
+    job = RunningJob.ft_run(
         tmp_path, launcher, [EXAMPLE, *_example_args(tmp_path / "checkpoints", steps=30)], env
     )
     output = _whole_job_restart(job, tmp_path, 30)
