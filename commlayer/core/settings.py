@@ -266,6 +266,14 @@ JOB_ID = Setting(
     "the job's id, naming its dump and log folders; `commlayer run` sets it (else the launcher's own id)",
     "observability",
 )
+KEEP_JOBS = Setting(
+    "COMMLAYER_KEEP_JOBS",
+    int,
+    10,
+    "job folders kept in the trace folder and in `commlayer run`'s log folder; older ones are removed "
+    "when a job writes its first file there (0 keeps all)",
+    "observability",
+)
 COMMS_LOGGER = Setting(
     "COMMLAYER_COMMS_LOGGER",
     bool,
