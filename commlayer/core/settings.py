@@ -351,6 +351,14 @@ BENCH_PROGRESS_EVERY = Setting(
     "seconds between `commlayer bench`'s progress lines when its output is not a terminal",
     "observability",
 )
+LINE_BUFFERED = Setting(
+    "COMMLAYER_LINE_BUFFERED",
+    bool,
+    False,
+    "set by `commlayer run` for ranks under mpirun: `import commlayer` makes stdout and stderr write "
+    "whole lines (mpirun labels each write)",
+    "internal",
+)
 BENCH_OPTIONS = Setting(
     "COMMLAYER_BENCH_OPTIONS", str, None, "`commlayer bench` options, as JSON, for its ranks", "internal"
 )
