@@ -5,7 +5,8 @@
 a host gives it that host's ranks (:mod:`.agent`), and the test harness gives it a single mpirun.
 Each process runs in its own process group so that a stop reaches the whole tree it spawned, and
 it is killed if the supervising thread dies (Linux PR_SET_PDEATHSIG), so nothing outlives a
-killed test run. A process whose spec sets ``stdin_signals`` (an ssh to a remote agent) gets
+killed test run. SIGINT and SIGTERM are forwarded to every process and stop the world; SIGUSR1
+is forwarded only (the ranks dump their flight recorders). A process whose spec sets ``stdin_signals`` (an ssh to a remote agent) gets
 forwarded signals as a line on its stdin instead, since a signal would only kill the ssh client.
 """
 
@@ -233,11 +234,14 @@ def _forwarded_signals(running: list[_Running], enabled: bool) -> Iterator[list[
         return
 
     def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
+        if signum != signal.SIGUSR1:  # SIGUSR1 asks the ranks for a flight-recorder dump, no stop
+            received.append(signum)
         for process in running:
             process.forward(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    }
     try:
         yield received
     finally:
