@@ -11,11 +11,8 @@ without importing torch; only the ranks pay for it.
 from __future__ import annotations
 
 import importlib
-import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
-
-from commlayer.core import settings as _settings
 
 try:
     __version__ = metadata.version("commlayer")  # pyproject.toml's, as installed
@@ -42,19 +39,6 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]  # noqa: PLE0604 - the lazy names are strings
-
-
-def _write_whole_lines() -> None:
-    """One write per line: mpirun labels each write of a rank, so a line written in pieces
-    (unbuffered output, a traceback) would be cut by labels."""
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(line_buffering=True, write_through=False)
-
-
-if _settings.LINE_BUFFERED.value():
-    _write_whole_lines()
 
 if TYPE_CHECKING:
     from commlayer import dist, mesh, parallel, zero

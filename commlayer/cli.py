@@ -322,7 +322,8 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
         print(f"commlayer run: the ranks need an MPI launcher: {problem}", file=sys.stderr)
         return 2
     command = (*plan.argv, sys.executable, *program, *args.script_args)
-    # Whole lines from every rank (mpirun labels each write): see commlayer/__init__.py.
+    # Whole lines from every rank (mpirun labels each write): stderr is line-buffered without
+    # PYTHONUNBUFFERED, stdout from init on (commlayer.facade.lifecycle.signal_handlers).
     env = {**plan.env, settings.LINE_BUFFERED.name: "1"}
     env.pop("PYTHONUNBUFFERED", None)
     job_id = environ.get(JOB_ID_ENV) or new_job_id()

@@ -355,8 +355,8 @@ LINE_BUFFERED = Setting(
     "COMMLAYER_LINE_BUFFERED",
     bool,
     False,
-    "set by `commlayer run` for ranks under mpirun: `import commlayer` makes stdout and stderr write "
-    "whole lines (mpirun labels each write)",
+    "set by `commlayer run` for ranks under mpirun: from init on, stdout and stderr write whole lines "
+    "(mpirun labels each write)",
     "internal",
 )
 BENCH_OPTIONS = Setting(

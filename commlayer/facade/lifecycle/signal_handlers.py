@@ -1,6 +1,7 @@
 """Process-wide hooks: SIGUSR1 dumps the rings (through the watchdog thread, also while the main
-thread is blocked in a collective), an uncaught communication error dumps them at exit, and a
-torch Work's failed wait raises a typed error."""
+thread is blocked in a collective), an uncaught communication error dumps them at exit, a
+torch Work's failed wait raises a typed error, and under ``commlayer run``'s mpirun the output is
+written in whole lines."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import threading
 from typing import Any
 
-from commlayer.core import watchdog
+from commlayer.core import settings, watchdog
 from commlayer.core.errors import CommError
 from commlayer.core.work import set_wait_error_hook
 from commlayer.facade.calls.failures import typed_wait_error
@@ -32,6 +33,17 @@ def install_handlers() -> None:
         watchdog.attach_signal_wakeup(_on_sigusr1)
     if not isinstance(sys.excepthook, _DumpingExceptHook):
         sys.excepthook = _DumpingExceptHook(sys.excepthook)
+    if settings.LINE_BUFFERED.value():
+        _write_whole_lines()
+
+
+def _write_whole_lines() -> None:
+    """One write per line: mpirun labels each write of a rank, so a line written in pieces (stdout
+    is block-buffered in a pipe; a traceback is printed piece by piece) would be cut by labels."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
 
 
 def _on_sigusr1(signum: int, frame: Any) -> None:
