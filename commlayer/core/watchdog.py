@@ -10,9 +10,9 @@ dumps instead, as torch's NCCL watchdog does (``TORCH_NCCL_DUMP_ON_TIMEOUT``):
   only tells the thread it ran (a signal the wakeup fd missed is dumped then, never twice);
 * **a collective's timeout**: an op still running past its group's timeout (looked for every
   :data:`POLL_S`), dumped once;
-* **a peer's death**: the first report to :mod:`commlayer.core.health`;
-* **requests** from any thread (:func:`request_dump`); a backend about to end the job dumps
-  at once, on its own thread (:func:`dump_now`).
+* **requests** from any thread (:func:`request_dump`): the facade asks on a peer's death, once
+  the rank has communicated; a backend about to end the job dumps at once, on its own thread
+  (:func:`dump_now`).
 
 The dump reads the rings as they are (lists, read under the GIL), never waiting on the blocked
 thread. The facade starts the thread at init (:func:`start`) with its dump and overdue checks.
@@ -27,8 +27,6 @@ import select
 import signal
 import threading
 from collections.abc import Callable
-
-from commlayer.core import health
 
 __all__ = ["POLL_S", "attach_signal_wakeup", "dump_now", "note_signal_handler_ran", "request_dump", "start"]
 
@@ -121,7 +119,6 @@ def start(dump: Dump, overdue: Overdue) -> None:
             return
         _watchdog = _Watchdog(dump, overdue)
         _watchdog.thread.start()
-    health.add_listener(_on_peer_failure)
 
 
 def attach_signal_wakeup(handler: object) -> bool:
@@ -159,10 +156,6 @@ def dump_now(reason: str) -> None:
     watchdog = _watchdog
     if watchdog is not None and watchdog.pid == os.getpid():
         watchdog._dump(reason)
-
-
-def _on_peer_failure(failure: health.PeerFailure) -> None:
-    request_dump(f"peer rank {failure.rank} failed: {failure.reason}")
 
 
 def _forget_in_child() -> None:

@@ -63,7 +63,7 @@ def analyze(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
     missing = sorted(set(range(world_size)) - set(dumps))
     lines = [f"dumps from {describe_ranks(sorted(dumps))} of a world of {world_size}"]
     if missing:
-        lines.append(f"no dump from {describe_ranks(missing)} (dead, hung in native code, or never asked)")
+        lines.append(f"no dump from {describe_ranks(missing)} (dead, hung with the GIL held, or never asked)")
     reasons = {rank: dump.get("reason", "") for rank, dump in sorted(dumps.items())}
     lines += [f"rank {rank} dumped because: {reason}" for rank, reason in reasons.items() if reason]
     for name in _group_names(dumps):

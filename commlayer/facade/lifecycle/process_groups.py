@@ -27,7 +27,7 @@ from commlayer.facade.groups.queries import is_initialized
 from commlayer.facade.lifecycle.extensions import run_init_hooks
 from commlayer.facade.lifecycle.init_method import Rendezvous, rendezvous
 from commlayer.facade.lifecycle.signal_handlers import install_handlers
-from commlayer.facade.monitor.dumps import dump_flight_recorder, overdue_ops
+from commlayer.facade.monitor.dumps import dump_flight_recorder, dump_on_peer_failure, overdue_ops
 from commlayer.facade.monitor.peer_monitor import start_monitor, stop_monitor
 from commlayer.facade.monitor.progress import install as install_progress_answers
 
@@ -103,6 +103,7 @@ def init_process_group(
     after_group_created(default)
     agree_job_id(meeting.store, meeting.rank)  # every rank's dumps go into one folder
     watchdog.start(lambda why: dump_flight_recorder(reason=why), overdue_ops)
+    health.add_listener(dump_on_peer_failure)
     install_handlers()
     install_progress_answers()
     start_monitor(

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from commlayer.core import health, watchdog
 from commlayer.core.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -36,6 +37,7 @@ from commlayer.facade.groups.group import World, world_or_none
 __all__ = [
     "TRACE_DIR_ENV",
     "dump_flight_recorder",
+    "dump_on_peer_failure",
     "dumps_for",
     "has_recorded_ops",
     "job_trace_directory",
@@ -116,6 +118,13 @@ def overdue_ops() -> list[tuple[object, str]]:
             reason = f"timeout: {op} #{seq} on group '{group.name}' still running after the group's timeout of {limit}"
             found.append(((group.name, op, seq), reason))
     return found
+
+
+def dump_on_peer_failure(failure: health.PeerFailure) -> None:
+    """A :mod:`commlayer.core.health` listener: the watchdog dumps this rank when a peer dies,
+    if it has communicated (its rings then show what it waits in)."""
+    if has_recorded_ops():
+        watchdog.request_dump(f"peer rank {failure.rank} failed: {failure.reason}")
 
 
 def has_recorded_ops() -> bool:
