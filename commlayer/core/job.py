@@ -48,6 +48,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 # The store key of rank 0's id, one per start of the job (torchrun's agent store outlives restarts).
 _AGREED_KEY = "commlayer/job_id/{}"
 _agreed: str | None = None
+ACTIVE_S = 600.0  # a job folder written this recently belongs to a job that may still run
 
 
 def trace_root(environ: Mapping[str, str]) -> Path:
@@ -107,8 +108,9 @@ def prune_job_folders(
     """Remove all but the ``keep`` newest job folders under ``root``; return the removed ones.
 
     Only folders that ``is_job_folder`` recognises are counted or removed (``root`` may be a
-    folder the user shares with other files); ``spare`` (this job's own) is never removed.
-    ``keep`` < 1 keeps every folder. Folders that vanish meanwhile (another rank pruning) are skipped.
+    folder the user shares with other files); ``spare`` (this job's own) and any folder written
+    in the last :data:`ACTIVE_S` seconds (a job still running) are kept. ``keep`` < 1 keeps every
+    folder. Folders that vanish meanwhile (another rank pruning) are skipped.
     """
     if keep < 1 or not root.is_dir():
         return []
@@ -116,14 +118,21 @@ def prune_job_folders(
     for child in root.iterdir():
         try:
             if child != spare and child.is_dir() and not child.is_symlink() and is_job_folder(child):
-                folders.append((child.stat().st_mtime, child))
+                folders.append((_last_write(child), child))
         except OSError:
             continue
     folders.sort(reverse=True)
-    removed = [folder for _, folder in folders[max(keep - (spare is not None), 0) :]]
+    recent = time.time() - ACTIVE_S
+    old = folders[max(keep - (spare is not None), 0) :]
+    removed = [folder for written, folder in old if written < recent]
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)
     return removed
+
+
+def _last_write(folder: Path) -> float:
+    """When ``folder`` or a file in it was last written (a log file grows without touching its folder)."""
+    return max([folder.stat().st_mtime, *(child.stat().st_mtime for child in folder.iterdir())])
 
 
 def keep_jobs(environ: Mapping[str, str] = os.environ) -> int:

@@ -39,18 +39,23 @@ def test_every_rank_takes_rank_0s_job_id_from_the_store(monkeypatch: pytest.Monk
 
 
 def test_pruning_keeps_the_newest_job_folders_and_nothing_else(tmp_path: Path) -> None:
-    for index in range(5):
+    for index in range(6):
         folder = tmp_path / f"job-{index}"
         folder.mkdir()
         (folder / "rank0.json").write_text("{}")
-        os.utime(folder, (time.time() - 100 + index, time.time() - 100 + index))
+        written = time.time() - 3600 + index if index != 1 else time.time()  # job-1 still writes
+        for path in (folder / "rank0.json", folder):
+            os.utime(path, (written, written))
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("keep me")
     spare = tmp_path / "job-0"  # the oldest, but this job's own
     is_job = lambda folder: all(child.name.startswith("rank") for child in folder.iterdir())
-    removed = job.prune_job_folders(tmp_path, 3, is_job, spare=spare)
-    assert sorted(path.name for path in removed) == ["job-1", "job-2"]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["job-0", "job-3", "job-4", "notes"]
+    removed = job.prune_job_folders(tmp_path, 4, is_job, spare=spare)
+    assert sorted(path.name for path in removed) == ["job-2", "job-3"]  # job-1 sorts first: it writes
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job-0", "job-1", "job-4", "job-5", "notes"]
+    removed = job.prune_job_folders(tmp_path, 1, is_job, spare=spare)
+    assert sorted(path.name for path in removed) == ["job-4", "job-5"]  # a job still writing stays
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["job-0", "job-1", "notes"]
     assert job.prune_job_folders(tmp_path, 0, is_job) == []
 
 
