@@ -194,7 +194,7 @@ def rank_results(mpirun: LaunchResult, lines: RankLines) -> LaunchResult:
         )
     stop_reason = mpirun.stop_reason
     if ended and first is None:
-        stop_reason = f"mpirun exited with code {mpirun.exit_code}: {_described_deaths(reported)}"
+        stop_reason = f"mpirun exited with code {mpirun.exit_code} {_described_deaths(reported)}"
     return replace(mpirun, outcomes=tuple(outcomes), first_failure=first, stop_reason=stop_reason)
 
 
@@ -213,12 +213,12 @@ def _first_failure(lines: RankLines, mpirun_code: int) -> tuple[int | None, int]
 
 def _described_deaths(deaths: dict[int, int]) -> str:
     if not deaths:
-        return "it named no failed rank (see mpirun.log)"
+        return "and named no failed rank (see mpirun.log)"
     by_exit: dict[int, list[int]] = {}
     for rank, code in sorted(deaths.items()):
         by_exit.setdefault(code, []).append(rank)
-    listing = "; ".join(f"{describe_ranks(ranks)} {_exit_words(code)}" for code, ranks in by_exit.items())
-    return f"{listing} (it does not say which first)"
+    listing = ", ".join(f"{describe_ranks(ranks)} {_exit_words(code)}" for code, ranks in by_exit.items())
+    return f"and saw {listing} (not which first)"
 
 
 def _exit_words(code: int) -> str:

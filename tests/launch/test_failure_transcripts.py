@@ -80,18 +80,29 @@ def check_common(lines: list[str], tmp_path: Path) -> None:
     assert len(lines[-1].replace(str(tmp_path / "logs"), _DEFAULT_LOG_DIR)) <= 200, lines[-1]
 
 
-def test_a_typo_on_four_ranks_prints_one_traceback_and_a_line_per_other_rank(tmp_path: Path) -> None:
-    lines, code = run_scenario("typo", 4, tmp_path)
+def check_typo(lines: list[str], code: int, tmp_path: Path) -> int:
+    """The typo scenario's common shape: one full traceback, the summary naming the rank that
+    printed it and the log folder, that rank's log; returns the rank."""
     transcript = "\n".join(lines)
     assert code == 1, transcript
     check_common(lines, tmp_path)
     traceback = full_traceback(lines)
     assert sum("Traceback (most recent call last)" in line for line in lines) == 1, transcript
-    assert len(lines) - len(traceback) <= 15, transcript
+    assert traceback[-1].endswith("AttributeError: SUMM. Did you mean: 'SUM'?"), transcript
     failed = int(_TAG.match(traceback[0]).group(1))
-    summary = lines[-1]
-    assert summary.startswith(f"commlayer run: rank {failed} raised AttributeError: SUMM"), transcript
-    assert f"{tmp_path / 'logs'}/rank<N>.log" in summary, transcript
+    # The exception may be cut short to fit this test's long log folder.
+    assert lines[-1].startswith(f"commlayer run: rank {failed} raised AttributeError: SUMM"), transcript
+    assert lines[-1].endswith(f"; every rank's output is in {tmp_path / 'logs'}/rank<N>.log"), transcript
+    log = (tmp_path / "logs" / f"rank{failed}.log").read_text()
+    assert "Traceback (most recent call last)" in log and "AttributeError: SUMM" in log, log
+    return failed
+
+
+def test_a_typo_on_four_ranks_prints_one_traceback_and_a_line_per_other_rank(tmp_path: Path) -> None:
+    lines, code = run_scenario("typo", 4, tmp_path)
+    check_typo(lines, code, tmp_path)
+    transcript = "\n".join(lines)
+    assert len(lines) - len(full_traceback(lines)) <= 15, transcript
     for rank in range(4):
         assert len(rank_lines(lines, rank, "AttributeError: SUMM")) == 1, transcript
         log = (tmp_path / "logs" / f"rank{rank}.log").read_text()
@@ -128,24 +139,12 @@ def test_a_typo_under_mpirun_prints_what_a_local_run_prints(mpi: str, tmp_path: 
     if reason is not None:
         pytest.skip(f"mpirun with {mpi} unavailable: {reason}")
     lines, code = run_scenario("typo", 2, tmp_path, COMMLAYER_BACKEND="mpi", COMMLAYER_MPI=mpi)
+    check_typo(lines, code, tmp_path)
     transcript = "\n".join(lines)
-    assert code == 1, transcript
-    check_common(lines, tmp_path)
-    assert all(_TAG.match(line) for line in lines[:-1]), (
-        transcript
-    )  # mpirun's own labels and notices are gone
+    # mpirun's own labels and notices are gone: every line but the summary is a rank's.
+    assert all(_TAG.match(line) for line in lines[:-1]), transcript
     assert "MPI_ABORT" not in transcript and "MPI_Abort" not in transcript, transcript
-    traceback = full_traceback(lines)
-    assert sum("Traceback (most recent call last)" in line for line in lines) == 1, transcript
-    assert traceback[-1].endswith("AttributeError: SUMM. Did you mean: 'SUM'?"), transcript
-    failed = int(_TAG.match(traceback[0]).group(1))
-    # As a local run's summary (the exception is cut short to fit this test's long log folder).
-    assert lines[-1].startswith(f"commlayer run: rank {failed} raised AttributeError: SUMM"), transcript
-    assert lines[-1].endswith(
-        f" and exited with code 1; stopped 1 other rank; every rank's output is in {tmp_path / 'logs'}/rank<N>.log"
-    ), transcript
-    log = (tmp_path / "logs" / f"rank{failed}.log").read_text()
-    assert "Traceback (most recent call last)" in log and "AttributeError: SUMM" in log, log
+    assert " and exited with code 1; stopped 1 other rank; " in lines[-1], transcript
 
 
 def test_an_argument_refused_before_communicating_writes_no_dump(tmp_path: Path) -> None:

@@ -106,8 +106,8 @@ def test_hydra_boxes_that_do_not_tell_the_first_death_are_reported_as_they_are()
     result = rank_results(mpirun_result(255), lines)
     assert result.first_failure is None
     assert result.summary() == (
-        "commlayer run: mpirun exited with code 255: ranks 0, 1 killed by SIGKILL (it does not say which "
-        "first); stopped nothing"
+        "commlayer run: mpirun exited with code 255 and saw ranks 0, 1 killed by SIGKILL (not which first); "
+        "stopped nothing"
     )
 
 
