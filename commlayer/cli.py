@@ -172,6 +172,14 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "torchrun (each start sees $TORCHELASTIC_RESTART_COUNT and gets a fresh rendezvous; the "
         "script resumes from its checkpoint; default 0)",
     )
+    run.add_argument(
+        "--torch-takeover",
+        "--torch_takeover",
+        dest="torch_takeover",
+        action="store_true",
+        help="run torch process groups that the script (or its framework) asks for as gloo, nccl or "
+        "no backend on commlayer: sets COMMLAYER_TORCH_TAKEOVER=1 for every rank",
+    )
     run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
     run.add_argument(
         "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT"
@@ -229,6 +237,8 @@ def _add_certify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     program = ("-m", args.script) if args.module else (args.script,)
+    if args.torch_takeover:  # every launch path below hands this environment to the ranks
+        os.environ[settings.TORCH_TAKEOVER.name] = "1"
     if args.hostfile is not None:
         if args.nproc_per_node is not None and not args.nproc_per_node.isdigit():
             print(

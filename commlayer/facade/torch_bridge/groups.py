@@ -209,7 +209,8 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
     name = str(options.group_id)
     if not name.isdigit():
         _refuse_hashed_name_over_torch_groups(options.group_rank)
-    group = new_member_group(f"torch:{name}", members, options.store, options.timeout)
+    store = _fresh_store(options.store, len(members))
+    group = new_member_group(f"torch:{name}", members, store, options.timeout)
     bridge = CommlayerProcessGroup(group, name)
     bridge.owns_group = True
     group.bridge = bridge
@@ -239,7 +240,7 @@ def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
 
     init_process_group(
         backend=spec,
-        store=options.store,
+        store=_fresh_store(options.store, options.group_size),
         rank=options.group_rank,
         world_size=options.group_size,
         timeout=options.timeout,
@@ -249,3 +250,15 @@ def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
     bridge.owns_world = True
     world.default_group.bridge = bridge
     return bridge
+
+
+def _fresh_store(store: Any, members: int) -> Any:
+    """``store`` under a prefix of its own for the group its ``members`` ranks are building.
+
+    torch hands a group the same store prefix in every world of a process (its default group's,
+    and its n-th new_group's), and one env:// store serves all those worlds (DeepSpeed run twice
+    in one process), so the keys of an earlier world's group would still be there. Each member
+    counts its arrival once per group, which puts the members of one group in one generation.
+    """
+    arrival = store.add(f"{BACKEND_NAME}/arrivals", 1)
+    return torch_dist.PrefixStore(f"{BACKEND_NAME}/generation{(arrival - 1) // members}", store)
