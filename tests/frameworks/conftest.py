@@ -9,15 +9,7 @@ process group wrapper loads whether or not it is used); torch keeps the build in
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "build" / "torch_extensions"))
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (for a world whose launcher sets no MASTER_PORT)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from commlayer.testing import require_mpirun, run_world
-from tests.frameworks.conftest import free_port
+from tests.frameworks.launchers import free_port
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.multirank]
 pytest.importorskip("deepspeed")
