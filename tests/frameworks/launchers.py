@@ -27,8 +27,7 @@ def free_port() -> int:
 
 def run_script(argv: Sequence[str], env: Mapping[str, str] = {}, timeout: float = 240) -> str:
     """Run ``argv`` (a launcher and its script) to the end; its output, or AssertionError with it."""
-    environ = {key: value for key, value in os.environ.items() if key != settings.TORCH_TAKEOVER.name}
-    environ.update({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **env})
+    environ = script_environment(env)
     options = SuperviseOptions(
         timeout=timeout, echo=False, forward_signals=False, kill_grace=1.0, tail_lines=60
     )
@@ -36,6 +35,21 @@ def run_script(argv: Sequence[str], env: Mapping[str, str] = {}, timeout: float 
     output = "\n".join(result.outcomes[0].output_tail)
     assert result.exit_code == 0 and not result.timed_out, f"{' '.join(argv)} failed:\n{output}"
     return output
+
+
+def script_environment(env: Mapping[str, str] = {}) -> dict[str, str]:
+    """This environment without the switch, the checkout importable, then ``env``."""
+    environ = {key: value for key, value in os.environ.items() if key != settings.TORCH_TAKEOVER.name}
+    return {**environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **env}
+
+
+def mpirun(nproc: int, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The mpirun command (with its environment) that starts ``nproc`` ranks of a script."""
+    from commlayer.testing import mpirun_plan, require_mpirun
+
+    require_mpirun()
+    plan = mpirun_plan(nproc, script_environment(env))
+    return [*plan.argv, sys.executable], plan.env
 
 
 def reported(output: str) -> tuple[str, float]:
