@@ -1,7 +1,7 @@
 """The zero-change switch on unmodified scripts: an Accelerate script and a Trainer script, neither
-naming commlayer, run on commlayer's process group under ``COMMLAYER_TORCH_TAKEOVER=1`` (under their
-own launcher, and under ``commlayer run --torch-takeover``) and reach the loss they reach on torch's
-gloo, which they get with the switch off."""
+naming commlayer, run on commlayer's process group under ``COMMLAYER_TORCH_TAKEOVER=1`` set for their
+own launcher, and reach the loss they reach on torch's gloo, which they get with the switch off
+(``commlayer run --torch-takeover``, their ``Run:`` line, is test_examples.py's)."""
 
 from __future__ import annotations
 
