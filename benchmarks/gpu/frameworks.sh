@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Training frameworks on init_process_group("commlayer") -- the default CUDA backend, peermem with
+# NCCL for the rest -- against the same runs on NCCL, one machine, one go:
+#   DeepSpeed ZeRO-1 and ZeRO-3, DDP and FSDP2 on the anchor's 369M GPT (zero_anchor.py measures),
+#   torchtitan's debug Llama with FSDP2 and with FSDP2 + TP.
+#
+#   bash benchmarks/gpu/frameworks.sh [RUN ...]      (from the repository root, on a GPU machine)
+#
+# RUN is any of ds1 ds3 ddp fsdp2 titan_fsdp titan_tp (default: all), each run on nccl then on
+# commlayer. DeepSpeed gets dist_backend="commlayer" (ZERO_ANCHOR_DIST_BACKEND); DDP and FSDP2 keep
+# the anchor's init_process_group("nccl") and run on commlayer through COMMLAYER_TORCH_TAKEOVER=1.
+# Environment: ANCHOR (default shared/anchors/zero_anchor.py), OUT (default $OUT or
+# /tmp/frameworks_gpu), NPROC (default: every GPU), STEPS (20), WARMUP (5), TITAN_STEPS (40), TP (2).
+# benchmarks/gpu/site.sh installs the wheels of .whl/ (DeepSpeed, torchtitan and their needs) and
+# lays commlayer out; .whl/torchtitan_assets/tokenizer holds torchtitan's test tokenizer.
+# Writes $OUT/results.jsonl, $OUT/log.txt, $OUT/table.md and $OUT/machine.txt.
+set -uo pipefail
+ANCHOR=${ANCHOR:-shared/anchors/zero_anchor.py}
+OUT=${OUT:-/tmp/frameworks_gpu}
+NPROC=${NPROC:-$(nvidia-smi -L | wc -l)}
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-5}
+TITAN_STEPS=${TITAN_STEPS:-40}
+TP=${TP:-2}
+RUNS=("$@")
+[ ${#RUNS[@]} -eq 0 ] && RUNS=(ds1 ds3 ddp fsdp2 titan_fsdp titan_tp)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+REPO=$PWD
+TITAN_DIR=/tmp/torchtitan_work
+
+source benchmarks/gpu/site.sh
+
+# One labelled JSON line per finished run in results.jsonl; the whole output in log.txt.
+record() {
+  local run=$1 backend=$2; shift 2
+  echo "=== $run on $backend" | tee -a "$OUT/log.txt"
+  "$@" > "$OUT/current.txt" 2>&1
+  local code=$?
+  cat "$OUT/current.txt" >> "$OUT/log.txt"
+  python3 "$REPO/benchmarks/gpu/frameworks_report.py" --line "$run" "$backend" "$code" "$OUT/current.txt" \
+    | tee -a "$OUT/results.jsonl"
+  rm -f "$OUT/current.txt"
+}
+
+anchor() {
+  local mode=$1 backend=$2 env=()
+  case "$mode:$backend" in
+    ds*:commlayer) env=(ZERO_ANCHOR_DIST_BACKEND=commlayer) ;;
+    *:commlayer)   env=(COMMLAYER_TORCH_TAKEOVER=1) ;;
+  esac
+  env "${env[@]}" python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+    "$ANCHOR" --mode "$mode" --steps "$STEPS" --warmup "$WARMUP"
+}
+
+titan() {
+  local tp=$1 backend=$2
+  (cd "$TITAN_DIR" && python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+    "$REPO/benchmarks/gpu/torchtitan_run.py" "$backend" --module llama3 --config llama3_debugmodel \
+    --training.steps "$TITAN_STEPS" --parallelism.tensor_parallel_degree "$tp" \
+    --parallelism.data_parallel_shard_degree -1 --metrics.log_freq 1)
+}
+
+if [[ " ${RUNS[*]} " == *" titan_"* ]]; then
+  python3 benchmarks/gpu/torchtitan_assets.py .whl/torchtitan_assets/tokenizer "$TITAN_DIR" || echo "torchtitan assets FAILED"
+fi
+for run in "${RUNS[@]}"; do
+  for backend in nccl commlayer; do
+    case "$run" in
+      titan_fsdp) record "$run" "$backend" titan 1 "$backend" ;;
+      titan_tp)   record "$run" "$backend" titan "$TP" "$backend" ;;
+      *)          record "$run" "$backend" anchor "$run" "$backend" ;;
+    esac
+  done
+done
+python3 benchmarks/gpu/frameworks_report.py "$OUT/results.jsonl" | tee "$OUT/table.md"
