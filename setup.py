@@ -54,7 +54,11 @@ def _skip(reason: str, required: bool) -> list[Extension]:
 # Sources the backends compile on first use, shipped inside their packages: source -> package folder.
 FIRST_USE_SOURCES = {
     CCL_SOURCE: Path("commlayer", "backends", "ccl"),
-    Path("csrc", "peermem", "kernels.cu"): Path("commlayer", "backends", "peermem"),
+    **{
+        path.relative_to(ROOT): Path("commlayer", "backends", "peermem")
+        for path in sorted((ROOT / "csrc" / "peermem").iterdir())
+        if path.suffix in (".cu", ".cuh", ".h")
+    },
 }
 
 

@@ -176,7 +176,7 @@ PEERMEM_ALGORITHM = Setting(
     None,
     "force one algorithm wherever the kernels fit (benchmarks); default: the crossover table",
     "peermem",
-    ("one_shot", "two_shot", "push", "nccl"),
+    ("one_shot", "one_shot_push", "two_shot", "push", "zero_copy", "nccl"),
 )
 PEERMEM_CACHE = Setting(
     "COMMLAYER_PEERMEM_CACHE",
