@@ -1,4 +1,6 @@
-"""Gloo through torch.distributed: the default CPU backend.
+"""Gloo through torch.distributed: CPU collectives where shm cannot run, between the hosts of a
+two-level shm group, and the CPU side of the accelerators' default specs (``cpu:gloo,cuda:peermem``;
+the defaults are in :mod:`commlayer.contract.selection`).
 
 Every collective is verified across the group by default (:mod:`.mismatch.gloo`): without it, gloo
 returns garbage for a dtype or reduce-op mismatch, and aborts a rank or returns garbage for a

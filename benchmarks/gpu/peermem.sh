@@ -45,7 +45,7 @@ step() {
 wants() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
 source benchmarks/gpu/site.sh >"$RUN/site.log" 2>&1 || { cat "$RUN/site.log"; exit 1; }
-source benchmarks/gpu/build.sh && build_c_launchers . "$SITE" >>"$RUN/site.log" 2>&1 || summary "=== C launchers not built"
+source benchmarks/gpu/build.sh && build_c_fast_paths . "$SITE" >>"$RUN/site.log" 2>&1 || summary "=== C fast paths not built"
 # The kernels' sources where an installed wheel keeps them.
 mkdir -p "$SITE/commlayer/backends/peermem/_csrc" && cp csrc/peermem/* "$SITE/commlayer/backends/peermem/_csrc/"
 cp "$OUT/machine.txt" "$RUN/" 2>/dev/null

@@ -124,11 +124,11 @@ BACKEND = Setting(
     "backend for `init_process_group()` without one (default by accelerator)",
     "backends",
 )
-C_LAUNCHER = Setting(
-    "COMMLAYER_C_LAUNCHER",
+C_FAST_PATHS = Setting(
+    "COMMLAYER_C_FAST_PATHS",
     bool,
     True,
-    "let new plans use the built C launchers; 0 keeps the Python ones",
+    "let new plans use the built C fast paths; 0 keeps the Python ones",
     "backends",
 )
 BRIDGE_FUTURES = Setting(

@@ -101,8 +101,8 @@ def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn
 
 
 def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> None:
-    """``work.wait(timeout)`` for a facade op that waits outside ``launch`` (send, recv, barrier),
-    with the same error translation, abort and dump as ``launch``."""
+    """``work.wait(timeout)`` for a facade op that waits outside ``dispatch.run_op`` (send, recv, barrier),
+    with the same error translation, abort and dump as ``dispatch.run_op``."""
     try:
         work.wait(timeout)
     except Exception as error:

@@ -18,11 +18,12 @@ from commlayer.core.errors import UnsupportedError, invalid_argument
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import as_real, is_complex
-from commlayer.facade.calls.dispatch import begin, launch, remember
+from commlayer.facade.calls.dispatch import begin, remember, run_op
+from commlayer.facade.calls.docstrings import shared_docs
 from commlayer.facade.calls.failures import wait_translated
 from commlayer.facade.calls.op_call import OpCall
-from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned
-from commlayer.facade.calls.staging import contiguous, run_staged
+from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned, run_staged
+from commlayer.facade.calls.staging import contiguous
 from commlayer.facade.calls.timeouts import with_timeout
 from commlayer.facade.groups.group import resolve_group
 
@@ -37,6 +38,7 @@ class PreparedP2P(NamedTuple):
     copy_back: list
 
 
+@shared_docs
 def isend(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -51,7 +53,7 @@ def isend(
     Args:
         tensor (Tensor): the data; keep it unchanged until the returned Work completes.
         dst (int): global rank of the receiver.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
         timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
@@ -62,11 +64,9 @@ def isend(
         A :class:`~commlayer.core.work.Work` to wait on; None on a rank outside ``group``.
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -84,6 +84,7 @@ def isend(
     return None if work is NOT_MEMBER else work
 
 
+@shared_docs
 def irecv(
     tensor: torch.Tensor,
     src: int | None = None,
@@ -99,7 +100,7 @@ def irecv(
         tensor (Tensor): receives the data once the Work completes.
         src (int, optional): global rank of the sender; None accepts any sender, where the backend
             declares ``recv_any_source``.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         tag (int, optional): matches the send's tag.
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
         timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
@@ -111,11 +112,9 @@ def irecv(
         receive from any source); None on a rank outside ``group``.
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -134,6 +133,7 @@ def irecv(
     return None if work is NOT_MEMBER else work
 
 
+@shared_docs
 def send(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -148,7 +148,7 @@ def send(
     Args:
         tensor (Tensor): the data.
         dst (int): global rank of the receiver.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
         timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
@@ -159,11 +159,9 @@ def send(
         None.
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -287,7 +285,7 @@ def _point_to_point(
         return NOT_MEMBER
     request, call = prepared.request, prepared.call
     if request.peer < 0:  # any source: the sender is known only once a message arrives
-        work = launch(
+        work = run_op(
             call, lambda b, hint: b.recv_any(request.tensor, tag, **hint), async_op=True, payload=tensor
         )
         return with_copy_back(work, prepared.copy_back)
