@@ -6,14 +6,15 @@
 #
 #   bash benchmarks/gpu/frameworks.sh [RUN ...]      (from the repository root, on a GPU machine)
 #
-# RUN is any of ds1 ds3 ddp fsdp2 titan_fsdp titan_tp (default: all), each run on nccl then on
-# commlayer. DeepSpeed gets dist_backend="commlayer" (ZERO_ANCHOR_DIST_BACKEND); DDP and FSDP2 keep
+# RUN is any of bridge ds1 ds3 ddp fsdp2 titan_fsdp titan_tp (default: all), each run on nccl then
+# on commlayer; bridge runs bridge_check.py (which kernels serve the CUDA calls, DDP, FSDP2,
+# DTensor, compile and graph capture against NCCL) once per backend string a user may pass. DeepSpeed gets dist_backend="commlayer" (ZERO_ANCHOR_DIST_BACKEND); DDP and FSDP2 keep
 # the anchor's init_process_group("nccl") and run on commlayer through COMMLAYER_TORCH_TAKEOVER=1.
 # Environment: ANCHOR (default shared/anchors/zero_anchor.py), OUT (default $OUT or
 # /tmp/frameworks_gpu), NPROC (default: every GPU), STEPS (20), WARMUP (5), TITAN_STEPS (40), TP (2).
 # benchmarks/gpu/site.sh installs the wheels of .whl/ (DeepSpeed, torchtitan and their needs) and
 # lays commlayer out; .whl/torchtitan_assets/tokenizer holds torchtitan's test tokenizer.
-# Writes $OUT/results.jsonl, $OUT/log.txt, $OUT/table.md and $OUT/machine.txt.
+# Writes $OUT/results.jsonl, $OUT/bridge.jsonl, $OUT/log.txt, $OUT/table.md and $OUT/machine.txt.
 set -uo pipefail
 ANCHOR=${ANCHOR:-shared/anchors/zero_anchor.py}
 OUT=${OUT:-/tmp/frameworks_gpu}
@@ -23,9 +24,10 @@ WARMUP=${WARMUP:-5}
 TITAN_STEPS=${TITAN_STEPS:-40}
 TP=${TP:-2}
 RUNS=("$@")
-[ ${#RUNS[@]} -eq 0 ] && RUNS=(ds1 ds3 ddp fsdp2 titan_fsdp titan_tp)
+[ ${#RUNS[@]} -eq 0 ] && RUNS=(bridge ds1 ds3 ddp fsdp2 titan_fsdp titan_tp)
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export COMMLAYER_PEERMEM_CACHE=${COMMLAYER_PEERMEM_CACHE:-/tmp/peermem_cache}
 REPO=$PWD
 TITAN_DIR=/tmp/torchtitan_work
 
@@ -64,7 +66,22 @@ titan() {
 if [[ " ${RUNS[*]} " == *" titan_"* ]]; then
   python3 benchmarks/gpu/torchtitan_assets.py .whl/torchtitan_assets/tokenizer "$TITAN_DIR" || echo "torchtitan assets FAILED"
 fi
+# One JSON line per backend string: the group's type, the CUDA backend and the kernels it launched.
+bridge() {
+  local argument
+  for argument in commlayer "cpu:gloo,cuda:peermem" takeover; do
+    echo "=== bridge $argument" >>"$OUT/log.txt"
+    if [ "$argument" = takeover ]; then
+      COMMLAYER_TORCH_TAKEOVER=1 python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+        benchmarks/gpu/bridge_check.py nccl
+    else
+      python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" benchmarks/gpu/bridge_check.py "$argument"
+    fi 2>>"$OUT/log.txt" | grep '^{' | tee -a "$OUT/bridge.jsonl"
+  done
+}
+
 for run in "${RUNS[@]}"; do
+  [ "$run" = bridge ] && { bridge; continue; }
   for backend in nccl commlayer; do
     case "$run" in
       titan_fsdp) record "$run" "$backend" titan 1 "$backend" ;;
