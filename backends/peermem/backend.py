@@ -95,15 +95,15 @@ class PeermemBackend(NcclBackend):
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
-        """NCCL's launcher (C where built) for every call the kernels do not serve; a routed op's
-        launcher picks per call between it and the kernels, both entering the flight recorder."""
+        """NCCL's fast path (C where built) for every call the kernels do not serve; a routed op's
+        fast path picks per call between it and the kernels, both entering the flight recorder."""
         nccl = super().recorded_plan(op, fixed, recording)
         comm = self._comm
         if comm is None or op not in _OWN_OPS:
             return nccl
         if nccl is None or op not in _PAYLOAD:
             return None  # the facade's launcher calls this class's methods, which route
-        kernel = recording.op_launcher(_PAYLOAD[op], getattr(self, op), fixed)
+        kernel = recording.method_fast_path(_PAYLOAD[op], getattr(self, op), fixed)
         served = _kernel_check(comm, op, fixed)
 
         def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
