@@ -8,8 +8,11 @@
 #
 # RUN is any of bridge ds1 ds3 ddp fsdp2 titan_fsdp titan_tp (default: all), each run on nccl then
 # on commlayer; bridge runs bridge_check.py (which kernels serve the CUDA calls, DDP, FSDP2,
-# DTensor, compile and graph capture against NCCL) once per backend string a user may pass. DeepSpeed gets dist_backend="commlayer" (ZERO_ANCHOR_DIST_BACKEND); DDP and FSDP2 keep
-# the anchor's init_process_group("nccl") and run on commlayer through COMMLAYER_TORCH_TAKEOVER=1.
+# DTensor, compile, graph capture and two streams against NCCL) under init_process_group("commlayer")
+# and under the takeover switch. DeepSpeed gets dist_backend="commlayer" (ZERO_ANCHOR_DIST_BACKEND);
+# DDP and FSDP2 keep the anchor's init_process_group("nccl") and run on commlayer through
+# COMMLAYER_TORCH_TAKEOVER=1. Each run ends after RUN_TIMEOUT seconds (default 180; exit code 124
+# in results.jsonl), so one hung run does not take the rest of the visit.
 # Environment: ANCHOR (default shared/anchors/zero_anchor.py), OUT (default $OUT or
 # /tmp/frameworks_gpu), NPROC (default: every GPU), STEPS (20), WARMUP (5), TITAN_STEPS (40), TP (2).
 # benchmarks/gpu/site.sh installs the wheels of .whl/ (DeepSpeed, torchtitan and their needs) and
@@ -23,6 +26,7 @@ STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-5}
 TITAN_STEPS=${TITAN_STEPS:-40}
 TP=${TP:-2}
+RUN_TIMEOUT=${RUN_TIMEOUT:-180}
 RUNS=("$@")
 [ ${#RUNS[@]} -eq 0 ] && RUNS=(bridge ds1 ds3 ddp fsdp2 titan_fsdp titan_tp)
 mkdir -p "$OUT"
@@ -37,7 +41,7 @@ source benchmarks/gpu/site.sh
 record() {
   local run=$1 backend=$2; shift 2
   echo "=== $run on $backend" | tee -a "$OUT/log.txt"
-  "$@" > "$OUT/current.txt" 2>&1
+  timeout -k 15 "$RUN_TIMEOUT" "$@" > "$OUT/current.txt" 2>&1
   local code=$?
   cat "$OUT/current.txt" >> "$OUT/log.txt"
   python3 "$REPO/benchmarks/gpu/frameworks_report.py" --line "$run" "$backend" "$code" "$OUT/current.txt" \
@@ -69,13 +73,14 @@ fi
 # One JSON line per backend string: the group's type, the CUDA backend and the kernels it launched.
 bridge() {
   local argument
-  for argument in commlayer "cpu:gloo,cuda:peermem" takeover; do
+  for argument in commlayer takeover; do
     echo "=== bridge $argument" >>"$OUT/log.txt"
     if [ "$argument" = takeover ]; then
-      COMMLAYER_TORCH_TAKEOVER=1 python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
-        benchmarks/gpu/bridge_check.py nccl
+      COMMLAYER_TORCH_TAKEOVER=1 timeout -k 15 "$RUN_TIMEOUT" python3 -m torch.distributed.run --standalone \
+        --nproc-per-node "$NPROC" benchmarks/gpu/bridge_check.py nccl
     else
-      python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" benchmarks/gpu/bridge_check.py "$argument"
+      timeout -k 15 "$RUN_TIMEOUT" python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+        benchmarks/gpu/bridge_check.py "$argument"
     fi 2>>"$OUT/log.txt" | grep '^{' | tee -a "$OUT/bridge.jsonl"
   done
 }
