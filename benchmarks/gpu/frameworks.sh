@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu/frameworks.sh [RUN ...]      (from the repository root, on a GPU machine)
 #
 # RUN is any of bridge ds1 ds3 ddp fsdp2 titan_fsdp titan_tp (default: all), each run on nccl then
-# on commlayer; bridge runs bridge_check.py (which kernels serve the CUDA calls, DDP, FSDP2,
+# on commlayer, or fsdp2_pm0 (FSDP2 on commlayer with COMMLAYER_PEERMEM=0: the bridge without
+# peermem's kernels); bridge runs bridge_check.py (which kernels serve the CUDA calls, DDP, FSDP2,
 # DTensor, compile, graph capture and two streams against NCCL) under init_process_group("commlayer")
 # and under the takeover switch. DeepSpeed gets dist_backend="commlayer" (ZERO_ANCHOR_DIST_BACKEND);
 # DDP and FSDP2 keep the anchor's init_process_group("nccl") and run on commlayer through
@@ -52,8 +53,9 @@ record() {
 anchor() {
   local mode=$1 backend=$2 env=()
   case "$mode:$backend" in
-    ds*:commlayer) env=(ZERO_ANCHOR_DIST_BACKEND=commlayer) ;;
-    *:commlayer)   env=(COMMLAYER_TORCH_TAKEOVER=1) ;;
+    ds*:commlayer)       env=(ZERO_ANCHOR_DIST_BACKEND=commlayer) ;;
+    fsdp2_pm0:commlayer) env=(COMMLAYER_TORCH_TAKEOVER=1 COMMLAYER_PEERMEM=0); mode=fsdp2 ;;
+    *:commlayer)         env=(COMMLAYER_TORCH_TAKEOVER=1) ;;
   esac
   env "${env[@]}" python3 -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
     "$ANCHOR" --mode "$mode" --steps "$STEPS" --warmup "$WARMUP"
@@ -87,7 +89,9 @@ bridge() {
 
 for run in "${RUNS[@]}"; do
   [ "$run" = bridge ] && { bridge; continue; }
-  for backend in nccl commlayer; do
+  backends=(nccl commlayer)
+  [ "$run" = fsdp2_pm0 ] && backends=(commlayer)  # FSDP2 through the bridge, every call on NCCL
+  for backend in "${backends[@]}"; do
     case "$run" in
       titan_fsdp) record "$run" "$backend" titan 1 "$backend" ;;
       titan_tp)   record "$run" "$backend" titan "$TP" "$backend" ;;
