@@ -30,6 +30,9 @@ The rules, all of them:
   (the facade records one event per call for the others, see :mod:`commlayer.core.profiling`).
 - ``window`` returns a one-sided window following :mod:`commlayer.contract.windows`; the
   default emulates one over ``send``/``recv`` (:class:`~commlayer.contract.emulated_windows.TwoSidedWindow`).
+- a wait in native code releases the GIL, so that the flight-recorder watchdog
+  (:mod:`commlayer.core.watchdog`) dumps this rank while it waits; a backend that ends the
+  process itself (MPI_Abort) first calls ``watchdog.dump_now(reason)``.
 
 Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
 (:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend

@@ -19,6 +19,7 @@ from commlayer.core.types import Availability
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendInfo",
+    "availability_of",
     "did_you_mean",
     "get_backend_class",
     "list_backends",
@@ -84,6 +85,13 @@ def get_backend_class(name: str) -> type[Backend]:
     if backend_class is None or not availability:
         raise BackendUnavailableError(f"backend '{name}' is not available here.\n{_describe_all()}")
     return backend_class
+
+
+def availability_of(name: str) -> Availability | None:
+    """Whether the backend registered as ``name`` can run here (importing it alone); None if unknown."""
+    _ensure_entry_points()
+    entry = _entries.get(name)
+    return None if entry is None else _load(entry)[1]
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:

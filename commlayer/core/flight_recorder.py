@@ -33,6 +33,7 @@ __all__ = [
     "COMPLETED",
     "DEFAULT_CAPACITY",
     "ENTRY_FIELDS",
+    "FAILED",
     "P2P_OPS",
     "STARTED",
     "FlightRecorder",
@@ -50,6 +51,7 @@ DEFAULT_CAPACITY = 2000
 CAPACITY_ENV = settings.FLIGHT_RECORDER_SIZE.name
 STARTED = "started"
 COMPLETED = "completed"
+FAILED = "failed"  # the op raised on this rank (an async op's Work failed, or the caller's call raised)
 P2P_OPS = frozenset({"send", "recv"})
 
 # An entry's fields, in order: declared here once. An entry is a list, not an object (building
@@ -277,6 +279,34 @@ class FlightRecorder:
                 return entry[OP].removeprefix("p2p:")
         return None
 
+    def mark_failed(self, op: str) -> None:
+        """Mark the newest started entry of ``op`` (``recv``, not ``p2p:recv``) failed: the call
+        raised on this rank, which a dump then tells from a call still waiting."""
+        name, ring = ("p2p:" + op, self._p2p_ring) if op in P2P_OPS else (op, self._ring)
+        started = [
+            entry for entry in ring if entry and entry[SEQ] and entry[OP] == name and entry[STATE] == STARTED
+        ]
+        if started:
+            max(started, key=lambda entry: entry[SEQ])[STATE] = FAILED
+
+    def overdue(self, limit_s: float) -> tuple[int, str] | None:
+        """``(seq, op)`` of the oldest op still running after ``limit_s`` seconds, if any (for
+        the watchdog: reads the rings and the async ops' Works, never waits)."""
+        oldest = _monotonic_ns() - int(limit_s * 1e9)
+        late = [
+            entry
+            for entry in (*self._ring, *self._p2p_ring)
+            if entry and entry[SEQ] and entry[STATE] == STARTED and entry[QUEUED_NS] < oldest
+        ]
+        for entry in sorted(late, key=lambda entry: entry[QUEUED_NS]):
+            if describe_entry(entry)["state"] == STARTED:
+                return entry[SEQ], entry[OP]
+        return None
+
+    def recorded_any(self) -> bool:
+        """Whether any op was entered in this group's rings."""
+        return any(entry and entry[SEQ] for entry in (*self._ring, *self._p2p_ring))
+
     def _enter_p2p(self, op: str, payload: torch.Tensor | Sequence[torch.Tensor]) -> list[Any]:
         seq = next(self._p2p)
         entry = _list_entry(seq, "p2p:" + op, [payload] if type(payload) is _Tensor else payload, -1)
@@ -330,7 +360,7 @@ def describe_entry(entry: list[Any]) -> dict[str, Any]:
         if work is None:
             state = "released"  # the caller dropped the handle; its outcome is unknown
         elif work.is_completed():
-            state = COMPLETED if work.exception() is None else "failed"
+            state = COMPLETED if work.exception() is None else FAILED
     shape = entry[SHAPE]
     if isinstance(shape, list):
         described = [list(item) for item in shape]

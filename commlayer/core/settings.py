@@ -273,6 +273,14 @@ JOB_ID = Setting(
     "the job's id, naming its dump and log folders; `commlayer run` sets it (else the launcher's own id)",
     "observability",
 )
+KEEP_JOBS = Setting(
+    "COMMLAYER_KEEP_JOBS",
+    int,
+    10,
+    "job folders kept in the trace folder and in `commlayer run`'s log folder; older ones are removed "
+    "when a job writes its first file there (0 keeps all)",
+    "observability",
+)
 COMMS_LOGGER = Setting(
     "COMMLAYER_COMMS_LOGGER",
     bool,
@@ -349,6 +357,14 @@ BENCH_PROGRESS_EVERY = Setting(
     10.0,
     "seconds between `commlayer bench`'s progress lines when its output is not a terminal",
     "observability",
+)
+LINE_BUFFERED = Setting(
+    "COMMLAYER_LINE_BUFFERED",
+    bool,
+    False,
+    "set by `commlayer run` for ranks under mpirun: from init on, stdout and stderr write whole lines "
+    "(mpirun labels each write)",
+    "internal",
 )
 BENCH_OPTIONS = Setting(
     "COMMLAYER_BENCH_OPTIONS", str, None, "`commlayer bench` options, as JSON, for its ranks", "internal"

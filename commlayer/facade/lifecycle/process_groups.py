@@ -19,8 +19,9 @@ from commlayer.contract.selection import (
     parse_backend_spec,
     resolve_backend_spec,
 )
-from commlayer.core import health
+from commlayer.core import health, watchdog
 from commlayer.core.errors import AlreadyInitializedError, BackendUnavailableError, invalid_argument
+from commlayer.core.job import agree_job_id
 from commlayer.core.types import DEFAULT_TIMEOUT, GroupSpec
 from commlayer.facade.calls.ignored_arguments import note_ignored
 from commlayer.facade.calls.plans import forget_plans
@@ -39,7 +40,7 @@ from commlayer.facade.groups.queries import is_initialized
 from commlayer.facade.lifecycle.extensions import run_init_hooks
 from commlayer.facade.lifecycle.init_method import Rendezvous, rendezvous
 from commlayer.facade.lifecycle.signal_handlers import install_handlers
-from commlayer.facade.monitor.dumps import dump_flight_recorder
+from commlayer.facade.monitor.dumps import dump_flight_recorder, dump_on_peer_failure, overdue_ops
 from commlayer.facade.monitor.peer_monitor import start_monitor, stop_monitor
 from commlayer.facade.monitor.progress import install as install_progress_answers
 
@@ -103,6 +104,9 @@ def init_process_group(
     forget_plans()
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
     groups_created(default)
+    agree_job_id(meeting.store, meeting.rank)  # every rank's dumps go into one folder
+    watchdog.start(lambda why: dump_flight_recorder(reason=why), overdue_ops)
+    health.add_listener(dump_on_peer_failure)
     install_handlers()
     install_progress_answers()
     start_monitor(
