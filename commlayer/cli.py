@@ -187,6 +187,14 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         help="a commlayer.ft job: host its store here, keep the others training when a member dies "
         "and restart that member in its slot (under mpirun: restart the whole job)",
     )
+    run.add_argument(
+        "--torch-takeover",
+        "--torch_takeover",
+        dest="torch_takeover",
+        action="store_true",
+        help="run torch process groups that the script (or its framework) asks for as gloo, nccl or "
+        "no backend on commlayer: sets COMMLAYER_TORCH_TAKEOVER=1 for every rank",
+    )
     run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
     run.add_argument(
         "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments passed to SCRIPT"
@@ -252,6 +260,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"commlayer run: {problem}", file=sys.stderr)
             return 2
         os.environ[settings.BACKEND.name] = choice[0]  # every launch path passes it to the ranks
+    if args.torch_takeover:  # every launch path below hands this environment to the ranks
+        os.environ[settings.TORCH_TAKEOVER.name] = "1"
     if args.hostfile is not None:
         if args.nproc_per_node is not None and not args.nproc_per_node.isdigit():
             print(

@@ -139,6 +139,13 @@ BRIDGE_FUTURES = Setting(
     "backends",
     ("auto", "background", "inline"),
 )
+TORCH_TAKEOVER = Setting(
+    "COMMLAYER_TORCH_TAKEOVER",
+    bool,
+    False,
+    "1: torch groups asked for as gloo, nccl or no backend are commlayer's (unmodified framework scripts)",
+    "backends",
+)
 HOST_ID = Setting(
     "COMMLAYER_HOST_ID",
     str,
