@@ -42,7 +42,8 @@ source benchmarks/gpu/site.sh
 record() {
   local run=$1 backend=$2; shift 2
   echo "=== $run on $backend" | tee -a "$OUT/log.txt"
-  timeout -k 15 "$RUN_TIMEOUT" "$@" > "$OUT/current.txt" 2>&1
+  # anchor and titan are shell functions, which timeout cannot run itself: a child bash inherits them.
+  timeout -k 15 "$RUN_TIMEOUT" bash -c '"$@"' run "$@" > "$OUT/current.txt" 2>&1
   local code=$?
   cat "$OUT/current.txt" >> "$OUT/log.txt"
   python3 "$REPO/benchmarks/gpu/frameworks_report.py" --line "$run" "$backend" "$code" "$OUT/current.txt" \
@@ -68,6 +69,8 @@ titan() {
     --training.steps "$TITAN_STEPS" --parallelism.tensor_parallel_degree "$tp" \
     --parallelism.data_parallel_shard_degree -1 --metrics.log_freq 1)
 }
+export -f anchor titan
+export ANCHOR NPROC STEPS WARMUP TITAN_STEPS REPO TITAN_DIR
 
 if [[ " ${RUNS[*]} " == *" titan_"* ]]; then
   python3 benchmarks/gpu/torchtitan_assets.py .whl/torchtitan_assets/tokenizer "$TITAN_DIR" || echo "torchtitan assets FAILED"
