@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from commlayer.contract.registry import did_you_mean
+from commlayer.core.backend_choice import did_you_mean
 from commlayer.core.metrics import format_duration
 from commlayer.launch.nproc import resolve_nproc
 from commlayer.launch.report import final_report
