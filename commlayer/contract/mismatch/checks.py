@@ -6,7 +6,7 @@ every rank when the calls differ.
   a group on one host: a fraction of a microsecond when the peers are there.
 - :class:`ReductionCheck`: one MAX all-reduce of ``[key, -key, count, -count]`` through the
   backend's own library, for a group across hosts: one small round trip.
-- :func:`group_check`: picks one of the two on the group's first checked call (collective).
+- :func:`group_check`: picks one of the two when the group is built (collective).
 
 A mismatch found by a reduction knows only the group's extremes; every rank then takes part in
 one more reduction that gathers each rank's call, so its message names the first differing peer
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,7 +216,7 @@ class SharedMemoryCheck(MismatchCheck):
         key = pack(op, dtype, root=root, reduce_op=reduce_op)
         signatures = self.signatures
         sequence = signatures.publish(key, count)
-        if signatures.gather(sequence, key, count, op, self.limit, self._deadline_s(op)) is not None:
+        if self._gather(sequence, key, count, op) is not None:
             raise self.mismatch(op, signatures.calls(sequence))
 
     def verify_exchange(
@@ -224,7 +224,7 @@ class SharedMemoryCheck(MismatchCheck):
     ) -> None:
         key, signatures = pack(op, dtype), self.signatures
         sequence = signatures.publish_counts(key, sends, receives)
-        if signatures.gather(sequence, key, 0, op, self.limit, self._deadline_s(op)) is not None:
+        if self._gather(sequence, key, 0, op) is not None:
             raise self.mismatch(op, signatures.calls(sequence))
         counts = signatures.counts(sequence)
         for sender, (sent, _) in enumerate(counts):
@@ -233,58 +233,30 @@ class SharedMemoryCheck(MismatchCheck):
                     pair = (sent[receiver], expected[sender])
                     raise self.exchange_mismatch(op, dtype, sender, receiver, pair)
 
-    def _deadline_s(self, op: str) -> float:
-        """The group's timeout, or what is left of the call's own when it is shorter."""
+    def _gather(self, sequence: int, key: int, count: int, op: str) -> Any:
+        """The peers' signatures, waited for until the group's timeout, or the call's own deadline
+        when it is sooner (then its expiry is the call's CommTimeoutError)."""
         deadline = call_deadline.current()
-        if deadline is None:
-            return self.limit.group_timeout_s
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise CommTimeoutError(f"{op}'s signature check did not complete within the call's timeout")
-        return min(left, self.limit.group_timeout_s)
-
-
-class _FirstUse(MismatchCheck):
-    """:func:`group_check`'s choice, made on the group's first checked call."""
-
-    def __init__(self, choose: Callable[[], MismatchCheck], members: Members, backend: str) -> None:
-        super().__init__(members, backend)
-        self._choose: Callable[[], MismatchCheck] = choose
-        self._made: MismatchCheck | None = None
-
-    def _chosen(self) -> MismatchCheck:
-        if self._made is None:
-            self._made = self._choose()
-            # Later calls go straight to the chosen check (bound methods kept earlier still pass here).
-            self.verify, self.verify_exchange = self._made.verify, self._made.verify_exchange  # type: ignore[method-assign]
-        return self._made
-
-    def verify(
-        self, op: str, dtype: torch.dtype | None, count: int, root: int = -1, reduce_op: Any = None
-    ) -> None:
-        self._chosen().verify(op, dtype, count, root, reduce_op)
-
-    def verify_exchange(
-        self, op: str, dtype: torch.dtype, sends: Sequence[int], receives: Sequence[int]
-    ) -> None:
-        self._chosen().verify_exchange(op, dtype, sends, receives)
+        if deadline is None or deadline - time.monotonic() >= self.limit.group_timeout_s:
+            return self.signatures.gather(sequence, key, count, op, self.limit, self.limit.group_timeout_s)
+        try:
+            return self.signatures.gather(sequence, key, count, op, self.limit, deadline - time.monotonic())
+        except CommTimeoutError:
+            raise CommTimeoutError(
+                f"{op}'s signature check did not complete within the call's timeout"
+            ) from None
 
 
 def group_check(spec: GroupSpec, channel: Any, backend: str) -> MismatchCheck:
     """The default check of one group of ``backend``: through shared memory when every member is
-    on this host (and the CPU orders plain stores), else by reduction on ``channel``. The choice
-    is made on the first checked call, which every member makes (it exchanges hosts through the
-    store), so groups that never run a checked collective cost nothing."""
+    on this host (and the CPU orders plain stores), else by reduction on ``channel``. Collective
+    over the members (they exchange hosts through the store): call it where they build the group."""
     members = Members.of(spec)
-
-    def choose() -> MismatchCheck:
-        limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank, backend, group=spec.name)
-        signatures = host_signatures(spec, f"commlayer/{backend}/signatures/{spec.name}", os.environ)
-        if signatures is None:
-            return ReductionCheck(channel, members, backend)
-        return SharedMemoryCheck(signatures, members, backend, limit)
-
-    return _FirstUse(choose, members, backend)
+    signatures = host_signatures(spec, f"commlayer/{backend}/signatures/{spec.name}", os.environ)
+    if signatures is None:
+        return ReductionCheck(channel, members, backend)
+    limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank, backend, group=spec.name)
+    return SharedMemoryCheck(signatures, members, backend, limit)
 
 
 def split_counts(

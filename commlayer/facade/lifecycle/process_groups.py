@@ -15,6 +15,7 @@ from commlayer.contract.backend import Backend
 from commlayer.contract.registry import get_backend_class
 from commlayer.contract.selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from commlayer.core import health
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import AlreadyInitializedError, BackendUnavailableError, invalid_argument
 from commlayer.core.types import DEFAULT_TIMEOUT, GroupSpec
 from commlayer.facade.calls.ignored_arguments import note_ignored
@@ -53,6 +54,7 @@ def after_group_created(group: ProcessGroup) -> None:
     prepare_torch_group(group)
 
 
+@user_facing
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
@@ -108,6 +110,7 @@ def init_process_group(
     run_init_hooks()  # e.g. the comms logger, when $COMMLAYER_COMMS_LOGGER enables it
 
 
+@user_facing
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down one group, or (``group=None``) every group and the default one."""
     world = current_world("destroy_process_group")
@@ -134,6 +137,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         _shutdown(group.unique_backends())
 
 
+@user_facing
 def new_group(
     ranks: Sequence[int] | None = None,
     timeout: timedelta | None = None,

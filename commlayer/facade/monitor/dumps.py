@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.flight_recorder import write_dump
 from commlayer.core.job import TRACE_DIR_ENV, job_id, trace_root
 from commlayer.facade.groups.group import World, world_or_none
@@ -41,6 +42,7 @@ def job_trace_directory() -> Path:
     return trace_directory() / job_id(os.environ)
 
 
+@user_facing
 def dump_flight_recorder(
     directory: str | os.PathLike[str] | None = None, reason: str = "request"
 ) -> Path | None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from commlayer.core import profiling
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidTypeError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
@@ -29,6 +30,7 @@ from commlayer.facade.ops import into_tensor as paired
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
 
+@user_facing
 def all_reduce_coalesced(
     tensors: list[torch.Tensor],
     op: Any = ReduceOp.SUM,
@@ -58,6 +60,7 @@ def all_reduce_coalesced(
     return _finish(work, lambda: _unpack(packed, tensors), async_op)
 
 
+@user_facing
 def all_gather_coalesced(
     output_tensor_lists: list[list[torch.Tensor]],
     input_tensor_list: list[torch.Tensor],

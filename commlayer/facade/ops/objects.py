@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidTypeError, invalid_argument
 from commlayer.facade.groups.group import ProcessGroup, resolve_group
 from commlayer.facade.ops import in_place as planned
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 
+@user_facing
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Gather a picklable object from every rank into ``object_list`` on every rank.
 
@@ -65,6 +67,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         object_list[index] = _unpickle(rows[: sizes[index]])
 
 
+@user_facing
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -115,6 +118,7 @@ def gather_object(
             object_gather_list[index] = _unpickle(slot[: sizes[index]])  # type: ignore[index]
 
 
+@user_facing
 def broadcast_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -174,6 +178,7 @@ def broadcast_object_list(
     _unpickle_into(object_list, data, sizes)
 
 
+@user_facing
 def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
@@ -245,6 +250,7 @@ def scatter_object_list(
     scatter_object_output_list[0] = _unpickle(received[8 : 8 + size])
 
 
+@user_facing
 def send_object_list(
     object_list: list[Any],
     dst: int | None = None,
@@ -265,6 +271,7 @@ def send_object_list(
     p2p.send(torch.cat(payloads), dst, group=group, group_dst=group_dst)
 
 
+@user_facing
 def recv_object_list(
     object_list: list[Any],
     src: int | None = None,

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
@@ -24,6 +25,7 @@ from commlayer.facade.calls.timeouts import rerun_with_timeout
 __all__ = ["gather", "reduce", "scatter"]
 
 
+@user_facing
 def reduce(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -89,6 +91,7 @@ def reduce(
     )
 
 
+@user_facing
 def gather(
     tensor: torch.Tensor,
     gather_list: list[torch.Tensor] | None = None,
@@ -152,6 +155,7 @@ def gather(
     )
 
 
+@user_facing
 @complex_as_real("scatter")
 def scatter(
     tensor: torch.Tensor,

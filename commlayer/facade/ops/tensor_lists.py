@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
@@ -29,6 +30,7 @@ from commlayer.facade.calls.timeouts import rerun_with_timeout
 __all__ = ["all_gather", "all_to_all", "barrier", "reduce_scatter"]
 
 
+@user_facing
 @complex_as_real("all_gather")
 def all_gather(
     tensor_list: list[torch.Tensor],
@@ -90,6 +92,7 @@ def all_gather(
     )
 
 
+@user_facing
 def reduce_scatter(
     output: torch.Tensor,
     input_list: list[torch.Tensor],
@@ -155,6 +158,7 @@ def reduce_scatter(
     )
 
 
+@user_facing
 @complex_as_real("all_to_all")
 def all_to_all(
     output_tensor_list: list[torch.Tensor],
@@ -215,6 +219,7 @@ def all_to_all(
     )
 
 
+@user_facing
 def barrier(
     group: Any = None,
     async_op: bool = False,

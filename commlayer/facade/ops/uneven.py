@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import CollectiveMismatchError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
@@ -40,6 +41,7 @@ CopyBack = list[tuple[torch.Tensor, torch.Tensor]]
 _DIGEST_BITS = 62
 
 
+@user_facing
 def all_gather_v(
     tensor_list: list[torch.Tensor],
     tensor: torch.Tensor,
@@ -103,6 +105,7 @@ def all_gather_v(
     )
 
 
+@user_facing
 def all_gather_into_tensor_v(
     output_tensor: torch.Tensor,
     input_tensor: torch.Tensor,
@@ -144,6 +147,7 @@ def all_gather_into_tensor_v(
     return None
 
 
+@user_facing
 def reduce_scatter_v(
     output: torch.Tensor,
     input_list: list[torch.Tensor],
