@@ -21,13 +21,13 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.backends.torch_base import TorchBackend
-from commlayer.backends.torch_fast_paths import fused_plan
+from commlayer.backends.torch_fast_paths import TORCH_OPS, fused_plan, options
 from commlayer.contract.backend import StandaloneOptions
 from commlayer.contract.mismatch import MismatchCheck, group_check
 from commlayer.core import settings
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import Capabilities, GroupSpec, ReduceOp
-from commlayer.core.work import Work
+from commlayer.core.work import TorchWork, Work
 
 __all__ = ["GlooBackend", "SignedProcessGroup"]
 
@@ -139,6 +139,28 @@ class GlooBackend(TorchBackend):
     ) -> Work:
         self._verify("scatter", output, output.numel(), root)
         return super().scatter(output, inputs, root, async_op=async_op)
+
+    def all_reduce_coalesced(
+        self, tensors: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
+        # torch's own coalesced op: its profiler events are torch's, asyncOp included.
+        self._verify("all_reduce_coalesced", tensors[0], sum(t.numel() for t in tensors), reduce_op=op)
+        reduction = options(torch_dist.AllreduceCoalescedOptions, async_op, reduceOp=TORCH_OPS[op])
+        return TorchWork(self._pg.allreduce_coalesced(list(tensors), reduction), list(tensors))
+
+    def all_gather_coalesced(
+        self,
+        outputs: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        *,
+        async_op: bool = True,
+    ) -> Work:
+        self._verify("all_gather_coalesced", inputs[0], sum(t.numel() for t in inputs))
+        lists = [list(row) for row in outputs]
+        work = self._pg.allgather_coalesced(
+            lists, list(inputs), options(torch_dist.distributed_c10d.AllgatherOptions, async_op)
+        )
+        return TorchWork(work, [tensor for row in lists for tensor in row])
 
 
 class SignedProcessGroup:

@@ -55,6 +55,8 @@ _OPS = (
     "reduce_scatter",
     "all_gather_v",
     "reduce_scatter_v",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
 )
 _OP_CODES = {name: code for code, name in enumerate(_OPS)}
 _REDUCE_CODES = {reduce_op: code + 1 for code, reduce_op in enumerate(ReduceOp)}
