@@ -54,7 +54,11 @@ def _skip(reason: str, required: bool) -> list[Extension]:
 # Sources the backends compile on first use, shipped inside their packages: source -> package folder.
 FIRST_USE_SOURCES = {
     CCL_SOURCE: Path("commlayer", "backends", "ccl"),
-    Path("csrc", "peermem", "kernels.cu"): Path("commlayer", "backends", "peermem"),
+    **{
+        path.relative_to(ROOT): Path("commlayer", "backends", "peermem")
+        for path in sorted((ROOT / "csrc" / "peermem").iterdir())
+        if path.suffix in (".cu", ".cuh", ".h")
+    },
 }
 
 
@@ -150,28 +154,29 @@ def _mpi_fast_path_extensions() -> list[Extension]:
     ]
 
 
-def _torch_fast_path_extensions() -> list[Extension]:
-    """The torch backends' C fast paths commlayer.backends._torch_fast_paths: the Python C API only
-    (no torch or pybind11 headers), so one build serves every torch version."""
+def _python_api_extensions() -> list[Extension]:
+    """The fast paths built on the Python C API alone (no torch or pybind11 headers), so one build
+    serves every torch version, one extension per layer: the facade's plan lookups and p2p entries
+    (commlayer.facade.calls._fast_paths), the torch backends' fast paths
+    (commlayer.backends._torch_fast_paths) and the comms logger's timer
+    (commlayer.comms_logger._fast_paths)."""
+    common = ["csrc/common/python_module.h", "csrc/common/tensor_meta.h"]
+    layers = {
+        "commlayer.facade.calls._fast_paths": (
+            "facade_fast_paths",
+            ("module", "one_tensor", "paired", "p2p_entries"),
+        ),
+        "commlayer.backends._torch_fast_paths": ("torch_fast_paths", ("module", "fast_paths", "work")),
+        "commlayer.comms_logger._fast_paths": ("logger_fast_paths", ("module", "timed", "timed_log")),
+    }
     return [
         Extension(
-            "commlayer.backends._torch_fast_paths",
-            sources=[
-                f"csrc/torch_fast_paths/{name}.c"
-                for name in (
-                    "module",
-                    "fast_paths",
-                    "in_place",
-                    "paired",
-                    "entry",
-                    "work",
-                    "timed",
-                    "timed_log",
-                )
-            ],
-            depends=["csrc/torch_fast_paths/fast_paths.h", "csrc/common/tensor_meta.h"],
+            name,
+            sources=[f"csrc/{folder}/{source}.c" for source in sources],
+            depends=[*common, *(str(header) for header in Path("csrc", folder).glob("*.h"))],
             extra_compile_args=["-O2", "-fvisibility=hidden"],
         )
+        for name, (folder, sources) in layers.items()
     ]
 
 
@@ -212,7 +217,7 @@ if __name__ == "__main__":
         cmdclass={"build_py": BuildPyWithFirstUseSources},
         ext_modules=_shm_extensions()
         + _mpi_fast_path_extensions()
-        + _torch_fast_path_extensions()
+        + _python_api_extensions()
         + _tensor_meta_extensions()
         + ccl_extensions(),
     )

@@ -1,4 +1,6 @@
-"""Gloo through torch.distributed, with a mismatch check before every collective.
+"""Gloo through torch.distributed: CPU collectives where shm cannot run, between the hosts of a
+two-level shm group, and the CPU side of the accelerators' default specs (``cpu:gloo,cuda:peermem``;
+the defaults are in :mod:`commlayer.contract.selection`).
 
 Measured without the check (benchmarks/faults/gloo_mismatch_detection.py, check off): gloo returns
 garbage, exit code 0, for every dtype mismatch of one element size (float32 against int32) and
@@ -164,7 +166,7 @@ class GlooBackend(TorchBackend):
 
 
 class SignedProcessGroup:
-    """The ProcessGroup methods the fused launchers call (``fused_plan``), each verified first.
+    """The ProcessGroup methods the fused fast paths call (``fused_plan``), each verified first.
 
     ``op`` and ``fixed`` are the plan's (reduce op or root); the dtype comes from the tensors.
     """

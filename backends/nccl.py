@@ -1,4 +1,6 @@
-"""NCCL through torch.distributed: the default CUDA backend."""
+"""NCCL through torch.distributed: CUDA collectives as torch runs them, and the base of peermem (the
+default on CUDA, which adds commlayer's own kernels for the intra-host calls they win; the defaults
+are in :mod:`commlayer.contract.selection`)."""
 
 from __future__ import annotations
 

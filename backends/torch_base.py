@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -20,6 +20,7 @@ from commlayer.backends.torch_fast_paths import fused_plan, options
 from commlayer.backends.torch_fast_paths import wrap as _wrap
 from commlayer.contract.backend import Backend
 from commlayer.contract.fallbacks import P2PRequest
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import Availability, GroupSpec, ReduceOp
 from commlayer.core.work import TorchWork, Work, WorkList
@@ -129,13 +130,11 @@ class TorchBackend(Backend):
     def torch_group(self) -> Any:
         return self._pg
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
-        """Fused launchers for the hot ops, each entering its calls in the flight recorder.
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
+        """Fast paths for the hot ops, each entering its calls in the flight recorder.
 
         ``plan`` stays the contract's default (None): without a recording (debug mode, where each
-        collective is verified across ranks first anyway) the facade's generic launcher serves.
+        collective is verified across ranks first anyway) the facade's generic fast path serves.
         """
         if op in self.generic_ops:
             return None

@@ -21,10 +21,11 @@ from types import ModuleType
 from commlayer import __version__
 from commlayer.core import settings
 from commlayer.core.job import JOB_ID_ENV, new_job_id
-from commlayer.launch import LaunchConfig, LaunchResult, ProcessSpec, SuperviseOptions, launch, supervise
+from commlayer.launch import LaunchConfig, LaunchResult, SuperviseOptions, launch
+from commlayer.launch.backend_check import check_backend, chosen_backend, launcher_of
 from commlayer.launch.commands import LAUNCHERS
 from commlayer.launch.nproc import NPROC_CHOICES, resolve_nproc
-from commlayer.launch.report import default_log_dir, final_report
+from commlayer.launch.report import default_log_dir, final_report, prune_run_logs
 from commlayer.launch.restarts import Attempt, restart_line, run_with_restarts
 
 __all__ = ["main"]
@@ -124,6 +125,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"ranks to start on this host: a number or one of {'|'.join(NPROC_CHOICES)} as torchrun "
         "(auto: one per GPU, else one per CPU; default 1); with --hostfile, per host (default: its slots)",
+    )
+    run.add_argument(
+        "--backend",
+        default=None,
+        metavar="NAME",
+        help="the backend every rank uses: a name or a device map like cpu:gloo,cuda:nccl (sets "
+        "$COMMLAYER_BACKEND); it and $COMMLAYER_BACKEND are checked before any rank starts",
     )
     run.add_argument(
         "-m",
@@ -229,6 +237,14 @@ def _add_certify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     program = ("-m", args.script) if args.module else (args.script,)
+    choice = chosen_backend(args.backend)
+    if choice is not None:
+        # Other hosts may differ from this one: there only the name is checked.
+        problem = check_backend(*choice, availability=args.hostfile is None)
+        if problem is not None:
+            print(f"commlayer run: {problem}", file=sys.stderr)
+            return 2
+        os.environ[settings.BACKEND.name] = choice[0]  # every launch path passes it to the ranks
     if args.hostfile is not None:
         if args.nproc_per_node is not None and not args.nproc_per_node.isdigit():
             print(
@@ -254,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"commlayer run: {error}", file=sys.stderr)
         return 2
-    if (args.launcher or _launcher_of_chosen_backend()) == "mpirun":
+    if (args.launcher or (launcher_of(choice[0]) if choice else "local")) == "mpirun":
         args.nproc_per_node = nproc
         return _run_under_mpirun(args, program)
     return _run_here(args, (sys.executable, *program, *args.script_args), nproc)
@@ -265,7 +281,7 @@ def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) ->
     job = os.environ.get(JOB_ID_ENV) or new_job_id()
 
     def start(attempt: Attempt) -> tuple[LaunchResult, Path]:
-        log_dir = attempt.log_dir(args.log_dir) or default_log_dir(attempt.job_id(job))
+        log_dir = attempt.log_dir(args.log_dir) or prune_run_logs(default_log_dir(attempt.job_id(job)))
         config = LaunchConfig(
             command=command,
             nproc_per_node=nproc,
@@ -289,22 +305,9 @@ def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) ->
     return last[0].exit_code
 
 
-def _launcher_of_chosen_backend() -> str:
-    """How the backend that $COMMLAYER_BACKEND names starts its worlds ("mpirun" for mpi), else "local"."""
-    name = settings.BACKEND.text()
-    if not name:
-        return "local"
-    from commlayer.contract.registry import get_backend_class  # imports torch: only when a backend is named
-    from commlayer.core.errors import BackendUnavailableError
-
-    try:
-        return get_backend_class(name).launcher
-    except BackendUnavailableError:  # unknown, unavailable or a device map: the ranks report it
-        return "local"
-
-
 def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int:
     """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads."""
+    from commlayer.launch.mpirun_local import MpirunJob, run_ranks_under_mpirun
     from commlayer.testing.mpi import MpirunError, mpirun_plan
 
     environ = dict(os.environ)
@@ -318,22 +321,14 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
     except MpirunError as problem:
         print(f"commlayer run: the ranks need an MPI launcher: {problem}", file=sys.stderr)
         return 2
-    command = (*plan.argv, sys.executable, "-u", *program, *args.script_args)
-
-    def start(attempt: Attempt) -> LaunchResult:
-        options = SuperviseOptions(timeout=attempt.timeout, log_dir=attempt.log_dir(args.log_dir))
-        env = {**plan.env, **attempt.environment()}  # mpirun passes its environment to its ranks
-        return supervise([ProcessSpec("mpirun", command, env, tag="")], options)
-
-    def report(result: LaunchResult, attempt: Attempt | None = None) -> None:
-        summary = replace(result, timeout=args.timeout).summary()
-        for line in [summary, restart_line(result, attempt) if attempt is not None else None]:
-            if line is not None:
-                print(line, file=sys.stderr, flush=True)
-
-    result = run_with_restarts(start, lambda result: result, args.max_restarts, args.timeout, report)
-    report(result)
-    return result.exit_code
+    command = (*plan.argv, sys.executable, *program, *args.script_args)
+    # Whole lines from every rank (mpirun labels each write): stderr is line-buffered without
+    # PYTHONUNBUFFERED, stdout from init on (commlayer.facade.lifecycle.signal_handlers).
+    env = {**plan.env, settings.LINE_BUFFERED.name: "1"}
+    env.pop("PYTHONUNBUFFERED", None)
+    job_id = environ.get(JOB_ID_ENV) or new_job_id()
+    job = MpirunJob(command, args.nproc_per_node or 1, env, job_id, args.log_dir)
+    return run_ranks_under_mpirun(job, args.max_restarts, args.timeout)
 
 
 def _list_backends() -> int:

@@ -23,7 +23,7 @@ from commlayer.backends.ccl import native as _native
 from commlayer.backends.ccl.bootstrap import Connection, connect, disconnect
 from commlayer.backends.ccl.build import BuildUnavailable, build_plan, built_extension, cached_extension
 from commlayer.backends.ccl.environment import HostLayout, apply_defaults, usable_cpus
-from commlayer.backends.ccl.fast_paths import LaunchContext, fused_launcher
+from commlayer.backends.ccl.fast_paths import CclFastPathContext, fast_path
 from commlayer.backends.ccl.locate import find_oneccl
 from commlayer.backends.ccl.native import (
     CCL_DTYPES,
@@ -35,6 +35,7 @@ from commlayer.backends.ccl.native import (
 )
 from commlayer.backends.ccl.window import ChannelWindow, payload_channel
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.mismatch import group_check
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health, settings
@@ -136,15 +137,19 @@ class CclBackend(Backend):
         """``ip_port`` of the oneCCL KVS this communicator was built from (for diagnostics)."""
         return self._live().address
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
-        """The fused launcher of a planned collective (see Backend.recorded_plan and fast_paths.py)."""
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
+        """The fast path of a planned collective (see Backend.recorded_plan and fast_paths.py)."""
         methods = functools.partial(getattr, self)
-        context = LaunchContext(
-            self._types, self._signer, self._live, self._limit, self._expire, self.size, methods
+        context = CclFastPathContext(
+            size=self.size,
+            limit=self._limit,
+            op_method=methods,
+            types=self._types,
+            signer=self._signer,
+            live=self._live,
+            expire=self._expire,
         )
-        return fused_launcher(context, op, fixed, recording)
+        return fast_path(context, op, fixed, recording)
 
     # --- the mandatory core ----------------------------------------------------------------
 

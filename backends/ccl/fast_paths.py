@@ -1,14 +1,14 @@
-"""The ccl backend's fused launchers (``Backend.recorded_plan``): the hot path.
+"""The ccl backend's fast paths (``Backend.recorded_plan``): the hot path.
 
-The facade builds one launcher per kind of call and then calls ``run(async_op, *tensors)`` for
+The facade builds one fast path per kind of call and then calls ``run(async_op, *tensors)`` for
 every call of that kind. What the kind fixes -- oneCCL's datatype and reduction, the op's root
 or reduce op, the mismatch check -- is looked up once here, so a call enters the flight recorder
 (the steps ``Recording`` lists), checks its signature when the check is on, posts the oneCCL op
 on the tensors' memory and waits unless async: what the op methods do, less their per-call
-lookups, frames and the facade's generic launcher around them.
+lookups, frames and the facade's generic fast path around them.
 
 An all-to-all with uneven splits takes the op method (its splits come with each call). The
-backend hands the launchers what they need as a :class:`LaunchContext`, read once per plan.
+backend hands the fast paths what they need as a :class:`CclFastPathContext`, read once per plan.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commlayer.backends.ccl.native import CclWork, NativeTypes
+from commlayer.contract.fast_paths import FastPath, FastPathContext
 from commlayer.core.flight_recorder import PLANNED_PAYLOAD, Recording
-from commlayer.core.work import WaitLimit, Work
+from commlayer.core.work import Work
 
 if TYPE_CHECKING:
     from commlayer.backends.ccl.bootstrap import Connection
@@ -31,46 +32,40 @@ if TYPE_CHECKING:
 # on), or the op method's Work where the call must take it (an all-to-all's uneven splits).
 Start = Callable[..., Work]
 
-__all__ = ["LaunchContext", "fused_launcher"]
+__all__ = ["CclFastPathContext", "fast_path"]
 
 
-@dataclass(frozen=True)
-class LaunchContext:
-    """One communicator's state as its launchers use it.
+@dataclass(frozen=True, kw_only=True)
+class CclFastPathContext(FastPathContext):
+    """One communicator's state as its fast paths use it (with FastPathContext's size, limit and
+    op_method).
 
     Args:
         types: oneCCL's datatypes and reductions.
         signer: the signature check, None when it is off.
         live: the communicator's connection, raising CommError once it is shut down or expired.
-        limit: the group's wait limit.
         expire: marks the communicator unusable after an op timed out (the Work calls it).
-        size: the group's size.
-        op_method: the backend's method of each op (``op_method(op)``), for the calls the
-            launchers hand back to it (an all-to-all's uneven splits).
     """
 
     types: NativeTypes
     signer: MismatchCheck | None
     live: Callable[[], Connection]
-    limit: WaitLimit
     expire: Callable[[str], None]
-    size: int
-    op_method: Callable[[str], Callable[..., Work]]
 
 
-def fused_launcher(
-    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording
-) -> Callable[..., Work | None] | None:
-    """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
+def fast_path(
+    context: CclFastPathContext, op: str, fixed: tuple[Any, ...], recording: Recording
+) -> FastPath | None:
+    """``run(async_op, *tensors)`` for ``op``, or None where the op method's fast path must do."""
     starter = _STARTERS.get(op)
     if starter is None or recording.dtype not in context.types.datatypes:
         return None
     start = starter(context, fixed, recording.dtype)
     one_tensor = op in _ONE_TENSOR
-    return None if start is None else recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor)
+    return None if start is None else recording.fast_path(PLANNED_PAYLOAD[op], start, one_tensor)
 
 
-def _verify(context: LaunchContext) -> Callable[..., None] | None:
+def _verify(context: CclFastPathContext) -> Callable[..., None] | None:
     """The mismatch check's ``verify(op, dtype, count, root, reduce_op)``, None when it is off."""
     signer = context.signer
     return None if signer is None else signer.verify
@@ -79,7 +74,7 @@ def _verify(context: LaunchContext) -> Callable[..., None] | None:
 # --- what each op posts --------------------------------------------------------------------
 
 
-def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
+def _all_reduce(context: CclFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
     (reduce_op,) = fixed
     reduction = context.types.reductions.get(reduce_op)
     if reduction is None:  # AVG: the facade runs it as SUM before it plans
@@ -97,7 +92,7 @@ def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dty
     return start
 
 
-def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
+def _broadcast(context: CclFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
     (root,) = fixed
     datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
     limit, expire = context.limit, context.expire
@@ -113,7 +108,7 @@ def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtyp
 
 
 def _all_gather_into_tensor(
-    context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype
+    context: CclFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype
 ) -> Start | None:
     datatype, verify, live = context.types.datatypes[dtype], _verify(context), context.live
     limit, expire = context.limit, context.expire
@@ -129,7 +124,7 @@ def _all_gather_into_tensor(
 
 
 def _reduce_scatter_tensor(
-    context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype
+    context: CclFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype
 ) -> Start | None:
     (reduce_op,) = fixed
     reduction = context.types.reductions.get(reduce_op)
@@ -149,7 +144,9 @@ def _reduce_scatter_tensor(
     return start
 
 
-def _all_to_all_single(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> Start | None:
+def _all_to_all_single(
+    context: CclFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype
+) -> Start | None:
     datatype, signer, live = context.types.datatypes[dtype], context.signer, context.live
     size, limit, expire = context.size, context.limit, context.expire
     method = context.op_method("all_to_all_single")
@@ -167,7 +164,7 @@ def _all_to_all_single(context: LaunchContext, fixed: tuple[Any, ...], dtype: to
 
 
 _ONE_TENSOR = frozenset({"all_reduce", "broadcast"})
-_STARTERS: dict[str, Callable[[LaunchContext, tuple[Any, ...], torch.dtype], Start | None]] = {
+_STARTERS: dict[str, Callable[[CclFastPathContext, tuple[Any, ...], torch.dtype], Start | None]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "all_gather_into_tensor": _all_gather_into_tensor,

@@ -17,7 +17,7 @@ are non-blocking in every mode, so a batch of them is posted before anything wai
 
 Ranks are group ranks and the communicator is the group's own, so they are MPI ranks as they are
 (``new_group([1, 3])``: ``broadcast(t, root=0)`` on global rank 3 is ``Bcast(t, root=0)`` on a
-two-rank communicator, where global rank 1 sends). Planned ops run fused launchers (:mod:`.fast_paths`).
+two-rank communicator, where global rank 1 sends). Planned ops run its fast paths (:mod:`.fast_paths`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import torch
 from commlayer.backends.mpi import cuda as _cuda
 from commlayer.backends.mpi.collectives import MpiCollectives
 from commlayer.backends.mpi.datatypes import MpiTypes
-from commlayer.backends.mpi.fast_path_context import LaunchContext
-from commlayer.backends.mpi.fast_paths import ordered_launcher
+from commlayer.backends.mpi.fast_path_context import MpiFastPathContext
+from commlayer.backends.mpi.fast_paths import ordered_fast_path
 from commlayer.backends.mpi.options import MODE_ENV, MpiOptions
 from commlayer.backends.mpi.ordered import OrderedExecutor, OrderedWork
 from commlayer.backends.mpi.requests import CANNOT_CANCEL, MpiWork, wait_in_place
@@ -50,6 +50,7 @@ from commlayer.backends.mpi.runtime import (
 from commlayer.backends.mpi.shared_signatures import open_shared_signatures
 from commlayer.backends.mpi.signature import SignatureCheck, verified_call
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
 from commlayer.core.errors import BackendUnavailableError, UnsupportedError, invalid_argument
@@ -204,16 +205,23 @@ class MpiBackend(MpiCollectives, Backend):
         """The MPI library serving this communicator, e.g. ``Open MPI v5.0.11, ...``."""
         return library_version(self._mpi)
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
-        """Ordered mode's fused launcher of a planned collective (see Backend.recorded_plan)."""
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
+        """Ordered mode's fast path of a planned collective (see Backend.recorded_plan)."""
         if self._ordered is None:
             return None
-        state = (self._comm, self._mpi, self.size, self._comm.Get_rank(), self._ordered, self._limit)
-        methods = functools.partial(getattr, self)
-        context = LaunchContext(*state, self._check, self._datatypes, self._reductions, methods)
-        return ordered_launcher(context, op, fixed, recording)
+        context = MpiFastPathContext(
+            size=self.size,
+            limit=self._limit,
+            op_method=functools.partial(getattr, self),
+            comm=self._comm,
+            mpi=self._mpi,
+            rank=self._comm.Get_rank(),
+            executor=self._ordered,
+            check=self._check,
+            datatypes=self._datatypes,
+            reductions=self._reductions,
+        )
+        return ordered_fast_path(context, op, fixed, recording)
 
     def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
         """An MPI RMA window (:mod:`.window`) in memory MPI allocates; CUDA tensors get the two-sided one."""

@@ -1,17 +1,17 @@
-"""The mpi backend's fused launchers (``Backend.recorded_plan``) for ordered mode: the hot path.
+"""The mpi backend's fast paths (``Backend.recorded_plan``) for ordered mode: the hot path.
 
-The facade builds one launcher per kind of call and then calls ``run(async_op, *tensors)`` for
+The facade builds one fast path per kind of call and then calls ``run(async_op, *tensors)`` for
 every call of that kind. Everything the kind fixes -- the MPI call, its datatype and reduction,
 the mismatch check's key -- is looked up once here, so a call only wraps its tensors' memory,
 enters the flight recorder (the steps ``Recording`` lists) and hands the same blocking call, the
 mismatch check first, to the ordered executor, exactly as the op methods do (:mod:`.ordered`).
-Against the facade's generic launcher around the op method this saves the per-call lookups, the
+Against the facade's generic fast path around the op method this saves the per-call lookups, the
 ``functools.partial`` of the check, a ``CompletedWork`` and its wait: about 1 us of Python per op.
 
 CUDA tensors (staged or CUDA-aware) and uneven all-to-all splits take the op method itself.
-Where the C launcher can be built (:mod:`.native_fast_paths`), it serves the plain synchronous calls and
-hands every other call to the Python launcher built here.
-The backend hands the launchers what they need as a :class:`~.fast_path_context.LaunchContext`.
+Where the C fast path can be built (:mod:`.native_fast_paths`), it serves the plain synchronous calls and
+hands every other call to the Python fast path built here.
+The backend hands the fast paths what they need as a :class:`~.fast_path_context.MpiFastPathContext`.
 """
 
 from __future__ import annotations
@@ -21,24 +21,25 @@ from typing import Any
 
 import torch
 
-from commlayer.backends.mpi.fast_path_context import LaunchContext
-from commlayer.backends.mpi.native_fast_paths import native_launcher
+from commlayer.backends.mpi.fast_path_context import MpiFastPathContext
+from commlayer.backends.mpi.native_fast_paths import c_fast_path
 from commlayer.backends.mpi.ordered import OrderedWork
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core.flight_recorder import PLANNED_PAYLOAD, Recording, prefill
 from commlayer.core.work import Work
 
-__all__ = ["ordered_launcher"]
+__all__ = ["ordered_fast_path"]
 
-_REMEMBERED_MESSAGES = 64  # per launcher (one kind of call): a bucketed model's buffers fit
+_REMEMBERED_MESSAGES = 64  # per fast path (one kind of call): a bucketed model's buffers fit
 
 # (the element count the ranks must agree on followed by the MPI call's arguments, the result)
 Prepared = tuple[tuple[Any, ...], list[torch.Tensor]]
 
 
-def ordered_launcher(
-    context: LaunchContext, op: str, fixed: tuple[Any, ...], recording: Recording
-) -> Callable[..., Work | None] | None:
-    """``run(async_op, *tensors)`` for ``op``, or None where the op method's launcher must do."""
+def ordered_fast_path(
+    context: MpiFastPathContext, op: str, fixed: tuple[Any, ...], recording: Recording
+) -> FastPath | None:
+    """``run(async_op, *tensors)`` for ``op``, or None where the op method's fast path must do."""
     if op not in PLANNED_PAYLOAD:
         return None
     try:
@@ -51,15 +52,15 @@ def ordered_launcher(
     start = _starter(context, op, fixed, blocking, prepare)
     if check is not None and check.shared is not None:
         start = _publishing_early(context, op, check, key, call, prepare, start)
-    run = recording.launcher(PLANNED_PAYLOAD[op], start, one_tensor=op in ("all_reduce", "broadcast"))
-    native = native_launcher(context, op, fixed, recording, key, run)
+    run = recording.fast_path(PLANNED_PAYLOAD[op], start, one_tensor=op in ("all_reduce", "broadcast"))
+    native = c_fast_path(context, op, fixed, recording, key, run)
     if native is None:
         return run
-    prefill(recording.ring)  # the C launcher rewrites entries in place: no list per call
+    prefill(recording.ring)  # the C fast path rewrites entries in place: no list per call
     return native
 
 
-def _messages(context: LaunchContext, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
+def _messages(context: MpiFastPathContext, dtype: torch.dtype) -> Callable[[torch.Tensor], list[Any]]:
     """``message(tensor)``: ``[buffer, datatype]`` over the tensor's memory, remembered by address
     and size. Training loops and benchmarks pass the same few buffers again and again, and MPI's
     buffer view (which owns nothing) costs more to build than to look up; a view of the same
@@ -79,13 +80,13 @@ def _messages(context: LaunchContext, dtype: torch.dtype) -> Callable[[torch.Ten
 
 
 def _starter(
-    context: LaunchContext,
+    context: MpiFastPathContext,
     op: str,
     fixed: tuple[Any, ...],
     blocking: Callable[..., None],
     prepare: Callable[..., Prepared | None],
-) -> Callable[..., Work | None]:
-    """``start(async_op, *tensors)`` (see Recording.launcher): the op method's Work for CUDA
+) -> FastPath:
+    """``start(async_op, *tensors)`` (see Recording.fast_path): the op method's Work for CUDA
     tensors and uneven splits, an OrderedWork when async, else the blocking call in place."""
     method, executor, limit = context.op_method(op), context.executor, context.limit
 
@@ -103,14 +104,14 @@ def _starter(
 
 
 def _publishing_early(
-    context: LaunchContext,
+    context: MpiFastPathContext,
     op: str,
     check: Any,
     key: int,
     call: Callable[..., Any],
     prepare: Callable[..., Prepared | None],
-    otherwise: Callable[..., Work | None],
-) -> Callable[..., Work | None]:
+    otherwise: FastPath,
+) -> FastPath:
     """``start`` whose synchronous in-place calls publish their signature before the executor and
     gather the peers' right before the MPI call (see SharedSignatures.publish): the check waits
     for the slowest rank, and this way that wait overlaps each rank's own Python. Asynchronous
@@ -134,13 +135,15 @@ def _publishing_early(
 # --- what each op passes to MPI --------------------------------------------------------------
 
 
-def _key(context: LaunchContext, op: str, dtype: torch.dtype, root: int = -1, reduce_op: Any = None) -> int:
+def _key(
+    context: MpiFastPathContext, op: str, dtype: torch.dtype, root: int = -1, reduce_op: Any = None
+) -> int:
     """The mismatch check's key of ``op`` (0 when the check is off); the key reads only the dtype."""
     check = context.check
     return 0 if check is None else check.key(op, torch.empty(0, dtype=dtype), root, reduce_op)
 
 
-def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _all_reduce(context: MpiFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (reduce_op,) = fixed
     message, in_place = _messages(context, dtype), context.mpi.IN_PLACE
     reduction = context.reductions[reduce_op][dtype]
@@ -153,7 +156,7 @@ def _all_reduce(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dty
     return context.comm.Allreduce, prepare, _key(context, "all_reduce", dtype, reduce_op=reduce_op)
 
 
-def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _broadcast(context: MpiFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     (root,) = fixed
     message = _messages(context, dtype)
 
@@ -166,7 +169,7 @@ def _broadcast(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtyp
 
 
 def _pair(
-    call: Callable[..., Any], context: LaunchContext, dtype: torch.dtype, *extra: Any
+    call: Callable[..., Any], context: MpiFastPathContext, dtype: torch.dtype, *extra: Any
 ) -> Callable[[torch.Tensor, torch.Tensor], Prepared | None]:
     """``prepare(output, input)`` of an op that passes (input, output, *extra) to MPI."""
     message = _messages(context, dtype)
@@ -179,12 +182,14 @@ def _pair(
     return prepare
 
 
-def _all_gather(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _all_gather(context: MpiFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     prepare = _pair(lambda tensor, output: tensor.numel(), context, dtype)
     return context.comm.Allgather, prepare, _key(context, "all_gather_into_tensor", dtype)
 
 
-def _reduce_scatter(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _reduce_scatter(
+    context: MpiFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype
+) -> tuple[Any, ...]:
     (reduce_op,) = fixed
     reduction = context.reductions[reduce_op][dtype]
     prepare = _pair(lambda tensor, output: output.numel(), context, dtype, reduction)
@@ -192,12 +197,12 @@ def _reduce_scatter(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch
     return context.comm.Reduce_scatter_block, prepare, key
 
 
-def _all_to_all(context: LaunchContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+def _all_to_all(context: MpiFastPathContext, fixed: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     prepare = _pair(lambda tensor, output: tensor.numel(), context, dtype)
     return context.comm.Alltoall, prepare, _key(context, "all_to_all_single", dtype)
 
 
-_PREPARERS: dict[str, Callable[[LaunchContext, tuple[Any, ...], torch.dtype], tuple[Any, ...]]] = {
+_PREPARERS: dict[str, Callable[[MpiFastPathContext, tuple[Any, ...], torch.dtype], tuple[Any, ...]]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "all_gather_into_tensor": _all_gather,

@@ -91,11 +91,11 @@ class OrderedExecutor:
     @property
     def pending(self) -> deque[_Call]:
         """The calls queued and not finished yet: while it is empty a synchronous call runs in
-        place (the fused launchers read its length, the C one without a method call)."""
+        place (the fast paths read its length, the C one without a method call)."""
         return self._queue
 
     def started_watchdog(self) -> _Watchdog:
-        """The watchdog of synchronous calls, started: for launchers that stamp it themselves
+        """The watchdog of synchronous calls, started: for fast paths that stamp it themselves
         (csrc/mpi/fast_paths.cpp stamps ``op``, ``limit`` and ``started`` exactly as :meth:`run`)."""
         if self._watchdog.thread is None:
             self._watchdog.start()

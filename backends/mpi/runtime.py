@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from commlayer.core import watchdog
 from commlayer.core.errors import BackendUnavailableError
 from commlayer.core.shm_files import release_job_regions
 
@@ -203,8 +204,10 @@ def _still_pending() -> list[str]:
 
 
 def end_job(reason: str) -> None:
-    """Print ``reason`` and MPI_Abort the job: a blocking MPI call that outlived the group's
-    timeout cannot be cancelled (torch's NCCL watchdog tears its process down likewise)."""
+    """Dump the flight recorder, print ``reason`` and MPI_Abort the job: a blocking MPI call that
+    outlived the group's timeout cannot be cancelled (torch's NCCL watchdog tears its process
+    down likewise)."""
+    watchdog.dump_now(f"ending the job with MPI_Abort: {reason}")
     sys.stdout.flush()
     sys.stderr.write(
         f"commlayer: {reason}\ncommlayer: MPI cannot cancel a started blocking call; ending the job "

@@ -9,7 +9,7 @@ ranks all share one host the signatures meet in an MPI shared window
 (:mod:`commlayer.contract.mismatch.shared_slots`, opened by :mod:`.shared_signatures`): a fraction
 of a microsecond. Across hosts they meet in one 32-byte ``Allreduce(MAX)`` of
 ``[key, -key, count, -count]``, one more collective of latency (benchmarks/overhead/mismatch_checks.py).
-There, the C launcher may also enter a call whose input MPI never writes before the late peers
+There, the C fast path may also enter a call whose input MPI never writes before the late peers
 have published (speculation); a peer that disagrees completes that call on scratch memory and
 every rank still raises, inputs untouched (:meth:`SignatureCheck.speculated`, :mod:`.speculation`).
 
@@ -114,7 +114,7 @@ class SignatureCheck:
 
     def checked(self, op: str, key: int, call: Callable[..., Any]) -> Callable[..., None]:
         """``checked(count, *arguments)``: :meth:`verify` of ``op`` with ``key``, then
-        ``call(*arguments)`` (what ordered mode's launchers run, one frame for both)."""
+        ``call(*arguments)`` (what ordered mode's fast paths run, one frame for both)."""
         shared = self.shared
         if shared is None:
 
@@ -148,7 +148,7 @@ class SignatureCheck:
 
     def speculated(self, op: str, key: int) -> Callable[[int, int], None]:
         """``speculated(sequence, count)``: the check of a call this rank entered before every peer
-        had published (the C launcher's speculation): waits for them, compares, and raises the
+        had published (the C fast path's speculation): waits for them, compares, and raises the
         mismatch, whose text says this rank's output is undefined."""
         gather, limit = self.shared.gather, self.limit
         deadline_s = limit.group_timeout_s * _ORDERED_DEADLINE_SHARE

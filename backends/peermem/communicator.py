@@ -1,59 +1,63 @@
-"""One group's peer-mapped regions: attached through the group's store, launched through ctypes.
+"""One group's mapped regions and registered segments, and the launcher of its kernels (ctypes).
 
-Attaching is collective over the group's members. Each rank allocates its region, posts its IPC
-handle and host identity to the store, and maps every peer's; the kernels serve the group only
-when every member is on one host and every mapping succeeded, which the members agree on through
-the store too. Otherwise :func:`attach` returns None and every call goes to NCCL.
+:mod:`.attach` builds a :class:`PeerComm` collectively; from then on each call is local: a route
+from the crossover table, the places of the call's tensors (:mod:`.registry`), one launch on the
+caller's stream.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
-import socket
+import struct
+import time
+from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from commlayer.backends.peermem.kernel_library import KernelLibrary, load_library
-from commlayer.backends.peermem.routing import CROSSOVERS, KERNEL_DTYPES, choose, grid_blocks
+from commlayer.backends.peermem.board import Board
+from commlayer.backends.peermem.kernel_library import KernelLibrary
+from commlayer.backends.peermem.registry import NOT_PLACED, Registry, Segment
+from commlayer.backends.peermem.routing import (
+    ALL_TO_ALL_BLOCKS,
+    CROSSOVERS,
+    KERNEL_DTYPES,
+    choose,
+    choose_uneven,
+    grid_blocks,
+)
 from commlayer.core import settings
 from commlayer.core.errors import CommTimeoutError
 from commlayer.core.types import GroupSpec, ReduceOp
 from commlayer.core.work import Work
 
-__all__ = [
-    "DISABLE_ENV",
-    "HALF_BYTES_ENV",
-    "KINDS",
-    "OP_CODES",
-    "PeerComm",
-    "PeerWork",
-    "attach",
-    "host_identity",
-    "timeout_error",
-]
+__all__ = ["KINDS", "OP_CODES", "PeerComm", "PeerWork", "Route", "timeout_error"]
 
 _log = logging.getLogger(__name__)
 
-DISABLE_ENV = settings.PEERMEM.name
-HALF_BYTES_ENV = settings.PEERMEM_BYTES.name
-DEFAULT_HALF_BYTES = 32 << 20
 KINDS = {("all_reduce", "one_shot"): 0, ("all_reduce", "two_shot"): 1}
 KINDS.update({("all_gather_into_tensor", "one_shot"): 2, ("reduce_scatter_tensor", "one_shot"): 3})
 KINDS.update({("all_reduce", "push"): 4, ("reduce_scatter_tensor", "push"): 5})
+KINDS.update({("all_reduce", "one_shot_push"): 6, ("all_reduce", "zero_copy"): 7})
+KINDS.update({("all_gather_into_tensor", "zero_copy"): 8, ("reduce_scatter_tensor", "zero_copy"): 9})
 OP_CODES = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.AVG: 4}
+# Which of a call's tensors peers reach in place, per op: (input, output).
+_PLACED = {
+    "all_reduce": (True, True),
+    "all_gather_into_tensor": (False, True),
+    "reduce_scatter_tensor": (True, False),
+    "all_to_all_single": (True, False),
+}
+_UNPLACED = (-1, -1, 0, 0, -1)
+_SPLITS = struct.Struct("<32Q")
 
 
-def host_identity() -> str:
-    """This host's name and boot id: equal exactly for processes of one machine."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+class Route(NamedTuple):
+    code: int
+    blocks: int
+    op: str  # set for zero-copy routes (whose tensors are placed), else ""
 
 
 class PeerWork(Work):
@@ -86,27 +90,34 @@ class PeerWork(Work):
         return self.wait()
 
 
+def _aligned(tensor: torch.Tensor) -> bool:
+    return tensor.data_ptr() % 16 == 0
+
+
 class PeerComm:
-    """A group's mapped regions and the launcher of its kernels."""
+    """A group's mapped regions, its registered segments and the launcher of its kernels."""
 
     def __init__(
-        self, lib: KernelLibrary, handle: int, spec: GroupSpec, device: int, half_bytes: int
+        self, lib: KernelLibrary, handle: int, spec: GroupSpec, device: int, half_bytes: int, board: Board
     ) -> None:
         self.lib, self.handle, self.spec, self.device = lib, handle, spec, device
-        self.half_bytes = half_bytes
-        self.world = spec.size
+        self.half_bytes, self.board = half_bytes, board
+        self.world, self.rank = spec.size, spec.group_rank
         self.forced = settings.PEERMEM_ALGORITHM.value()
         self.table = CROSSOVERS
-        self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], tuple[int, int] | None] = {}
+        self.registry = Registry(board, self.rank, self.world, lib.max_slots)
+        self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
         self._launch = lib.launch
         self._stream = torch._C._cuda_getCurrentRawStream
+        self._capturing = torch.cuda.is_current_stream_capturing
+        self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
+        self._registrations = 0
+        self._descriptors = 0
         #: Nonzero once a call of this group timed out (host-mapped, written by the kernel).
         self.failed = ctypes.c_int.from_address(lib.lib.pm_error_address(handle))
 
-    def route(
-        self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None
-    ) -> tuple[int, int] | None:
-        """``(code, blocks)`` for the kernel that serves this kind of call, or None for NCCL."""
+    def route(self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None) -> Route | None:
+        """The kernel that serves this kind of call, or None for NCCL."""
         key = (op, nbytes, dtype, reduce_op)
         try:
             return self._routes[key]
@@ -119,30 +130,226 @@ class PeerComm:
             algorithm = choose(self.table, op, nbytes, self.world, self.half_bytes, self.forced)
             if algorithm != "nccl":
                 code = KINDS[op, algorithm] | dtype_code << 4 | op_code << 8
-                route = (code, grid_blocks(op, algorithm, nbytes, self.world))
+                placed = op if algorithm == "zero_copy" else ""
+                route = Route(code, grid_blocks(op, algorithm, nbytes, self.world), placed)
         self._routes[key] = route
         return route
 
     def launch(
-        self, route: tuple[int, int], source: torch.Tensor, output: torch.Tensor, nbytes: int, async_op: bool
-    ) -> Work | None:
-        """Start the kernel on the current stream; ``nbytes`` is what the kernel's ``bytes`` means.
-
-        Returns None when the tensors are not 16-byte aligned: the caller then uses NCCL.
-        """
-        code, blocks = route
+        self, route: Route, source: torch.Tensor, output: torch.Tensor, nbytes: int, async_op: bool
+    ) -> Work:
+        """Start the kernel on the current stream; ``nbytes`` is what the kernel's ``bytes`` means."""
+        if not (_aligned(source) and _aligned(output)):
+            return self._launch_aligned(route, source, output, nbytes, async_op)
+        places = self.places(route.op, source, output) if route.op else _UNPLACED
         rc = self._launch(
-            self.handle, code, source.data_ptr(), output.data_ptr(), nbytes, blocks, self._stream(self.device)
+            self.handle,
+            route.code,
+            source.data_ptr(),
+            output.data_ptr(),
+            nbytes,
+            route.blocks,
+            self._stream(self.device),
+            *places,
         )
+        return self._started(rc, output, async_op)
+
+    def _launch_aligned(
+        self, route: Route, source: torch.Tensor, output: torch.Tensor, nbytes: int, async_op: bool
+    ) -> Work:
+        # The kernels move 16-byte units; every rank must still take the kernel (a peer cannot
+        # know this rank's offsets), so an unaligned view travels through an aligned copy.
+        staged_source = source if _aligned(source) else source.clone()
+        staged_output = output if _aligned(output) else torch.empty_like(output)
+        if output.data_ptr() == source.data_ptr():
+            staged_output = staged_source
+        self.launch(route, staged_source, staged_output, nbytes, False)
+        if staged_output is not output:
+            output.copy_(staged_output)
+        return self._started(0, output, async_op)
+
+    def _started(self, rc: int, output: torch.Tensor, async_op: bool) -> Work:
         if rc:
-            if rc == -3:
-                return None
             self._fail(rc)
         event = None
         if async_op:
             event = torch.cuda.Event()
             event.record()
         return PeerWork(self, (output,), event)
+
+    def places(self, op: str, source: torch.Tensor, output: torch.Tensor) -> tuple[int, int, int, int, int]:
+        """``(in_slot, out_slot, in_off, out_off, descriptor)`` of a zero-copy call's tensors."""
+        wants_in, wants_out = _PLACED[op]
+        if self._capturing():
+            return self._captured_places(
+                source.data_ptr() if wants_in else 0, output.data_ptr() if wants_out else 0
+            )
+        self.map_news()
+        in_slot, in_off = self._place(source.data_ptr()) if wants_in else NOT_PLACED
+        out_slot, out_off = self._place(output.data_ptr()) if wants_out else NOT_PLACED
+        return in_slot, out_slot, in_off, out_off, -1
+
+    def _place(self, pointer: int, share: bool = True) -> tuple[int, int]:
+        segment = self.segment(pointer)
+        place = self.registry.place(segment, pointer)
+        if place == NOT_PLACED and share:
+            self.registry.share(segment, self._export)
+        return place
+
+    def segment(self, pointer: int) -> Segment | None:
+        """The allocation holding ``pointer`` (None when the driver cannot say)."""
+        found = self.lib.segment(pointer)
+        return None if isinstance(found, int) else Segment(*found)
+
+    def _export(self, base: int) -> bytes | None:
+        handle = ctypes.create_string_buffer(self.lib.handle_bytes)
+        return None if self.lib.lib.pm_export(base, handle) else handle.raw
+
+    def map_news(self) -> None:
+        """Map the segments peers posted since the last call, and acknowledge them."""
+        for peer, slot, handle in self.registry.news():
+            rc = self.lib.lib.pm_import(self.handle, peer, slot, handle)
+            if rc:
+                _log.warning(
+                    "peermem: mapping rank %d's segment %d failed: %s", peer, slot, self.lib.error_string(rc)
+                )
+            self.registry.mapped(peer, slot, rc == 0)
+
+    def _captured_places(self, source: int, output: int) -> tuple[int, int, int, int, int]:
+        # Segments every peer maps already are named at capture; others are read at replay from
+        # a descriptor, which register_graph_buffers fills in once every peer maps them.
+        place = self._captured_place(source, output)
+        if place is not None:
+            return (*place, -1)
+        if self._descriptors >= self.lib.max_descs:
+            return _UNPLACED
+        descriptor = self._descriptors
+        self._descriptors += 1
+        self._captured.append((descriptor, source, output))
+        return -1, -1, 0, 0, descriptor
+
+    def register_graph_buffers(self, timeout: timedelta | None = None) -> int:
+        """Let the kernels of captured graphs read and write their tensors in place.
+
+        Collective: every member calls it after capturing the same graphs, between replays. Shares
+        the segments of the calls captured since the last registration, waits until every peer
+        maps them, and fills in the calls' descriptors; their replays from then on skip the
+        staging copies. A call whose tensor lies in a segment that cannot be shared stays staged.
+        Returns how many calls' tensors are now reached in place.
+        """
+        torch.cuda.synchronize(self.device)
+        captured, self._captured = self._captured, []
+        pending = [
+            entry for entry in captured if all(self._shared(pointer) for pointer in entry[1:] if pointer)
+        ]
+        limit = timeout or self.spec.timeout
+        self._registrations += 1
+        prefix = f"commlayer/peermem/{self.spec.name}/graphs/{self._registrations}"
+        self.spec.store.set(f"{prefix}/{self.rank}", b"1")
+        self.spec.store.wait([f"{prefix}/{rank}" for rank in range(self.world)], limit)
+        deadline = time.monotonic() + limit.total_seconds()
+        done = 0
+        while True:
+            self.map_news()  # peers wait for this rank to map theirs, as this rank waits for them
+            waiting = []
+            for descriptor, source, output in pending:
+                place = self._captured_place(source, output)
+                if place is None:
+                    waiting.append((descriptor, source, output))
+                    continue
+                rc = self.lib.lib.pm_set_place(self.handle, descriptor, *place)
+                if rc:
+                    self._fail(rc)
+                done += 1
+            pending = waiting
+            if not pending or time.monotonic() > deadline:
+                return done
+            time.sleep(0.0005)
+
+    def _shared(self, pointer: int) -> bool:
+        """Share ``pointer``'s segment unless it is; whether it now has a slot."""
+        segment = self.segment(pointer)
+        if segment is None:
+            return False
+        self.registry.share(segment, self._export)
+        return self.registry.slot_of(segment) is not None
+
+    def _captured_place(self, source: int, output: int) -> tuple[int, int, int, int] | None:
+        """``(in_slot, out_slot, in_off, out_off)`` once every peer maps the call's tensors."""
+        in_slot, in_off = self._place(source, False) if source else NOT_PLACED
+        out_slot, out_off = self._place(output, False) if output else NOT_PLACED
+        if (source and in_slot < 0) or (output and out_slot < 0):
+            return None
+        return in_slot, out_slot, in_off, out_off
+
+    def all_to_all(
+        self,
+        output: torch.Tensor,
+        source: torch.Tensor,
+        output_splits: Sequence[int] | None,
+        input_splits: Sequence[int] | None,
+        async_op: bool,
+    ) -> Work | None:
+        """all_to_all_single on the kernel, or None when NCCL must serve it.
+
+        One choice per group, whatever the splits: a rank knows only its own sizes, and one rank
+        may pass even splits as None where another lists them.
+        """
+        algorithm = choose_uneven(self.table, self.world, self.forced)
+        if algorithm == "nccl":
+            return None
+        if not (_aligned(source) and _aligned(output)):
+            staged = torch.empty_like(output)
+            self.all_to_all(staged, source.clone(), output_splits, input_splits, False)
+            output.copy_(staged)
+            return self._started(0, output, async_op)
+        nbytes = source.numel() * source.element_size()
+        splits = _SPLITS.pack(*byte_splits(source, output, input_splits, output_splits, self.world))
+        in_slot, _, in_off, _, descriptor = self.places("all_to_all_single", source, output)
+        rc = self.lib.all_to_all(
+            self.handle,
+            source.data_ptr(),
+            output.data_ptr(),
+            nbytes,
+            splits,
+            ALL_TO_ALL_BLOCKS,
+            self._stream(self.device),
+            in_slot,
+            in_off,
+            descriptor,
+        )
+        return self._started(rc, output, async_op)
+
+    def fused_norm(
+        self,
+        partial: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        normed: torch.Tensor,
+        residual_out: torch.Tensor,
+    ) -> bool:
+        """all_reduce(partial) + residual, RMSNorm'd, in one kernel; False when it cannot serve
+        (a size or dtype every rank shares, so every rank falls back alike)."""
+        hidden = partial.shape[-1]
+        rows = partial.numel() // max(hidden, 1)
+        row_bytes = hidden * partial.element_size()
+        dtype = KERNEL_DTYPES.get(partial.dtype)
+        if dtype is None or rows == 0 or row_bytes % 16 or rows * row_bytes * self.world > self.half_bytes:
+            return False
+        # A peer cannot know this rank's offsets: unaligned inputs travel as aligned copies.
+        partial, residual, weight = (t if _aligned(t) else t.clone() for t in (partial, residual, weight))
+        tensors = (partial, residual, weight, normed, residual_out)
+        if not (_aligned(normed) and _aligned(residual_out)):
+            raise ValueError("peermem fused_norm: the outputs must be 16-byte aligned (allocate them fresh)")
+        blocks = max(1, min(rows, 128))
+        pointers = [t.data_ptr() for t in tensors]
+        rc = self.lib.fused_norm(
+            self.handle, dtype, *pointers, rows, hidden, float(eps), blocks, self._stream(self.device)
+        )
+        if rc:
+            self._fail(rc)
+        return True
 
     def _fail(self, rc: int) -> None:
         if rc == -2:
@@ -162,7 +369,7 @@ class PeerComm:
         if self.handle is None:
             return
         torch.cuda.synchronize(self.device)
-        prefix = _prefix(self.spec)
+        prefix = f"commlayer/peermem/{self.spec.name}"
         self.spec.store.set(f"{prefix}/closed/{self.spec.group_rank}", b"1")
         keys = [f"{prefix}/closed/{rank}" for rank in range(self.world)]
         try:
@@ -173,6 +380,32 @@ class PeerComm:
             )
         self.lib.lib.pm_destroy(self.handle)
         self.handle = None
+        self.board.close()
+
+
+def byte_splits(
+    source: torch.Tensor,
+    output: torch.Tensor,
+    input_splits: Sequence[int] | None,
+    output_splits: Sequence[int] | None,
+    world: int,
+) -> list[int]:
+    """send offsets, send lengths, receive offsets, receive lengths in bytes, 8 each (padded)."""
+    sends = _offsets(source, input_splits, world)
+    receives = _offsets(output, output_splits, world)
+    pad = [0] * (8 - world)
+    return [*sends[0], *pad, *sends[1], *pad, *receives[0], *pad, *receives[1], *pad]
+
+
+def _offsets(tensor: torch.Tensor, splits: Sequence[int] | None, world: int) -> tuple[list[int], list[int]]:
+    nbytes = tensor.numel() * tensor.element_size()
+    if splits is None:
+        lengths = [nbytes // world] * world
+    else:
+        row = nbytes // tensor.shape[0] if tensor.dim() and tensor.shape[0] else 0
+        lengths = [int(rows) * row for rows in splits]
+    offsets = [sum(lengths[:p]) for p in range(world)]
+    return offsets, lengths
 
 
 def timeout_error(spec: GroupSpec, missing: int, name: str) -> CommTimeoutError:
@@ -182,59 +415,3 @@ def timeout_error(spec: GroupSpec, missing: int, name: str) -> CommTimeoutError:
         f"collective within {spec.timeout} (group '{spec.name}', waiting rank {spec.group_rank}); "
         "the group's peer-memory state is unusable: destroy the group"
     )
-
-
-def _prefix(spec: GroupSpec) -> str:
-    return f"commlayer/peermem/{spec.name}"
-
-
-def _local_attach(spec: GroupSpec, half_bytes: int) -> tuple[KernelLibrary | None, int | None, bytes, str]:
-    """This rank's library, region and IPC handle, or the reason it has none."""
-    if not (2 <= spec.size <= 8):
-        return None, None, b"", f"group of {spec.size} ranks (the kernels serve 2 to 8)"
-    if not settings.PEERMEM.value():
-        return None, None, b"", f"${DISABLE_ENV}=0"
-    try:
-        device = torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(device)
-        lib = load_library(f"sm_{major}{minor}")
-        handle = ctypes.c_void_p()
-        ipc = ctypes.create_string_buffer(lib.handle_bytes)
-        timeout_ns = int(spec.timeout.total_seconds() * 1e9)
-        args = (device, spec.group_rank, spec.size, half_bytes, timeout_ns, ctypes.byref(handle), ipc)
-        rc = lib.lib.pm_create(*args)
-        if rc:
-            return None, None, b"", f"allocating the region failed: {lib.error_string(rc)}"
-        return lib, handle.value, ipc.raw, ""
-    except Exception as error:  # noqa: BLE001 - any failure here only means NCCL serves the group
-        return None, None, b"", f"{type(error).__name__}: {error}"
-
-
-def _all_posted(spec: GroupSpec, key: str, value: str) -> list[str]:
-    prefix = _prefix(spec)
-    spec.store.set(f"{prefix}/{key}/{spec.group_rank}", value.encode())
-    return [spec.store.get(f"{prefix}/{key}/{rank}").decode() for rank in range(spec.size)]
-
-
-def attach(spec: GroupSpec) -> PeerComm | None:
-    """Map the group's regions (collective over its members); None when NCCL must serve it."""
-    half_bytes = int(settings.PEERMEM_BYTES.value())
-    lib, handle, ipc, reason = _local_attach(spec, half_bytes)
-    posted = _all_posted(
-        spec, "handle", json.dumps({"host": host_identity(), "ipc": ipc.hex(), "why": reason})
-    )
-    peers = [json.loads(text) for text in posted]
-    usable = all(not peer["why"] for peer in peers) and len({peer["host"] for peer in peers}) == 1
-    opened = ""
-    if usable and lib is not None:
-        for rank, peer in enumerate(peers):
-            rc = lib.lib.pm_open(handle, rank, bytes.fromhex(peer["ipc"]))
-            if rc:
-                opened = f"mapping rank {rank}'s region failed: {lib.error_string(rc)}"
-                break
-    agreed = _all_posted(spec, "opened", opened if usable else "unused")
-    if lib is None or not usable or any(agreed):
-        if lib is not None and handle is not None:
-            lib.lib.pm_destroy(handle)
-        return None
-    return PeerComm(lib, handle, spec, torch.cuda.current_device(), half_bytes)

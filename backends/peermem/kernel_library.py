@@ -1,7 +1,8 @@
 """The peer-memory kernels' shared library: built with nvcc at first use, cached, loaded by ctypes.
 
-The cache key is the source's hash and the device's compute capability, so an edited source or
-another GPU builds anew; concurrent ranks build once under a file lock.
+The cache key is the hash of the sources (kernels.cu and the headers beside it) and the device's
+compute capability, so an edited source or another GPU builds anew; concurrent ranks build once
+under a file lock.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ _SOURCE_PLACES = (
     Path(__file__).resolve().parents[2] / "csrc" / "peermem" / "kernels.cu",
 )
 SOURCE = next((place for place in _SOURCE_PLACES if place.exists()), _SOURCE_PLACES[-1])
+#: Every file the build reads: kernels.cu includes the headers beside it.
+SOURCES = (SOURCE, *sorted(SOURCE.parent.glob("*.cuh")), *sorted(SOURCE.parent.glob("*.h")))
+
+
+def source_bytes() -> bytes:
+    """The sources' contents, named, in a fixed order: what the cache key hashes."""
+    return b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in SOURCES)
 
 
 def cache_path(source: bytes, arch: str, cache_root: str | None = None) -> Path:
@@ -73,7 +81,11 @@ class KernelLibrary:
         vp, ull, i = ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int
         lib.pm_create.argtypes = [i, i, i, ull, ull, ctypes.POINTER(vp), ctypes.c_char_p]
         lib.pm_open.argtypes = [vp, i, ctypes.c_char_p]
-        lib.pm_launch.argtypes = [vp, i, vp, vp, ull, i, vp]
+        lib.pm_launch.argtypes = [vp, i, vp, vp, ull, i, vp, i, i, ull, ull, i]
+        lib.pm_segment.argtypes = [vp, ctypes.POINTER(ull)]
+        lib.pm_export.argtypes = [vp, ctypes.c_char_p]
+        lib.pm_import.argtypes = [vp, i, i, ctypes.c_char_p]
+        lib.pm_set_place.argtypes = [vp, i, i, i, ull, ull]
         lib.pm_error.argtypes = [vp, ctypes.POINTER(i), ctypes.POINTER(i)]
         lib.pm_error_string.restype = ctypes.c_char_p
         lib.pm_destroy.argtypes = [vp]
@@ -81,11 +93,16 @@ class KernelLibrary:
         lib.pm_error_address.restype = vp
         self.lib = lib
         self.handle_bytes = lib.pm_handle_bytes()
+        self.max_slots = lib.pm_max_slots()
+        self.max_descs = lib.pm_max_descs()
         # The same file imported as a module: its launch() skips ctypes' argument conversions.
         loader = importlib.machinery.ExtensionFileLoader("_peermem_kernels", str(path))
         module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
         loader.exec_module(module)
         self.launch = module.launch
+        self.all_to_all = module.all_to_all
+        self.fused_norm = module.fused_norm
+        self.segment = module.segment
 
     def error_string(self, code: int) -> str:
         return self.lib.pm_error_string(code).decode()
@@ -94,8 +111,7 @@ class KernelLibrary:
 @functools.cache
 def load_library(arch: str) -> KernelLibrary:
     """The kernels built for ``arch``, building them first when no cached build exists."""
-    source = SOURCE.read_bytes()
-    target = cache_path(source, arch)
+    target = cache_path(source_bytes(), arch)
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target.with_suffix(".lock"), "w") as lock:

@@ -2,8 +2,11 @@
 
 The table maps a group size to, per op, ascending ``(max_bytes, algorithm)`` rows: the first row
 whose bound holds the call's bytes (the whole tensor: an all-reduce's tensor, an all-gather's
-output, a reduce-scatter's input) names the algorithm; past the last row, NCCL. The rows come
-from ``benchmarks/peermem_bench.py`` on the machine named in :data:`MEASURED_ON`.
+output, a reduce-scatter's input, an all-to-all's input) names the algorithm; past the last row,
+NCCL. The rows come from ``benchmarks/gpu/peermem.py`` on the machine named in
+:data:`MEASURED_ON`. Every input of the choice is equal on every rank of a call (sizes, dtypes,
+the group), so every rank picks the same algorithm: one rank on a kernel while another is on NCCL
+would wait for ever.
 """
 
 from __future__ import annotations
@@ -21,48 +24,79 @@ __all__ = [
     "KERNEL_DTYPES",
     "MEASURED_ON",
     "choose",
+    "choose_uneven",
     "fits",
     "grid_blocks",
 ]
 
 #: Forces one algorithm for every call the kernels can serve (benchmarks): one of ALGORITHMS.
 ALGORITHM_ENV = settings.PEERMEM_ALGORITHM.name
-#: one_shot: every rank reads every peer's staged copy; two_shot: reduce-scatter then all-gather,
-#: pulling; push: the same two steps (or a reduce-scatter's one), writing into the owners' regions.
-ALGORITHMS = ("one_shot", "two_shot", "push", "nccl")
+#: one_shot: every rank reads every peer's staged copy; one_shot_push: every rank writes its input
+#: into every peer's region and reduces locally; two_shot: reduce-scatter then all-gather, pulling
+#: staged copies; push: the same two steps (or a reduce-scatter's one), writing into the owners'
+#: regions; zero_copy: peers read and write the callers' tensors where they lie (registered
+#: segments), staging only what is not registered yet, in rounds, so any size fits.
+ALGORITHMS = ("one_shot", "one_shot_push", "two_shot", "push", "zero_copy", "nccl")
 KERNEL_DTYPES: Mapping[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-MEASURED_ON = "4x NVIDIA H100 80GB HBM3 (NVLink), torch 2.11+cu130"
+MEASURED_ON = "4 and 2 of 4 NVIDIA H200 (NVLink, NV18), torch 2.11+cu130"
 
 KiB, MiB = 1 << 10, 1 << 20
 Rows = tuple[tuple[int, str], ...]
+#: all_to_all_single has one row: every rank must take the same path whatever its own sizes.
+_ALL_TO_ALL: Rows = ((1 << 62, "zero_copy"),)
 
 CROSSOVERS: Mapping[int, Mapping[str, Rows]] = {
     2: {
-        "all_reduce": ((4 * MiB, "one_shot"), (16 * MiB, "push")),
-        "all_gather_into_tensor": ((4 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((4 * MiB, "one_shot"), (16 * MiB, "push")),
+        "all_reduce": ((4 * MiB, "one_shot"), (16 * MiB, "push"), (256 * MiB, "zero_copy")),
+        "all_gather_into_tensor": ((16 * MiB, "one_shot"), (256 * MiB, "zero_copy")),
+        "reduce_scatter_tensor": ((4 * MiB, "one_shot"), (256 * MiB, "zero_copy")),
+        "all_to_all_single": _ALL_TO_ALL,
     },
     4: {
-        "all_reduce": ((1 * MiB, "one_shot"), (4 * MiB, "two_shot")),
-        "all_gather_into_tensor": ((16 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((4 * MiB, "one_shot"),),
+        "all_reduce": ((256 * KiB, "one_shot"), (1 * MiB, "two_shot"), (16 * MiB, "zero_copy")),
+        "all_gather_into_tensor": ((128 * MiB, "one_shot"),),
+        "reduce_scatter_tensor": ((4 * MiB, "one_shot"), (256 * MiB, "zero_copy")),
+        "all_to_all_single": _ALL_TO_ALL,
     },
 }
 
 THREADS = 512
 MAX_BLOCKS = 64
-PUSH_MAX_BLOCKS = 128
+WIDE_MAX_BLOCKS = 128
+#: all_to_all_single: every rank knows only its own sizes, so the grid is fixed.
+ALL_TO_ALL_BLOCKS = 128
+_WIDE = frozenset({"push", "zero_copy"})
+_ONLY_ALL_REDUCE = frozenset({"one_shot_push", "two_shot"})
 
 
 def fits(op: str, algorithm: str, nbytes: int, world: int, half_bytes: int) -> bool:
-    """Whether a call of ``nbytes`` stages within one half of the region (``half_bytes``)."""
+    """Whether the kernels can serve a call of ``nbytes`` (staged ones within one region half)."""
+    if algorithm == "nccl" or nbytes <= 0:
+        return False
+    if op == "all_to_all_single":
+        return algorithm == "zero_copy"
     if nbytes % (16 * world if op != "all_reduce" else 16):
         return False
-    # Two-shot stages every rank's contributions and the gathered result: twice the tensor.
-    staged = nbytes * (2 if op == "all_reduce" and algorithm == "push" else 1)
+    if algorithm == "zero_copy":
+        return True
+    staged = {
+        "one_shot_push": nbytes * world,
+        "push": nbytes * (2 if op == "all_reduce" else 1),
+    }.get(algorithm, nbytes)
     if op == "all_gather_into_tensor":
         staged = nbytes // world
-    return algorithm != "nccl" and staged <= half_bytes
+    return staged <= half_bytes
+
+
+def applicable(op: str, algorithm: str) -> str:
+    """``algorithm`` where ``op`` has it, else the op's nearest one (for forced algorithms)."""
+    if op == "all_to_all_single":
+        return "zero_copy" if algorithm != "nccl" else "nccl"
+    if algorithm in _ONLY_ALL_REDUCE and op != "all_reduce":
+        return "one_shot"
+    if algorithm == "push" and op == "all_gather_into_tensor":
+        return "one_shot"
+    return algorithm
 
 
 def choose(
@@ -78,17 +112,15 @@ def choose(
     Args:
         table: crossovers by group size (:data:`CROSSOVERS`); a size missing from it uses the
             largest smaller one, and a group smaller than all of them gets NCCL.
-        op: ``all_reduce``, ``all_gather_into_tensor`` or ``reduce_scatter_tensor``.
+        op: ``all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor`` or
+            ``all_to_all_single`` (even splits).
         nbytes: the whole tensor's bytes (see the module docstring).
         world: the group's size.
         half_bytes: the staging capacity per call.
         forced: an algorithm to use wherever the kernels can serve the call.
     """
     if forced is not None:
-        if (forced == "two_shot" and op != "all_reduce") or (
-            forced == "push" and op == "all_gather_into_tensor"
-        ):
-            forced = "one_shot"
+        forced = applicable(op, forced)
         return forced if fits(op, forced, nbytes, world, half_bytes) else "nccl"
     sizes = [size for size in table if size <= world]
     if not sizes or world < 2:
@@ -99,11 +131,23 @@ def choose(
     return "nccl"
 
 
+def choose_uneven(table: Mapping[int, Mapping[str, Rows]], world: int, forced: str | None = None) -> str:
+    """The algorithm of every all_to_all_single of a group: one per group size, whatever the
+    splits and sizes, since each rank knows only its own."""
+    if forced is not None:
+        return applicable("all_to_all_single", forced)
+    sizes = [size for size in table if size <= world]
+    if not sizes or world < 2:
+        return "nccl"
+    rows = table[max(sizes)].get("all_to_all_single", ())
+    return rows[-1][1] if rows else "nccl"
+
+
 def grid_blocks(op: str, algorithm: str, nbytes: int, world: int, max_blocks: int = MAX_BLOCKS) -> int:
     """Blocks of the kernel's grid: a function of the call alone, so equal on every rank."""
-    if algorithm == "push":
-        max_blocks = PUSH_MAX_BLOCKS
-    if op == "all_reduce" and algorithm in ("two_shot", "push"):
+    if algorithm in _WIDE:
+        max_blocks = WIDE_MAX_BLOCKS
+    if op == "all_reduce" and algorithm in ("two_shot", "push", "zero_copy"):
         units = -(-nbytes // world) // 16
     elif op == "all_reduce":
         units = nbytes // 16

@@ -2,5 +2,6 @@
 
 from commlayer.backends.shm.backend import ShmBackend
 from commlayer.backends.shm.options import ShmOptions
+from commlayer.backends.shm.two_level import TwoLevelBackend  # serves groups that span hosts
 
-__all__ = ["ShmBackend", "ShmOptions"]
+__all__ = ["ShmBackend", "ShmOptions", "TwoLevelBackend"]

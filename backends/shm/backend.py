@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -30,9 +30,10 @@ from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
 from commlayer.backends.shm.options import ShmOptions
 from commlayer.backends.shm.segments import build_comm
 from commlayer.contract.backend import Backend, StandaloneOptions
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
-from commlayer.core.flight_recorder import COMPLETED, STARTED, Recording, prefill
+from commlayer.core.flight_recorder import Recording, prefill
 from commlayer.core.hosts import HostMap, exchange_hosts
 from commlayer.core.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.core.work import CompletedWork, Work
@@ -55,6 +56,9 @@ class ShmBackend(Backend):
         native_reduce_scatter=True,
     )
     install_hint = INSTALL_HINT
+    # Builds the communicator of a group that spans hosts: .two_level registers its subclass's
+    # ``build`` here (the package imports it), as this module cannot import its own subclass.
+    build_multi_host: ClassVar[Callable[..., Backend] | None] = None
     builds_standalone = True
 
     def __init__(
@@ -116,7 +120,7 @@ class ShmBackend(Backend):
 
     @contextmanager
     def call_timeout(self, seconds: float) -> Iterator[None]:
-        """Every wait of the ops launched in the context ends at ``seconds`` (run to completion:
+        """Every wait of the ops started in the context ends at ``seconds`` (run to completion:
         the op waits in the calling thread, so its deadline is the segment's)."""
         comm = self._comm
         if comm is None or not hasattr(comm, "timeout_s"):  # an extension built before it
@@ -133,30 +137,30 @@ class ShmBackend(Backend):
     def torch_group(self) -> Any | None:
         return self._companion.torch_group
 
-    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
-        """Fused launchers: one C function per op, a Work only for async ops (see Backend.plan).
+    def plan(self, op: str, *fixed: Any) -> FastPath | None:
+        """Fast paths: one C function per op, a Work only for async ops (see Backend.plan).
 
-        The launcher reads each tensor's address, element count and dtype itself and runs the op,
+        The fast path reads each tensor's address, element count and dtype itself and runs the op,
         with no Python frame in between: at 8 bytes that is most of the backend's cost.
         """
-        return self._launcher(op, fixed, None)
+        return self._fast_path(op, fixed)
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
-        """:meth:`plan`'s launchers, entering every call in the flight recorder themselves."""
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
+        """:meth:`plan`'s fast paths, entering every call in the flight recorder themselves."""
         payload, _ = _FUSED.get(op, (0, None))
-        launcher = self._launcher(op, fixed, (*recording, payload, STARTED, COMPLETED))
-        if launcher is not None:
+        fast_path = self._fast_path(op, fixed, recording, payload)
+        if fast_path is not None:
             prefill(recording.ring)  # it rewrites entries in place: from the first call, no list per call
-        return launcher
+        return fast_path
 
-    def _launcher(self, op: str, fixed: tuple[Any, ...], recording: tuple[Any, ...] | None) -> Any:
-        # An extension built before launchers existed (a tree not rebuilt yet) plans nothing.
-        if type(self) is not ShmBackend or op not in _FUSED or not hasattr(self._comm, "launcher"):
+    def _fast_path(
+        self, op: str, fixed: tuple[Any, ...], recording: Recording | None = None, payload: int = 0
+    ) -> Any:
+        # An extension built before fast paths existed (a tree not rebuilt yet) plans nothing.
+        if type(self) is not ShmBackend or op not in _FUSED or not hasattr(self._comm, "fast_path"):
             return None
         code = _FUSED[op][1](*fixed)
-        return self._comm.launcher(op, code, DTYPE_CODES, CompletedWork, recording)
+        return self._comm.fast_path(op, code, DTYPE_CODES, CompletedWork, recording, payload)
 
     def window(self, tensor: torch.Tensor, spec: WindowSpec) -> BackendWindow:
         """A window in shared memory (:mod:`.window`) on one x86-64 host; elsewhere the two-sided one."""
@@ -284,7 +288,7 @@ class ShmBackend(Backend):
     # --- helpers ---------------------------------------------------------------------------
 
 
-# Ops with a native launcher (csrc/shm/fast_paths.hpp): which tensor argument the flight recorder's
+# Ops with a native fast path (csrc/shm/fast_paths.hpp): which tensor argument the flight recorder's
 # entry describes (as the facade's plans record them), and what the fixed arguments become.
 _FUSED: dict[str, tuple[int, Callable[..., int]]] = {
     "all_reduce": (0, lambda op: OP_CODES[op]),
@@ -333,8 +337,7 @@ def _build(spec: GroupSpec, companion: GlooBackend, options: ShmOptions) -> Back
     prefix = f"commlayer/shm/{spec.name}"
     hosts = exchange_hosts(spec, prefix, os.environ)
     if not hosts.single_host:
-        from commlayer.backends.shm.two_level import TwoLevelBackend  # a subclass of this module's class
-
-        return TwoLevelBackend.build(spec, companion, options, hosts, prefix)
+        assert ShmBackend.build_multi_host is not None, "commlayer.backends.shm registers it"
+        return ShmBackend.build_multi_host(spec, companion, options, hosts, prefix)
     comm = build_comm(spec, prefix, range(spec.size), hosts.pids, options)
     return ShmBackend(spec, companion, comm, options, hosts)

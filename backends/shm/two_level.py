@@ -154,3 +154,6 @@ class TwoLevelBackend(ShmBackend):
     def shutdown(self) -> None:
         self._leaders = None
         super().shutdown()
+
+
+ShmBackend.build_multi_host = TwoLevelBackend.build

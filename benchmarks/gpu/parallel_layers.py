@@ -55,6 +55,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)"
     )
+    parser.add_argument(
+        "--backend",
+        default="nccl",
+        help="commlayer backend spec on GPUs (default nccl; 'default': peermem's)",
+    )
     return parser.parse_args()
 
 
@@ -171,12 +176,13 @@ def main() -> None:
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group("nccl")
+        dist.init_process_group(None if args.backend == "default" else args.backend)
     step, tokens = (ulysses_step if args.layer == "ulysses" else moe_step)(args, device)
     seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
     profiled = profile_step(step) if args.profile and not args.cpu else None
     if dist.get_rank() == 0:
         mode = f"cl_{args.layer}" + (f"_zero{args.stage}_{args.precision}" if args.layer == "ulysses" else "")
+        mode += "" if args.backend == "nccl" else f"_{args.backend}"
         result = {"mode": mode, "world": dist.get_world_size(), "seq": args.seq, "width": args.width,
                   "layers": args.layers, "tokens_per_s": round(tokens / seconds), "step_ms": round(seconds * 1e3, 1),
                   "peak_GiB": round(peak, 2), "loss": round(loss.item(), 4),

@@ -1,21 +1,88 @@
-# peermem on one host's GPUs: correctness, graphs and timings on 4 then 2 GPUs, the small all_reduce
-# anchor beside it, and the fullgraph-compile checks on the default backend. Results land in $OUT.
-#   bash benchmarks/gpu/peermem.sh [--tp]      (anchors/ holds shared/anchors)
+#!/usr/bin/env bash
+# peermem on one host's GPUs, in one command: build, every correctness check, every figure.
+#
+#   bash benchmarks/gpu/peermem.sh [STEP ...]      (from the repository root; results in $OUT)
+#
+# STEP is any of checks tp conformance moe anchor (default: all). Per world size (all GPUs, then 2
+# when there are 4 or more): peermem.py (correctness, then collectives against NCCL and torch's
+# symmetric memory), peermem_tp.py (TP decode: fused kernel vs NCCL), `commlayer test-backend
+# peermem` from the CLI; on 4 or more GPUs MoE on the default backend and on NCCL against
+# DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); then `commlayer test-backend
+# cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
+# seconds, default 540), so results come back even when a step hangs; everything lands in
+# $OUT/peermem.tgz (the folder peermem_run) and the summary in $OUT/summary.txt. Environment:
+# ANCHORS (default anchors), CHECK_WORLDS (the world sizes to run the correctness checks on;
+# default every one).
+set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export COMMLAYER_PEERMEM_CACHE=/tmp/peermem_cache
-export SITE=/tmp/peermem_site
-source benchmarks/gpu/site.sh || exit 1
-source benchmarks/gpu/build.sh && build_c_launchers . "$SITE" || echo "=== C launchers not built"
-nvidia-smi topo -m | tee "$OUT/topology.txt"
-start=$(date +%s)
-(cd /tmp && python3 -c 'import torch; from commlayer.backends.peermem.kernel_library import load_library as l; m, n = torch.cuda.get_device_capability(); l(f"sm_{m}{n}")') || exit 1
-echo "=== kernels built in $(( $(date +%s) - start )) s"
-for devices in 0,1,2,3 0,1; do
-  n=$(( ${#devices} / 2 + 1 ))
-  CUDA_VISIBLE_DEVICES=$devices timeout 220 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
-    benchmarks/gpu/peermem.py --out "$OUT" "$@" 2>&1 | tee "$OUT/peermem_w$n.log"
-  if [ -f anchors/small_allreduce_anchor.py ]; then
-    CUDA_VISIBLE_DEVICES=$devices timeout 60 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
-      anchors/small_allreduce_anchor.py 2>&1 | grep -v '^{' | tee "$OUT/anchor_w$n.log"
+export COMMLAYER_PEERMEM_CACHE=/tmp/peermem_cache SITE=/tmp/peermem_site
+OUT=${OUT:-/tmp/peermem_gpu}
+ANCHORS=${ANCHORS:-anchors}
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(checks tp conformance moe anchor)
+began=$(date +%s)
+deadline=$((began + ${DEADLINE:-540}))
+RUN=/tmp/peermem_run
+rm -rf "$RUN" && mkdir -p "$RUN" "$OUT"
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+# Runs "$@" for at most $1 seconds (fewer when the deadline is nearer), logging to $RUN/$2.log.
+step() {
+  local limit=$1 name=$2
+  shift 2
+  local left=$((deadline - $(date +%s) - 15))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then
+    summary "=== $name skipped: the deadline is near"
+    return 1
+  fi
+  local start
+  start=$(date +%s)
+  timeout -k 5 "$limit" "$@" >"$RUN/$name.log" 2>&1
+  local rc=$?
+  summary "=== $name: exit $rc after $(($(date +%s) - start)) s (limit $limit s)"
+  return $rc
+}
+wants() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+
+source benchmarks/gpu/site.sh >"$RUN/site.log" 2>&1 || { cat "$RUN/site.log"; exit 1; }
+source benchmarks/gpu/build.sh && build_c_fast_paths . "$SITE" >>"$RUN/site.log" 2>&1 || summary "=== C fast paths not built"
+# The kernels' sources where an installed wheel keeps them.
+mkdir -p "$SITE/commlayer/backends/peermem/_csrc" && cp csrc/peermem/* "$SITE/commlayer/backends/peermem/_csrc/"
+cp "$OUT/machine.txt" "$RUN/" 2>/dev/null
+nvidia-smi topo -m >"$RUN/topology.txt" 2>&1
+step 180 build bash -c "cd /tmp && python3 -c 'import torch; from commlayer.backends.peermem.kernel_library import load_library as l; m, n = torch.cuda.get_device_capability(); l(f\"sm_{m}{n}\")'" || exit 1
+gpus=$(nvidia-smi -L | wc -l)
+worlds=("$gpus")
+[ "$gpus" -ge 4 ] && worlds=("$gpus" 2)
+TORCHRUN=(python3 -m torch.distributed.run --standalone --nproc-per-node)
+# The CLI runs outside the checkout, whose commlayer/ folder lacks backends/ (installed beside it).
+certify() { local limit=$1 name=$2 backend=$3 n=$4; step "$limit" "$name" bash -c "cd /tmp && exec python3 -m commlayer test-backend $backend -n $n --timeout $((limit - 10))"; }
+for n in "${worlds[@]}"; do
+  export CUDA_VISIBLE_DEVICES
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1)))
+  if wants checks && [[ " ${CHECK_WORLDS:-${worlds[*]}} " == *" $n "* ]]; then
+    step 150 "checks_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem.py --out "$RUN" --skip-bench
+  fi
+  wants checks && step 200 "collectives_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem.py --out "$RUN" --skip-checks
+  wants tp && step 150 "tp_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_tp.py --out "$RUN"
+  wants conformance && certify 110 "conformance_peermem_w$n" peermem "$n"
+  if wants moe && [ -f "$ANCHORS/moe_anchor.py" ] && [ "$n" -ge 4 ]; then
+    step 90 "moe_deepspeed_w$n" "${TORCHRUN[@]}" "$n" "$ANCHORS/moe_anchor.py"
+    step 90 "moe_default_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default
+    step 90 "moe_nccl_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend nccl
   fi
 done
+CUDA_VISIBLE_DEVICES=0,1
+wants conformance && certify 110 conformance_default_w2 cpu:gloo,cuda:peermem 2
+for n in "${worlds[@]}"; do
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1)))
+  if wants anchor && [ -f "$ANCHORS/small_allreduce_anchor.py" ]; then
+    step 60 "anchor_w$n" "${TORCHRUN[@]}" "$n" "$ANCHORS/small_allreduce_anchor.py"
+  fi
+done
+for log in "$RUN"/conformance_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep -E 'CONFORMS|cells passed' "$log" | tail -1)"; done
+for log in "$RUN"/moe_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
+for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^checks:' "$log" | tail -1)"; done
+tar -czf "$OUT/peermem.tgz" -C /tmp peermem_run
+summary "=== done after $(($(date +%s) - began)) s"
+for log in "$RUN"/collectives_*.log "$RUN"/tp_*.log; do [ -f "$log" ] && grep -E '^ *[0-9]+ |^#|^hidden' "$log"; done

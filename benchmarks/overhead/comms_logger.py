@@ -1,14 +1,14 @@
 """Cost of the comms logger per facade call: disabled (the goal: < 0.5 us) and enabled.
 
 The logger's only footprint on the dispatch path is the observer test in
-``commlayer.facade.calls.dispatch.launch`` (the closure and the message size are built only when an
+``commlayer.facade.calls.dispatch.run_op`` (the closure and the message size are built only when an
 observer is set). On a real ``OpCall`` (a world of one on gloo), with a ``start`` that returns an
 already completed Work so that no communication hides the difference, three things are timed:
 
-* ``backend call + wait``: what launch does for the op itself, with nothing around it;
-* ``launch, logger disabled``: the facade's ``launch``: its whole cost over the line above
+* ``backend call + wait``: what run_op does for the op itself, with nothing around it;
+* ``run_op, logger disabled``: the facade's ``run_op``: its whole cost over the line above
   (observer test, copy-back test, wait) bounds the disabled logger's cost from above;
-* ``launch, logger enabled``: with ``comms_logger.enable()``: what enabling costs per call.
+* ``run_op, logger enabled``: with ``comms_logger.enable()``: what enabling costs per call.
 
 Then a real gloo all_reduce of 1 float32, through the whole facade, disabled vs enabled.
 
@@ -49,21 +49,21 @@ def ns_per_call(variants: dict[str, Callable[[], object]], calls: int, rounds: i
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def measure_launch(calls: int, rounds: int) -> dict[str, float]:
+def measure_run_op(calls: int, rounds: int) -> dict[str, float]:
     call = dispatch.begin("all_reduce", None, torch.device("cpu"))
     assert call is not None
     done, tensor = CompletedWork(), torch.ones(1)
     start = lambda backend, mode: done
-    launch = dispatch.launch
+    run_op = dispatch.run_op
     variants = {
         "backend call + wait": lambda: start(call.backend, None).wait(),
-        "launch, logger disabled": lambda: launch(call, start, async_op=False, payload=tensor),
+        "run_op, logger disabled": lambda: run_op(call, start, async_op=False, payload=tensor),
     }
     results = ns_per_call(variants, calls, rounds)
     comms_logger.enable()
     try:
         results |= ns_per_call(
-            {"launch, logger enabled": variants["launch, logger disabled"]}, calls // 10, rounds
+            {"run_op, logger enabled": variants["run_op, logger disabled"]}, calls // 10, rounds
         )
     finally:
         comms_logger.disable()
@@ -88,14 +88,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--calls", type=int, default=200_000, help="calls per round of the launch variants")
+    parser.add_argument("--calls", type=int, default=200_000, help="calls per round of the run_op variants")
     parser.add_argument("--rounds", type=int, default=15)
     options = parser.parse_args()
     dist.init_process_group(
         "gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60)
     )
     try:
-        launch = measure_launch(options.calls, options.rounds)
+        unplanned = measure_run_op(options.calls, options.rounds)
         facade = measure_all_reduce(options.calls // 20, options.rounds)
     finally:
         dist.destroy_process_group()
@@ -104,14 +104,14 @@ def main() -> None:
         f"python {platform.python_version()}, torch {torch.__version__}"
     )
     print("| measurement | ns per call |\n|---|---:|")
-    for name, value in (launch | facade).items():
+    for name, value in (unplanned | facade).items():
         print(f"| {name} | {value:.0f} |")
-    reference = launch["backend call + wait"]
+    reference = unplanned["backend call + wait"]
     print(
-        f"\ndisabled logger overhead <= {launch['launch, logger disabled'] - reference:+.0f} ns per call "
-        "(all of launch's own work; goal < 500 ns)"
+        f"\ndisabled logger overhead <= {unplanned['run_op, logger disabled'] - reference:+.0f} ns per call "
+        "(all of run_op's own work; goal < 500 ns)"
     )
-    print(f"enabled logger, launch only: {launch['launch, logger enabled'] - reference:+.0f} ns per call")
+    print(f"enabled logger, run_op only: {unplanned['run_op, logger enabled'] - reference:+.0f} ns per call")
     print(
         f"enabled logger, gloo all_reduce of 1 float: "
         f"{facade['all_reduce, logger enabled'] - facade['all_reduce, logger disabled']:+.0f} ns per call"

@@ -3,16 +3,16 @@ same calls without them, measured in one run (a world of one on the null backend
 cost only).
 
 * ``planned``: all_reduce through its plan (the C lookup). The hook adds no code to this path:
-  a plan built while no profiler runs is the plain launcher (checked here), and starting or
-  stopping a profiler drops every plan. Reported against the same call with the plan's launcher
-  replaced by the plain backend launcher: the difference is noise around zero.
-* ``unplanned``: reduce, through ``dispatch.launch``, which tests one module flag; against a copy
-  of ``launch`` compiled without that test, swapped in for the "without" rounds.
-* ``flag test``: launch's branch alone, with and without the flag's test, in dispatch's namespace
+  a plan built while no profiler runs is the plain fast path (checked here), and starting or
+  stopping a profiler drops every plan. Reported against the same call with the plan's fast path
+  replaced by the plain backend fast path: the difference is noise around zero.
+* ``unplanned``: reduce, through ``dispatch.run_op``, which tests one module flag; against a copy
+  of ``run_op`` compiled without that test, swapped in for the "without" rounds.
+* ``flag test``: run_op's branch alone, with and without the flag's test, in dispatch's namespace
   (the whole-call comparison above is within a shared machine's noise; this is the added work).
 * ``hook check``: what a call pays for hooks while none is registered. Planned calls pay nothing
   (a plan built with no hook is the plain plan, checked here); unplanned calls test whether an
-  observer is set: reduce through ``launch`` against a copy compiled without that test, and the
+  observer is set: reduce through ``run_op`` against a copy compiled without that test, and the
   branch alone with and without it.
 * ``recording``: all_reduce while a torch.profiler runs (the price of an event, for reference).
 * ``hooks``: all_reduce through the plan rebuilt after a pre-hook was registered and removed,
@@ -60,21 +60,21 @@ class _ReducingNull(NullBackend):
 
 
 _BRANCH = "if _observer is None and not _profiling:"
-#: launch's branch without one of its two tests: the profiler flag's, or the observer's (hooks).
+#: run_op's branch without one of its two tests: the profiler flag's, or the observer's (hooks).
 _WITHOUT = {"profiler": "if _observer is None:", "hooks": "if not _profiling:"}
 
 
-def _launch_without(test: str) -> object:
-    """``dispatch.launch`` compiled without one test of its branch, in dispatch's namespace."""
-    source = textwrap.dedent(inspect.getsource(dispatch.launch))
+def _run_op_without(test: str) -> object:
+    """``dispatch.run_op`` compiled without one test of its branch, in dispatch's namespace."""
+    source = textwrap.dedent(inspect.getsource(dispatch.run_op))
     assert _BRANCH in source
     namespace: dict[str, object] = {}
-    exec(compile(source.replace(_BRANCH, _WITHOUT[test]), "<launch>", "exec"), vars(dispatch), namespace)  # noqa: S102 - our own source, minus one test
-    return namespace["launch"]
+    exec(compile(source.replace(_BRANCH, _WITHOUT[test]), "<run_op>", "exec"), vars(dispatch), namespace)  # noqa: S102 - our own source, minus one test
+    return namespace["run_op"]
 
 
 def _branches(test: str) -> tuple[object, object]:
-    """launch's branch alone, with and without one of its tests, in dispatch's namespace."""
+    """run_op's branch alone, with and without one of its tests, in dispatch's namespace."""
     source = (
         f"def with_test():\n    {_BRANCH}\n        return 1\n    return 0\n"
         f"def without_test():\n    {_WITHOUT[test]}\n        return 1\n    return 0\n"
@@ -125,22 +125,22 @@ def measure(iters: int, repeats: int) -> dict[str, tuple[float, float]]:
             return call
 
         planned = _paired({"with": with_plan(plan), "without": with_plan(bare)}, iters, repeats)
-        checked = dispatch.launch
+        checked = dispatch.run_op
 
-        def with_launch(chosen):
+        def with_run_op(chosen):
             def call() -> None:
-                rooted_collectives.launch = chosen
+                rooted_collectives.run_op = chosen
                 dist.reduce(tensor, dst=0)
 
             return call
 
         unplanned = {
             test: _paired(
-                {"with": with_launch(checked), "without": with_launch(_launch_without(test))}, iters, repeats
+                {"with": with_run_op(checked), "without": with_run_op(_run_op_without(test))}, iters, repeats
             )
             for test in _WITHOUT
         }
-        rooted_collectives.launch = checked
+        rooted_collectives.run_op = checked
         alone = {
             test: _paired(dict(zip(("with", "without"), _branches(test))), iters * 20, repeats)
             for test in _WITHOUT

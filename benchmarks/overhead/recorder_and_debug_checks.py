@@ -32,8 +32,7 @@ from facade_dispatch import NullBackend, per_call_us
 import commlayer
 from commlayer import dist
 from commlayer.core.types import ReduceOp
-from commlayer.facade.calls import dispatch
-from commlayer.facade.calls import runners as plan_launchers
+from commlayer.facade.calls import dispatch, plans
 from commlayer.launch import LaunchConfig, SuperviseOptions, launch
 
 
@@ -44,7 +43,7 @@ def recorder_cost(backend: str, iters: int, repeats: int) -> tuple[float, float]
     try:
         dist.all_reduce(tensor)  # builds the plan
         ((key, plan),) = [(key, plan) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"]
-        unrecorded = plan_launchers.launcher(plan.call.backend, "all_reduce", (ReduceOp.SUM,), False)
+        unrecorded = plans.op_run(plan.call.backend, "all_reduce", (ReduceOp.SUM,), False)
         recorded, bare = plan, plan._replace(run=unrecorded)
 
         def with_plan(chosen):

@@ -14,6 +14,7 @@ on the real library: the backend's own op (the floor) against the facade's, both
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import tomllib
 import torch
@@ -31,8 +33,7 @@ import torch.distributed as torch_dist
 from timed_ops import trio
 
 import commlayer
-from commlayer import dist
-from commlayer.core.types import Capabilities, ReduceOp
+from commlayer import Capabilities, ReduceOp, dist
 
 STANDIN_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all_single", "send", "recv")
 REPO = Path(__file__).resolve().parents[2]
@@ -55,13 +56,21 @@ def per_call_us(calls: dict[str, object], iters: int, rounds: int) -> dict[str, 
     return {name: min(values) for name, values in samples.items()}
 
 
+def _in_layout(module: str, before_layers: str) -> ModuleType:
+    """``module`` of the commlayer this process imports, or its name in a commit from before the
+    layers were folders (``--before``): the working tree's editable install would otherwise
+    answer the new name with the new module, of another commlayer than the one being measured."""
+    layered = (Path(commlayer.__file__).parent / "core").is_dir()
+    return importlib.import_module(module if layered else before_layers)
+
+
 def measure(iters: int, rounds: int) -> list[dict]:
     """Rows of (op, mode, bare_us, raw_us, commlayer_us) for the commlayer this process imports."""
     import torch.testing._internal.distributed.fake_pg
 
-    from commlayer.backends.torch_base import TorchBackend
+    TorchBackend = _in_layout("commlayer.backends.torch_base", "commlayer.backends._torch").TorchBackend
 
-    class StandInBackend(TorchBackend):
+    class StandInBackend(TorchBackend):  # type: ignore[misc,valid-type]
         name = torch_backend = "fake"
         capabilities = Capabilities(devices=frozenset({"cpu"}))
 
@@ -92,8 +101,8 @@ def measure_library(backend: str, iters: int, rounds: int) -> list[dict]:
     backend's own op called directly (the floor) against the facade's, both waited. These
     backends have no torch wrapper to compare with: ``raw_us`` is NaN."""
     from commlayer import comms_logger
-    from commlayer.facade.groups.group import resolve_group
 
+    resolve_group = _in_layout("commlayer.facade.groups.group", "commlayer.facade.groups").resolve_group
     dist.init_process_group(backend, store=torch_dist.HashStore(), rank=0, world_size=1)
     rows = []
     try:
@@ -212,7 +221,7 @@ def _lay_out(ref: str, site: Path) -> None:
     if _same_sources(ref, "csrc/ccl"):
         for built in (REPO / "backends" / "ccl").glob("_C*.so"):
             shutil.copy2(built, site / "commlayer" / "backends" / "ccl" / built.name)
-    _build_launchers(ref, site)
+    _build_fast_paths(ref, site)
     project = tomllib.loads((site / "pyproject.toml").read_text())["project"]
     info = site / "commlayer-0.0.0.dist-info"
     info.mkdir()
@@ -223,13 +232,14 @@ def _lay_out(ref: str, site: Path) -> None:
     (info / "entry_points.txt").write_text("\n".join(lines))
 
 
-def _build_launchers(ref: str, site: Path) -> None:
-    """Compile ``ref``'s torch C launchers, and its tensor reader where it has one, into ``site``
-    with benchmarks/gpu/build.sh, as the GPU scripts do. Without its own builds, REF's commlayer
-    would import the working tree's through the editable install's finder: its Python with this
-    tree's C, not REF."""
+def _build_fast_paths(ref: str, site: Path) -> None:
+    """Compile ``ref``'s C fast paths, and its tensor reader where it has one, into ``site`` with
+    benchmarks/gpu/build.sh, as the GPU scripts do (it knows each layout's folders). Without its
+    own builds, REF's commlayer would import the working tree's through the editable install's
+    finder: its Python with this tree's C, not REF."""
+    folders = ("csrc/torch_launcher/", "csrc/torch_fast_paths/", "csrc/facade_fast_paths/")
     listed = subprocess.run(
-        ["git", "-C", str(REPO), "ls-tree", "--name-only", ref, "csrc/torch_fast_paths/"],
+        ["git", "-C", str(REPO), "ls-tree", "--name-only", ref, *folders],
         capture_output=True,
         text=True,
         check=True,
@@ -241,7 +251,7 @@ def _build_launchers(ref: str, site: Path) -> None:
             ["git", "-C", str(REPO), "archive", ref, "csrc"], check=True, capture_output=True
         )
         subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-        build = 'source "$0" && build_c_launchers "$1" "$2"'
+        build = 'source "$0" && build_c_fast_paths "$1" "$2"'
         script = str(REPO / "benchmarks" / "gpu" / "build.sh")
         environment = {**os.environ, "PYTHON": sys.executable}
         subprocess.run(["bash", "-c", build, script, tree, str(site)], env=environment, check=True)

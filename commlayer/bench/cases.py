@@ -1,4 +1,4 @@
-"""One benchmarked op at one size: its buffers, its launch, and the exact check of its result.
+"""One benchmarked op at one size: its buffers, its run, and the exact check of its result.
 
 Every rank can compute every other rank's input, so a result is checked locally. Rank ``r``'s
 element ``i`` at iteration ``it`` holds ``1 + r + n * ((i + it) % M)``: distinct per rank, distinct
@@ -10,6 +10,14 @@ Buffer layout, world of 2, all_gather of S = 16 bytes of float32 (count 4, chunk
     rank 0 input [1, 3]   rank 1 input [2, 4]   every output [1, 3, 2, 4]
 
 pingpong pairs ranks (0, 1), (2, 3), ...; an odd last rank sits out. Its time is half a round trip.
+
+Windows (``put``, ``get``): every rank registers a window of S bytes; rank ``r`` puts its values
+into rank ``(r + 1) % n``'s window (``put``), or reads rank ``(r + 1) % n``'s window into a local
+buffer (``get``). The time is one op's, complete at the target (every backend's put/get here
+returns remote-complete, the two-sided emulation's excepted, which completes at the next fence).
+Results are checked after a fence. The ``mpi4py`` reference runs the same pattern on a raw MPI
+window (``Win.Create``, ``Lock_all``, ``Put``/``Get`` + ``Flush``), see
+:class:`commlayer.bench.raw.RawMpiWindow`.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import torch
 
 from commlayer import dist
 from commlayer.core.work import Work
+from commlayer.windows import window
 
 __all__ = [
     "BENCH_OPS",
     "FACADE_OPS",
+    "WINDOW_OPS",
     "BenchCase",
     "CaseContext",
     "Layout",
@@ -36,6 +46,8 @@ __all__ = [
 ]
 
 BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "pingpong")
+#: The one-sided ops (``--op put``/``get``): see the window cases below.
+WINDOW_OPS = ("put", "get")
 
 #: The facade ops each bench op calls, to check a backend's capabilities before communicating.
 FACADE_OPS = {
@@ -152,7 +164,7 @@ class CaseContext:
 
 
 class BenchCase:
-    """Buffers of one (op, size); ``fill(it)`` then ``launch(async_op)`` then ``wrong(it)``."""
+    """Buffers of one (op, size); ``fill(it)`` then ``run_op(async_op)`` then ``wrong(it)``."""
 
     def __init__(self, context: CaseContext, shape: Layout) -> None:
         self.context = context
@@ -177,7 +189,7 @@ class BenchCase:
     def fill(self, iteration: int) -> None:
         """Inputs get this iteration's values; outputs get 0, a value no correct result holds."""
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         raise NotImplementedError
 
     def wrong(self, iteration: int) -> int:
@@ -197,7 +209,7 @@ class AllReduceCase(BenchCase):
     def fill(self, iteration: int) -> None:
         self.buffer.copy_(self._mine(0, self.layout.count, iteration))
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.context.api.all_reduce(self.buffer, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
@@ -213,7 +225,7 @@ class BroadcastCase(AllReduceCase):
         else:
             self.buffer.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.context.api.broadcast(self.buffer, src=0, group=self.context.group, async_op=async_op)
 
     def wrong(self, iteration: int) -> int:
@@ -234,7 +246,7 @@ class ChunkedCase(BenchCase):
         self.input.copy_(self._mine(0, self.input.numel(), iteration))
         self.output.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         group, op = self.context.group, self.layout.op
         if op == "all_gather":
             return self.context.api.all_gather_into_tensor(
@@ -261,7 +273,7 @@ class ChunkedCase(BenchCase):
 
 
 class BarrierCase(BenchCase):
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         return self.context.api.barrier(group=self.context.group, async_op=async_op)
 
 
@@ -281,7 +293,7 @@ class PingPongCase(BenchCase):
             self.outgoing.copy_(self._mine(0, self.layout.count, iteration))
         self.incoming.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         if not self.active:
             return None
         group = self.context.group
@@ -313,12 +325,62 @@ class CopyCase(BenchCase):
             self.source.copy_(self._mine(0, self.layout.count, iteration))
         self.target.zero_()
 
-    def launch(self, async_op: bool) -> Work | None:
+    def run_op(self, async_op: bool) -> Work | None:
         self.context.api.copy(self.target, self.source)
         return None
 
     def wrong(self, iteration: int) -> int:
         return self._mismatches(self.target, self.source)
+
+
+# --- one-sided windows: put and get of S bytes to the next rank -------------------------------
+def _open_window(context: CaseContext, tensor: torch.Tensor) -> Any:
+    """A window over ``tensor``: commlayer's, or the reference's own (collective)."""
+    if hasattr(context.api, "window"):
+        return context.api.window(tensor)
+    return window(tensor, group=context.group)
+
+
+class _WindowCase(BenchCase):
+    def __init__(self, context: CaseContext, shape: Layout) -> None:
+        super().__init__(context, shape)
+        self.local = self._empty(shape.count)
+        self.window = _open_window(context, self._empty(shape.count))
+        self.peer = (context.rank + 1) % context.world_size
+        self.source = (context.rank - 1) % context.world_size
+
+    def close(self) -> None:
+        self.window.free()
+
+
+class PutCase(_WindowCase):
+    def fill(self, iteration: int) -> None:
+        self.local.copy_(self._mine(0, self.layout.count, iteration))
+        self.window.tensor.zero_()
+        self.window.fence()
+
+    def run_op(self, async_op: bool) -> Work | None:
+        return self.window.put(self.local, self.peer, 0, async_op=async_op)
+
+    def wrong(self, iteration: int) -> int:
+        self.window.fence()
+        expected = self._values_of(self.source, 0, self.layout.count, iteration)
+        return self._mismatches(self.window.tensor, expected)
+
+
+class GetCase(_WindowCase):
+    def fill(self, iteration: int) -> None:
+        self.window.tensor.copy_(self._mine(0, self.layout.count, iteration))
+        self.local.zero_()
+        self.window.fence()
+
+    def run_op(self, async_op: bool) -> Work | None:
+        return self.window.get(self.local, self.peer, 0, async_op=async_op)
+
+    def wrong(self, iteration: int) -> int:
+        self.window.fence()
+        expected = self._values_of(self.peer, 0, self.layout.count, iteration)
+        return self._mismatches(self.local, expected)
 
 
 _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
@@ -329,14 +391,12 @@ _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
     "all_to_all": ChunkedCase,
     "barrier": BarrierCase,
     "pingpong": PingPongCase,
+    "put": PutCase,
+    "get": GetCase,
 }
 
 
 def make_case(context: CaseContext, shape: Layout) -> BenchCase:
     if hasattr(context.api, "copy"):
         return CopyCase(context, shape)
-    if shape.op in ("put", "get"):
-        from commlayer.bench.window_cases import WINDOW_CASES  # built on this module's BenchCase
-
-        return WINDOW_CASES[shape.op](context, shape)
     return _CASES[shape.op](context, shape)

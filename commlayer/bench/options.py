@@ -7,8 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from commlayer.bench.cases import BENCH_OPS
-from commlayer.bench.window_cases import WINDOW_OPS
+from commlayer.bench.cases import BENCH_OPS, WINDOW_OPS
 from commlayer.core.metrics import size_sweep
 
 __all__ = ["BENCH_DTYPES", "BenchOptions"]

@@ -251,7 +251,7 @@ class _Sweep:
     def _warm_up(self, case: Any, device: torch.device) -> None:
         case.fill(0)
         for _ in range(self.options.warmup):
-            _finish(case.launch(self.options.async_op))
+            _finish(case.run_op(self.options.async_op))
         _synchronize(device)
 
     def _time_repeat(self, case: Any, device: torch.device) -> tuple[float, int]:
@@ -266,22 +266,22 @@ class _Sweep:
         return self._verify_once(case, device)
 
     def _time_iterations(self, case: Any, device: torch.device) -> float:
-        """Mean us per op over ``iters`` launches that every rank starts together."""
+        """Mean us per op over ``iters`` calls that every rank starts together."""
         options = self.options
         dist.barrier()
         # The control barrier releases ranks up to a gloo round trip apart (up to ~1 ms): charged
         # to the first timed op, that was ~10 us per op over 100 iterations. One untimed op on the
         # measured backend itself lines the ranks up to within that backend's own latency.
-        _finish(case.launch(options.async_op))
+        _finish(case.run_op(options.async_op))
         _synchronize(device)
         start = time.perf_counter()
         if options.async_op:
-            works = [case.launch(True) for _ in range(options.iters)]
+            works = [case.run_op(True) for _ in range(options.iters)]
             for work in works:
                 _finish(work)
         else:
             for _ in range(options.iters):
-                case.launch(False)
+                case.run_op(False)
         _synchronize(device)
         return (time.perf_counter() - start) / options.iters * 1e6
 
@@ -289,7 +289,7 @@ class _Sweep:
         """Without --check, one untimed run on fresh values still proves the results right."""
         iteration = self.options.iters  # values no timed iteration used
         case.fill(iteration)
-        _finish(case.launch(self.options.async_op))
+        _finish(case.run_op(self.options.async_op))
         _synchronize(device)
         return case.wrong(iteration)
 
@@ -301,7 +301,7 @@ class _Sweep:
             _synchronize(device)
             dist.barrier()  # ranks start together, so nobody's fill or verify is timed
             start = time.perf_counter()
-            _finish(case.launch(self.options.async_op))
+            _finish(case.run_op(self.options.async_op))
             _synchronize(device)
             elapsed += time.perf_counter() - start
             wrong += case.wrong(iteration)

@@ -11,10 +11,10 @@ Enable it in code or from the environment::
     COMMLAYER_COMMS_LOGGER=1 [COMMLAYER_COMMS_LOGGER_OPS=all_reduce,broadcast]
     [COMMLAYER_COMMS_LOGGER_VERBOSE=1] [COMMLAYER_COMMS_LOGGER_TRACE=trace-{rank}.json] python train.py
 
-How it measures: the facade hands every op's launch to the observer set with
+How it measures: the facade hands every op's start to the observer set with
 :func:`commlayer.facade.calls.dispatch.set_observer`. While enabled, the logger synchronises the
-accelerator before the launch and again when the op's Work completes, and records the time in
-between; a blocking op is therefore timed exactly, an async one from launch until the caller's
+accelerator before the op starts and again when the op's Work completes, and records the time in
+between; a blocking op is therefore timed exactly, an async one from its start until the caller's
 ``wait()`` (or ``is_completed()``) sees it done. Disabled, no observer is set and the facade pays
 one ``is None`` test per call. Sizes are nccl-tests' S (see :mod:`commlayer.core.metrics`), so
 busbw here matches ``commlayer bench``.

@@ -18,11 +18,12 @@ import torch
 from commlayer.comms_logger.records import TraceEvent, _Accumulator, _Records
 from commlayer.comms_logger.summary import chrome_trace, combine_ranks, format_summary
 from commlayer.comms_logger.timer import timed_plan
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core import settings
 from commlayer.core.metrics import OP_FAMILY, busbw_factor, format_size
 from commlayer.core.work import Work
 from commlayer.facade.calls import dispatch
-from commlayer.facade.calls.observers import observed
+from commlayer.facade.calls.dispatch import observed
 
 __all__ = [
     "ENV_ENABLE",
@@ -86,12 +87,8 @@ class CommsLogger:
         return start().then(finished)
 
     def wrap_plan(
-        self,
-        call: dispatch.OpCall,
-        run: Callable[..., Work | None],
-        payload: int,
-        fixed: tuple[Any, ...] = (),
-    ) -> Callable[..., Work | None]:
+        self, call: dispatch.OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...] = ()
+    ) -> FastPath:
         """The per-plan hook (see ``observers.Observer``): a blocking op on CPU tensors
         costs two clock reads and one append; everything else takes :meth:`observe`'s path."""
         if not self.options.wants(call.op):
@@ -105,7 +102,7 @@ class CommsLogger:
         )
 
     def _record(self, call: dispatch.OpCall, nbytes: int, wall_ns: int, seconds: float) -> None:
-        if self.records.pending:  # keep events in launch order
+        if self.records.pending:  # keep events in the order the ops started
             self.records.drain(self.options.max_trace_events)
         size = call.group.size()
         event = TraceEvent(

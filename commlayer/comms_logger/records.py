@@ -72,7 +72,7 @@ class _Records:
     events: deque[Any] = field(default_factory=deque)  # TraceEvents and raw pending entries
     dropped_events: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # (label, S, perf_counter at launch, at return) of blocking ops on CPU tensors, appended by the
+    # (label, S, perf_counter at start, at return) of blocking ops on CPU tensors, appended by the
     # plan wrappers and folded into totals and events when read (drain), not on the hot path.
     # Only atomic values (a label is a tuple of str and int, see _Label): the garbage collector
     # untracks such tuples at its first pass instead of promoting thousands of them, whose full

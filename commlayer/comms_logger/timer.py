@@ -1,11 +1,11 @@
 """The comms logger's per-plan timer: a blocking op on CPU tensors timed by two clock reads and
 entered as one pending entry, folded into the logger's records ``DRAIN_AT`` entries at a time.
 
-The timer is C where the extension is built (``csrc/torch_fast_paths/timed.c``): no Python frame,
+The timer is C where the extension is built (``csrc/logger_fast_paths/timed.c``): no Python frame,
 and its entries are records in a C ring (``TimedLog``) that the logger folds into one aggregate
 per (op, size) and turns into trace events only when a trace is asked for. This module's Python
 timer, which appends a tuple per call to the records' ``pending`` list, stays the reference and
-the fallback (``$COMMLAYER_C_LAUNCHER=0`` keeps it).
+the fallback (``$COMMLAYER_C_FAST_PATHS=0`` keeps it).
 """
 
 from __future__ import annotations
@@ -16,20 +16,23 @@ from typing import Any, Protocol
 
 import torch
 
-from commlayer.contract.backend import c_launchers_enabled
+from commlayer.contract.fast_paths import FastPath, c_fast_paths_enabled
 from commlayer.core.work import Work
 
 try:
-    from commlayer.backends._torch_fast_paths import Timed as _CTimer
-    from commlayer.backends._torch_fast_paths import TimedLog as _CTimedLog
+    from commlayer.comms_logger import _fast_paths as native
 except ImportError:  # a checkout laid out without building: the Python timer
-    _CTimer = _CTimedLog = None
+    native = None
+else:  # the timer reads tensors through the C reader, where one fits this torch
+    from commlayer.core.tensor_reader import tensor_meta_reader
+
+    native.set_tensor_meta(tensor_meta_reader())
 
 __all__ = ["DRAIN_AT", "Records", "timed_plan"]
 
 DRAIN_AT = 4096  # pending entries folded in at once: bounds memory, amortises the records' lock
 
-Run = Callable[..., Work | None]
+Run = FastPath
 
 
 class Records(Protocol):
@@ -56,9 +59,11 @@ def timed_plan(
     appended to ``records.pending``), ``records.drain(max_events)`` folding them in once
     ``DRAIN_AT`` are waiting; an async call, or any call while ``owner._muted_thread`` is set,
     goes to ``observed_run`` instead."""
-    if _CTimer is not None and c_launchers_enabled():
-        log = records.c_log(max(max_events, DRAIN_AT), _CTimedLog)
-        return _CTimer(run, observed_run, owner, label, log, records.drain, max_events, DRAIN_AT, payload)
+    if native is not None and c_fast_paths_enabled():
+        log = records.c_log(max(max_events, DRAIN_AT), native.TimedLog)
+        return native.Timed(
+            run, observed_run, owner, label, log, records.drain, max_events, DRAIN_AT, payload
+        )
     clock, drain_at, pending, drain = time.perf_counter, DRAIN_AT, records.pending, records.drain
 
     def timed(async_op: bool, *tensors: torch.Tensor) -> Work | None:

@@ -30,6 +30,9 @@ The rules, all of them:
   (the facade records one event per call for the others, see :mod:`commlayer.core.profiling`).
 - ``window`` returns a one-sided window following :mod:`commlayer.contract.windows`; the
   default emulates one over ``send``/``recv`` (:class:`~commlayer.contract.emulated_windows.TwoSidedWindow`).
+- a wait in native code releases the GIL, so that the flight-recorder watchdog
+  (:mod:`commlayer.core.watchdog`) dumps this rank while it waits; a backend that ends the
+  process itself (MPI_Abort) first calls ``watchdog.dump_now(reason)``.
 
 Check a backend against all of it with the conformance kit, ``commlayer test-backend NAME -n 3``
 (:mod:`commlayer.testing.conformance`); ``examples/plugin/`` is a complete third-party backend
@@ -58,7 +61,6 @@ and register it under the ``commlayer.backends`` entry-point group::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -67,24 +69,15 @@ import torch
 
 from commlayer.contract.emulated_windows import TwoSidedWindow
 from commlayer.contract.fallbacks import GenericCollectives
+from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
-from commlayer.core import settings
 from commlayer.core.errors import UnsupportedError
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.rendezvous import RendezvousInfo
 from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp
 from commlayer.core.work import Work
 
-__all__ = ["C_LAUNCHER_ENV", "Backend", "StandaloneOptions", "c_launchers_enabled"]
-
-#: ``0`` keeps every backend's launchers in Python: the reference that a C launcher (a
-#: ``recorded_plan`` built in C, the comms logger's timer) must behave exactly like.
-C_LAUNCHER_ENV = settings.C_LAUNCHER.name
-
-
-def c_launchers_enabled() -> bool:
-    """Whether new plans may use C launchers (built ones): ``$COMMLAYER_C_LAUNCHER`` is not ``0``."""
-    return bool(settings.C_LAUNCHER.value())
+__all__ = ["Backend", "StandaloneOptions"]
 
 
 @dataclass(frozen=True)
@@ -209,14 +202,14 @@ class Backend(GenericCollectives, ABC):
 
     @classmethod
     def complete_rendezvous(cls, info: RendezvousInfo) -> RendezvousInfo:
-        """Fill in what the job's launcher left out, using this backend's library.
+        """Fill in what the job's fast path left out, using this backend's library.
 
-        The facade calls it on the backend that matches the launcher (``mpi`` for a job that
+        The facade calls it on the backend that matches the fast path (``mpi`` for a job that
         ``mpirun`` started without MASTER_ADDR/MASTER_PORT), before any store exists, on every
         rank. The default returns ``info`` unchanged.
 
         Args:
-            info: what the launcher's environment variables said.
+            info: what the fast path's environment variables said.
 
         Returns:
             ``info`` with the missing master address, port or local layout filled in.
@@ -238,7 +231,7 @@ class Backend(GenericCollectives, ABC):
     def call_timeout(self, seconds: float) -> AbstractContextManager[None]:
         """Optional: bound every wait of this communicator by ``seconds`` while the context is open.
 
-        The facade enters it around the launch of a call made with ``timeout=``. A backend whose
+        The facade enters it around the start of a call made with ``timeout=``. A backend whose
         ops block in the calling thread before their Work exists (shm's run to completion) must
         lower its own deadline here, raising CommTimeoutError when it passes; one whose ops wait
         only in their Work needs nothing (the facade bounds that wait). The default does nothing.
@@ -254,24 +247,23 @@ class Backend(GenericCollectives, ABC):
         """Where the object collectives stage their pickled bytes."""
         return torch.device("cpu")
 
-    def plan(self, op: str, *fixed: Any) -> Callable[..., Work | None] | None:
-        """Optional: a fused launcher for ``op`` whose trailing arguments are ``fixed``.
+    def plan(self, op: str, *fixed: Any) -> FastPath | None:
+        """Optional: a fast path for ``op`` whose trailing arguments are ``fixed``
+        (:mod:`commlayer.contract.fast_paths`).
 
         The facade calls it once per validated kind of call (see ``commlayer.facade.calls.dispatch``)
         and then calls ``run(async_op, *tensors)`` for every call of that kind: it must start
         ``getattr(self, op)(*tensors, *fixed)``, return its Work when ``async_op`` is true, and
         otherwise wait for it and return None. Tensors arrive contiguous but not flattened.
-        None (the default) makes the facade build that launcher around the op itself.
+        None (the default) makes the facade build that fast path around the op itself.
         """
         return None
 
-    def recorded_plan(
-        self, op: str, fixed: tuple[Any, ...], recording: Recording
-    ) -> Callable[..., Work | None] | None:
-        """Optional: a fused launcher like :meth:`plan`'s that also enters every call in the
+    def recorded_plan(self, op: str, fixed: tuple[Any, ...], recording: Recording) -> FastPath | None:
+        """Optional: a fast path like :meth:`plan`'s that also enters every call in the
         group's flight recorder itself, as ``recording`` describes (its docstring lists the
-        steps), saving the facade's recording wrapper: the hot path's cheapest form. A launcher
-        written in Python gets those steps from ``recording.launcher`` (or ``op_launcher``).
+        steps), saving the facade's recording wrapper: the hot path's cheapest form. A fast path
+        written in Python gets those steps from ``recording.fast_path`` (or ``method_fast_path``).
 
         Tried before :meth:`plan`; None (the default) falls back to it.
         """

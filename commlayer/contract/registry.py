@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from commlayer.contract.backend import Backend
-from commlayer.core.backend_choice import unavailable_backend, unknown_backend
+from commlayer.core.backend_choice import did_you_mean, unavailable_backend, unknown_backend
 from commlayer.core.errors import BackendUnavailableError
 from commlayer.core.types import Availability
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendInfo",
+    "availability_of",
+    "did_you_mean",
     "get_backend_class",
     "list_backends",
     "register_backend",
@@ -83,6 +85,13 @@ def get_backend_class(name: str) -> type[Backend]:
         message = unavailable_backend(name, availability.reason, availability.install_hint)
         raise BackendUnavailableError(message)
     return backend_class
+
+
+def availability_of(name: str) -> Availability | None:
+    """Whether the backend registered as ``name`` can run here (importing it alone); None if unknown."""
+    _ensure_entry_points()
+    entry = _entries.get(name)
+    return None if entry is None else _load(entry)[1]
 
 
 def list_backends() -> list[BackendInfo]:

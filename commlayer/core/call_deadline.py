@@ -1,6 +1,6 @@
-"""The deadline of the facade call running on this thread, for waits that happen inside a launch.
+"""The deadline of the facade call running on this thread, for waits that happen while it starts its op.
 
-A call with ``timeout=`` (see ``commlayer.facade.calls.timeouts``) sets it while it launches; a
+A call with ``timeout=`` (see ``commlayer.facade.calls.timeouts``) sets it while it starts its op; a
 backend step that blocks before the op's Work exists (gloo's signature check, a reduction on the
 same group) waits with :func:`wait_polled` instead of an untimed wait, so the call's timeout bounds
 it too. Without a deadline (every call without ``timeout=``) nothing changes.

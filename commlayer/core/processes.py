@@ -1,12 +1,15 @@
-"""Processes by pid, through /proc: whether one still runs, the descendants of one, and signalling
-a set of them (what stopping a supervised process tree needs)."""
+"""Processes by pid, through /proc: whether one still runs (or is gone, for the liveness checks of
+the peer monitor and of commlayer.ft), where a pid means something, the descendants of one, and
+signalling a set of them (what stopping a supervised process tree needs)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
+from pathlib import Path
 
-__all__ = ["pid_running"]
+__all__ = ["gone_reason", "pid_running", "process_gone", "process_space"]
 
 
 def pid_running(pid: int) -> bool:
@@ -29,6 +32,38 @@ def pid_running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_gone(pid: int) -> bool:
+    """Whether local process ``pid`` has exited, is a zombie, or is stopped (a stopped process
+    makes no progress: a liveness check counts it as gone, where :func:`pid_running` does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X", "T", "t")
+
+
+def gone_reason(pid: int) -> str:
+    """How a liveness check names a peer whose process is gone."""
+    return f"its process (pid {pid}) is gone: it exited, was killed or crashed"
+
+
+def process_space() -> str:
+    """Where this process's pid means something: host name, boot and pid namespace. Processes in
+    one space can check each other's pids; network-namespace "hosts" on one machine may share a
+    host name but not their pids."""
+    parts = [socket.gethostname()]
+    for read in (
+        lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        lambda: os.readlink("/proc/self/ns/pid"),
+    ):
+        try:
+            parts.append(read())
+        except OSError:
+            parts.append("?")
+    return "/".join(part.replace(" ", "_") for part in parts)
 
 
 def _signal_pids(pids: set[int], signum: int) -> None:

@@ -12,7 +12,7 @@ Knowing whether a profiler runs costs nothing per call: torch calls
 profiler it starts (``torch.profiler.profile``, ``torch.autograd.profiler.profile``, emit_nvtx,
 emit_itt). :func:`install` wraps the two so that they flip :data:`active` and call the
 listeners (the facade drops its plans then, so planned calls, C lookups included, run recording
-launchers only while a profiler runs, and the unplanned path reads one module flag).
+fast paths only while a profiler runs, and the unplanned path reads one module flag).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def event(op: str, group: str, payload: torch.Tensor | Sequence[Any]) -> Any:
 
 
 def profiled(op: str, group: str, run: Callable[..., Any]) -> Callable[..., Any]:
-    """``run(async_op, *arguments)`` (a plan's launcher) recording one event per call."""
+    """``run(async_op, *arguments)`` (a plan's fast path) recording one event per call."""
 
     def profiled_run(async_op: bool, *arguments: Any) -> Any:
         with event(op, group, arguments):

@@ -124,11 +124,11 @@ BACKEND = Setting(
     "backend for `init_process_group()` without one (default by accelerator)",
     "backends",
 )
-C_LAUNCHER = Setting(
-    "COMMLAYER_C_LAUNCHER",
+C_FAST_PATHS = Setting(
+    "COMMLAYER_C_FAST_PATHS",
     bool,
     True,
-    "let new plans use the built C launchers; 0 keeps the Python ones",
+    "let new plans use the built C fast paths; 0 keeps the Python ones",
     "backends",
 )
 BRIDGE_FUTURES = Setting(
@@ -169,7 +169,7 @@ PEERMEM_ALGORITHM = Setting(
     None,
     "force one algorithm wherever the kernels fit (benchmarks); default: the crossover table",
     "peermem",
-    ("one_shot", "two_shot", "push", "nccl"),
+    ("one_shot", "one_shot_push", "two_shot", "push", "zero_copy", "nccl"),
 )
 PEERMEM_CACHE = Setting(
     "COMMLAYER_PEERMEM_CACHE",
@@ -273,6 +273,14 @@ JOB_ID = Setting(
     "the job's id, naming its dump and log folders; `commlayer run` sets it (else the launcher's own id)",
     "observability",
 )
+KEEP_JOBS = Setting(
+    "COMMLAYER_KEEP_JOBS",
+    int,
+    10,
+    "job folders kept in the trace folder and in `commlayer run`'s log folder; older ones are removed "
+    "when a job writes its first file there (0 keeps all)",
+    "observability",
+)
 COMMS_LOGGER = Setting(
     "COMMLAYER_COMMS_LOGGER",
     bool,
@@ -349,6 +357,14 @@ BENCH_PROGRESS_EVERY = Setting(
     10.0,
     "seconds between `commlayer bench`'s progress lines when its output is not a terminal",
     "observability",
+)
+LINE_BUFFERED = Setting(
+    "COMMLAYER_LINE_BUFFERED",
+    bool,
+    False,
+    "set by `commlayer run` for ranks under mpirun: from init on, stdout and stderr write whole lines "
+    "(mpirun labels each write)",
+    "internal",
 )
 BENCH_OPTIONS = Setting(
     "COMMLAYER_BENCH_OPTIONS", str, None, "`commlayer bench` options, as JSON, for its ranks", "internal"

@@ -36,7 +36,7 @@ __all__ = [
     "wait_or_expire",
 ]
 
-# Epilogues run once, under one process-wide lock: completion is rare next to launching, and a
+# Epilogues run once, under one process-wide lock: completion is rare next to starting, and a
 # lock per Work would cost every call an allocation. Re-entrant, as an epilogue may wait on others.
 _COMPLETION_LOCK = threading.RLock()
 

@@ -19,21 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from commlayer.core.processes import process_gone
 from commlayer.ft.options import FaultToleranceOptions
 
-__all__ = ["Heartbeat", "Liveness", "process_gone"]
+__all__ = ["Heartbeat", "Liveness"]
 
 _HOST = socket.gethostname()
-
-
-def process_gone(pid: int) -> bool:
-    """Whether local process ``pid`` has exited, is a zombie, or is stopped."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X", "T", "t")
 
 
 @dataclass

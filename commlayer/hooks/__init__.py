@@ -1,6 +1,6 @@
 """Public hooks on every collective and p2p call of ``commlayer.dist``.
 
-Register a function that sees each call's typed arguments before it is launched (a pre-hook,
+Register a function that sees each call's typed arguments before it is started (a pre-hook,
 which may refuse it by raising) or once it has completed (a post-hook)::
 
     from commlayer import dist, hooks
@@ -22,12 +22,13 @@ Shipped hooks, built on the same registration:
   whose data diverges.
 
 With no hook registered the facade's paths carry no hook code at all (see
-:mod:`commlayer.facade.calls.hooks`).
+:mod:`commlayer.hooks.registry`).
 """
 
 from __future__ import annotations
 
-from commlayer.facade.calls.hooks import (
+from commlayer.hooks.content_hash import ContentDivergenceError, ContentHashHook, content_hash
+from commlayer.hooks.registry import (
     CollectiveCall,
     PostHook,
     PreHook,
@@ -35,7 +36,6 @@ from commlayer.facade.calls.hooks import (
     register_post_hook,
     register_pre_hook,
 )
-from commlayer.hooks.content_hash import ContentDivergenceError, ContentHashHook, content_hash
 from commlayer.hooks.shipped import LoggerHandle, RecorderHook, comms_logger, flight_recorder
 
 __all__ = [

@@ -3,7 +3,7 @@
 Ranks that must hold the same data (data-parallel replicas fed the same batch and seed while
 debugging a divergence, tensor-parallel ranks sharing a batch) form a *compare group*, e.g.
 ``mesh["dp"].group``. Registered, the hook hashes the inputs of every call (every ``every``-th
-one) before it is launched and gathers the hashes across the compare group; a rank whose hash
+one) before it is started and gathers the hashes across the compare group; a rank whose hash
 is not the majority's is named, in a :class:`ContentDivergenceError` raised on every rank of the
 compare group before the call runs (``on_divergence="raise"``), or in a logged warning
 (``"log"``). Every rank of the compare group must make the same hooked calls in the same order.
@@ -21,8 +21,8 @@ import torch
 
 from commlayer import dist
 from commlayer.core.errors import CommError
-from commlayer.facade.calls.hooks import CollectiveCall, RemovableHandle, register_pre_hook
 from commlayer.facade.groups.group import ProcessGroup
+from commlayer.hooks.registry import CollectiveCall, RemovableHandle, register_pre_hook
 
 __all__ = ["ContentDivergenceError", "ContentHashHook", "Divergence", "content_hash", "digest"]
 

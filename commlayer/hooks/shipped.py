@@ -7,8 +7,8 @@ from typing import Any
 
 from commlayer import comms_logger as _logger
 from commlayer.core.flight_recorder import DEFAULT_CAPACITY, FlightRecorder, mark_completed
-from commlayer.facade.calls.hooks import CollectiveCall, register_post_hook, register_pre_hook
 from commlayer.facade.groups.group import ProcessGroup
+from commlayer.hooks.registry import CollectiveCall, register_post_hook, register_pre_hook
 
 __all__ = ["LoggerHandle", "RecorderHook", "comms_logger", "flight_recorder"]
 

@@ -8,7 +8,7 @@ and the exit status is that rank's. On failure its last stderr line names the ra
 from which the launcher picks the job's first failure across hosts.
 
 The ranks stop when the launcher goes away: ``--watch-stdin`` (ssh) reads the launcher's stdin,
-where a line ``SIGINT`` / ``SIGTERM`` is a forwarded signal and end-of-file a lost launcher; without
+where a line ``SIGINT`` / ``SIGTERM`` / ``SIGUSR1`` is a forwarded signal and end-of-file a lost launcher; without
 it (pdsh), the launcher's session ending re-parents the agent, which is noticed the same way.
 """
 
@@ -87,7 +87,7 @@ class _LauncherWatch:
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 name = line.strip().decode("ascii", errors="replace")
-                if name in ("SIGINT", "SIGTERM"):
+                if name in ("SIGINT", "SIGTERM", "SIGUSR1"):
                     os.kill(os.getpid(), signal.Signals[name])  # the supervisor forwards it to every rank
         self.closed.set()
 

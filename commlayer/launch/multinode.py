@@ -21,6 +21,7 @@ from pathlib import Path
 
 from commlayer.core import settings
 from commlayer.launch.commands import JobPlan, mpirun_argv, pdsh_argv, srun_argv, ssh_argv
+from commlayer.launch.report import fit_summary
 from commlayer.launch.supervise import LaunchResult, ProcessOutcome, ProcessSpec, SuperviseOptions, supervise
 
 __all__ = [
@@ -55,7 +56,7 @@ def run_across_hosts(
     if first is None:
         return HostsRun(result, result.summary(), result.exit_code)
     what, code = first
-    return HostsRun(result, f"commlayer run: {what}; stopped every other host", code)
+    return HostsRun(result, fit_summary(f"commlayer run: {what}; stopped every other host"), code)
 
 
 def host_processes(plan: JobPlan, launcher: str, environ: Mapping[str, str]) -> list[ProcessSpec]:

@@ -5,7 +5,8 @@
 a host gives it that host's ranks (:mod:`.agent`), and the test harness gives it a single mpirun.
 Each process runs in its own process group so that a stop reaches the whole tree it spawned, and
 it is killed if the supervising thread dies (Linux PR_SET_PDEATHSIG), so nothing outlives a
-killed test run. A process whose spec sets ``stdin_signals`` (an ssh to a remote agent) gets
+killed test run. SIGINT and SIGTERM are forwarded to every process and stop the world; SIGUSR1
+is forwarded only (the ranks dump their flight recorders). A process whose spec sets ``stdin_signals`` (an ssh to a remote agent) gets
 forwarded signals as a line on its stdin instead, since a signal would only kill the ssh client.
 """
 
@@ -24,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Protocol, TextIO
 
 from commlayer.core.metrics import format_duration
 from commlayer.core.processes import _descendants, _signal_pids, pid_running
@@ -33,6 +34,7 @@ from commlayer.launch.tracebacks import TracebackHold, strip_torch_prefix
 __all__ = [
     "TIMEOUT_EXIT_CODE",
     "LaunchResult",
+    "LineRouter",
     "ProcessOutcome",
     "ProcessSpec",
     "SuperviseOptions",
@@ -76,6 +78,15 @@ class SuperviseOptions:
             )
 
 
+class LineRouter(Protocol):
+    """Takes over a process's output lines (one mpirun's, carrying many ranks' lines): returns
+    what to echo, already labelled. Called from the stdout and stderr reader threads."""
+
+    def feed(self, line: str, stderr: bool) -> list[str]: ...
+
+    def flush(self, stderr: bool) -> list[str]: ...
+
+
 @dataclass(frozen=True)
 class ProcessSpec:
     label: str  # e.g. "rank 1": used in summaries; "[rank1]" prefixes output, "rank1.log" is its log
@@ -83,6 +94,7 @@ class ProcessSpec:
     env: Mapping[str, str]
     tag: str | None = None  # output prefix; None: "[label without spaces] ", "": none
     stdin_signals: bool = False  # forwarded signals arrive as "SIGINT\n" lines on a kept-open stdin
+    router: LineRouter | None = None  # echoes in place of the tag and hold (still logged as label)
 
 
 @dataclass(frozen=True)
@@ -222,11 +234,14 @@ def _forwarded_signals(running: list[_Running], enabled: bool) -> Iterator[list[
         return
 
     def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
+        if signum != signal.SIGUSR1:  # SIGUSR1 asks the ranks for a flight-recorder dump, no stop
+            received.append(signum)
         for process in running:
             process.forward(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    }
     try:
         yield received
     finally:
@@ -303,14 +318,20 @@ class _Running:
         echo_lock: threading.Lock | None,
         hold: TracebackHold | None,
     ) -> None:
+        router, stderr = self.spec.router, pipe is self.popen.stderr
         for raw in iter(pipe.readline, b""):
             line = strip_torch_prefix(raw.decode("utf-8", errors="replace").rstrip("\n"))
             self.tail.append(line)
             if self.log is not None:
                 with self.log_lock:
                     self.log.write(line + "\n")
-            self._echo(hold.feed(line) if hold is not None else [line], sink, echo_lock)
-        if hold is not None:
+            if router is not None:
+                self._echo(router.feed(line, stderr), sink, echo_lock)
+            else:
+                self._echo(hold.feed(line) if hold is not None else [line], sink, echo_lock)
+        if router is not None:
+            self._echo(router.flush(stderr), sink, echo_lock)
+        elif hold is not None:
             self._echo(hold.flush(), sink, echo_lock)
 
     def _echo(self, lines: list[str], sink: TextIO | None, echo_lock: threading.Lock | None) -> None:
@@ -403,4 +424,6 @@ def _describe_exit(code: int) -> str:
 
 
 def _listing(labels: list[str]) -> str:
+    if len(labels) > 3:  # a summary stays one short line however many ranks stopped
+        return f"{labels[0]}, {labels[1]} and {len(labels) - 2} others"
     return ", ".join(labels) if labels else "nothing"

@@ -98,7 +98,10 @@ def mpirun_plan(world_size: int, environ: Mapping[str, str]) -> MpirunPlan:
     env["PATH"] = _search_path(env)
     if _FAMILY[flavor] == "openmpi":
         return MpirunPlan(flavor, _openmpi_argv(executable, world_size), _openmpi_env(executable, env))
-    return MpirunPlan(flavor, (executable, "-n", str(world_size), "-launcher", "fork", "-l"), env)
+    # -l labels each rank's lines; Intel MPI's -ordered-output keeps them whole (unbuffered ranks'
+    # writes of part of a line would otherwise each get a label).
+    ordered = ("-ordered-output",) if flavor == "intel-mpi" else ()
+    return MpirunPlan(flavor, (executable, "-n", str(world_size), "-launcher", "fork", "-l", *ordered), env)
 
 
 def mpirun_unavailable_reason(environ: Mapping[str, str] | None = None) -> str | None:

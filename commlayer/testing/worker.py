@@ -71,9 +71,23 @@ def _run(target: str, args: tuple[str, ...], backend: str | None) -> None:
         return
     from commlayer import dist  # only ranks that want a process group pay for importing torch
 
+    _bind_local_gpu()
     dist.init_process_group(backend=backend)
     function(*args)
     dist.destroy_process_group()
+
+
+def _bind_local_gpu() -> None:
+    """Put this rank on GPU LOCAL_RANK (modulo the GPUs visible), as torchrun scripts do first.
+
+    Otherwise every rank's CUDA tensors and communicators land on GPU 0: NCCL refuses two ranks
+    on one GPU, and peer-memory kernels of two ranks on one GPU take turns at its time slices.
+    """
+    import torch
+
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is not None and torch.cuda.is_available():
+        torch.cuda.set_device(int(local_rank) % torch.cuda.device_count())
 
 
 def _report(results: ResultsDir, rank: int) -> int:

@@ -63,13 +63,13 @@ def analyze(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
     missing = sorted(set(range(world_size)) - set(dumps))
     lines = [f"dumps from {describe_ranks(sorted(dumps))} of a world of {world_size}"]
     if missing:
-        lines.append(f"no dump from {describe_ranks(missing)} (dead, hung in native code, or never asked)")
+        lines.append(f"no dump from {describe_ranks(missing)} (dead, hung with the GIL held, or never asked)")
     reasons = {rank: dump.get("reason", "") for rank, dump in sorted(dumps.items())}
     lines += [f"rank {rank} dumped because: {reason}" for rank, reason in reasons.items() if reason]
     for name in _group_names(dumps):
         view = GroupView.collect(name, dumps)
         lines += _mismatches(view)
-        lines.append(_progress(view))
+        lines.append(_progress(view, set(dumps)))
     lines += _pending_p2p(dumps)
     return lines
 
@@ -108,20 +108,23 @@ def _mismatches(view: GroupView) -> list[str]:
     return findings
 
 
-def _progress(view: GroupView) -> str:
+def _progress(view: GroupView, dumped: set[int]) -> str:
     header = f"group '{view.name}' ({describe_ranks(view.ranks)})"
     seq = view.first_unfinished()
     if seq is None:
         final = max(view.last.values(), default=0)
-        return f"{header}: every rank that dumped completed collective #{final}, the last one entered"
+        parts = [f"every rank that dumped completed collective #{final}, the last one entered"]
+        return f"{header}: " + "; ".join(parts + _unaccounted(view, dumped))
     inside = {rank: by_seq[seq] for rank, by_seq in view.entries.items() if seq in by_seq}
     op = next(iter(inside.values()))["op"] if inside else "collective"
     never = sorted(rank for rank, last in view.last.items() if last < seq)
-    waiting = sorted(rank for rank, entry in inside.items() if entry["state"] != "completed")
-    absent = sorted(set(view.ranks) - set(view.entries))
+    raised = sorted(rank for rank, entry in inside.items() if entry["state"] == "failed")
+    waiting = sorted(rank for rank, entry in inside.items() if entry["state"] not in ("completed", "failed"))
     parts = []
     if never:
         parts.append(f"{describe_ranks(never)} never entered {op} #{seq}")
+    if raised:
+        parts.append(f"{describe_ranks(raised)} raised in {op} #{seq}")
     if waiting:
         verb = "is" if len(waiting) == 1 else "are"
         parts.append(f"{describe_ranks(waiting)} {verb} waiting in {op} #{seq}")
@@ -129,9 +132,21 @@ def _progress(view: GroupView) -> str:
         previous = view.entries[rank].get(view.last[rank])
         if previous is not None:
             parts.append(f"rank {rank}'s last collective there was {describe(previous)}")
+    return f"{header}: " + "; ".join(parts + _unaccounted(view, dumped))
+
+
+def _unaccounted(view: GroupView, dumped: set[int]) -> list[str]:
+    """Members whose dump is missing (dead or unreachable) or holds no record of the group."""
+    absent = sorted(set(view.ranks) - dumped)
+    without = sorted((set(view.ranks) & dumped) - set(view.entries))
+    parts = []
     if absent:
         parts.append(f"{describe_ranks(absent)} left no dump (dead or unreachable)")
-    return f"{header}: " + "; ".join(parts)
+    if without:
+        parts.append(
+            f"{describe_ranks(without)} dumped without this group (destroyed or never created there)"
+        )
+    return parts
 
 
 def _pending_p2p(dumps: Mapping[int, dict[str, Any]]) -> list[str]:

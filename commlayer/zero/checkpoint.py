@@ -24,16 +24,14 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from commlayer import dist
 from commlayer.core.errors import CheckpointError, InvalidArgumentError, UnsupportedError
+from commlayer.dist import ProcessGroup
 from commlayer.zero import versions as _versions
-
-if TYPE_CHECKING:
-    from commlayer.zero.engine import ZeroEngine
 
 __all__ = ["CheckpointFallbackWarning", "consolidated_state_dict", "load_checkpoint", "save_checkpoint"]
 
@@ -44,11 +42,39 @@ class CheckpointFallbackWarning(UserWarning):
     """The newest checkpoint was damaged: an older intact one was loaded instead."""
 
 
+class CheckpointedEngine(Protocol):
+    """What a checkpoint reads from and restores into a :class:`~commlayer.zero.ZeroEngine`."""
+
+    config: Any
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    param_names: list[str]
+    param_dtypes: list[torch.dtype]
+    train_dtype: torch.dtype
+    master: Any
+    layout: Any
+    runtime: Any
+    experts: Any
+    scaler: Any
+    global_steps: int
+    micro_steps: int
+    skipped_steps: int
+    group_rank: int
+    group_size: int
+    replica_rank: int
+    data_parallel_group: ProcessGroup
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def zero_grad(self) -> None: ...
+
+
 # --- saving ----------------------------------------------------------------------------------
 
 
 def save_checkpoint(
-    engine: ZeroEngine, save_dir: str | os.PathLike, tag: str | None, client_state: dict | None
+    engine: CheckpointedEngine, save_dir: str | os.PathLike, tag: str | None, client_state: dict | None
 ) -> str:
     """Write the engine's state under ``save_dir/tag`` (collective); returns the tag."""
     _require_whole_world(engine, "save_checkpoint")
@@ -82,7 +108,7 @@ def save_checkpoint(
     return tag
 
 
-def _rank_payload(engine: ZeroEngine) -> dict[str, Any]:
+def _rank_payload(engine: CheckpointedEngine) -> dict[str, Any]:
     optimizer_state = {
         id(t): engine.optimizer.state.get(t, {}) for _, t in engine.master.trainable_fragments(engine.params)
     }
@@ -105,7 +131,7 @@ def _rank_payload(engine: ZeroEngine) -> dict[str, Any]:
     return {"format": FORMAT, "rank": engine.group_rank, "fragments": fragments}
 
 
-def _common_payload(engine: ZeroEngine, client_state: dict | None) -> dict[str, Any]:
+def _common_payload(engine: CheckpointedEngine, client_state: dict | None) -> dict[str, Any]:
     index_of = {id(p): name for p, name in zip(engine.params, engine.param_names)}
     aliases = {
         key: index_of[id(value)]
@@ -130,7 +156,7 @@ def _common_payload(engine: ZeroEngine, client_state: dict | None) -> dict[str, 
     }
 
 
-def _meta(engine: ZeroEngine) -> dict[str, Any]:
+def _meta(engine: CheckpointedEngine) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "world_size": engine.group_size,
@@ -164,7 +190,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def _require_whole_world(engine: ZeroEngine, op: str) -> None:
+def _require_whole_world(engine: CheckpointedEngine, op: str) -> None:
     if engine.experts is not None:
         raise UnsupportedError(
             f"{op}: checkpoints of expert-parallel MoE models are not supported yet (experts share local "
@@ -282,7 +308,7 @@ def _older_versions(root: Path, newest: str) -> list[Path]:
 
 
 def load_checkpoint(
-    engine: ZeroEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool
+    engine: CheckpointedEngine, load_dir: str | os.PathLike, tag: str | None, load_optimizer_states: bool
 ) -> tuple[str, dict]:
     """Load (and reshard, if the world size differs) a checkpoint into ``engine``."""
     _require_whole_world(engine, "load_checkpoint")
@@ -303,7 +329,7 @@ def load_checkpoint(
     return str(saved.path), saved.common["client_state"]
 
 
-def _check_params(engine: ZeroEngine, saved: _Saved) -> None:
+def _check_params(engine: CheckpointedEngine, saved: _Saved) -> None:
     have = [(n, list(s)) for n, s in zip(engine.param_names, engine.master.shapes)]
     stored = [(p["name"], p["shape"]) for p in saved.meta["params"]]
     if have != stored:
@@ -315,7 +341,7 @@ def _check_params(engine: ZeroEngine, saved: _Saved) -> None:
         )
 
 
-def _load_optimizer(engine: ZeroEngine, saved: _Saved) -> None:
+def _load_optimizer(engine: CheckpointedEngine, saved: _Saved) -> None:
     for group, stored in zip(engine.optimizer.param_groups, saved.common["param_groups"]):
         group.update({key: value for key, value in stored.items() if key in group})
     device = engine.master.values.device
@@ -333,7 +359,7 @@ def _load_optimizer(engine: ZeroEngine, saved: _Saved) -> None:
             engine.optimizer.state[tensor] = state
 
 
-def _load_buffers(engine: ZeroEngine, buffers: dict[str, torch.Tensor]) -> None:
+def _load_buffers(engine: CheckpointedEngine, buffers: dict[str, torch.Tensor]) -> None:
     current = dict(engine.module.named_buffers())
     for key, value in buffers.items():
         if key in current:

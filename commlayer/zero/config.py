@@ -100,7 +100,7 @@ class ZeroOptimizationConfig(_Section):
     reduce_bucket_size: int = Field(MANY, gt=0)
     #: Elements per parameter all-gather after the optimizer step (stages 1-2).
     allgather_bucket_size: int = Field(MANY, gt=0)
-    #: Launch each bucket's reduction from the backward hooks, overlapping the rest of backward.
+    #: Start each bucket's reduction from the backward hooks, overlapping the rest of backward.
     #: None means on (DeepSpeed turns it on only for stage 3; here it costs nothing elsewhere).
     overlap_comm: bool | None = None
     #: Gradients always land in contiguous flat buffers here; kept for DeepSpeed configs.

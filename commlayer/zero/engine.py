@@ -26,6 +26,7 @@ import torch
 from commlayer import dist
 from commlayer.dist import ProcessGroup
 from commlayer.mesh import Mesh
+from commlayer.zero.checkpoint import load_checkpoint, save_checkpoint
 from commlayer.zero.config import BatchSizes, ZeroConfig
 from commlayer.zero.engine_setup import build_experts, build_runtime, plan_layout, take_rank0_values
 from commlayer.zero.experts import split_experts
@@ -335,8 +336,6 @@ class ZeroEngine:
             >>> engine.save_checkpoint("ckpt")
             'ckpt/global_step10'
         """
-        from commlayer.zero.checkpoint import save_checkpoint
-
         return save_checkpoint(self, save_dir, tag, client_state)
 
     def load_checkpoint(
@@ -356,8 +355,6 @@ class ZeroEngine:
 
             >>> path, client_state = engine.load_checkpoint("ckpt")
         """
-        from commlayer.zero.checkpoint import load_checkpoint
-
         return load_checkpoint(self, load_dir, tag, load_optimizer_states)
 
     def destroy(self) -> None:

@@ -7,7 +7,7 @@ forbids it, and the engine must run on every backend. The buffer is divided by t
 *before* the sum, which keeps fp16 sums in range. With hybrid sharding (:mod:`.hybrid`) the
 piece is then all-reduced with the rank's replicas. When the collective completes, the rank's
 piece is handed to the master shard, which keeps it in the reduction dtype and folds it into
-the fp32 gradient only when the step (or the next micro-step's accumulation) needs it. Launch order is the caller's business: every rank must launch the same
+the fp32 gradient only when the step (or the next micro-step's accumulation) needs it. Start order is the caller's business: every rank must start the same
 segments in the same order, since each is one collective on a shared communicator.
 """
 
@@ -35,7 +35,7 @@ class _InFlight:
 
 
 class GradientReducer:
-    """Launches segment reductions and folds finished ones into the master gradient."""
+    """Starts segment reductions and folds finished ones into the master gradient."""
 
     def __init__(
         self,
@@ -62,14 +62,14 @@ class GradientReducer:
 
     def stage(self, destination: torch.Tensor, grad: torch.Tensor) -> None:
         """Write ``grad`` into a scratch buffer's slice already divided, in one pass instead of
-        a copy and a division of the whole buffer (launch it with ``prescaled=True``)."""
+        a copy and a division of the whole buffer (start it with ``prescaled=True``)."""
         source = grad.reshape(-1)
         if self.divisor > 1:
             torch.div(source, self.divisor, out=destination)
         else:
             destination.copy_(source)
 
-    def launch(self, segment: Segment, buffer: torch.Tensor, *, prescaled: bool = False) -> None:
+    def start(self, segment: Segment, buffer: torch.Tensor, *, prescaled: bool = False) -> None:
         """Start averaging ``buffer`` (the segment's whole padded gradient) over the group.
 
         The buffer is overwritten (divided unless ``prescaled`` -- filled through :meth:`stage`

@@ -50,13 +50,8 @@ class ReplicatedParams:
         overlap: bool,
         allgather_numel: int,
     ) -> None:
-        self.params, self.names, self.layout, self.master, self.reducer = (
-            list(params),
-            list(names),
-            layout,
-            master,
-            reducer,
-        )
+        self.params, self.names = list(params), list(names)
+        self.layout, self.master, self.reducer = layout, master, reducer
         self.gather_group, self.full_grads, self.overlap, self.allgather_numel = (
             gather_group,
             full_grads,
@@ -75,7 +70,7 @@ class ReplicatedParams:
         ]
         self._staging: dict[int, torch.Tensor] = {}
         self._arrived: list[set[int]] = [set() for _ in layout.segments]
-        self._next_launch = 0
+        self._next_start = 0
         self._counting = False
         self._inside_backward = False
         self._hooks = [
@@ -129,7 +124,7 @@ class ReplicatedParams:
         self._counting = boundary or not self.full_grads
         self._inside_backward = True
         self._arrived = [set() for _ in self.layout.segments]
-        self._next_launch = 0
+        self._next_start = 0
 
     def _hook_for(self, index: int):
         def on_grad(param: torch.Tensor) -> None:
@@ -142,7 +137,7 @@ class ReplicatedParams:
 
     def _gradient_arrived(self, index: int, param: torch.Tensor) -> None:
         segment = self.segment_of[index]
-        if index in self._arrived[segment.index] or segment.index < self._next_launch:
+        if index in self._arrived[segment.index] or segment.index < self._next_start:
             raise CommError(
                 f"zero: parameter '{self.names[index]}' received a second gradient in one backward pass "
                 "(reentrant activation checkpointing?); set zero_optimization.overlap_comm to false"
@@ -154,7 +149,7 @@ class ReplicatedParams:
             param.grad = None
         self._arrived[segment.index].add(index)
         if self.overlap:
-            self._launch_ready()
+            self._start_ready()
 
     def _staging_for(self, segment: Segment) -> torch.Tensor:
         if segment.index not in self._staging:
@@ -165,25 +160,25 @@ class ReplicatedParams:
             self._staging[segment.index] = buffer
         return self._staging[segment.index]
 
-    def _launch_ready(self) -> None:
+    def _start_ready(self) -> None:
         segments = self.layout.segments
         while (
-            self._next_launch < len(segments)
-            and len(self._arrived[self._next_launch]) == self.expected[self._next_launch]
+            self._next_start < len(segments)
+            and len(self._arrived[self._next_start]) == self.expected[self._next_start]
         ):
-            self._launch(segments[self._next_launch])
+            self._start(segments[self._next_start])
 
-    def _launch(self, segment: Segment) -> None:
-        self._next_launch = segment.index + 1
+    def _start(self, segment: Segment) -> None:
+        self._next_start = segment.index + 1
         if not self.full_grads:
             buffer = self._staging_for(segment)
             for slot in segment.slots:
                 if slot.param not in self._arrived[segment.index]:  # unused this time: no gradient
                     buffer[slot.offset : slot.offset + slot.numel].zero_()
-            self.reducer.launch(segment, self._staging.pop(segment.index), prescaled=True)
+            self.reducer.start(segment, self._staging.pop(segment.index), prescaled=True)
         else:
             assert self.grad_flat is not None
-            self.reducer.launch(
+            self.reducer.start(
                 segment, self.grad_flat[segment.offset : segment.offset + segment.padded_numel]
             )
 
@@ -192,8 +187,8 @@ class ReplicatedParams:
         self._inside_backward = False
         if not self._counting:
             return
-        for segment in self.layout.segments[self._next_launch :]:
-            self._launch(segment)
+        for segment in self.layout.segments[self._next_start :]:
+            self._start(segment)
         self.reducer.drain()
         self._counting = False
 

@@ -87,13 +87,8 @@ class PartitionedParams:
         train_dtype: torch.dtype,
         prefetch_numel: int,
     ) -> None:
-        self.params, self.names, self.layout, self.master, self.reducer = (
-            list(params),
-            list(names),
-            layout,
-            master,
-            reducer,
-        )
+        self.params, self.names = list(params), list(names)
+        self.layout, self.master, self.reducer = layout, master, reducer
         self.gather_group, self.train_dtype, self.prefetch_numel = gather_group, train_dtype, prefetch_numel
         device = master.values.device
         self.units = [
@@ -130,7 +125,7 @@ class PartitionedParams:
 
     # --- gather and free ---------------------------------------------------------------------
 
-    def _launch_gather(self, unit: _Unit) -> None:
+    def _start_gather(self, unit: _Unit) -> None:
         unit.full.untyped_storage().resize_(unit.nbytes)
         source = self.master.segment_values(unit.segment)
         source = source if source.dtype == self.train_dtype else source.to(self.train_dtype)
@@ -146,7 +141,7 @@ class PartitionedParams:
         if unit.state is _State.READY:
             return
         if unit.state is _State.FREE:
-            self._launch_gather(unit)
+            self._start_gather(unit)
         if unit.gather is not None:
             unit.gather[0].wait()
             unit.gather = None
@@ -176,7 +171,7 @@ class PartitionedParams:
                 break
             unit = self.units[index]
             if unit.state is _State.FREE and not unit.reduced:
-                self._launch_gather(unit)
+                self._start_gather(unit)
             ahead += unit.segment.padded_numel
 
     # --- hooks -------------------------------------------------------------------------------
@@ -257,7 +252,7 @@ class PartitionedParams:
             if slot.param not in unit.arrived:
                 staging[slot.offset : slot.offset + slot.numel].zero_()
         unit.staging, unit.reduced = None, True
-        self.reducer.launch(unit.segment, staging, prescaled=True)
+        self.reducer.start(unit.segment, staging, prescaled=True)
         self._free(unit)
 
     # --- engine interface --------------------------------------------------------------------

@@ -1,7 +1,7 @@
 // The one instruction a waiting loop runs between polls of shared memory (csrc/shm, csrc/mpi).
 #pragma once
 
-namespace commlayer::launch {
+namespace commlayer::common {
 
 // Tells the CPU this is a spin-wait: the polls stop filling the pipeline with speculative loads,
 // and the core's sibling hyperthread gets the cycles.
@@ -13,4 +13,4 @@ inline void cpu_relax() {
 #endif
 }
 
-}  // namespace commlayer::launch
+}  // namespace commlayer::common

@@ -1,5 +1,5 @@
-// What commlayer's C launchers read of a tensor, and the reader commlayer.core._tensor_meta
-// hands them (a C function behind a capsule). Plain C, so the torch launcher, which includes no
+// What commlayer's C fast paths read of a tensor, and the reader commlayer.core._tensor_meta
+// hands them (a C function behind a capsule). Plain C, so the torch fast paths, which include no
 // torch header, can call the reader, which is compiled against one torch version's headers.
 #pragma once
 

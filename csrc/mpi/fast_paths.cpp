@@ -1,4 +1,4 @@
-// The mpi backend's fused launchers in C: ``run(async_op, *tensors)`` of one planned kind of call
+// The mpi backend's fast paths in C: ``run(async_op, *tensors)`` of one planned kind of call
 // (backends/mpi/native_fast_paths.py builds them; backends/mpi/fast_paths.py has the Python twin and the rules).
 //
 // Why C: at 1-2 MiB an MPI collective on one host takes 17-60 us, and the backend's Python path
@@ -37,16 +37,16 @@ namespace commlayer::mpi {
 
 namespace {
 
-namespace launch = commlayer::launch;
+namespace common = commlayer::common;
 
-constexpr const char* kCapsuleName = "commlayer.mpi.launcher";
+constexpr const char* kCapsuleName = "commlayer.mpi.fast_path";
 
-struct Launcher {
+struct FastPath {
     MpiCall mpi;
     int size = 1;
     std::size_t item_size = 1;      // bytes per element of this plan's dtype
     PyObject* queue = nullptr;      // the ordered executor's deque: not empty -> ``otherwise``
-    PyObject* otherwise = nullptr;  // the Python launcher, for everything but the plain case
+    PyObject* otherwise = nullptr;  // the Python fast path, for everything but the plain case
     PyObject* watchdog = nullptr;   // its ``op``, ``limit`` and ``started`` bound a blocking call
     PyObject* op = nullptr;
     PyObject* limit = nullptr;
@@ -54,7 +54,7 @@ struct Launcher {
     bool checked = false;
     bool on_cpu = false;  // this plan's tensors were seen on the CPU
     SharedSlots slots;
-    launch::RecordingSpec recording;
+    common::RecordingSpec recording;
     PyObject* last_shape = nullptr;
 };
 
@@ -75,35 +75,35 @@ const WatchdogNames& watchdog_names() {
 }
 
 // Stamps the call in progress (see backends/mpi/ordered.py's _Watchdog), as OrderedExecutor.run does.
-bool stamp(const Launcher& launcher, double started) {
+bool stamp(const FastPath& fast_path, double started) {
     const WatchdogNames& name = watchdog_names();
     PyObject* now = PyFloat_FromDouble(started);
     if (now == nullptr) return false;
-    const bool done = PyObject_SetAttr(launcher.watchdog, name.op, launcher.op) == 0 &&
-                      PyObject_SetAttr(launcher.watchdog, name.limit, launcher.limit) == 0 &&
-                      PyObject_SetAttr(launcher.watchdog, name.started, now) == 0;
+    const bool done = PyObject_SetAttr(fast_path.watchdog, name.op, fast_path.op) == 0 &&
+                      PyObject_SetAttr(fast_path.watchdog, name.limit, fast_path.limit) == 0 &&
+                      PyObject_SetAttr(fast_path.watchdog, name.started, now) == 0;
     Py_DECREF(now);
     return done;
 }
 
 // Clears the watchdog's stamp (no call in progress), keeping the call's exception if it raised.
-bool unstamp(const Launcher& launcher) {
+bool unstamp(const FastPath& fast_path) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     PyObject* idle = PyFloat_FromDouble(0.0);
-    const bool done = idle != nullptr && PyObject_SetAttr(launcher.watchdog, watchdog_names().started, idle) == 0;
+    const bool done = idle != nullptr && PyObject_SetAttr(fast_path.watchdog, watchdog_names().started, idle) == 0;
     Py_XDECREF(idle);
     if (type != nullptr) PyErr_Restore(type, value, traceback);
     return done;
 }
 
 // The blocking call; false with MPI's exception set.
-bool call(const Launcher& launcher, void* output, const void* input, int count) {
-    const int code = call_without_gil(launcher.mpi, output, input, count);
+bool call(const FastPath& fast_path, void* output, const void* input, int count) {
+    const int code = call_without_gil(fast_path.mpi, output, input, count);
     if (code == 0) return true;
-    PyObject* error = PyObject_CallFunction(launcher.error_type, "i", code);
+    PyObject* error = PyObject_CallFunction(fast_path.error_type, "i", code);
     if (error != nullptr) {
-        PyErr_SetObject(launcher.error_type, error);
+        PyErr_SetObject(fast_path.error_type, error);
         Py_DECREF(error);
     }
     return false;
@@ -119,44 +119,44 @@ struct Call {
 
 // Whether MPI leaves this call's input unwritten: its kind allows it, and for two tensors the
 // buffers do not overlap.
-bool input_stays(const Launcher& launcher, const Call& call) {
-    if (!launcher.slots.speculates) return false;
-    if (!takes_two_tensors(launcher.mpi.kind)) return true;
+bool input_stays(const FastPath& fast_path, const Call& call) {
+    if (!fast_path.slots.speculates) return false;
+    if (!takes_two_tensors(fast_path.mpi.kind)) return true;
     const auto output = reinterpret_cast<std::uintptr_t>(call.output);
     const auto input = reinterpret_cast<std::uintptr_t>(call.input);
-    const std::size_t item = launcher.item_size;
+    const std::size_t item = fast_path.item_size;
     return output + call.output_count * item <= input || input + call.input_count * item <= output;
 }
 
 // The mismatch check (when on) and the blocking call, speculating where the input stays.
-bool checked_call(const Launcher& launcher, const Call& args, std::int64_t sequence, long long signature, int count) {
-    const SharedSlots& slots = launcher.slots;
-    if (!launcher.checked) return call(launcher, args.output, args.input, count);
-    if (input_stays(launcher, args)) {
+bool checked_call(const FastPath& fast_path, const Call& args, std::int64_t sequence, long long signature, int count) {
+    const SharedSlots& slots = fast_path.slots;
+    if (!fast_path.checked) return call(fast_path, args.output, args.input, count);
+    if (input_stays(fast_path, args)) {
         const Seen seen = look_around(slots, sequence, signature);
-        if (seen == Seen::all_agree) return call(launcher, args.output, args.input, count);
+        if (seen == Seen::all_agree) return call(fast_path, args.output, args.input, count);
         if (seen == Seen::some_missing) {
             mark_speculated(slots, sequence);
-            return call(launcher, args.output, args.input, count) &&
+            return call(fast_path, args.output, args.input, count) &&
                    (peers_agree(slots, sequence, signature) || verify_in_python(slots.speculated, sequence, signature));
         }
         // A disagreement: the waiting path below, whose Python side refuses and raises.
     }
     return (peers_agree(slots, sequence, signature) || verify_in_python(slots.verify, sequence, signature)) &&
-           call(launcher, args.output, args.input, count);
+           call(fast_path, args.output, args.input, count);
 }
 
-// The signature's element count and MPI's, as the Python launcher passes them; false: not a plain case.
-bool counts_of(const Launcher& launcher, const Call& call, long long& signature, int& count) {
+// The signature's element count and MPI's, as the Python fast path passes them; false: not a plain case.
+bool counts_of(const FastPath& fast_path, const Call& call, long long& signature, int& count) {
     std::size_t mpi_count = call.output_count;
     signature = static_cast<long long>(call.output_count);
-    if (launcher.mpi.kind == Kind::all_gather || launcher.mpi.kind == Kind::all_to_all) {
+    if (fast_path.mpi.kind == Kind::all_gather || fast_path.mpi.kind == Kind::all_to_all) {
         signature = static_cast<long long>(call.input_count);
         mpi_count = call.input_count;
     }
-    if (launcher.mpi.kind == Kind::all_to_all) {
-        if (call.input_count % static_cast<std::size_t>(launcher.size) != 0) return false;
-        mpi_count = call.input_count / static_cast<std::size_t>(launcher.size);
+    if (fast_path.mpi.kind == Kind::all_to_all) {
+        if (call.input_count % static_cast<std::size_t>(fast_path.size) != 0) return false;
+        mpi_count = call.input_count / static_cast<std::size_t>(fast_path.size);
     }
     if (mpi_count > static_cast<std::size_t>(INT_MAX)) return false;
     count = static_cast<int>(mpi_count);
@@ -165,7 +165,7 @@ bool counts_of(const Launcher& launcher, const Call& call, long long& signature,
 
 // 1: a CUDA tensor (Python's path), 0: not, -1: an exception.
 int on_cuda(PyObject* tensor) {
-    PyObject* flag = PyObject_GetAttr(tensor, launch::names().is_cuda);
+    PyObject* flag = PyObject_GetAttr(tensor, common::names().is_cuda);
     if (flag == nullptr) return -1;
     const int cuda = PyObject_IsTrue(flag);
     Py_DECREF(flag);
@@ -173,20 +173,20 @@ int on_cuda(PyObject* tensor) {
 }
 
 // Reads the tensors; 1: a plain case (``call`` filled, ``shape`` a new reference), 0: not, -1: an error.
-int read_call(Launcher& launcher, PyObject* const* tensors, Py_ssize_t count, Call& call, PyObject*& shape) {
+int read_call(FastPath& fast_path, PyObject* const* tensors, Py_ssize_t count, Call& call, PyObject*& shape) {
     // A plan serves one device (the facade's key holds it): once its tensors were seen on the CPU
     // they always are.
-    for (Py_ssize_t index = 0; index < count && !launcher.on_cpu; ++index) {
+    for (Py_ssize_t index = 0; index < count && !fast_path.on_cpu; ++index) {
         const int cuda = on_cuda(tensors[index]);
         if (cuda != 0) return cuda < 0 ? -1 : 0;
     }
-    launcher.on_cpu = true;
-    const int payload = launcher.recording.payload;
-    shape = PyObject_GetAttr(tensors[payload], launch::names().shape);
+    fast_path.on_cpu = true;
+    const int payload = fast_path.recording.payload;
+    shape = PyObject_GetAttr(tensors[payload], common::names().shape);
     if (shape == nullptr) return -1;
     void* input = nullptr;
-    if (!launch::address_and_count(tensors[0], payload == 0 ? shape : nullptr, call.output, call.output_count) ||
-        (count == 2 && !launch::address_and_count(tensors[1], payload == 1 ? shape : nullptr, input,
+    if (!common::address_and_count(tensors[0], payload == 0 ? shape : nullptr, call.output, call.output_count) ||
+        (count == 2 && !common::address_and_count(tensors[1], payload == 1 ? shape : nullptr, input,
                                                   call.input_count))) {
         Py_CLEAR(shape);
         return -1;
@@ -196,83 +196,83 @@ int read_call(Launcher& launcher, PyObject* const* tensors, Py_ssize_t count, Ca
 }
 
 // Publish, enter, check, call, complete: the plain synchronous case.
-PyObject* run_plain(Launcher& launcher, const Call& call_args, PyObject* shape, long long signature, int count) {
+PyObject* run_plain(FastPath& fast_path, const Call& call_args, PyObject* shape, long long signature, int count) {
     std::int64_t sequence = 0;
-    if (launcher.checked) {
-        PyObject* next = Py_TYPE(launcher.slots.sequence)->tp_iternext(launcher.slots.sequence);
+    if (fast_path.checked) {
+        PyObject* next = Py_TYPE(fast_path.slots.sequence)->tp_iternext(fast_path.slots.sequence);
         if (next == nullptr) {
             Py_DECREF(shape);
             return nullptr;
         }
         sequence = PyLong_AsLongLong(next);
         Py_DECREF(next);
-        publish(launcher.slots, sequence, signature);
+        publish(fast_path.slots, sequence, signature);
     }
-    PyObject* entry = launch::enter(launcher.recording, launch::shared_shape(launcher.last_shape, shape));
+    PyObject* entry = common::enter(fast_path.recording, common::shared_shape(fast_path.last_shape, shape));
     if (entry == nullptr) return nullptr;
     // The watchdog watches the check's wait too, as in OrderedExecutor.run: a peer that never
     // comes ends the job at the group's timeout, whichever wait it leaves hanging.
-    bool done = stamp(launcher, monotonic_s());
+    bool done = stamp(fast_path, monotonic_s());
     if (done) {
-        done = checked_call(launcher, call_args, sequence, signature, count);
-        done = unstamp(launcher) && done;
+        done = checked_call(fast_path, call_args, sequence, signature, count);
+        done = unstamp(fast_path) && done;
     }
     PyObject* result = nullptr;
     if (done) {
-        if (launch::complete(launcher.recording, entry)) result = Py_NewRef(Py_None);
+        if (common::complete(fast_path.recording, entry)) result = Py_NewRef(Py_None);
     } else {
-        launch::fail(launcher.recording);
+        common::fail(fast_path.recording);
     }
     Py_DECREF(entry);
     return result;
 }
 
 PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(self, kCapsuleName));
-    if (launcher == nullptr) return nullptr;
-    const Py_ssize_t tensors = takes_two_tensors(launcher->mpi.kind) ? 2 : 1;
+    auto* fast_path = static_cast<FastPath*>(PyCapsule_GetPointer(self, kCapsuleName));
+    if (fast_path == nullptr) return nullptr;
+    const Py_ssize_t tensors = takes_two_tensors(fast_path->mpi.kind) ? 2 : 1;
     // all_to_all_single also passes (output_split_sizes, input_split_sizes): uneven splits are Python's.
-    const bool splits = launcher->mpi.kind == Kind::all_to_all && nargs == 3 + tensors;
+    const bool splits = fast_path->mpi.kind == Kind::all_to_all && nargs == 3 + tensors;
     if (nargs != 1 + tensors && !splits) {
-        return PyErr_Format(PyExc_TypeError, "mpi launcher: expected (async_op, %zd tensor(s)), received %zd arguments",
+        return PyErr_Format(PyExc_TypeError, "mpi fast_path: expected (async_op, %zd tensor(s)), received %zd arguments",
                             tensors, nargs);
     }
     const int async_op = PyObject_IsTrue(args[0]);
     if (async_op < 0) return nullptr;
     const bool even = !splits || (args[1 + tensors] == Py_None && args[2 + tensors] == Py_None);
     // Ordered mode runs a synchronous call in place only when nothing is queued before it.
-    const Py_ssize_t queued = async_op || !even ? 0 : PyObject_Length(launcher->queue);
+    const Py_ssize_t queued = async_op || !even ? 0 : PyObject_Length(fast_path->queue);
     if (queued < 0) return nullptr;
     Call call;
     PyObject* shape = nullptr;
-    const int plain = async_op || !even || queued ? 0 : read_call(*launcher, args + 1, tensors, call, shape);
+    const int plain = async_op || !even || queued ? 0 : read_call(*fast_path, args + 1, tensors, call, shape);
     if (plain < 0) return nullptr;
     long long signature = 0;
     int count = 0;
-    if (plain && counts_of(*launcher, call, signature, count)) {
-        return run_plain(*launcher, call, shape, signature, count);
+    if (plain && counts_of(*fast_path, call, signature, count)) {
+        return run_plain(*fast_path, call, shape, signature, count);
     }
     Py_XDECREF(shape);
-    return PyObject_Vectorcall(launcher->otherwise, args, static_cast<std::size_t>(nargs), nullptr);
+    return PyObject_Vectorcall(fast_path->otherwise, args, static_cast<std::size_t>(nargs), nullptr);
 }
 
-PyMethodDef run_def = {"mpi_launcher", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
+PyMethodDef run_def = {"mpi_fast_path", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
                        METH_FASTCALL, "run(async_op, *tensors): one mpi op through its plan"};
 
-std::vector<PyObject*> owned(const Launcher& launcher) {
-    std::vector<PyObject*> all = {launcher.queue, launcher.otherwise,       launcher.watchdog,
-                                  launcher.op,    launcher.limit,           launcher.error_type,
-                                  launcher.slots.sequence, launcher.slots.verify, launcher.slots.speculated};
-    for (PyObject* reference : launch::references(launcher.recording)) all.push_back(reference);
-    return all;
+// Its references but the recording's (released by common::release).
+std::vector<PyObject*> owned(const FastPath& fast_path) {
+    return {fast_path.queue,    fast_path.otherwise,      fast_path.watchdog,
+            fast_path.op,       fast_path.limit,          fast_path.error_type,
+            fast_path.slots.sequence, fast_path.slots.verify, fast_path.slots.speculated};
 }
 
 void destroy(PyObject* capsule) {
-    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(capsule, kCapsuleName));
-    if (launcher == nullptr) return;
-    for (PyObject* reference : owned(*launcher)) Py_XDECREF(reference);
-    Py_XDECREF(launcher->last_shape);
-    delete launcher;
+    auto* fast_path = static_cast<FastPath*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (fast_path == nullptr) return;
+    for (PyObject* reference : owned(*fast_path)) Py_XDECREF(reference);
+    Py_XDECREF(fast_path->last_shape);
+    common::release(fast_path->recording);
+    delete fast_path;
 }
 
 Kind kind_of(const std::string& op) {
@@ -281,7 +281,7 @@ Kind kind_of(const std::string& op) {
     if (op == "all_gather_into_tensor") return Kind::all_gather;
     if (op == "reduce_scatter_tensor") return Kind::reduce_scatter;
     if (op == "all_to_all_single") return Kind::all_to_all;
-    throw std::invalid_argument("mpi launcher: no fused launcher for op '" + op + "'");
+    throw std::invalid_argument("mpi fast_path: no fused fast_path for op '" + op + "'");
 }
 
 std::int64_t* address_of(const py::handle& value) {
@@ -290,56 +290,58 @@ std::int64_t* address_of(const py::handle& value) {
 
 // ``shared``: None (unchecked), or (sequence iterator, own slots' address, peers' addresses, key,
 // verify, spin polls, speculates, speculated).
-void read_slots(Launcher& launcher, const py::object& shared) {
+void read_slots(FastPath& fast_path, const py::object& shared) {
     if (shared.is_none()) return;
     const auto fields = shared.cast<py::tuple>();
     if (fields.size() != 8 || !PyIter_Check(fields[0].ptr())) {
         throw std::invalid_argument(
-            "mpi launcher: shared must be (sequence, mine, peers, key, verify, spin polls, speculates, speculated)");
+            "mpi fast_path: shared must be (sequence, mine, peers, key, verify, spin polls, speculates, speculated)");
     }
-    launcher.checked = true;
-    launcher.slots.sequence = fields[0].ptr();
-    launcher.slots.mine = address_of(fields[1]);
-    for (const py::handle peer : fields[2].cast<py::tuple>()) launcher.slots.peers.push_back(address_of(peer));
-    launcher.slots.key = fields[3].cast<std::int64_t>();
-    launcher.slots.verify = fields[4].ptr();
-    launcher.slots.spin_polls = fields[5].cast<int>();
-    launcher.slots.speculates = fields[6].cast<bool>();
-    launcher.slots.speculated = fields[7].ptr();
+    fast_path.checked = true;
+    fast_path.slots.sequence = fields[0].ptr();
+    fast_path.slots.mine = address_of(fields[1]);
+    for (const py::handle peer : fields[2].cast<py::tuple>()) fast_path.slots.peers.push_back(address_of(peer));
+    fast_path.slots.key = fields[3].cast<std::int64_t>();
+    fast_path.slots.verify = fields[4].ptr();
+    fast_path.slots.spin_polls = fields[5].cast<int>();
+    fast_path.slots.speculates = fields[6].cast<bool>();
+    fast_path.slots.speculated = fields[7].ptr();
 }
 
 // See backends/mpi/native_fast_paths.py, which is the only caller.
-py::object make_launcher(const std::string& op, unsigned long long function, py::tuple handles, bool int_handles,
+py::object make_fast_path(const std::string& op, unsigned long long function, py::tuple handles, bool int_handles,
                          int root, int size, std::size_t item_size, py::object queue, py::object otherwise, py::object watchdog,
-                         py::object limit, py::object error_type, py::object shared, py::object recording) {
-    auto launcher = std::make_unique<Launcher>();
-    launcher->mpi.kind = kind_of(op);
-    launcher->mpi.function = reinterpret_cast<void*>(static_cast<std::uintptr_t>(function));
-    launcher->mpi.handles = Handles{handles[0].cast<std::uintptr_t>(), handles[1].cast<std::uintptr_t>(),
+                         py::object limit, py::object error_type, py::object shared, py::object recording, int payload) {
+    auto fast_path = std::make_unique<FastPath>();
+    fast_path->mpi.kind = kind_of(op);
+    fast_path->mpi.function = reinterpret_cast<void*>(static_cast<std::uintptr_t>(function));
+    fast_path->mpi.handles = Handles{handles[0].cast<std::uintptr_t>(), handles[1].cast<std::uintptr_t>(),
                                     handles[2].cast<std::uintptr_t>(), handles[3].cast<std::uintptr_t>(), int_handles};
-    launcher->mpi.root = root;
-    launcher->size = size;
-    launcher->item_size = item_size;
-    launcher->queue = queue.ptr();
-    launcher->otherwise = otherwise.ptr();
-    launcher->watchdog = watchdog.ptr();
-    launcher->op = py::str(op).release().ptr();  // owned: a new reference
-    launcher->limit = limit.ptr();
-    launcher->error_type = error_type.ptr();
-    read_slots(*launcher, shared);
-    launcher->recording = launch::recording_spec(recording, "mpi launcher");
-    if (launcher->recording.next_seq == nullptr || launcher->mpi.function == nullptr || size < 1) {
-        throw std::invalid_argument("mpi launcher: needs a recording, an MPI function and a positive size");
+    fast_path->mpi.root = root;
+    fast_path->size = size;
+    fast_path->item_size = item_size;
+    fast_path->queue = queue.ptr();
+    fast_path->otherwise = otherwise.ptr();
+    fast_path->watchdog = watchdog.ptr();
+    fast_path->op = py::str(op).release().ptr();  // owned: a new reference
+    fast_path->limit = limit.ptr();
+    fast_path->error_type = error_type.ptr();
+    read_slots(*fast_path, shared);
+    if (recording.is_none() || fast_path->mpi.function == nullptr || size < 1 || payload < 0 ||
+        payload >= (takes_two_tensors(fast_path->mpi.kind) ? 2 : 1)) {
+        throw std::invalid_argument("mpi fast path: needs a recording, its payload's index, an MPI function and a positive size");
     }
-    for (PyObject* reference : owned(*launcher)) {
-        if (reference != launcher->op) Py_XINCREF(reference);
+    fast_path->recording = common::recording_spec(recording, payload, "mpi fast path");
+    for (PyObject* reference : owned(*fast_path)) {
+        if (reference != fast_path->op) Py_XINCREF(reference);
     }
-    PyObject* capsule = PyCapsule_New(launcher.get(), kCapsuleName, destroy);
+    PyObject* capsule = PyCapsule_New(fast_path.get(), kCapsuleName, destroy);
     if (capsule == nullptr) {
-        for (PyObject* reference : owned(*launcher)) Py_XDECREF(reference);
+        for (PyObject* reference : owned(*fast_path)) Py_XDECREF(reference);
+        common::release(fast_path->recording);
         throw py::error_already_set();
     }
-    launcher.release();  // the capsule owns it now
+    fast_path.release();  // the capsule owns it now
     PyObject* function_object = PyCFunction_NewEx(&run_def, capsule, nullptr);
     Py_DECREF(capsule);  // the function holds it
     if (function_object == nullptr) throw py::error_already_set();
@@ -351,10 +353,10 @@ py::object make_launcher(const std::string& op, unsigned long long function, py:
 }  // namespace commlayer::mpi
 
 PYBIND11_MODULE(_fast_paths, module) {
-    module.doc() = "The mpi backend's fused launchers (csrc/mpi/fast_paths.cpp); built by backends/mpi/native_fast_paths.py.";
-    module.def("launcher", &commlayer::mpi::make_launcher, py::arg("op"), py::arg("function"), py::arg("handles"),
+    module.doc() = "The mpi backend's fast paths (csrc/mpi/fast_paths.cpp); built by backends/mpi/native_fast_paths.py.";
+    module.def("fast_path", &commlayer::mpi::make_fast_path, py::arg("op"), py::arg("function"), py::arg("handles"),
                py::arg("int_handles"), py::arg("root"), py::arg("size"), py::arg("item_size"), py::arg("queue"), py::arg("otherwise"),
                py::arg("watchdog"), py::arg("limit"), py::arg("error_type"), py::arg("shared"),
-               py::arg("recording"),
+               py::arg("recording"), py::arg("payload"),
                "run(async_op, *tensors) for one planned kind of call; see backends/mpi/native_fast_paths.py");
 }

@@ -1,4 +1,4 @@
-// The mismatch check's side of the mpi launcher (csrc/mpi/fast_paths.cpp): this rank's and its
+// The mismatch check's side of the mpi fast path (csrc/mpi/fast_paths.cpp): this rank's and its
 // peers' slots in the communicator's shared window, the waits for a peer's signature, and the
 // look without waiting that speculation needs (commlayer/contract/mismatch/shared_slots.py has the protocol).
 #pragma once
@@ -15,7 +15,7 @@
 namespace commlayer::mpi {
 
 // A peer's slot is polled kHeldPolls times holding the GIL (a peer already in its call is seen
-// at once), then without it: spinning (pause) for the launcher's ``spin_polls`` (few where the
+// at once), then without it: spinning (pause) for the fast path's ``spin_polls`` (few where the
 // group's ranks outnumber the CPUs: a peer may need this one), then yielding the CPU between
 // polls until kYieldSeconds have passed. After that Python waits (it sleeps, watches peer
 // failures and the deadline, raises the typed errors): a peer that late is rare.
@@ -63,7 +63,7 @@ inline bool published(const std::int64_t* slot, std::int64_t sequence) {
 inline bool wait_published(const std::int64_t* slot, std::int64_t sequence, int spin_polls) {
     for (int polls = 0; polls < spin_polls; ++polls) {
         if (published(slot, sequence)) return true;
-        launch::cpu_relax();
+        common::cpu_relax();
     }
     const double until = monotonic_s() + kYieldSeconds;
     for (;;) {

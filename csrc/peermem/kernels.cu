@@ -1,285 +1,117 @@
 // Intra-host collectives over peer-mapped device memory (CUDA IPC), built at first use.
 //
-// Every rank owns one region, mapped into every peer of the group:
-//   [flags: MAX_BLOCKS x MAX_RANKS words][private words][half 0][half 1]
-// A call stages what its peers read into the half picked by the call's epoch parity, raises a flag
-// in every peer (block b raises flag [b][rank]) and waits for theirs, then reads peers' halves.
-// Parity makes an end-of-call barrier unnecessary: a rank writes a half again only two calls
-// later, after every peer has entered the call in between and so has finished reading it.
-// The epoch lives on the device (graph replays advance it) and moves on when a kernel's last
-// block ends. Reductions run in float in rank order 0..n-1, the same code on every rank, so
-// results are bitwise equal everywhere and equal to a host loop in that order.
+// The layout, barrier and inbox are in common.cuh; staged.cuh holds the algorithms that move data
+// through the ranks' regions, in_place.cuh those that read and write the callers' tensors in
+// registered segments, all_to_all.cuh and fused_norm.cuh the two other kernels. The epoch lives on
+// the device (graph replays advance it) and moves on when a kernel's last block ends. Reductions
+// run in float in rank order 0..n-1, the same code on every rank, so results are bitwise equal
+// everywhere and equal to a host loop in that order.
 #include <Python.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
+#include <cuda.h>
 #include <string.h>
 
-#define MAX_RANKS 8
-#define MAX_BLOCKS 128
-#define THREADS 512
-#define FLAG_BYTES (MAX_BLOCKS * MAX_RANKS * 4)
-#define PRIVATE_BYTES 4096
-#define DATA_OFFSET (FLAG_BYTES + PRIVATE_BYTES)
+#include "all_to_all.cuh"
+#include "fused_norm.cuh"
 
-enum Kind { ONE_SHOT = 0, TWO_SHOT = 1, ALL_GATHER = 2, REDUCE_SCATTER = 3, TWO_SHOT_PUSH = 4, REDUCE_SCATTER_PUSH = 5 };
-enum Op { SUM = 0, PRODUCT = 1, MIN = 2, MAX = 3, AVG = 4 };
-enum Dtype { F32 = 0, BF16 = 1, F16 = 2 };
-
-struct Args {
-  char* base[MAX_RANKS];  // every rank's region, mapped here
-  uint32_t* priv;         // [0] epoch, [1] blocks done, [2] broken
-  int* host_error;        // host-mapped: [0] set, [1] missing peer, [2] block
-  unsigned long long timeout_ns;
-  unsigned long long half_bytes;
-  int rank, world;
+enum Kind {
+  ONE_SHOT = 0,
+  TWO_SHOT = 1,
+  ALL_GATHER = 2,
+  REDUCE_SCATTER = 3,
+  TWO_SHOT_PUSH = 4,
+  REDUCE_SCATTER_PUSH = 5,
+  ONE_SHOT_PUSH = 6,
+  ALL_REDUCE_IN_PLACE = 7,
+  ALL_GATHER_IN_PLACE = 8,
+  REDUCE_SCATTER_IN_PLACE = 9
 };
+
+template <typename T, int OP>
+__global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const char* in, char* out, size_t bytes) {
+  __shared__ Sync sync;
+  uint32_t epoch;
+  if (!start_call(a, &epoch, &sync)) return;
+  const size_t half = DATA_OFFSET + (epoch & 1) * a.half_bytes;
+  switch (kind) {
+    case ONE_SHOT: one_shot<T, OP>(a, in, out, bytes, half, &sync); break;
+    case ONE_SHOT_PUSH: one_shot_push<T, OP>(a, in, out, bytes, half, &sync); break;
+    case TWO_SHOT: two_shot<T, OP>(a, in, out, bytes, half, &sync); break;
+    case TWO_SHOT_PUSH: two_shot_push<T, OP>(a, in, out, bytes, half, &sync); break;
+    case ALL_GATHER: all_gather_staged(a, in, out, bytes, half, &sync); break;
+    case REDUCE_SCATTER: reduce_scatter_staged<T, OP>(a, in, out, bytes, half, &sync); break;
+    default: reduce_scatter_push<T, OP>(a, in, out, bytes, half, &sync); break;
+  }
+  finish(a, epoch, &sync);
+}
+
+template <typename T, int OP>
+__global__ void __launch_bounds__(THREADS)
+    in_place(Args a, int kind, const char* in, char* out, size_t bytes, CallPlace call) {
+  __shared__ Sync sync;
+  __shared__ Inbox boxes[MAX_RANKS], post[MAX_RANKS];
+  uint32_t epoch;
+  if (!start_call(a, &epoch, &sync)) return;
+  const int parity = epoch & 1;
+  const Place me = resolve(a, call);
+  if (kind == ALL_REDUCE_IN_PLACE)
+    all_reduce_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, boxes, post);
+  else if (kind == ALL_GATHER_IN_PLACE)
+    all_gather_in_place(a, me, in, out, bytes, parity, &sync, boxes, post);
+  else
+    reduce_scatter_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, boxes, post);
+  finish(a, epoch, &sync);
+}
 
 struct Comm {
   Args args;
   int device;
   char* region;
   int* host_error;
+  char** table;  // device copy of mapped, which the kernels read
+  Place* descs;
+  char* mapped[MAX_RANKS * MAX_SLOTS];
+  cudaStream_t updates;  // table and descriptor writes, off the callers' streams
 };
 
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Raise this block's flag in every peer, wait for every peer's; false when one never came.
-// `pushed`: this block's threads wrote into peers' regions, which each thread fences first.
-__device__ bool block_barrier(const Args& a, uint32_t value, bool* ok, bool pushed = false) {
-  if (pushed) __threadfence_system();
-  __syncthreads();
-  int t = threadIdx.x;
-  if (t < a.world) {
-    uint32_t* remote = (uint32_t*)a.base[t] + blockIdx.x * MAX_RANKS + a.rank;
-    store_release(remote, value);
-    const uint32_t* mine = (const uint32_t*)a.base[a.rank] + blockIdx.x * MAX_RANKS + t;
-    uint64_t start = 0;
-    for (uint32_t spins = 0; (int32_t)(load_acquire(mine) - value) < 0; ++spins) {
-      if ((spins & 1023) == 1023) {
-        uint64_t clock = now_ns();
-        if (start == 0) start = clock;
-        else if (clock - start > a.timeout_ns) {
-          a.host_error[1] = t;
-          a.host_error[2] = blockIdx.x;
-          __threadfence_system();
-          a.host_error[0] = 1;
-          a.priv[2] = 1;
-          *ok = false;
-          break;
-        }
-      }
-    }
-  }
-  __syncthreads();
-  return *ok;
-}
-
-template <typename T> __device__ __forceinline__ float to_float(T x);
-template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-
-template <int OP> __device__ __forceinline__ float combine(float a, float b) {
-  if (OP == SUM || OP == AVG) return __fadd_rn(a, b);
-  if (OP == PRODUCT) return __fmul_rn(a, b);
-  if (OP == MIN) return fminf(a, b);
-  return fmaxf(a, b);
-}
-
-// One 16-byte unit reduced over the ranks in order; rank p's unit is at src[p] + off (own + off
-// for this rank, which reads its input rather than its staged copy).
-template <typename T, int OP>
-__device__ __forceinline__ uint4 reduce_unit(const char* const* src, const char* own, int rank, int world,
-                                             size_t off) {
-  constexpr int N = 16 / sizeof(T);
-  uint4 units[MAX_RANKS];
-#pragma unroll
-  for (int p = 0; p < MAX_RANKS; ++p)
-    if (p < world) units[p] = *(const uint4*)((p == rank ? own : src[p]) + off);
-  float acc[N];
-  const T* first = (const T*)&units[0];
-#pragma unroll
-  for (int j = 0; j < N; ++j) acc[j] = to_float<T>(first[j]);
-#pragma unroll
-  for (int p = 1; p < MAX_RANKS; ++p) {
-    if (p < world) {
-      const T* e = (const T*)&units[p];
-#pragma unroll
-      for (int j = 0; j < N; ++j) acc[j] = combine<OP>(acc[j], to_float<T>(e[j]));
-    }
-  }
-  uint4 out;
-  T* o = (T*)&out;
-#pragma unroll
-  for (int j = 0; j < N; ++j) o[j] = from_float<T>(OP == AVG ? __fdiv_rn(acc[j], (float)world) : acc[j]);
-  return out;
-}
-
-__device__ __forceinline__ size_t first_unit() { return ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 16; }
-__device__ __forceinline__ size_t unit_stride() { return (size_t)gridDim.x * blockDim.x * 16; }
-
-__device__ __forceinline__ void copy_range(char* dst, const char* src, size_t bytes) {
-  for (size_t off = first_unit(); off < bytes; off += unit_stride()) *(uint4*)(dst + off) = *(const uint4*)(src + off);
-}
-
-// Ends a call: the last block to finish moves the epoch on for the next kernel on this stream.
-__device__ __forceinline__ void finish(const Args& a, uint32_t epoch) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&a.priv[1], 1u) == gridDim.x - 1) {
-      a.priv[1] = 0;
-      a.priv[0] = epoch + 1;
-    }
-  }
-}
+typedef CUresult (*PointerAttributes)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+static PointerAttributes pointer_attributes = nullptr;
 
 template <typename T, int OP>
-__global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const char* in, char* out, size_t bytes) {
-  __shared__ bool ok;
-  if (threadIdx.x == 0) ok = true;
-  const uint32_t epoch = *(volatile uint32_t*)&a.priv[0];
-  if (*(volatile uint32_t*)&a.priv[2]) {
-    finish(a, epoch);
-    return;
-  }
-  const size_t half = (epoch & 1) * a.half_bytes + DATA_OFFSET;
-  char* stage = a.base[a.rank] + half;
-  const char* src[MAX_RANKS];
-#pragma unroll
-  for (int p = 0; p < MAX_RANKS; ++p) src[p] = p < a.world ? a.base[p] + half : nullptr;
-  const uint32_t flag = epoch * 2u + 1u;
-  if (kind == ONE_SHOT) {  // bytes: the whole tensor
-    copy_range(stage, in, bytes);
-    if (block_barrier(a, flag, &ok)) {
-      for (size_t off = first_unit(); off < bytes; off += unit_stride())
-        *(uint4*)(out + off) = reduce_unit<T, OP>(src, in, a.rank, a.world, off);
-    }
-  } else if (kind == TWO_SHOT) {  // bytes: the whole tensor, in slices of ceil(bytes / world)
-    size_t slice = ((bytes + a.world - 1) / a.world + 15) / 16 * 16;
-    for (int s = 0; s < a.world; ++s) {
-      size_t begin = s * slice < bytes ? s * slice : bytes;
-      size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
-      if (s != a.rank) copy_range(stage + begin, in + begin, len);
-    }
-    size_t mine = a.rank * slice < bytes ? a.rank * slice : bytes;
-    size_t mine_len = (mine + slice < bytes ? mine + slice : bytes) - mine;
-    if (block_barrier(a, flag, &ok)) {
-      for (size_t off = first_unit(); off < mine_len; off += unit_stride()) {
-        uint4 r = reduce_unit<T, OP>(src, in, a.rank, a.world, mine + off);
-        *(uint4*)(stage + mine + off) = r;
-        *(uint4*)(out + mine + off) = r;
-      }
-      if (block_barrier(a, flag + 1u, &ok)) {
-        for (int s = 0; s < a.world; ++s) {
-          if (s == a.rank) continue;
-          size_t begin = s * slice < bytes ? s * slice : bytes;
-          size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
-          copy_range(out + begin, a.base[s] + half + begin, len);
-        }
-      }
-    }
-  } else if (kind == TWO_SHOT_PUSH) {  // bytes: the whole tensor, in slices of ceil(bytes / world)
-    // The push variant: each rank writes its part of slice s into rank s's slot [rank], reduces its
-    // own slice from local slots, writes the result into every peer's gather area [rank], and
-    // finally copies the gathered slices out of its own region. Only posted writes cross NVLink.
-    size_t slice = ((bytes + a.world - 1) / a.world + 15) / 16 * 16;
-    char* gather = stage + a.world * slice;
-    for (int s = 0; s < a.world; ++s) {
-      if (s == a.rank) continue;
-      size_t begin = s * slice < bytes ? s * slice : bytes;
-      size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
-      copy_range(a.base[s] + half + a.rank * slice, in + begin, len);
-    }
-    size_t mine = a.rank * slice < bytes ? a.rank * slice : bytes;
-    size_t mine_len = (mine + slice < bytes ? mine + slice : bytes) - mine;
-    if (block_barrier(a, flag, &ok, true)) {
-      const char* slots[MAX_RANKS];
-#pragma unroll
-      for (int p = 0; p < MAX_RANKS; ++p) slots[p] = stage + p * slice;
-      for (size_t off = first_unit(); off < mine_len; off += unit_stride()) {
-        uint4 r = reduce_unit<T, OP>(slots, in + mine, a.rank, a.world, off);
-        *(uint4*)(out + mine + off) = r;
-#pragma unroll
-        for (int q = 0; q < MAX_RANKS; ++q)
-          if (q < a.world && q != a.rank) *(uint4*)(a.base[q] + half + (a.world + a.rank) * slice + off) = r;
-      }
-      if (block_barrier(a, flag + 1u, &ok, true)) {
-        for (int s = 0; s < a.world; ++s) {
-          if (s == a.rank) continue;
-          size_t begin = s * slice < bytes ? s * slice : bytes;
-          size_t len = (begin + slice < bytes ? begin + slice : bytes) - begin;
-          copy_range(out + begin, gather + s * slice, len);
-        }
-      }
-    }
-  } else if (kind == ALL_GATHER) {  // bytes: one rank's chunk
-    copy_range(stage, in, bytes);
-    if (block_barrier(a, flag, &ok)) {
-      for (size_t off = first_unit(); off < bytes; off += unit_stride()) {
-        uint4 units[MAX_RANKS];
-#pragma unroll
-        for (int p = 0; p < MAX_RANKS; ++p)
-          if (p < a.world) units[p] = *(const uint4*)((p == a.rank ? in : src[p]) + off);
-#pragma unroll
-        for (int p = 0; p < MAX_RANKS; ++p)
-          if (p < a.world) *(uint4*)(out + p * bytes + off) = units[p];
-      }
-    }
-  } else if (kind == REDUCE_SCATTER_PUSH) {  // bytes: one rank's output chunk; TWO_SHOT_PUSH's first half
-    for (int s = 0; s < a.world; ++s)
-      if (s != a.rank) copy_range(a.base[s] + half + a.rank * bytes, in + s * bytes, bytes);
-    if (block_barrier(a, flag, &ok, true)) {
-      const char* slots[MAX_RANKS];
-#pragma unroll
-      for (int p = 0; p < MAX_RANKS; ++p) slots[p] = stage + p * bytes;
-      for (size_t off = first_unit(); off < bytes; off += unit_stride())
-        *(uint4*)(out + off) = reduce_unit<T, OP>(slots, in + a.rank * bytes, a.rank, a.world, off);
-    }
-  } else {  // REDUCE_SCATTER; bytes: one rank's output chunk
-    for (int s = 0; s < a.world; ++s)
-      if (s != a.rank) copy_range(stage + s * bytes, in + s * bytes, bytes);
-    if (block_barrier(a, flag, &ok)) {
-      for (size_t off = first_unit(); off < bytes; off += unit_stride())
-        *(uint4*)(out + off) = reduce_unit<T, OP>(src, in, a.rank, a.world, a.rank * bytes + off);
-    }
-  }
-  finish(a, epoch);
-}
-
-template <typename T, int OP>
-static void launch_typed(Comm* c, int kind, const void* in, void* out, size_t bytes, int blocks, cudaStream_t s) {
-  collective<T, OP><<<blocks, THREADS, 0, s>>>(c->args, kind, (const char*)in, (char*)out, bytes);
+static void launch_typed(Comm* c, int kind, const void* in, void* out, size_t bytes, int blocks, cudaStream_t s,
+                         CallPlace call) {
+  if (kind >= ALL_REDUCE_IN_PLACE)
+    in_place<T, OP><<<blocks, THREADS, 0, s>>>(c->args, kind, (const char*)in, (char*)out, bytes, call);
+  else
+    collective<T, OP><<<blocks, THREADS, 0, s>>>(c->args, kind, (const char*)in, (char*)out, bytes);
 }
 
 template <typename T>
-static void launch_op(Comm* c, int kind, int op, const void* in, void* out, size_t bytes, int blocks, cudaStream_t s) {
+static void launch_op(Comm* c, int kind, int op, const void* in, void* out, size_t bytes, int blocks, cudaStream_t s,
+                      CallPlace call) {
   switch (op) {
-    case SUM: launch_typed<T, SUM>(c, kind, in, out, bytes, blocks, s); break;
-    case PRODUCT: launch_typed<T, PRODUCT>(c, kind, in, out, bytes, blocks, s); break;
-    case MIN: launch_typed<T, MIN>(c, kind, in, out, bytes, blocks, s); break;
-    case MAX: launch_typed<T, MAX>(c, kind, in, out, bytes, blocks, s); break;
-    default: launch_typed<T, AVG>(c, kind, in, out, bytes, blocks, s); break;
+    case SUM: launch_typed<T, SUM>(c, kind, in, out, bytes, blocks, s, call); break;
+    case PRODUCT: launch_typed<T, PRODUCT>(c, kind, in, out, bytes, blocks, s, call); break;
+    case MIN: launch_typed<T, MIN>(c, kind, in, out, bytes, blocks, s, call); break;
+    case MAX: launch_typed<T, MAX>(c, kind, in, out, bytes, blocks, s, call); break;
+    default: launch_typed<T, AVG>(c, kind, in, out, bytes, blocks, s, call); break;
   }
 }
+
+static CallPlace call_place(int in_slot, int out_slot, u64 in_off, u64 out_off, int desc) {
+  CallPlace p;
+  p.place.in_slot = in_slot;
+  p.place.out_slot = out_slot;
+  p.place.in_off = in_off;
+  p.place.out_off = out_off;
+  p.desc = desc;
+  return p;
+}
+
+#define CHECK(call)                          \
+  do {                                       \
+    cudaError_t e_ = (call);                 \
+    if (e_ != cudaSuccess) return (int)e_;   \
+  } while (0)
 
 extern "C" {
 
@@ -287,23 +119,39 @@ extern "C" {
 int pm_create(int device, int rank, int world, unsigned long long half_bytes, unsigned long long timeout_ns,
               void** comm_out, void* handle_out) {
   if (world < 1 || world > MAX_RANKS || rank < 0 || rank >= world) return -1;
-  cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return (int)e;
+  CHECK(cudaSetDevice(device));
   Comm* c = new Comm();
   memset(c, 0, sizeof(Comm));
   c->device = device;
   size_t total = DATA_OFFSET + 2 * half_bytes;
-  if ((e = cudaMalloc((void**)&c->region, total)) != cudaSuccess) { delete c; return (int)e; }
-  if ((e = cudaMemset(c->region, 0, total)) != cudaSuccess) return (int)e;
-  if ((e = cudaHostAlloc((void**)&c->host_error, 4 * sizeof(int), cudaHostAllocMapped)) != cudaSuccess) return (int)e;
+  cudaError_t e = cudaMalloc((void**)&c->region, total);
+  if (e != cudaSuccess) {
+    delete c;
+    return (int)e;
+  }
+  CHECK(cudaMemset(c->region, 0, total));
+  CHECK(cudaMalloc((void**)&c->table, sizeof(c->mapped)));
+  CHECK(cudaMemset(c->table, 0, sizeof(c->mapped)));
+  CHECK(cudaMalloc((void**)&c->descs, MAX_DESCS * sizeof(Place)));
+  CHECK(cudaMemset(c->descs, 0xff, MAX_DESCS * sizeof(Place)));  // slot -1: staged, until registered
+  CHECK(cudaStreamCreateWithFlags(&c->updates, cudaStreamNonBlocking));
+  CHECK(cudaHostAlloc((void**)&c->host_error, 4 * sizeof(int), cudaHostAllocMapped));
   memset(c->host_error, 0, 4 * sizeof(int));
   int* dev_error = nullptr;
-  if ((e = cudaHostGetDevicePointer((void**)&dev_error, c->host_error, 0)) != cudaSuccess) return (int)e;
+  CHECK(cudaHostGetDevicePointer((void**)&dev_error, c->host_error, 0));
   cudaIpcMemHandle_t handle;
-  if ((e = cudaIpcGetMemHandle(&handle, c->region)) != cudaSuccess) return (int)e;
-  if ((e = cudaDeviceSynchronize()) != cudaSuccess) return (int)e;
+  CHECK(cudaIpcGetMemHandle(&handle, c->region));
+  CHECK(cudaDeviceSynchronize());
+  if (pointer_attributes == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    CHECK(cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", (void**)&pointer_attributes, 12000,
+                                           cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess) return -4;
+  }
   memcpy(handle_out, &handle, sizeof(handle));
-  c->args.priv = (uint32_t*)(c->region + FLAG_BYTES);
+  c->args.priv = (uint32_t*)(c->region + PRIVATE_OFFSET);
+  c->args.table = c->table;
+  c->args.descs = c->descs;
   c->args.host_error = dev_error;
   c->args.timeout_ns = timeout_ns;
   c->args.half_bytes = half_bytes;
@@ -319,27 +167,108 @@ int pm_open(void* comm, int peer, const void* handle) {
   if (peer == c->args.rank) return 0;
   cudaIpcMemHandle_t h;
   memcpy(&h, handle, sizeof(h));
-  cudaError_t e = cudaSetDevice(c->device);
-  if (e != cudaSuccess) return (int)e;
+  CHECK(cudaSetDevice(c->device));
   void* mapped = nullptr;
-  e = cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess);
-  if (e != cudaSuccess) return (int)e;
+  CHECK(cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess));
   c->args.base[peer] = (char*)mapped;
   return 0;
 }
 
 int pm_handle_bytes(void) { return (int)sizeof(cudaIpcMemHandle_t); }
+int pm_max_slots(void) { return MAX_SLOTS; }
+int pm_max_descs(void) { return MAX_DESCS; }
 
-// kind|dtype<<4|op<<8 in `code`; returns 0, a CUDA error, or -2 when an earlier call timed out.
-int pm_launch(void* comm, int code, const void* in, void* out, unsigned long long bytes, int blocks, void* stream) {
+// The allocation holding ptr: out = {buffer id, base, size, 1 if cudaIpcGetMemHandle can share it}.
+int pm_segment(const void* ptr, unsigned long long* out) {
+  CUpointer_attribute which[4] = {CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  unsigned long long id = 0, base = 0, size = 0;
+  int capable = 0;
+  void* values[4] = {&id, &base, &size, &capable};
+  CUresult r = pointer_attributes(4, which, values, (CUdeviceptr)ptr);
+  if (r != CUDA_SUCCESS) return -(int)r - 1000;
+  out[0] = id;
+  out[1] = base;
+  out[2] = size;
+  out[3] = capable ? 1 : 0;
+  return 0;
+}
+
+// This rank's segment at base, for peers to map.
+int pm_export(const void* base, void* handle_out) {
+  cudaIpcMemHandle_t h;
+  CHECK(cudaIpcGetMemHandle(&h, (void*)base));
+  memcpy(handle_out, &h, sizeof(h));
+  return 0;
+}
+
+// Maps a peer's registered segment as its slot, for the kernels to read and write in place.
+int pm_import(void* comm, int peer, int slot, const void* handle) {
+  Comm* c = (Comm*)comm;
+  if (peer < 0 || peer >= c->args.world || peer == c->args.rank || slot < 0 || slot >= MAX_SLOTS) return -1;
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof(h));
+  CHECK(cudaSetDevice(c->device));
+  void* mapped = nullptr;
+  CHECK(cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess));
+  int index = peer * MAX_SLOTS + slot;
+  c->mapped[index] = (char*)mapped;
+  CHECK(cudaMemcpyAsync(c->table + index, &c->mapped[index], sizeof(char*), cudaMemcpyHostToDevice, c->updates));
+  CHECK(cudaStreamSynchronize(c->updates));
+  return 0;
+}
+
+// Fills in a captured call's place (call between replays: a running replay may read it).
+int pm_set_place(void* comm, int desc, int in_slot, int out_slot, unsigned long long in_off, unsigned long long out_off) {
+  Comm* c = (Comm*)comm;
+  if (desc < 0 || desc >= MAX_DESCS) return -1;
+  Place p = call_place(in_slot, out_slot, in_off, out_off, -1).place;
+  CHECK(cudaMemcpyAsync(c->descs + desc, &p, sizeof(Place), cudaMemcpyHostToDevice, c->updates));
+  CHECK(cudaStreamSynchronize(c->updates));
+  return 0;
+}
+
+// kind|dtype<<4|op<<8 in `code`; returns 0, a CUDA error, -2 when an earlier call timed out, -3
+// when a tensor is not 16-byte aligned.
+int pm_launch(void* comm, int code, const void* in, void* out, unsigned long long bytes, int blocks, void* stream,
+              int in_slot, int out_slot, unsigned long long in_off, unsigned long long out_off, int desc) {
   Comm* c = (Comm*)comm;
   if (*(volatile int*)c->host_error) return -2;
   if (((uintptr_t)in | (uintptr_t)out) & 15) return -3;
   int kind = code & 15, dtype = (code >> 4) & 15, op = (code >> 8) & 15;
   cudaStream_t s = (cudaStream_t)stream;
-  if (dtype == F32) launch_op<float>(c, kind, op, in, out, bytes, blocks, s);
-  else if (dtype == BF16) launch_op<__nv_bfloat16>(c, kind, op, in, out, bytes, blocks, s);
-  else launch_op<__half>(c, kind, op, in, out, bytes, blocks, s);
+  CallPlace call = call_place(in_slot, out_slot, in_off, out_off, desc);
+  if (dtype == F32) launch_op<float>(c, kind, op, in, out, bytes, blocks, s, call);
+  else if (dtype == BF16) launch_op<__nv_bfloat16>(c, kind, op, in, out, bytes, blocks, s, call);
+  else launch_op<__half>(c, kind, op, in, out, bytes, blocks, s, call);
+  return (int)cudaGetLastError();
+}
+
+// splits: send_off, send_len, recv_off, recv_len, MAX_RANKS each, in bytes.
+int pm_all_to_all(void* comm, const void* in, void* out, unsigned long long in_bytes, const unsigned long long* splits,
+                  int blocks, void* stream, int in_slot, unsigned long long in_off, int desc) {
+  Comm* c = (Comm*)comm;
+  if (*(volatile int*)c->host_error) return -2;
+  if (((uintptr_t)in | (uintptr_t)out) & 15) return -3;
+  Splits sp;
+  memcpy(&sp, splits, sizeof(sp));
+  CallPlace call = call_place(in_slot, -1, in_off, 0, desc);
+  all_to_all<<<blocks, THREADS, 0, (cudaStream_t)stream>>>(c->args, call, (const char*)in, (char*)out, in_bytes, sp);
+  return (int)cudaGetLastError();
+}
+
+int pm_fused_norm(void* comm, int dtype, const void* partial, const void* residual, const void* weight, void* normed,
+                  void* residual_out, int rows, int hidden, float eps, int blocks, void* stream) {
+  Comm* c = (Comm*)comm;
+  if (*(volatile int*)c->host_error) return -2;
+  if (((uintptr_t)partial | (uintptr_t)residual | (uintptr_t)weight | (uintptr_t)normed | (uintptr_t)residual_out) & 15)
+    return -3;
+  cudaStream_t s = (cudaStream_t)stream;
+  const char *p = (const char*)partial, *r = (const char*)residual, *w = (const char*)weight;
+  char *n = (char*)normed, *ro = (char*)residual_out;
+  if (dtype == F32) fused_norm<float><<<blocks, THREADS, 0, s>>>(c->args, p, r, w, n, ro, rows, hidden, eps);
+  else if (dtype == BF16) fused_norm<__nv_bfloat16><<<blocks, THREADS, 0, s>>>(c->args, p, r, w, n, ro, rows, hidden, eps);
+  else fused_norm<__half><<<blocks, THREADS, 0, s>>>(c->args, p, r, w, n, ro, rows, hidden, eps);
   return (int)cudaGetLastError();
 }
 
@@ -355,41 +284,28 @@ int pm_error(void* comm, int* peer, int* block) {
   return e[0];
 }
 
-const char* pm_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+const char* pm_error_string(int code) {
+  if (code == -4) return "the CUDA driver has no cuPointerGetAttributes";
+  if (code <= -1000) return "cuPointerGetAttributes failed";
+  return cudaGetErrorString((cudaError_t)code);
+}
 
 void pm_destroy(void* comm) {
   Comm* c = (Comm*)comm;
   cudaSetDevice(c->device);
   cudaDeviceSynchronize();
+  for (int i = 0; i < MAX_RANKS * MAX_SLOTS; ++i)
+    if (c->mapped[i]) cudaIpcCloseMemHandle(c->mapped[i]);
   for (int p = 0; p < c->args.world; ++p)
     if (p != c->args.rank && c->args.base[p]) cudaIpcCloseMemHandle(c->args.base[p]);
   cudaFree(c->region);
+  cudaFree(c->table);
+  cudaFree(c->descs);
+  cudaStreamDestroy(c->updates);
   cudaFreeHost(c->host_error);
   delete c;
 }
 
 }  // extern "C"
 
-// The hot path as a Python function (METH_FASTCALL): launch(comm, code, in, out, bytes, blocks,
-// stream) -> pm_launch's return code, with none of ctypes' per-argument conversions.
-static PyObject* py_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 7) {
-    PyErr_SetString(PyExc_TypeError, "launch(comm, code, in, out, bytes, blocks, stream) takes 7 arguments");
-    return NULL;
-  }
-  void* comm = PyLong_AsVoidPtr(args[0]);
-  int code = (int)PyLong_AsLong(args[1]);
-  void* in = PyLong_AsVoidPtr(args[2]);
-  void* out = PyLong_AsVoidPtr(args[3]);
-  unsigned long long bytes = PyLong_AsUnsignedLongLong(args[4]);
-  int blocks = (int)PyLong_AsLong(args[5]);
-  void* stream = PyLong_AsVoidPtr(args[6]);
-  if (PyErr_Occurred()) return NULL;
-  return PyLong_FromLong(pm_launch(comm, code, in, out, bytes, blocks, stream));
-}
-
-static PyMethodDef kernel_methods[] = {
-    {"launch", (PyCFunction)(void (*)(void))py_launch, METH_FASTCALL, "Start one collective kernel."},
-    {NULL, NULL, 0, NULL}};
-static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_peermem_kernels", NULL, -1, kernel_methods};
-PyMODINIT_FUNC PyInit__peermem_kernels(void) { return PyModule_Create(&kernel_module); }
+#include "python_module.h"

@@ -63,31 +63,32 @@ private:
     Comm comm_;
 };
 
-LaunchErrors launch_errors;  // the module's exception types, set once at import
+FastPathErrors fast_path_errors;  // the module's exception types, set once at import
 
-LaunchKind launch_kind(const std::string& op) {
-    if (op == "all_reduce") return LaunchKind::all_reduce;
-    if (op == "broadcast") return LaunchKind::broadcast;
-    if (op == "all_gather_into_tensor") return LaunchKind::all_gather;
-    if (op == "reduce_scatter_tensor") return LaunchKind::reduce_scatter;
-    throw std::invalid_argument("shm: no fused launcher for op '" + op + "'");
+OpKind op_kind(const std::string& op) {
+    if (op == "all_reduce") return OpKind::all_reduce;
+    if (op == "broadcast") return OpKind::broadcast;
+    if (op == "all_gather_into_tensor") return OpKind::all_gather;
+    if (op == "reduce_scatter_tensor") return OpKind::reduce_scatter;
+    throw std::invalid_argument("shm: no fast path for op '" + op + "'");
 }
 
-py::object launcher(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed,
-                    py::object recording) {
+py::object fast_path(py::object self, const std::string& op, int fixed, py::dict dtype_codes, py::object completed,
+                     py::object recording, int payload) {
     Group& group = self.cast<Group&>();
-    const RecordingSpec recorded = commlayer::launch::recording_spec(recording, "shm launcher");
-    // A recorded launcher serves one plan, whose key holds the dtype of every tensor it gets.
-    const int dtype = recorded.dtype != nullptr && dtype_codes.contains(recorded.dtype)
-                          ? dtype_codes[recorded.dtype].cast<int>()
-                          : -1;
-    const LaunchSpec spec{self.ptr(), &group.comm(), launch_kind(op), fixed, dtype_codes.ptr(), dtype,
-                          completed.ptr(), recorded};
-    const int tensors = spec.kind == LaunchKind::all_gather || spec.kind == LaunchKind::reduce_scatter ? 2 : 1;
-    if (spec.recording.payload < 0 || spec.recording.payload >= tensors) {
-        throw std::invalid_argument("shm launcher: payload index out of range for op '" + op + "'");
+    const OpKind kind = op_kind(op);
+    const int tensors = kind == OpKind::all_gather || kind == OpKind::reduce_scatter ? 2 : 1;
+    if (payload < 0 || payload >= tensors) {
+        throw std::invalid_argument("shm fast path: payload index out of range for op '" + op + "'");
     }
-    PyObject* function = make_launcher(spec, launch_errors);
+    RecordingSpec recorded = commlayer::common::recording_spec(recording, payload, "shm fast path");
+    // A recorded fast path serves one plan, whose key holds the dtype of every tensor it gets.
+    PyObject* plan_dtype = recorded.recording.dtype;
+    const int dtype = plan_dtype != nullptr && dtype_codes.contains(plan_dtype)
+                          ? dtype_codes[py::handle(plan_dtype)].cast<int>()
+                          : -1;
+    const FastPathSpec spec{self.ptr(), &group.comm(), kind, fixed, dtype_codes.ptr(), dtype, completed.ptr(), recorded};
+    PyObject* function = make_fast_path(spec, fast_path_errors);  // owns the recording's references now
     if (function == nullptr) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(function);
 }
@@ -122,18 +123,18 @@ PYBIND11_MODULE(_C, m) {
     // Native errors surface as commlayer's public types themselves (no private subclasses), so
     // users see CommTimeoutError, not a name inside this extension, and ops need no translating.
     const py::module_ errors = py::module_::import("commlayer.core.errors");
-    launch_errors.timeout = py::object(errors.attr("CommTimeoutError")).release().ptr();
-    launch_errors.peer = py::object(errors.attr("CommError")).release().ptr();
-    launch_errors.mismatch = py::object(errors.attr("CollectiveMismatchError")).release().ptr();
+    fast_path_errors.timeout = py::object(errors.attr("CommTimeoutError")).release().ptr();
+    fast_path_errors.peer = py::object(errors.attr("CommError")).release().ptr();
+    fast_path_errors.mismatch = py::object(errors.attr("CollectiveMismatchError")).release().ptr();
     py::register_exception_translator([](std::exception_ptr raised) {
         try {
             if (raised) std::rethrow_exception(raised);
         } catch (const TimeoutError& error) {
-            PyErr_SetString(launch_errors.timeout, error.what());
+            PyErr_SetString(fast_path_errors.timeout, error.what());
         } catch (const PeerError& error) {
-            PyErr_SetString(launch_errors.peer, error.what());
+            PyErr_SetString(fast_path_errors.peer, error.what());
         } catch (const MismatchError& error) {
-            PyErr_SetString(launch_errors.mismatch, error.what());
+            PyErr_SetString(fast_path_errors.mismatch, error.what());
         }
     });
 
@@ -166,8 +167,9 @@ PYBIND11_MODULE(_C, m) {
         .def("barrier", [](Group& g) { g.comm().barrier(); })
         .def("depart", [](Group& g) { g.comm().depart(); }, "tell the peers this process is exiting")
         .def("interrupt", [](Group& g) { g.comm().interrupt(); }, "end this rank's waits: a peer died")
-        .def("launcher", &launcher, py::arg("op"), py::arg("fixed"), py::arg("dtype_codes"), py::arg("completed"),
-             py::arg("recording") = py::none(), "run(async_op, *tensors) for one planned kind of call (launcher.hpp)")
+        .def("fast_path", &fast_path, py::arg("op"), py::arg("fixed"), py::arg("dtype_codes"), py::arg("completed"),
+             py::arg("recording") = py::none(), py::arg("payload") = 0,
+             "run(async_op, *tensors) for one planned kind of call (fast_paths.hpp)")
         .def("all_reduce",
              [](Group& g, Address data, std::size_t count, int dtype, int op) {
                  g.comm().all_reduce(ptr(data), count, static_cast<DType>(dtype), static_cast<Op>(op));

@@ -27,7 +27,7 @@ constexpr int kSharedCpuSpins = 16;              // a peer on this CPU cannot ar
 constexpr std::int64_t kMoveIntervalNs = 10000000;  // at most one move to another CPU per 10 ms
 constexpr std::uint32_t kDeparted = 2;  // Control::failed of a rank whose process is exiting (depart())
 
-using launch::cpu_relax;
+using common::cpu_relax;
 
 using Clock = std::chrono::steady_clock;
 

@@ -85,7 +85,7 @@ public:
     // Ends this rank's waits (from any thread): the facade's peer monitor saw a rank die. Checked
     // where a wait yields, so only waits that already gave up spinning pay for it.
     void interrupt() { interrupted_->store(true, std::memory_order_relaxed); }
-    // The deadline of every wait; a call with its own timeout lowers it while it launches.
+    // The deadline of every wait; a call with its own timeout lowers it while it runs.
     double timeout() const { return policy_.timeout_s; }
     void set_timeout(double seconds) { policy_.timeout_s = seconds; }
 

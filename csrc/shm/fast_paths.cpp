@@ -1,4 +1,4 @@
-// Fused launchers of the shm backend; see launcher.hpp.
+// The shm backend's fast paths; see fast_paths.hpp.
 #include "fast_paths.hpp"
 
 #include <stdexcept>
@@ -7,11 +7,11 @@ namespace commlayer::shm {
 
 namespace {
 
-constexpr const char* kCapsuleName = "commlayer.shm.launcher";
+constexpr const char* kCapsuleName = "commlayer.shm.fast_path";
 
-struct Launcher {
-    LaunchSpec spec;
-    LaunchErrors errors;
+struct FastPath {
+    FastPathSpec spec;
+    FastPathErrors errors;
     PyObject* last_shape = nullptr;  // the shape entered last, shared by the entries of equal shapes
 };
 
@@ -23,14 +23,14 @@ struct TensorView {
 };
 
 // `shape`: the tensor's shape when the caller already read it (the recorded payload), else null.
-bool view_of(PyObject* tensor, const LaunchSpec& spec, PyObject* shape, TensorView& view) {
-    if (!launch::address_and_count(tensor, shape, view.data, view.count)) return false;
+bool view_of(PyObject* tensor, const FastPathSpec& spec, PyObject* shape, TensorView& view) {
+    if (!common::address_and_count(tensor, shape, view.data, view.count)) return false;
     if (spec.dtype >= 0) {  // the plan's key holds the dtype: no attribute read and lookup per call
         view.dtype = static_cast<DType>(spec.dtype);
         return true;
     }
     PyObject* dtype_codes = spec.dtype_codes;
-    PyObject* dtype = PyObject_GetAttr(tensor, launch::names().dtype);
+    PyObject* dtype = PyObject_GetAttr(tensor, common::names().dtype);
     if (dtype == nullptr) return false;
     PyObject* code = PyDict_GetItemWithError(dtype_codes, dtype);  // borrowed
     if (code == nullptr && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, dtype);
@@ -41,26 +41,26 @@ bool view_of(PyObject* tensor, const LaunchSpec& spec, PyObject* shape, TensorVi
 }
 
 // Runs the op; false with a Python exception set (the communicator's errors keep their types).
-bool launch(const Launcher& launcher, const TensorView& output, const TensorView& input) {
-    const LaunchSpec& spec = launcher.spec;
+bool run_op(const FastPath& fast_path, const TensorView& output, const TensorView& input) {
+    const FastPathSpec& spec = fast_path.spec;
     try {
         switch (spec.kind) {
-            case LaunchKind::all_reduce:
+            case OpKind::all_reduce:
                 spec.comm->all_reduce(output.data, output.count, output.dtype, static_cast<Op>(spec.fixed));
                 break;
-            case LaunchKind::broadcast: spec.comm->broadcast(output.data, output.count, output.dtype, spec.fixed); break;
-            case LaunchKind::all_gather: spec.comm->all_gather(output.data, input.data, input.count, input.dtype); break;
-            case LaunchKind::reduce_scatter:
+            case OpKind::broadcast: spec.comm->broadcast(output.data, output.count, output.dtype, spec.fixed); break;
+            case OpKind::all_gather: spec.comm->all_gather(output.data, input.data, input.count, input.dtype); break;
+            case OpKind::reduce_scatter:
                 spec.comm->reduce_scatter(output.data, input.data, output.count, input.dtype, static_cast<Op>(spec.fixed));
                 break;
         }
         return true;
     } catch (const TimeoutError& error) {
-        PyErr_SetString(launcher.errors.timeout, error.what());
+        PyErr_SetString(fast_path.errors.timeout, error.what());
     } catch (const PeerError& error) {
-        PyErr_SetString(launcher.errors.peer, error.what());
+        PyErr_SetString(fast_path.errors.peer, error.what());
     } catch (const MismatchError& error) {
-        PyErr_SetString(launcher.errors.mismatch, error.what());
+        PyErr_SetString(fast_path.errors.mismatch, error.what());
     } catch (const std::invalid_argument& error) {
         PyErr_SetString(PyExc_ValueError, error.what());
     } catch (const std::exception& error) {
@@ -69,61 +69,59 @@ bool launch(const Launcher& launcher, const TensorView& output, const TensorView
     return false;
 }
 
-bool takes_two_tensors(LaunchKind kind) { return kind == LaunchKind::all_gather || kind == LaunchKind::reduce_scatter; }
+bool takes_two_tensors(OpKind kind) { return kind == OpKind::all_gather || kind == OpKind::reduce_scatter; }
 
 // An async op's completed Work, weakly referenced by its entry if there is one.
-PyObject* completed_work(const LaunchSpec& spec, PyObject* output, PyObject* entry) {
+PyObject* completed_work(const FastPathSpec& spec, PyObject* output, PyObject* entry) {
     PyObject* results = PyTuple_Pack(1, output);
     if (results == nullptr) return nullptr;
     PyObject* work = PyObject_CallOneArg(spec.completed, results);
     Py_DECREF(results);
     if (work == nullptr || entry == nullptr) return work;
-    PyObject* reference = PyWeakref_NewRef(work, nullptr);
-    if (reference == nullptr) {
+    if (!common::track(entry, work)) {
         Py_DECREF(work);
         return nullptr;
     }
-    PyList_SetItem(entry, launch::kWork, reference);
     return work;
 }
 
-// `shape`: the payload's (stolen), when the launcher records; null otherwise.
-PyObject* run_recorded(Launcher& launcher, bool async_op, PyObject* const* tensors, PyObject* shape,
+// `shape`: the payload's (stolen), when the fast path records; null otherwise.
+PyObject* run_recorded(FastPath& fast_path, bool async_op, PyObject* const* tensors, PyObject* shape,
                        const TensorView& output, const TensorView& input) {
-    const LaunchSpec& spec = launcher.spec;
+    const FastPathSpec& spec = fast_path.spec;
     PyObject* entry = nullptr;
     if (shape != nullptr) {
-        entry = launch::enter(spec.recording, launch::shared_shape(launcher.last_shape, shape));
+        entry = common::enter(spec.recording, common::shared_shape(fast_path.last_shape, shape));
         if (entry == nullptr) return nullptr;
     }
     PyObject* result = nullptr;
-    if (launch(launcher, output, input)) {
+    if (run_op(fast_path, output, input)) {
         if (async_op) {
             result = completed_work(spec, tensors[0], entry);
-        } else if (entry == nullptr || launch::complete(spec.recording, entry)) {
+        } else if (entry == nullptr || common::complete(spec.recording, entry)) {
             result = Py_NewRef(Py_None);
         }
     } else if (entry != nullptr) {
-        launch::fail(spec.recording);
+        common::fail(spec.recording);
     }
     Py_XDECREF(entry);
     return result;
 }
 
 PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(self, kCapsuleName));
-    if (launcher == nullptr) return nullptr;
-    const LaunchSpec& spec = launcher->spec;
+    auto* fast_path = static_cast<FastPath*>(PyCapsule_GetPointer(self, kCapsuleName));
+    if (fast_path == nullptr) return nullptr;
+    const FastPathSpec& spec = fast_path->spec;
     const Py_ssize_t tensors = takes_two_tensors(spec.kind) ? 2 : 1;
     if (nargs != 1 + tensors) {
-        return PyErr_Format(PyExc_TypeError, "shm launcher: expected (async_op, %zd tensor(s)), received %zd arguments",
+        return PyErr_Format(PyExc_TypeError, "shm fast path: expected (async_op, %zd tensor(s)), received %zd arguments",
                             tensors, nargs);
     }
     const int async_op = PyObject_IsTrue(args[0]);
     if (async_op < 0) return nullptr;
     const int payload = spec.recording.payload;
     PyObject* shape = nullptr;  // the recorded payload's, which also gives its element count
-    if (spec.recording.next_seq != nullptr && (shape = PyObject_GetAttr(args[1 + payload], launch::names().shape)) == nullptr) {
+    if (spec.recording.on && (shape = PyObject_GetAttr(args[1 + payload], common::names().shape)) == nullptr) {
         return nullptr;
     }
     TensorView output, input;
@@ -132,38 +130,37 @@ PyObject* run(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
         Py_XDECREF(shape);
         return nullptr;
     }
-    return run_recorded(*launcher, async_op != 0, args + 1, shape, output, input);
+    return run_recorded(*fast_path, async_op != 0, args + 1, shape, output, input);
 }
 
-PyMethodDef run_def = {"shm_launcher", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
+PyMethodDef run_def = {"shm_fast_path", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)),
                        METH_FASTCALL, "run(async_op, *tensors): one shm op, completed on return"};
 
 void destroy(PyObject* capsule) {
-    auto* launcher = static_cast<Launcher*>(PyCapsule_GetPointer(capsule, kCapsuleName));
-    if (launcher == nullptr) return;
-    Py_XDECREF(launcher->spec.owner);
-    Py_XDECREF(launcher->spec.dtype_codes);
-    Py_XDECREF(launcher->spec.completed);
-    Py_XDECREF(launcher->last_shape);
-    for (PyObject* reference : launch::references(launcher->spec.recording)) Py_XDECREF(reference);
-    delete launcher;
+    auto* fast_path = static_cast<FastPath*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (fast_path == nullptr) return;
+    Py_XDECREF(fast_path->spec.owner);
+    Py_XDECREF(fast_path->spec.dtype_codes);
+    Py_XDECREF(fast_path->spec.completed);
+    Py_XDECREF(fast_path->last_shape);
+    common::release(fast_path->spec.recording);
+    delete fast_path;
 }
 
 }  // namespace
 
-PyObject* make_launcher(const LaunchSpec& spec, const LaunchErrors& errors) {
-    auto* launcher = new Launcher{spec, errors};
+PyObject* make_fast_path(const FastPathSpec& spec, const FastPathErrors& errors) {
+    auto* made = new FastPath{spec, errors};
     Py_INCREF(spec.owner);
     Py_INCREF(spec.dtype_codes);
     Py_INCREF(spec.completed);
-    for (PyObject* reference : launch::references(spec.recording)) Py_XINCREF(reference);
-    PyObject* capsule = PyCapsule_New(launcher, kCapsuleName, destroy);
+    PyObject* capsule = PyCapsule_New(made, kCapsuleName, destroy);
     if (capsule == nullptr) {
         Py_DECREF(spec.owner);
         Py_DECREF(spec.dtype_codes);
         Py_DECREF(spec.completed);
-        for (PyObject* reference : launch::references(spec.recording)) Py_XDECREF(reference);
-        delete launcher;
+        common::release(made->spec.recording);
+        delete made;
         return nullptr;
     }
     PyObject* function = PyCFunction_NewEx(&run_def, capsule, nullptr);

@@ -1,4 +1,4 @@
-// Fused launchers: one C function per planned kind of call, ``run(async_op, *tensors)``.
+// shm's fast paths: one C function per planned kind of call, ``run(async_op, *tensors)``.
 //
 // The facade calls a backend's plan for every small op (see commlayer.facade.calls.dispatch), so its
 // cost is the op's cost at 8 bytes. A pybind11 method plus the Python closure around it spent
@@ -14,30 +14,31 @@
 
 namespace commlayer::shm {
 
-enum class LaunchKind { all_reduce, broadcast, all_gather, reduce_scatter };
+enum class OpKind { all_reduce, broadcast, all_gather, reduce_scatter };
 
 // The Python exception types the communicator's errors become (set once by the module).
-struct LaunchErrors {
+struct FastPathErrors {
     PyObject* timeout = nullptr;
     PyObject* peer = nullptr;
     PyObject* mismatch = nullptr;
 };
 
-using launch::RecordingSpec;
+using common::RecordingSpec;
 
-struct LaunchSpec {
-    PyObject* owner;        // the Python object that owns `comm` (kept alive by the launcher)
+struct FastPathSpec {
+    PyObject* owner;        // the Python object that owns `comm` (kept alive by the fast path)
     Comm* comm;
-    LaunchKind kind;
+    OpKind kind;
     int fixed;              // the reduce op code (all_reduce, reduce_scatter) or the root (broadcast)
     PyObject* dtype_codes;  // dict: torch.dtype -> DType code
     int dtype = -1;         // the plan's DType code, when its key fixes the dtype; -1: read each tensor's
     PyObject* completed;    // called with (output,) to make an async op's (completed) Work
-    RecordingSpec recording;
+    RecordingSpec recording;  // owned: the fast path releases it
 };
 
 // A new reference to ``run(async_op, tensor)`` (all_reduce, broadcast) or
 // ``run(async_op, output, tensor)`` (all_gather, reduce_scatter); nullptr with an exception set.
-PyObject* make_launcher(const LaunchSpec& spec, const LaunchErrors& errors);
+// It takes over spec.recording's references, also when it fails.
+PyObject* make_fast_path(const FastPathSpec& spec, const FastPathErrors& errors);
 
 }  // namespace commlayer::shm

@@ -42,7 +42,7 @@ int plain_span(const WindowCopySpec& spec, PyObject* const* args, Span& span) {
     const long long count = commlayer_tensor_meta_numel(&meta);
     if (offset < 0 || offset > spec.sizes[index] - count) return 0;
     unsigned long long address = 0;
-    if (!launch::call_for_integer(args[0], launch::names().data_ptr, address)) return -1;
+    if (!common::call_for_integer(args[0], common::names().data_ptr, address)) return -1;
     span.local = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
     span.remote = reinterpret_cast<void*>(spec.addresses[index] + static_cast<std::uintptr_t>(offset) * spec.itemsize);
     span.bytes = static_cast<std::size_t>(count) * spec.itemsize;

@@ -1,11 +1,11 @@
 // commlayer.core._tensor_meta: a tensor's dtype, device, layout, contiguity and sizes read
-// straight from its at::Tensor, for the C launchers' plan lookups and flight-recorder entries.
+// straight from its at::Tensor, for the C fast paths' plan lookups and flight-recorder entries.
 //
 // Asked through Python, those five are five getter calls (torch's argument parser for
 // is_contiguous(), a new torch.device and a new torch.Size each call): ~230 ns of isend's ~540 ns
 // of facade on the project VM, and two to three times that on the GPU hosts' CPUs. Here they are
 // a few field reads. The price is a build against one torch version's headers: the module
-// carries the version it was built for, and commlayer.dist hands its reader to the launchers
+// carries the version it was built for, and commlayer.dist hands its reader to the fast paths
 // only when torch's version is that one (commlayer/core/tensor_reader.py; otherwise they ask Python).
 #include <Python.h>
 
@@ -51,7 +51,7 @@ int read_meta(PyObject* obj, CommlayerTensorMeta* meta) noexcept {
 }
 
 // describe(tensor): (scalar_type, device_type, device_index, layout, contiguous, sizes, itemsize) as the
-// launchers see it, or None where they ask Python instead. For tests.
+// fast paths see it, or None where they ask Python instead. For tests.
 PyObject* describe(PyObject*, PyObject* tensor) {
   CommlayerTensorMeta meta;
   if (!read_meta(tensor, &meta)) Py_RETURN_NONE;
@@ -70,12 +70,12 @@ PyObject* describe(PyObject*, PyObject* tensor) {
 }
 
 PyMethodDef methods[] = {
-    {"describe", describe, METH_O, "describe(tensor): what the C launchers read of it, or None."},
+    {"describe", describe, METH_O, "describe(tensor): what the C fast paths read of it, or None."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_tensor_meta", "A tensor's metadata for commlayer's C launchers.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_tensor_meta", "A tensor's metadata for commlayer's C fast paths.", -1, methods,
 };
 
 }  // namespace

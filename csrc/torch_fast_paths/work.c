@@ -1,7 +1,9 @@
-// The C Work of commlayer.backends._torch_fast_paths: what an async launch returns.
+// The C Work of commlayer.backends._torch_fast_paths: what an async fast path returns.
 #include "fast_paths.h"
 
-// Work(torch_work, result): what an async launch returns, a virtual subclass of commlayer's Work
+#include "../common/python_module.h"
+
+// Work(torch_work, result): what an async fast path returns, a virtual subclass of commlayer's Work
 // (registered by backends/torch_fast_paths.py). Building a Python Work and its instance dict, and a
 // Python frame for its wait, cost isend(...).wait() ~0.3 us on the GPU hosts' CPUs; this one is
 // three pointers, and its untimed wait calls torch's directly. Anything else (a timed wait,
@@ -102,19 +104,8 @@ static PyGetSetDef cwork_forwarded[] = {
 };
 #undef FORWARDED
 
-static int cwork_traverse(CWork *self, visitproc visit, void *arg) {
-    Py_VISIT(self->torch_work);
-    Py_VISIT(self->result);
-    Py_VISIT(self->full);
-    return 0;
-}
-
-static int cwork_clear(CWork *self) {
-    Py_CLEAR(self->torch_work);
-    Py_CLEAR(self->result);
-    Py_CLEAR(self->full);
-    return 0;
-}
+#define CWORK_OBJECTS(EACH) EACH(torch_work) EACH(result) EACH(full)
+COMMLAYER_GC_FIELDS(cwork, CWork, CWORK_OBJECTS)
 
 static void cwork_dealloc(CWork *self) {
     PyObject_GC_UnTrack(self);
@@ -138,7 +129,7 @@ PyTypeObject CWorkType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.Work",
     .tp_basicsize = sizeof(CWork),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The Work of a C launcher's async op (a virtual commlayer.core.work.Work).",
+    .tp_doc = "The Work of a C fast path's async op (a virtual commlayer.core.work.Work).",
     .tp_dealloc = (destructor)cwork_dealloc,
     .tp_traverse = (traverseproc)cwork_traverse,
     .tp_clear = (inquiry)cwork_clear,
@@ -148,7 +139,7 @@ PyTypeObject CWorkType = {
     .tp_weaklistoffset = offsetof(CWork, weakrefs),
 };
 
-// work_support(TorchWork, raise_typed): set once, before any launch, by backends/torch_fast_paths.py.
+// work_support(TorchWork, raise_typed): set once, before any fast path runs, by backends/torch_fast_paths.py.
 PyObject *work_support(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *work_type, *on_error;

@@ -51,7 +51,7 @@ def check_required_dtypes_and_ops() -> None:
 
 
 def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
-    """The planned ops run backends/ccl/fast_paths.py's launchers: exact results, sync and async, an
+    """The planned ops run backends/ccl/fast_paths.py's fast paths: exact results, sync and async, an
     uneven all-to-all through the op method, and each call in the flight recorder with its op,
     shape, dtype, root and state."""
     from commlayer.facade.calls import dispatch
@@ -84,7 +84,7 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     planned = [  # this check's plans (float64; earlier checks planned AVG, which the facade emulates)
         plan.run for key, plan in dispatch.plans.items() if torch.float64 in key and ReduceOp.AVG not in key
     ]
-    modules = {run.__module__ for run in planned}  # the recorder's launcher, named after ccl's start
+    modules = {run.__module__ for run in planned}  # the recorder's fast_path, named after ccl's start
     assert modules == {"commlayer.backends.ccl.fast_paths"}, modules
     entries = [entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]]
     seen = [

@@ -32,10 +32,10 @@ from commlayer.core.errors import (
 from commlayer.core.rendezvous import discover
 from commlayer.testing import conformance
 
-from .mpi_launcher_ranks import (
+from .mpi_fast_path_ranks import (
     check_c_and_python_launchers_interoperate,
     check_mixed_ops_stress,
-    launcher_kind,
+    fast_path_kind,
 )
 from .mpi_speculation_ranks import check_speculating_ranks_complete_and_raise
 
@@ -70,7 +70,7 @@ def main(*options: str) -> None:
 
 
 def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
-    """Ordered mode's planned ops run backends/mpi/fast_paths.py's launchers (the other modes the
+    """Ordered mode's planned ops run backends/mpi/fast_paths.py's fast paths (the other modes the
     facade's): exact results, sync and async, and each call in the flight recorder with its op,
     shape, dtype, root and completed state."""
     from commlayer.facade.calls import dispatch
@@ -87,14 +87,14 @@ def check_planned_ops_run_the_fused_launchers_and_are_recorded() -> None:
     pending.wait()
     assert torch.equal(tensor, base + 1000 * (size - 1)), tensor
     assert torch.equal(gathered, torch.cat([base + 1000 * peer for peer in range(size)])), gathered
-    launchers = {launcher_kind(plan.run) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"}
+    fast_paths = {fast_path_kind(plan.run) for key, plan in dispatch.plans.items() if key[0] == "all_reduce"}
     backend = dist.group.WORLD.primary_backend
-    ordered = backend.options.mode == "ordered"  # else the facade's launcher
-    # One host, the extension built: the C launcher (csrc/mpi) serves ordered mode's plain calls.
+    ordered = backend.options.mode == "ordered"  # else the facade's fast_path
+    # One host, the extension built: the C fast path (csrc/mpi) serves ordered mode's plain calls.
     native = _native.native_enabled()
     one_host = backend._check is None or backend._check.shared is not None
     expected_kind = ("C" if native and one_host else "Python") if ordered else "facade"
-    assert launchers == {expected_kind}, (launchers, expected_kind)
+    assert fast_paths == {expected_kind}, (fast_paths, expected_kind)
     collectives = [
         entry for entry in resolve_group("check", None).recorder.snapshot() if ":" not in entry["op"]
     ]

@@ -13,16 +13,19 @@ import torch
 import commlayer
 from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem import PeermemBackend
-from commlayer.backends.peermem.communicator import KINDS, OP_CODES, _local_attach, timeout_error
-from commlayer.backends.peermem.kernel_library import SOURCE, cache_path
+from commlayer.backends.peermem import board as boards
+from commlayer.backends.peermem.attach import _local_attach, duplicate_devices
+from commlayer.backends.peermem.communicator import KINDS, OP_CODES, byte_splits, timeout_error
+from commlayer.backends.peermem.kernel_library import SOURCE, SOURCES, cache_path
 from commlayer.backends.peermem.reference import fixed_order_reduce, reference_reduce_scatter
 from commlayer.backends.peermem.routing import (
     CROSSOVERS,
     KERNEL_DTYPES,
     MAX_BLOCKS,
-    PUSH_MAX_BLOCKS,
     THREADS,
+    WIDE_MAX_BLOCKS,
     choose,
+    choose_uneven,
     fits,
     grid_blocks,
 )
@@ -32,8 +35,12 @@ from commlayer.core.types import GroupSpec, ReduceOp
 KiB, MiB, HALF = 1 << 10, 1 << 20, 32 << 20
 
 
+def _sources() -> str:
+    return "".join(path.read_text() for path in SOURCES)
+
+
 def _enum(name: str) -> dict[str, int]:
-    body = re.search(rf"enum {name} \{{([^}}]*)\}}", SOURCE.read_text()).group(1)
+    body = re.search(rf"enum {name} \{{([^}}]*)\}}", _sources()).group(1)
     return {key.strip(): int(value) for key, value in (item.split("=") for item in body.split(","))}
 
 
@@ -43,15 +50,21 @@ def test_python_codes_match_the_kernel_enums() -> None:
         ("all_reduce", "one_shot"): kinds["ONE_SHOT"],
         ("all_reduce", "two_shot"): kinds["TWO_SHOT"],
         ("all_reduce", "push"): kinds["TWO_SHOT_PUSH"],
+        ("all_reduce", "one_shot_push"): kinds["ONE_SHOT_PUSH"],
+        ("all_reduce", "zero_copy"): kinds["ALL_REDUCE_IN_PLACE"],
         ("all_gather_into_tensor", "one_shot"): kinds["ALL_GATHER"],
+        ("all_gather_into_tensor", "zero_copy"): kinds["ALL_GATHER_IN_PLACE"],
         ("reduce_scatter_tensor", "one_shot"): kinds["REDUCE_SCATTER"],
         ("reduce_scatter_tensor", "push"): kinds["REDUCE_SCATTER_PUSH"],
+        ("reduce_scatter_tensor", "zero_copy"): kinds["REDUCE_SCATTER_IN_PLACE"],
     }
     assert {op.name: code for op, code in OP_CODES.items()} == ops
     names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
     assert {names[dtype]: code for dtype, code in KERNEL_DTYPES.items()} == dtypes
-    limits = dict(re.findall(r"#define (MAX_BLOCKS|THREADS) (\d+)", SOURCE.read_text()))
-    assert int(limits["THREADS"]) == THREADS and int(limits["MAX_BLOCKS"]) >= max(MAX_BLOCKS, PUSH_MAX_BLOCKS)
+    limits = dict(re.findall(r"#define (MAX_BLOCKS|THREADS|MAX_SLOTS|MAX_RANKS) (\d+)", _sources()))
+    assert int(limits["THREADS"]) == THREADS and int(limits["MAX_BLOCKS"]) >= max(MAX_BLOCKS, WIDE_MAX_BLOCKS)
+    assert int(limits["MAX_SLOTS"]) == boards.MAX_SLOTS and int(limits["MAX_RANKS"]) == boards.MAX_RANKS
+    assert SOURCES[0] == SOURCE and {path.name for path in SOURCES} >= {"common.cuh", "fused_norm.cuh"}
 
 
 def test_choose_follows_the_table_then_nccl() -> None:
@@ -60,7 +73,7 @@ def test_choose_follows_the_table_then_nccl() -> None:
         assert choose(CROSSOVERS, "all_reduce", bound, 4, HALF) == algorithm
     assert choose(CROSSOVERS, "all_reduce", 16, 4, HALF) == rows[0][1]
     assert choose(CROSSOVERS, "all_reduce", rows[-1][0] + 16, 4, HALF) == "nccl"
-    assert choose(CROSSOVERS, "all_reduce", 64 * MiB, 2, HALF) == "nccl"
+    assert choose(CROSSOVERS, "all_reduce", CROSSOVERS[2]["all_reduce"][-1][0] + 16, 2, HALF) == "nccl"
 
 
 def test_group_sizes_outside_the_table() -> None:
@@ -77,13 +90,30 @@ def test_unaligned_or_oversized_calls_go_to_nccl() -> None:
     assert not fits("all_reduce", "one_shot", 2 * HALF, 4, HALF)
     assert fits("all_reduce", "two_shot", HALF, 4, HALF)
     assert not fits("all_reduce", "push", HALF, 4, HALF)  # push stages twice the tensor
+    assert not fits("all_reduce", "one_shot_push", HALF // 2, 4, HALF)  # every rank's copy
     assert fits("all_gather_into_tensor", "one_shot", 4 * HALF, 4, HALF)
+    assert not fits("all_reduce", "zero_copy", 0, 4, HALF)
+
+
+def test_zero_copy_serves_any_size_in_rounds() -> None:
+    for op in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        assert fits(op, "zero_copy", 64 * HALF, 4, HALF)
+        assert not fits(op, "zero_copy", 64 * HALF + 4, 4, HALF)
+    assert fits("all_to_all_single", "zero_copy", 3, 4, HALF)  # the kernel copies any bytes
+
+
+def test_all_to_all_takes_one_algorithm_per_group_whatever_the_splits() -> None:
+    assert choose_uneven(CROSSOVERS, 2) == choose_uneven(CROSSOVERS, 3) == "zero_copy"
+    assert choose_uneven(CROSSOVERS, 1) == "nccl"
+    assert choose_uneven(CROSSOVERS, 4, forced="nccl") == "nccl"
+    assert choose_uneven(CROSSOVERS, 4, forced="two_shot") == "zero_copy"
 
 
 def test_forced_algorithm_where_the_kernels_can_serve() -> None:
     assert choose(CROSSOVERS, "all_reduce", 64 * MiB, 4, 128 * MiB, forced="two_shot") == "two_shot"
     assert choose(CROSSOVERS, "all_gather_into_tensor", 4 * KiB, 4, HALF, forced="two_shot") == "one_shot"
     assert choose(CROSSOVERS, "all_gather_into_tensor", 4 * KiB, 4, HALF, forced="push") == "one_shot"
+    assert choose(CROSSOVERS, "reduce_scatter_tensor", 4 * KiB, 4, HALF, forced="one_shot_push") == "one_shot"
     assert choose(CROSSOVERS, "reduce_scatter_tensor", 4 * KiB, 4, HALF, forced="push") == "push"
     assert choose(CROSSOVERS, "all_reduce", 18, 4, HALF, forced="one_shot") == "nccl"
     assert choose(CROSSOVERS, "all_reduce", 4 * KiB, 4, HALF, forced="nccl") == "nccl"
@@ -93,7 +123,8 @@ def test_grid_is_a_function_of_the_call_within_limits() -> None:
     assert grid_blocks("all_reduce", "one_shot", 16, 4) == 1
     assert grid_blocks("all_reduce", "one_shot", THREADS * 16 * 3, 4) == 3
     assert grid_blocks("all_reduce", "one_shot", 64 * MiB, 4) == MAX_BLOCKS
-    assert grid_blocks("all_reduce", "push", 64 * MiB, 4) == PUSH_MAX_BLOCKS
+    assert grid_blocks("all_reduce", "push", 64 * MiB, 4) == WIDE_MAX_BLOCKS
+    assert grid_blocks("all_reduce", "zero_copy", 64 * MiB, 4) == WIDE_MAX_BLOCKS
     # Two-shot's grid covers one slice; a gather's and a scatter's one rank's chunk.
     assert grid_blocks("all_reduce", "two_shot", THREADS * 16 * 8, 4) == 2
     assert grid_blocks("reduce_scatter_tensor", "one_shot", THREADS * 16 * 8, 4) == 2
@@ -154,3 +185,20 @@ def test_a_missing_peer_is_named_in_a_typed_timeout() -> None:
     error = timeout_error(spec, 1, "wait")
     assert isinstance(error, commlayer.core.errors.CommTimeoutError) and isinstance(error, TimeoutError)
     assert "group rank 1 (global rank 6)" in str(error) and "waiting rank 2" in str(error)
+
+
+def test_ranks_on_one_gpu_are_refused_with_the_fix() -> None:
+    assert duplicate_devices(["GPU-a", "GPU-b"]) == ""
+    reason = duplicate_devices(["GPU-a", "GPU-b", "GPU-a"])
+    assert "group ranks 0 and 2" in reason and "set_device(LOCAL_RANK)" in reason
+
+
+def test_all_to_all_splits_in_bytes() -> None:
+    source = torch.zeros(6, 4, dtype=torch.bfloat16)  # rows of 8 bytes
+    output = torch.zeros(5, 4, dtype=torch.bfloat16)
+    splits = byte_splits(source, output, [1, 5], [2, 3], 2)
+    assert len(splits) == 32
+    assert splits[0:2] == [0, 8] and splits[8:10] == [8, 40]  # send offsets, lengths
+    assert splits[16:18] == [0, 16] and splits[24:26] == [16, 24]  # receive offsets, lengths
+    even = byte_splits(torch.zeros(8), torch.zeros(8), None, None, 4)
+    assert even[0:4] == [0, 8, 16, 24] and even[8:12] == [8] * 4 and even[4:8] == [0] * 4

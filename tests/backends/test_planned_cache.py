@@ -1,4 +1,4 @@
-"""Pure logic: the C plan lookups' inline cache (csrc/torch_fast_paths/in_place.c, issue 14).
+"""Pure logic: the C plan lookups' inline cache (csrc/facade_fast_paths/one_tensor.c, issue 14).
 
 ``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
 building and hashing the key, for as long as the plans dict is unchanged. Every change to the
@@ -7,7 +7,7 @@ must not keep a group alive, and a tensor changed in place (another dtype, strid
 looked up again. Each test runs with the tensor read through its Python attributes and through
 the C tensor reader (commlayer.core._tensor_meta). The two-tensor collectives' lookup
 (``PlannedPaired``) reads tensors through the C reader only. Also the C entries of isend/irecv/send/recv (P2PEntry), which parse
-as the Python functions do and fall back to them, and the launcher's reuse of an evicted recorder
+as the Python functions do and fall back to them, and the fast_path's reuse of an evicted recorder
 entry that nobody else holds.
 """
 
@@ -24,12 +24,16 @@ import torch
 
 from commlayer.backends import torch_fast_paths as _torch_plans
 from commlayer.core import tensor_reader as _tensor_reader
+from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import ReduceOp
+from commlayer.facade.calls import plans as _plans
 
 from ._tensor_kinds import PassThroughMode, Traced
 
-native = _torch_plans.native
-pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
+native = _plans.native  # the facade's fast paths: the lookups and p2p entries
+pytestmark = pytest.mark.skipif(
+    native is None or _torch_plans.native is None, reason="the C fast path extensions are not built"
+)
 READERS = ["python attributes", "c tensor reader"]
 
 
@@ -40,9 +44,11 @@ def reader(request: pytest.FixtureRequest) -> Any:
     installed = _tensor_reader.tensor_meta_reader()
     if request.param == READERS[1] and installed is None:
         pytest.skip("no C tensor reader built for this torch")
-    native.set_tensor_meta(installed if request.param == READERS[1] else None)
+    for extension in (native, _torch_plans.native):
+        extension.set_tensor_meta(installed if request.param == READERS[1] else None)
     yield request.param
-    native.set_tensor_meta(installed)
+    for extension in (native, _torch_plans.native):
+        extension.set_tensor_meta(installed)
 
 
 class Group:
@@ -184,36 +190,38 @@ def test_the_c_entry_returns_the_plans_answer_and_carries_the_functions_document
 
 
 def _recording_all_reduce(ring: list, first_seq: int) -> Any:
-    """A C launcher of all_reduce over a no-op ProcessGroup method, entering its calls in ``ring``."""
-    return native.Launcher(
-        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, itertools.count(first_seq), ring,
-        "all_reduce", torch.float32, -1, "started", "completed", print, _torch_plans.LaunchedWork,
-    )  # fmt: skip
+    """A C fast path of all_reduce over a no-op ProcessGroup method, entering its calls in ``ring``."""
+    recording = Recording(
+        itertools.count(first_seq).__next__, ring, len(ring), "all_reduce", torch.float32, -1, print
+    )
+    return _torch_plans.native.FastPath(
+        0, lambda tensors, options: None, "sync", "async", 1, 7, 0, recording, _torch_plans.FastPathWork
+    )
 
 
 def test_an_evicted_recorder_entry_is_rewritten_only_when_nobody_else_holds_it() -> None:
     ring: list = [None] * 2
-    launcher = _recording_all_reduce(ring, first_seq=1)
-    launcher(False, torch.ones(2))  # seq 1 -> slot 1
-    launcher(False, torch.ones(2))  # seq 2 -> slot 0
+    fast_path = _recording_all_reduce(ring, first_seq=1)
+    fast_path(False, torch.ones(2))  # seq 1 -> slot 1
+    fast_path(False, torch.ones(2))  # seq 2 -> slot 0
     kept = ring[1]  # a reader's snapshot of the entry for seq 1
-    launcher(False, torch.ones(3))  # seq 3 evicts seq 1: a new entry, the snapshot is untouched
+    fast_path(False, torch.ones(3))  # seq 3 evicts seq 1: a new entry, the snapshot is untouched
     assert kept[0] == 1 and kept[2] == torch.Size([2]) and ring[1] is not kept and ring[1][0] == 3
     unheld = id(ring[0])
-    launcher(False, torch.ones(4, 1))  # seq 4 evicts seq 2, which only the ring held: rewritten
+    fast_path(False, torch.ones(4, 1))  # seq 4 evicts seq 2, which only the ring held: rewritten
     assert id(ring[0]) == unheld and ring[0][:4] == [4, "all_reduce", torch.Size([4, 1]), torch.float32]
     assert ring[0][5] == "completed" and not gc.is_tracked(ring[0])
 
 
 def test_each_entry_holds_the_shape_its_tensor_had_when_called() -> None:
     ring: list = [None] * 8
-    launcher = _recording_all_reduce(ring, first_seq=0)
+    fast_path = _recording_all_reduce(ring, first_seq=0)
     tensor = torch.ones(2, 3)
-    launcher(False, tensor)
-    launcher(False, tensor)
+    fast_path(False, tensor)
+    fast_path(False, tensor)
     tensor.resize_(6)  # the same Python tensor, resized in place
-    launcher(False, tensor)
-    launcher(False, torch.ones(*range(1, 11)))  # more dimensions than the C reader takes
+    fast_path(False, tensor)
+    fast_path(False, torch.ones(*range(1, 11)))  # more dimensions than the C reader takes
     assert [tuple(entry[2]) for entry in ring[:4]] == [(2, 3), (2, 3), (6,), tuple(range(1, 11))]
 
 

@@ -76,7 +76,7 @@ def test_the_facade_hands_the_reader_to_the_lookups_without_any_torch_backend() 
     code = """
 import sys, torch
 from commlayer import dist
-from commlayer.backends import _torch_fast_paths as native
+from commlayer.facade.calls import _fast_paths as native
 assert "commlayer.backends.torch_fast_paths" not in sys.modules
 out, tensor, no_plan = torch.zeros(4), torch.ones(2), object()
 key = ("all_gather_into_tensor", None, *(t for x in (out, tensor) for t in (x.dtype, x.device, x.layout)))

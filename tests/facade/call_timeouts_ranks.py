@@ -10,7 +10,7 @@ import torch
 
 from commlayer import dist
 from commlayer.core.errors import CommTimeoutError, InvalidArgumentError, InvalidTypeError
-from commlayer.facade.calls.timeouts import DeadlineWork
+from commlayer.facade.calls.timeouts import CallTimeoutWork
 from commlayer.facade.groups.group import current_world
 
 TIMEOUT_S = 1.0
@@ -32,7 +32,7 @@ def peer_never_comes(backend: str) -> None:
             "all_reduce", stalled, lambda: dist.all_reduce(torch.ones(4), group=stalled, timeout=TIMEOUT_S)
         )
         pending = dist.irecv(torch.zeros(2), src=1, group=unsent, timeout=timedelta(seconds=TIMEOUT_S))
-        assert isinstance(pending, DeadlineWork), pending
+        assert isinstance(pending, CallTimeoutWork), pending
         _expect_timeout("irecv", unsent, pending.wait)
         store.set("test/rank0_timed_out", b"1")
     else:
@@ -48,7 +48,7 @@ def _completing_calls(rank: int) -> None:
     work = dist.broadcast(
         tensor := torch.tensor([float(rank)]), src=1, async_op=True, timeout=timedelta(seconds=30)
     )
-    assert isinstance(work, DeadlineWork) and work.wait() and tensor.item() == 1.0, tensor
+    assert isinstance(work, CallTimeoutWork) and work.wait() and tensor.item() == 1.0, tensor
     outputs = [torch.zeros(2) for _ in range(2)]
     dist.all_gather(outputs, torch.tensor([rank, rank + 0.5]), timeout=30)
     assert [output.tolist() for output in outputs] == [[0.0, 0.5], [1.0, 1.5]], outputs

@@ -204,9 +204,9 @@ def test_the_logger_records_blocking_planned_ops_in_bulk(
     world: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, timer: str
 ) -> None:
     if timer == "python":  # the reference timer (pending tuples) instead of the C one (its log)
-        monkeypatch.setattr(_timer, "_CTimer", None)
-    elif _timer._CTimer is None:
-        pytest.skip("the C launcher extension is not built")
+        monkeypatch.setattr(_timer, "native", None)
+    elif _timer.native is None:
+        pytest.skip("the C fast path extension is not built")
     monkeypatch.setattr(_timer, "DRAIN_AT", 5)  # fold pending entries in several times below
     tensor = torch.arange(3.0)
     comms_logger.reset()

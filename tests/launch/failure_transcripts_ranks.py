@@ -2,6 +2,7 @@
 
 ``typo``: every rank mistypes a ReduceOp after init. ``timeout``: rank 1 computes past the group
 timeout (3 s) and skips an all_reduce the others wait in. ``dead-peer``: rank 1 exits abruptly while the others wait.
+``bad-argument``: every rank passes a root outside the world, refused before any communication.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ def dead_peer() -> None:
     dist.all_reduce(torch.ones(4))
 
 
-SCENARIOS = {"typo": typo, "timeout": timeout, "dead-peer": dead_peer}
+def bad_argument() -> None:
+    dist.init_process_group(timeout=datetime.timedelta(seconds=30))
+    dist.all_reduce(torch.ones(4))
+    dist.broadcast(torch.ones(4), src=dist.get_world_size())
+
+
+SCENARIOS = {"typo": typo, "timeout": timeout, "dead-peer": dead_peer, "bad-argument": bad_argument}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]]()

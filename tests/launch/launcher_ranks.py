@@ -5,7 +5,7 @@
 Every rank prints its launcher variables and ARGS on stdout and one line on stderr. Then rank R
 exits with code C (or SIGKILLs itself), ``--block`` makes the others wait forever, and
 ``--trap-signals`` makes every rank print ``ready``, then report the SIGINT/SIGTERM it receives and
-exit 0.
+exit 0 (a SIGUSR1 is reported and the rank goes on).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def _wait_for_signal(rank: int) -> int:
 
     signal.signal(signal.SIGINT, report)
     signal.signal(signal.SIGTERM, report)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: print(f"rank {rank} got SIGUSR1", flush=True))
     print("ready", flush=True)
     while True:
         signal.pause()

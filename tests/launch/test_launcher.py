@@ -237,6 +237,26 @@ def test_signals_are_forwarded_to_every_rank(signum: signal.Signals) -> None:
 
 
 @pytest.mark.multirank
+def test_sigusr1_is_forwarded_to_every_rank_without_stopping_them() -> None:
+    launcher = _launcher_process(
+        [sys.executable, "-m", "commlayer", "run", "-n", "2", SCRIPT, "--trap-signals"]
+    )
+    assert launcher.stdout is not None
+    expected = [f"[rank{rank}] rank {rank} got SIGUSR1\n" for rank in range(2)]
+    seen: list[str] = []
+    for line in launcher.stdout:
+        seen.append(line)
+        if line.endswith("] ready\n") and sum(line.endswith("] ready\n") for line in seen) == 2:
+            launcher.send_signal(signal.SIGUSR1)  # a flight-recorder dump request: the ranks go on
+        if all(line in seen for line in expected):
+            break
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=SUBPROCESS_TIMEOUT)
+    assert all(line in seen for line in expected), seen
+    assert launcher.returncode == 128 + signal.SIGTERM, err
+
+
+@pytest.mark.multirank
 def test_console_script_matches_python_dash_m() -> None:
     script = Path(sys.executable).parent / "commlayer"
     if not script.exists():

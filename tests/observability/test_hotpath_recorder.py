@@ -30,7 +30,7 @@ def world(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
     """A world of one, once with the C launchers (where built) and once with the Python ones."""
     if request.param == "C" and not _torch_plans.native_enabled():
         pytest.skip("the C launcher extension is not built")
-    monkeypatch.setenv(_torch_plans.C_LAUNCHER_ENV, "1" if request.param == "C" else "0")
+    monkeypatch.setenv(_torch_plans.C_FAST_PATHS_ENV, "1" if request.param == "C" else "0")
     dist.init_process_group(
         "gloo", store=torch_dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=20)
     )
@@ -85,7 +85,7 @@ def test_the_torch_backend_plans_record_themselves(world: None) -> None:
     native = _torch_plans.native_enabled()
     for plan in dispatch.plans.values():
         if native and plan.call.op == "all_reduce":
-            assert isinstance(plan.run, _torch_plans.native.Launcher), plan.run
+            assert isinstance(plan.run, _torch_plans.native.FastPath), plan.run
         else:
             assert plan.run.__module__ == "commlayer.backends.torch_fast_paths", plan.run
 
@@ -118,7 +118,7 @@ def test_debug_mode_still_verifies_every_planned_call(world: None) -> None:
 def test_the_python_lookups_decide_as_the_c_ones(world: None) -> None:
     """Where the extension is not built, the Python lookups stand in for PlannedCollective and
     PlannedP2P: the same calls run their plan, the same ones go to the checked path."""
-    from commlayer.facade.calls import lookups as planned_lookups
+    from commlayer.facade.calls import plans as planned_lookups
     from commlayer.facade.calls.plans import NO_PLAN, native
     from commlayer.facade.ops import p2p
 

@@ -1,6 +1,7 @@
 """Flight-recorder dumps live in a folder per job; ``commlayer trace analyze`` reads the newest
 job of the configured folder and refuses a folder that mixes jobs; ``trace export --torch`` writes
-dumps that torch's own analyzer (installed with torch) reads.
+dumps that torch's own analyzer (installed with torch) reads. Every rank of a job dumps into one
+folder under mpirun (Intel MPI gives its ranks no id in common; Open MPI) and torchrun.
 
 One real 2-rank world dumps as job "job-b"; an older job "job-a" is a copy of it with its own
 job id, which the mixing check then meets in a folder of its own.
@@ -20,8 +21,11 @@ from pathlib import Path
 import pytest
 
 from commlayer.testing import run_world
+from commlayer.testing.mpi import mpirun_unavailable_reason
 
 pytestmark = pytest.mark.multirank
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +98,45 @@ def test_torch_reads_the_exported_dumps(trace_root: Path, tmp_path: Path) -> Non
     )
     assert analyzer.returncode == 0, analyzer.stdout + analyzer.stderr
     assert "Traceback" not in analyzer.stderr
+
+
+def _one_job_folder(root: Path, world_size: int) -> Path:
+    folders = [folder for folder in root.iterdir() if folder.is_dir()]
+    assert len(folders) == 1, f"expected one job folder, found {folders}"
+    assert sorted(path.name for path in folders[0].glob("rank*.json")) == [
+        f"rank{rank}.json" for rank in range(world_size)
+    ]
+    done = commlayer("trace", "analyze", trace_dir=root)
+    assert done.returncode == 0 and "no dump" not in done.stdout, done.stdout + done.stderr
+    return folders[0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mpi", ["intel-mpi", "openmpi"])
+def test_every_rank_under_mpirun_dumps_into_one_folder(mpi: str, tmp_path: Path) -> None:
+    env = {"COMMLAYER_TRACE_DIR": str(tmp_path), "COMMLAYER_JOB_ID": "", "COMMLAYER_MPI": mpi}
+    reason = mpirun_unavailable_reason({**os.environ, **env})
+    if reason is not None:
+        pytest.skip(f"mpirun with {mpi} unavailable: {reason}")
+    target = "tests.observability.trace_folders_ranks:dump_without_a_job_id"
+    run_world(target, 3, backend="mpi", launcher="mpirun", env=env, timeout=120)
+    _one_job_folder(tmp_path, 3)
+
+
+def test_every_rank_under_torchrun_dumps_into_one_folder(tmp_path: Path) -> None:
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("COMMLAYER_JOB", "MASTER_"))
+    }
+    env.update(COMMLAYER_TRACE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*argv, "-m", "tests.observability.trace_folders_ranks"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    _one_job_folder(tmp_path, 2)

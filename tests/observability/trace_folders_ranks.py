@@ -19,3 +19,17 @@ def run() -> None:
     dist.all_reduce(tensor, group=pair)
     path = dist.dump_flight_recorder(reason="test")
     assert path is not None and path.parent.name == "job-b", path
+
+
+def dump_without_a_job_id() -> None:
+    """A collective, then a dump: with no $COMMLAYER_JOB_ID, the job's folder is the agreed one."""
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [float(dist.get_world_size())] * 4, tensor
+    dist.dump_flight_recorder(reason="test")
+
+
+if __name__ == "__main__":  # under torchrun, which starts this file on every rank
+    dist.init_process_group("gloo")
+    dump_without_a_job_id()
+    dist.destroy_process_group()

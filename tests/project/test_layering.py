@@ -1,14 +1,16 @@
 """Structure: no import circle inside the package, and the layers only import downwards.
 
-The graphs are read from the source. The circle check follows every import that runs when a
-module is imported, those under ``TYPE_CHECKING`` included; an import inside a function is a
-deliberate lazy edge there, but the layer check follows it too, so it cannot hide a back edge.
+The graph is read from the source and follows every import: at module level, under
+``TYPE_CHECKING`` and inside functions alike, so a lazy import cannot hide a circle or a back
+edge. The C extensions (declared in setup.py) are modules of their layer like any other; a
+higher layer that extends a lower object registers itself with it instead of being imported.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +20,24 @@ REPO = Path(__file__).resolve().parents[2]
 # Where each installed package's sources live (backends/ installs as commlayer.backends).
 SOURCES = {"commlayer": REPO / "commlayer", "commlayer.backends": REPO / "backends"}
 
-# Layers, lowest first; a module may import only from its own layer or lower ones.
+# The C extension modules, by the names setup.py builds them under (each a private ``_name``).
+EXTENSIONS = frozenset(
+    re.findall(r'"(commlayer(?:\.\w+)*\._\w+)"', (REPO / "setup.py").read_text(encoding="utf-8"))
+)
+
+# Layers, lowest first; a module may import only from its own layer or lower ones. The facade's
+# parts are layers of their own: groups < monitor < calls < ops < lifecycle < torch_bridge.
 LAYERS = (
     ("commlayer.core.settings",),
     ("commlayer.core",),
     ("commlayer.contract",),
-    ("commlayer.backends", "commlayer.facade", "commlayer.dist"),
+    ("commlayer.backends", "commlayer.facade.groups"),
+    ("commlayer.facade.monitor",),
+    ("commlayer.facade.calls",),
+    ("commlayer.facade.ops",),
+    ("commlayer.facade.lifecycle",),
+    ("commlayer.facade.torch_bridge", "commlayer.facade"),
+    ("commlayer.dist",),
     (
         "commlayer.mesh",
         "commlayer.zero",
@@ -43,10 +57,13 @@ LAYERS = (
         "commlayer",
     ),
 )
+# Parts side by side: neither imports the other (both build on the layers below them only).
+SEPARATE = (("commlayer.backends", "commlayer.facade"),)
 
 
-def _modules() -> dict[str, Path]:
-    found = {}
+def _modules() -> dict[str, Path | None]:
+    """Every module: its source, or None for a C extension (which imports no project module)."""
+    found: dict[str, Path | None] = dict.fromkeys(EXTENSIONS)
     for package, root in SOURCES.items():
         for path in root.rglob("*.py"):
             parts = list(path.relative_to(root).with_suffix("").parts)
@@ -103,7 +120,10 @@ def _absolute(package: str, module: str | None, level: int) -> str:
 @functools.cache
 def _graph(eager_only: bool = False) -> dict[str, set[str]]:
     modules = _modules()
-    return {name: set(_imports(name, path, set(modules), eager_only)) for name, path in modules.items()}
+    return {
+        name: set() if path is None else set(_imports(name, path, set(modules), eager_only))
+        for name, path in modules.items()
+    }
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -149,12 +169,41 @@ def _layer(module: str) -> int:
     return best[1]
 
 
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def test_the_package_has_no_import_circle() -> None:
-    assert _cycles(_graph(eager_only=True)) == []
+    """Function-local imports count: a lazy import is an edge like any other."""
+    assert _cycles(_graph()) == []
+
+
+def test_the_checker_follows_function_local_imports() -> None:
+    lazy = sorted(set().union(*_graph().values()) - set().union(*_graph(eager_only=True).values()))
+    assert "commlayer.dist" in _graph()["commlayer.comms_logger.logger"], lazy
+
+
+@pytest.mark.parametrize(("one", "other"), SEPARATE)
+def test_side_by_side_parts_do_not_import_each_other(one: str, other: str) -> None:
+    crossing = sorted(
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        for source, destination in ((one, other), (other, one))
+        if _within(module, source) and _within(target, destination)
+    )
+    assert crossing == []
 
 
 def test_every_module_belongs_to_a_layer() -> None:
     assert [module for module in _graph() if _layer(module) < 0] == []
+
+
+def test_the_c_extensions_are_modules_of_their_layer() -> None:
+    """An extension imported by name (``from commlayer.backends import _C``) is an edge to it."""
+    importers = {target for targets in _graph().values() for target in targets}
+    assert EXTENSIONS and EXTENSIONS <= set(_graph())
+    assert "commlayer.core._tensor_meta" in importers
 
 
 @pytest.mark.parametrize("module", sorted(_graph()))

@@ -6,11 +6,12 @@ Debug mode's fingerprints are the facade's, the same on every backend: tests/rel
 them on gloo, ccl and mpi, and they were run on shm by hand (benchmarks/RESULTS.md).
 Without debug mode, a mismatched collective must still never return garbage: shm compares each
 op's packed signature beside its step counter, mpi runs one 32-byte Allreduce(MAX) of it first,
-gloo one small allreduce(MAX) of it first (backends/mismatch/gloo.py).
+gloo one small allreduce(MAX) of it first (commlayer/contract/mismatch).
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -163,6 +164,10 @@ def test_mpi_skipped_collective_entered_speculatively_ends_the_job_at_the_timeou
         assert words in outcome.output, (words, outcome.output)
     assert outcome.fault is not None, outcome.output
     assert outcome.t_end - outcome.fault["t_fault"] < HANG_LIMIT_S, outcome.output
+    # The flight-recorder watchdog dumped the stuck rank before the abort, naming the op.
+    dumps = list((tmp_path / "mpi-skip_speculated" / "trace").glob("*/rank0.json"))
+    assert len(dumps) == 1, outcome.output
+    assert "reduce_scatter_tensor" in json.loads(dumps[0].read_text())["reason"], dumps[0].read_text()
 
 
 @MPI

@@ -63,7 +63,7 @@ def _fail(error: Exception):
 
 
 def _start(async_op: bool, output: torch.Tensor, tensor: torch.Tensor):
-    """Recording.launcher's body: raises on an empty input, else the async op's Work, or for a
+    """Recording.fast_path's body: raises on an empty input, else the async op's Work, or for a
     sync op one to wait for (None when the output is empty: done already)."""
     if tensor.numel() == 0:
         raise RuntimeError("peer gone")
@@ -76,7 +76,7 @@ def _method(output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool):
 
 
 def _plan_run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor):
-    """A plan's launcher: the async op's Work, None once a sync op is done."""
+    """A plan's run: the async op's Work, None once a sync op is done."""
     work = _start(True, output, tensor)
     if async_op:
         return work
@@ -84,8 +84,8 @@ def _plan_run(async_op: bool, output: torch.Tensor, tensor: torch.Tensor):
     return None
 
 
-@pytest.mark.parametrize("kind", ["launcher", "op_launcher", "recorded"])
-def test_every_recording_launcher_enters_tracks_completes_and_fails_alike(kind: str) -> None:
+@pytest.mark.parametrize("kind", ["fast_path", "method_fast_path", "recorded"])
+def test_every_recording_fast_path_enters_tracks_completes_and_fails_alike(kind: str) -> None:
     """The entry protocol's three Python forms: the entry describes the payload tensor, a sync
     call completes it, an async one tracks its Work weakly, and an error goes to ``fail``."""
     recorder = FlightRecorder("dp", (0, 1), capacity=8)
@@ -93,11 +93,11 @@ def test_every_recording_launcher_enters_tracks_completes_and_fails_alike(kind: 
         run = recorder.recorded("all_gather_into_tensor", -1, 1, _plan_run, _fail)
     else:
         recording = recorder.recording("all_gather_into_tensor", torch.float32, -1, _fail)
-        if kind == "launcher":
-            run = recording.launcher(1, _start)
+        if kind == "fast_path":
+            run = recording.fast_path(1, _start)
             assert run.__module__ == __name__ and run.__wrapped__ is _start
         else:
-            run = recording.op_launcher(1, _method, ())
+            run = recording.method_fast_path(1, _method, ())
     assert run(False, torch.ones(4), torch.ones(2)) is None
     assert run(False, torch.empty(0), torch.ones(2)) is None
     work = run(True, torch.ones(4), torch.ones(2))
@@ -238,10 +238,10 @@ def test_write_dump_is_json(tmp_path: Path) -> None:
     assert json.loads(path.read_text()) == {"rank": 5} and path.name == "rank5.json"
 
 
-def test_a_one_tensor_launcher_enters_and_completes_like_the_general_one() -> None:
+def test_a_one_tensor_fast_path_enters_and_completes_like_the_general_one() -> None:
     recorder = FlightRecorder("dp", (0, 1), capacity=4)
     recording = recorder.recording("broadcast", torch.float32, 1, _fail)
-    run = recording.launcher(0, lambda async_op, tensor: _start(async_op, tensor, tensor), one_tensor=True)
+    run = recording.fast_path(0, lambda async_op, tensor: _start(async_op, tensor, tensor), one_tensor=True)
     assert run(False, torch.ones(3)) is None
     work = run(True, torch.ones(3))
     with pytest.raises(_Failed, match="peer gone"):

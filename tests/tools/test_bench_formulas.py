@@ -252,7 +252,7 @@ def test_check_counts_exactly_the_wrong_elements(op: str, world_of_one: None) ->
     case = make_case(context, layout(op, 64, torch.float32, 1))
     for iteration in range(3):
         case.fill(iteration)
-        case.launch(async_op=False)
+        case.run_op(async_op=False)
         assert case.wrong(iteration) == 0
     output = case.buffer if hasattr(case, "buffer") else case.output
     output[3:7] += 1

@@ -74,6 +74,7 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
     ),
     "cpu/shm_targets.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
     "gpu/zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
+    "gpu/peermem_report.py": ([str(DATA / "gpu_collectives" / "4xh200.json")], None),
 }
 # Scripts that need a GPU (or several), or a fault-injection job of minutes under torchrun or
 # torchft: compiled only.
@@ -83,6 +84,7 @@ GPU_ONLY = (
     "gpu/parallel_layers.py",
     "gpu/peermem_conformance.py",
     "gpu/peermem.py",
+    "gpu/peermem_tp.py",
     "faults/peermem_timeout_gpu.py",
     "faults/torchrun_restart.py",
     "faults/torchft_baseline.py",
@@ -92,6 +94,8 @@ GPU_ONLY = (
 
 # Modules the scripts import; they run nothing themselves and are compiled only.
 HELPERS = (
+    "gpu/graph_timing.py",
+    "gpu/peermem_checks.py",
     "gpu/stream_profile.py",
     "gpu/timed_steps.py",
     "overhead/mpi_report.py",

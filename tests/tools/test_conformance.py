@@ -13,6 +13,7 @@ import pytest
 
 from commlayer.cli import main as commlayer_main
 from commlayer.testing.conformance import FAIL, PASS, UNSUPPORTED, Cell, Certificate
+from commlayer.testing.conformance.cli import progress_line
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPE_COLUMNS = ("float32", "float16")
@@ -109,3 +110,26 @@ def test_a_broken_plugin_fails_with_a_table_naming_what_broke(plugin_site: Path)
     assert "reduce_scatter_tensor MAX float64" in broken, failures  # the fallback inherits the bug
     assert not any(" SUM " in line or line.startswith("FAIL barrier") for line in failures), failures
     assert "-> DOES NOT CONFORM" in finished.stdout
+
+
+def test_progress_names_each_ranks_count_and_last_cell(tmp_path: Path) -> None:
+    assert progress_line(tmp_path, 3.2) == "[3 s] cells checked: none yet (ranks starting)"
+    for rank, cells in ((0, 2), (1, 1)):
+        certificate = Certificate("peermem", 2)
+        for n in range(cells):
+            certificate.record(Cell("all_reduce", "sum", f"float{16 * (n + 1)}"), PASS, rank)
+        certificate.write(tmp_path / f"rank{rank}.certificate.json")
+    line = progress_line(tmp_path, 20)
+    assert line == (
+        "[20 s] cells checked: rank0: 2 (last: all_reduce sum float32 world sync), "
+        "rank1: 1 (last: all_reduce sum float16 world sync)"
+    )
+
+
+def test_a_per_device_spec_is_certified_like_a_backend() -> None:
+    assert commlayer_main(["test-backend", "cpu:gloo", "-n", "2"]) == 0
+
+
+def test_a_malformed_spec_is_reported_before_any_rank_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert commlayer_main(["test-backend", "cpu:gloo,cpu:shm", "-n", "2"]) == 2
+    assert "each device once" in capsys.readouterr().err

@@ -14,7 +14,7 @@ Two slots suffice: a rank writes check n + 2 into slot ``n % 2`` only after pass
 which needs every peer to have published n + 1, which each does only after it is done with
 check n.
 
-A rank may also *speculate* (only mpi's C launcher does, csrc/mpi/fast_paths.cpp, for calls
+A rank may also *speculate* (only mpi's C fast path does, csrc/mpi/fast_paths.cpp, for calls
 whose inputs MPI never writes): it publishes, and if every peer that has published agrees, it
 marks its slot's decision word "speculated" and enters the call without waiting for the rest,
 comparing once the call returns. A rank that sees a mismatch marks "refused" and waits for every

@@ -1,4 +1,4 @@
-"""The path every facade op takes: resolve the group, pick the backend, stage, launch, wait.
+"""The path every facade op takes: resolve the group, pick the backend, stage, run, wait.
 
 Ops on a rank outside the group return None without communicating (torch's NON_GROUP_MEMBER
 behaviour). Strided tensors are staged through contiguous buffers (:mod:`.staging`), so backends
@@ -6,46 +6,119 @@ only ever see contiguous tensors.
 
 Plans (the hot path, :mod:`.plans`): the ops that run thousands of times a second run a
 cached :class:`~.plans.Plan` after their first call of a kind. A plan is built here
-(:func:`new_plan`) around the backend's ``plan`` method (a fused launcher, e.g. a torch
+(:func:`new_plan`) around the backend's fast path (``recorded_plan`` or ``plan``, e.g. a torch
 ProcessGroup's bound method with prebuilt options) or, for backends without one, around the
-ordinary backend op (:mod:`.runners`).
+ordinary backend op (:func:`.plans.recorded_run`).
 
-Observers (the hook point, :mod:`.observers`): with an observer set (:func:`set_observer`),
-plans are rebuilt so that each launch goes through it; ops without plans go through
-:func:`launch`, which calls the same hook. Without one, neither path pays anything for it.
+Observers (the hook point): with an observer set (:func:`set_observer`: the comms logger in the
+"logger" slot, the public hooks of :mod:`commlayer.hooks` in the "hooks" slot), plans are rebuilt
+so that each run goes through ``observer.observe(call, nbytes, start, **details)``; ops
+without plans go through :func:`run_op`, which calls the same hook. Several observers nest, the
+latest slot outermost. Without one, neither path pays anything for it.
 
 Profiler events (:mod:`commlayer.core.profiling`). While a torch profiler runs, plans are rebuilt so
-that each launch on a backend whose library records no events of its own is recorded as one
+that each run on a backend whose library records no events of its own is recorded as one
 event named like torch's; ops without plans test one module flag. With no profiler running,
 planned calls pay nothing for it and unplanned ones that flag.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from commlayer.contract.backend import Backend
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core import profiling
 from commlayer.core.errors import UnsupportedError, invalid_argument
 from commlayer.core.flight_recorder import COMPLETED, COMPLETED_NS, STATE, track
-from commlayer.core.work import Work
+from commlayer.core.work import CompletedWork, Work
 from commlayer.facade.calls.failures import on_failure
-from commlayer.facade.calls.observers import NestedObservers, Observer, payload_nbytes, wrapped_plan
 from commlayer.facade.calls.op_call import OpCall, device_type
-from commlayer.facade.calls.plans import Plan, forget_plans, plans
-from commlayer.facade.calls.runners import recorded_launcher
+from commlayer.facade.calls.plans import Plan, forget_plans, plans, recorded_run
 from commlayer.facade.calls.staging import copy_back_results, divide_results
 from commlayer.facade.groups.group import ProcessGroup, resolve_group
 
-__all__ = ["begin", "launch", "new_plan", "remember", "set_observer"]
+__all__ = [
+    "NestedObservers",
+    "Observer",
+    "begin",
+    "new_plan",
+    "observed",
+    "payload_nbytes",
+    "remember",
+    "run_op",
+    "set_observer",
+    "wrapped_plan",
+]
 
 log = logging.getLogger("commlayer.dist")
 _monotonic_ns = time.monotonic_ns
+
+
+class Observer(Protocol):
+    """The hook every op passes through while set (the comms logger, the public hooks).
+
+    ``observe`` wraps ``start`` (which starts the op and returns its Work) and returns the Work
+    the caller gets; ``details`` are the call's arguments (see :func:`run_op`:
+    ``tensors``, ``inputs``, ``root``, ``reduce_op``, ``async_op``), for observers that want them.
+    An observer may also define ``wrap_plan(call, run, payload, fixed)``, returning its own
+    ``run(async_op, *tensors)`` around a plan's fast path, built once per plan (``fixed``: the
+    plan's scalar arguments): that is where a cheap per-call record belongs. Without it, plans
+    go through :func:`observed`.
+    """
+
+    def observe(self, call: OpCall, nbytes: int, start: Callable[[], Work], **details: Any) -> Work: ...
+
+
+class NestedObservers:
+    """Several observers as one: the first innermost, each wrapping the start of the one before."""
+
+    def __init__(self, chain: tuple[Observer, ...]) -> None:
+        self.chain = chain
+
+    def observe(self, call: OpCall, nbytes: int, start: Callable[[], Work], **details: Any) -> Work:
+        for observer in self.chain:
+            start = functools.partial(observer.observe, call, nbytes, start, **details)
+        return start()
+
+    def wrap_plan(self, call: OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...] = ()) -> FastPath:
+        for observer in self.chain:
+            run = wrapped_plan(observer, call, run, payload, fixed)
+        return run
+
+
+def wrapped_plan(
+    observer: Observer, call: OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...]
+) -> FastPath:
+    """``run`` as ``observer`` wants plans run: its own ``wrap_plan``, else :func:`observed`."""
+    wrap = getattr(observer, "wrap_plan", None)
+    return wrap(call, run, payload, fixed) if wrap is not None else observed(observer, call, run, payload)
+
+
+def observed(observer: Observer, call: OpCall, run: FastPath, payload: int) -> FastPath:
+    """``run`` with every start handed to ``observer.observe`` (a blocking run's None -> a done Work)."""
+
+    def observed_run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
+        start = lambda: run(async_op, *tensors) or CompletedWork()
+        work = observer.observe(call, payload_nbytes(tensors[payload]), start)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    return observed_run
+
+
+def payload_nbytes(payload: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    """The size in bytes of a call's payload (one tensor or several), as observers report it."""
+    tensors = [payload] if isinstance(payload, torch.Tensor) else payload
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
 _observer: Observer | None = None
@@ -74,7 +147,7 @@ profiling.listen(_profiler_toggled)
 
 
 def set_observer(observer: Observer | None, slot: str = "logger") -> None:
-    """Route every op's launch through ``observer`` in ``slot`` (None: empty the slot); drops every plan.
+    """Route every op's start through ``observer`` in ``slot`` (None: empty the slot); drops every plan.
 
     Slots let the comms logger ("logger") and the public hooks ("hooks") observe at once.
     """
@@ -96,7 +169,7 @@ def new_plan(
     (of dtype ``dtype``); ``flat`` passes 1-D views to the backend op, which the contract
     promises for the tensor-in/tensor-out collectives.
     """
-    run = recorded_launcher(call, op, fixed, payload, flat, dtype)
+    run = recorded_run(call, op, fixed, payload, flat, dtype)
     if _profiling and not call.backend.records_profiler_events:
         run = profiling.profiled(op, call.group.group_name, run)
     observer = _observer
@@ -160,7 +233,7 @@ def _new_call(op: str, group: ProcessGroup, device: torch.device | None) -> OpCa
     return OpCall(op, group, backend, None if device is None else device_type(device))
 
 
-def launch(
+def run_op(
     call: OpCall,
     start: Callable[[Backend, Mapping[str, bool]], Work],
     *,

@@ -18,7 +18,7 @@ from commlayer.core.errors import CollectiveMismatchError, CommError, CommTimeou
 from commlayer.core.metrics import format_duration
 from commlayer.facade.groups.aborted import abort_group
 from commlayer.facade.groups.group import ProcessGroup, resolve_group, world_or_none
-from commlayer.facade.monitor.dumps import dump_flight_recorder
+from commlayer.facade.monitor.dumps import dump_flight_recorder, dumps_for
 from commlayer.facade.monitor.peer_monitor import identify_dead_peer, note_peer_loss, request_dumps
 from commlayer.facade.monitor.progress import describe_laggards
 
@@ -45,7 +45,8 @@ _IDENTIFY_DEAD_PEER_S = 15.0
 
 
 def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
-    """The error to raise for a failed op, after dumping the flight recorder.
+    """The error to raise for a failed op, after dumping the flight recorder (a failure in
+    communication: an argument the backend refused writes no dump).
 
     A raw library error (gloo's "Connection reset by peer", a torch timeout, an mpi4py
     exception) becomes a typed commlayer error naming the op, the group and the rank; a peer
@@ -65,8 +66,9 @@ def on_failure(group: ProcessGroup, op: str, error: Exception) -> Exception:
         translated = _naming_laggards(group, translated)
     if isinstance(translated, (PeerFailureError, CommTimeoutError)):
         abort_group(group, translated)
+    group.recorder.mark_failed(op)
     world = world_or_none()
-    if world is None:
+    if world is None or not dumps_for(translated):
         return translated
     reason = f"{op} on group '{group.name}' failed: {type(translated).__name__}: {translated}"
     try:
@@ -101,8 +103,8 @@ def raise_translated(group: ProcessGroup, op: str, error: Exception) -> NoReturn
 
 
 def wait_translated(work: Any, op: str, group_arg: Any, timeout: Any = None) -> None:
-    """``work.wait(timeout)`` for a facade op that waits outside ``launch`` (send, recv, barrier),
-    with the same error translation, abort and dump as ``launch``."""
+    """``work.wait(timeout)`` for a facade op that waits outside ``dispatch.run_op`` (send, recv, barrier),
+    with the same error translation, abort and dump as ``dispatch.run_op``."""
     try:
         work.wait(timeout)
     except Exception as error:

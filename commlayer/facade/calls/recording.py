@@ -1,7 +1,7 @@
 """How the facade enters each call in its group's flight recorder.
 
 Every group's :class:`~commlayer.core.flight_recorder.FlightRecorder` is filled here: planned ops get a
-launcher wrapped by :func:`recorded` (or a fused :func:`recording` for the C launchers), and in
+fast path wrapped by :func:`recorded` (or a fused :func:`recording` for the C fast paths), and in
 debug mode each ring verifies its collectives across ranks first (:mod:`.debug_check`).
 """
 
@@ -24,7 +24,7 @@ __all__ = ["new_recorder", "recorded", "recording"]
 _monotonic_ns = time.monotonic_ns
 # Plans whose fixed arguments start with a root (group rank), for the recorder's entry.
 _ROOTED_PLANS = frozenset({"broadcast"})
-# Plans launched on exactly one tensor get a wrapper without *args packing (about 0.1 us less).
+# Plans run on exactly one tensor get a wrapper without *args packing (about 0.1 us less).
 _ONE_TENSOR_PLANS = frozenset({"all_reduce", "broadcast", "send", "recv"})
 
 
@@ -39,7 +39,7 @@ def new_recorder(
 
 
 def recording(call: Any, op: str, fixed: tuple[Any, ...], dtype: torch_dtype) -> Recording | None:
-    """How a fused launcher of ``op`` records its calls in the group's flight recorder and
+    """How a fast path of ``op`` records its calls in the group's flight recorder and
     translates its failures (``Backend.recorded_plan``); None in debug mode, where every
     collective goes through :func:`recorded` instead, to be verified across ranks first."""
     group = call.group
@@ -50,8 +50,8 @@ def recording(call: Any, op: str, fixed: tuple[Any, ...], dtype: torch_dtype) ->
 def recorded(
     call: Any, op: str, fixed: tuple[Any, ...], payload: int, run: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """``run`` (a plan's launcher) with every call entered in the group's flight recorder, and
-    its failures translated like ``launch``'s (:meth:`FlightRecorder.recorded`). This wrapper is
+    """``run`` (a plan's fast path) with every call entered in the group's flight recorder, and
+    its failures translated like ``dispatch.run_op``'s (:meth:`FlightRecorder.recorded`). This wrapper is
     the recorder's whole per-call cost on the planned hot path (benchmarks/overhead/recorder_and_debug_checks.py
     measures it)."""
     group = call.group

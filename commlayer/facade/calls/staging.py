@@ -12,10 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from commlayer.core.work import Work
-from commlayer.facade.calls.plans import Plan
-
-__all__ = ["CopyBack", "contiguous", "copy_back_results", "divide_results", "run_staged"]
+__all__ = ["CopyBack", "contiguous", "copy_back_results", "divide_results"]
 
 CopyBack = list  # list[tuple[original, contiguous buffer]]
 
@@ -27,19 +24,6 @@ def contiguous(tensor: torch.Tensor, copy_back: list[tuple[torch.Tensor, torch.T
     buffer = tensor.contiguous()
     copy_back.append((tensor, buffer))
     return buffer
-
-
-def run_staged(
-    plan: Plan, async_op: bool, copy_back: Sequence[tuple[torch.Tensor, torch.Tensor]], *tensors: torch.Tensor
-) -> Work | None:
-    """Run ``plan`` on contiguous stand-ins, copying staged outputs back into the caller's tensors."""
-    work = plan.run(async_op, *tensors)
-    if not copy_back:
-        return work
-    if work is None:  # a synchronous op has already completed
-        copy_back_results(copy_back)
-        return None
-    return work.then(lambda: copy_back_results(copy_back))
 
 
 def divide_results(tensors: Sequence[torch.Tensor], divisor: int) -> None:

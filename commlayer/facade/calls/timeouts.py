@@ -1,10 +1,10 @@
 """Per-call ``timeout=``: every collective and p2p call of commlayer.dist takes one.
 
-The facade launches the op asynchronously and waits on its Work with that deadline
+The facade starts the op asynchronously and waits on its Work with that deadline
 (``Work.wait(timeout)``, which every backend's Work honours); expiry becomes a
 :class:`~commlayer.core.errors.CommTimeoutError` naming the op, the group and the rank, translated
 like any failed op (the group is aborted and the flight recorders dump). An async call returns a
-:class:`DeadlineWork`, whose untimed ``wait()`` ends at the same deadline. The keyword is
+:class:`CallTimeoutWork`, whose untimed ``wait()`` ends at the same deadline. The keyword is
 torchcomms' (``timeout``: a timedelta or seconds); without it (None) nothing here runs.
 """
 
@@ -24,7 +24,7 @@ from commlayer.core.work import Work, to_seconds
 from commlayer.facade.calls.failures import raise_translated
 from commlayer.facade.groups.group import resolve_group
 
-__all__ = ["DeadlineWork", "checked_timeout", "rerun_with_timeout", "with_timeout"]
+__all__ = ["CallTimeoutWork", "checked_timeout", "rerun_with_timeout", "with_timeout"]
 
 
 def checked_timeout(op: str, timeout: Any, rank: int = -1) -> float:
@@ -49,7 +49,7 @@ def _rank() -> int:
     return -1 if world is None else world.rank
 
 
-class DeadlineWork(Work):
+class CallTimeoutWork(Work):
     """An async op's Work that carries its call's deadline: an untimed ``wait()`` ends there."""
 
     def __init__(self, work: Work, op: str, group_arg: Any, seconds: float) -> None:
@@ -132,7 +132,7 @@ _P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 
 @contextmanager
 def _bounded(op: str, group_arg: Any, seconds: float) -> Iterator[None]:
-    """The launch's own waits bounded by ``seconds``: the thread's call deadline (gloo's signature
+    """The start's own waits bounded by ``seconds``: the thread's call deadline (gloo's signature
     check) and each backend's ``call_timeout`` (shm, whose ops run to completion)."""
     group = resolve_group(op, group_arg)
     with ExitStack() as stack:
@@ -146,17 +146,17 @@ def with_timeout(
     op: str, group_arg: Any, async_op: bool, timeout: Any, start: Callable[[bool], Work | None]
 ) -> Any:
     """Run ``start(True)`` (the op, async) and wait on its Work for ``timeout``; an async call
-    gets a :class:`DeadlineWork`. None on a rank outside the group, as the op itself returns."""
+    gets a :class:`CallTimeoutWork`. None on a rank outside the group, as the op itself returns."""
     seconds = checked_timeout(op, timeout, _rank())
     try:
         with _bounded(op, group_arg, seconds):
             work = start(True)
-    except CommTimeoutError as error:  # a wait inside the launch ended; launch translated it
+    except CommTimeoutError as error:  # a wait inside the start ended; run_op translated it
         raise _expired(op, group_arg, seconds) from error
     if work is None:
         return None
     if async_op:
-        return DeadlineWork(work, op, group_arg, seconds)
+        return CallTimeoutWork(work, op, group_arg, seconds)
     _wait_by(work, op, group_arg, seconds, seconds)
     return None
 
@@ -165,13 +165,13 @@ def rerun_with_timeout(op: Callable[..., Work | None], arguments: dict[str, Any]
     """Run the collective ``op`` again under its call's ``timeout`` (see :func:`with_timeout`).
 
     ``arguments`` are the call's own, as ``locals()`` reads them on entry to ``op``; the rerun
-    launches async without the timeout, so it takes the op's ordinary path.
+    starts async without the timeout, so it takes the op's ordinary path.
     """
-    relaunch = {name: value for name, value in arguments.items() if name not in ("timeout", "async_op")}
+    rerun = {name: value for name, value in arguments.items() if name not in ("timeout", "async_op")}
     return with_timeout(
         op.__name__,
         arguments.get("group"),
         arguments["async_op"],
         arguments["timeout"],
-        lambda wait_async: op(**relaunch, async_op=wait_async),
+        lambda wait_async: op(**rerun, async_op=wait_async),
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import atexit
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -30,7 +30,19 @@ from commlayer.contract.backend import Backend
 from commlayer.core.errors import InvalidArgumentError, NotInitializedError
 from commlayer.core.flight_recorder import FlightRecorder, capacity_from_env
 
-__all__ = ["GroupMember", "ProcessGroup", "World", "current_world", "group", "resolve_group"]
+__all__ = [
+    "GroupMember",
+    "ProcessGroup",
+    "World",
+    "current_world",
+    "extend_groups",
+    "group",
+    "groups_created",
+    "groups_released",
+    "on_group_created",
+    "on_groups_released",
+    "resolve_group",
+]
 
 # Accelerator backends serve barrier and the object collectives when a group has several.
 _DEVICE_PREFERENCE = ("cuda", "xpu", "npu", "hpu", "cpu")
@@ -84,7 +96,7 @@ class ProcessGroup:
         self.op_calls: dict[tuple[str, Any], Any] = {}
         # The torch ProcessGroup bridging this group, once torch_group built it (mpi, ccl, ...).
         self.bridge: Any = None
-        # The last collectives on this group (commlayer.core.flight_recorder), filled by launch.
+        # The last collectives on this group (commlayer.core.flight_recorder), filled as ops run.
         self.recorder = recorder or FlightRecorder(name, ranks, capacity_from_env())
         # This group's hooks (commlayer.facade.calls.hooks), by handle id.
         self.pre_hooks: OrderedDict[int, Any] = OrderedDict()
@@ -92,15 +104,11 @@ class ProcessGroup:
 
     def register_pre_hook(self, fn: Any) -> Any:
         """Call ``fn(call)`` before each op of this group; see :func:`commlayer.hooks.register_pre_hook`."""
-        from commlayer.facade.calls.hooks import register_pre_hook
-
-        return register_pre_hook(fn, group=self)
+        return _extension("register_pre_hook")(fn, group=self)
 
     def register_post_hook(self, fn: Any) -> Any:
         """Call ``fn(call)`` once each op of this group completed; see :func:`commlayer.hooks.register_post_hook`."""
-        from commlayer.facade.calls.hooks import register_post_hook
-
-        return register_post_hook(fn, group=self)
+        return _extension("register_post_hook")(fn, group=self)
 
     def forget_calls(self) -> None:
         """Break the group -> call -> group cycles, which only the garbage collector would free.
@@ -121,9 +129,7 @@ class ProcessGroup:
         return None
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        from commlayer.facade.ops.monitored_barrier import monitored_barrier
-
-        monitored_barrier(self, timeout, wait_all_ranks)
+        _extension("monitored_barrier")(self, timeout, wait_all_ranks)
 
     @property
     def device_types(self) -> tuple[str, ...]:
@@ -149,11 +155,7 @@ class ProcessGroup:
         torch's own for gloo and nccl groups; for every other backend a torch ProcessGroup whose
         ops run on this group (see :mod:`commlayer.facade.torch_bridge.groups`).
         """
-        from commlayer.facade.torch_bridge.groups import (
-            torch_group_for,  # the bridge sits on top of the facade
-        )
-
-        return torch_group_for(self)
+        return _extension("torch_group")(self)
 
     def __getattr__(self, name: str) -> Any:
         # torch ProcessGroup methods this class does not define (allreduce, _allgather_base, ...)
@@ -183,6 +185,63 @@ class _NonGroupMember:
 
 
 NON_GROUP_MEMBER = _NonGroupMember()
+
+
+# --- what the layers above give every group ----------------------------------------------------
+# They sit above this module, which must not import them: each registers its part when imported
+# (commlayer.dist imports the facade's; commlayer.hooks loads at init_process_group, as a
+# dist extension). Name -> the function, called with the group first.
+_PROVIDERS = {
+    "torch_group": "commlayer.facade.torch_bridge",
+    "monitored_barrier": "commlayer.facade.ops.monitored_barrier",
+    "register_pre_hook": "commlayer.hooks",
+    "register_post_hook": "commlayer.hooks",
+}
+_extensions: dict[str, Callable[..., Any]] = {}
+# Called with each new group, and with the groups about to be torn down (the torch bridge's).
+_created: list[Callable[[ProcessGroup], None]] = []
+_released: list[Callable[[Sequence[ProcessGroup]], None]] = []
+
+
+def extend_groups(name: str, function: Callable[..., Any]) -> None:
+    """Serve ``ProcessGroup.<name>`` with ``function(group, ...)`` (one of ``_PROVIDERS``' names)."""
+    if name not in _PROVIDERS:
+        raise ValueError(f"extend_groups: no group extension named {name!r}; known: {sorted(_PROVIDERS)}")
+    _extensions[name] = function
+
+
+def _extension(name: str) -> Callable[..., Any]:
+    function = _extensions.get(name)
+    if function is None:
+        raise NotImplementedError(
+            f"ProcessGroup.{name} is provided by {_PROVIDERS[name]}, which is not imported; "
+            "import commlayer.dist (and commlayer.hooks for hooks) first"
+        )
+    return function
+
+
+def on_group_created(listener: Callable[[ProcessGroup], None]) -> None:
+    """Call ``listener(group)`` with every group made from now on (idempotent)."""
+    if listener not in _created:
+        _created.append(listener)
+
+
+def on_groups_released(listener: Callable[[Sequence[ProcessGroup]], None]) -> None:
+    """Call ``listener(groups)`` before groups are torn down (idempotent)."""
+    if listener not in _released:
+        _released.append(listener)
+
+
+def groups_created(group: ProcessGroup) -> None:
+    """Tell the listeners that ``group`` was made (lifecycle calls it)."""
+    for listener in tuple(_created):
+        listener(group)
+
+
+def groups_released(groups: Sequence[ProcessGroup]) -> None:
+    """Tell the listeners that ``groups`` are about to be torn down (lifecycle calls it)."""
+    for listener in tuple(_released):
+        listener(groups)
 
 
 @dataclass

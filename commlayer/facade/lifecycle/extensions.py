@@ -6,9 +6,11 @@ the way backends register under ``commlayer.backends``::
     [project.entry-points."commlayer.dist_extensions"]
     comms_logger = "commlayer.comms_logger"
 
-It is reachable as ``dist.<name>`` (imported on first access), and when it defines
-``on_init_process_group()``, ``init_process_group`` imports it and calls that last: the comms
-logger enables itself there when ``$COMMLAYER_COMMS_LOGGER`` asks for it.
+It is reachable as ``dist.<name>`` (imported on first access), and ``init_process_group``
+imports every extension last, calling its ``on_init_process_group()`` where it defines one: the
+comms logger enables itself there when ``$COMMLAYER_COMMS_LOGGER`` asks for it, and
+:mod:`commlayer.hooks` gives every group ``register_pre_hook`` by being imported (see
+:func:`commlayer.facade.groups.group.extend_groups`).
 """
 
 from __future__ import annotations

@@ -14,20 +14,29 @@ import torch.distributed as torch_dist
 from commlayer.contract.backend import Backend
 from commlayer.contract.registry import get_backend_class
 from commlayer.contract.selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
-from commlayer.core import health
+from commlayer.core import health, watchdog
 from commlayer.core.boundary import user_facing
 from commlayer.core.errors import AlreadyInitializedError, BackendUnavailableError, invalid_argument
+from commlayer.core.job import agree_job_id
 from commlayer.core.types import DEFAULT_TIMEOUT, GroupSpec
 from commlayer.facade.calls.ignored_arguments import note_ignored
 from commlayer.facade.calls.plans import forget_plans
 from commlayer.facade.calls.recording import new_recorder
 from commlayer.facade.groups.aborted import mark_destroyed
-from commlayer.facade.groups.group import NON_GROUP_MEMBER, ProcessGroup, World, current_world, set_world
+from commlayer.facade.groups.group import (
+    NON_GROUP_MEMBER,
+    ProcessGroup,
+    World,
+    current_world,
+    groups_created,
+    groups_released,
+    set_world,
+)
 from commlayer.facade.groups.queries import is_initialized
 from commlayer.facade.lifecycle.extensions import run_init_hooks
 from commlayer.facade.lifecycle.init_method import Rendezvous, rendezvous
 from commlayer.facade.lifecycle.signal_handlers import install_handlers
-from commlayer.facade.monitor.dumps import dump_flight_recorder
+from commlayer.facade.monitor.dumps import dump_flight_recorder, dump_on_peer_failure, overdue_ops
 from commlayer.facade.monitor.peer_monitor import start_monitor, stop_monitor
 from commlayer.facade.monitor.progress import install as install_progress_answers
 
@@ -37,21 +46,11 @@ log = logging.getLogger("commlayer.dist")
 _LEAVE_TIMEOUT = timedelta(seconds=60)
 
 __all__ = [
-    "after_group_created",
     "destroy_process_group",
     "init_process_group",
     "new_group",
     "new_member_group",
 ]
-
-
-def after_group_created(group: ProcessGroup) -> None:
-    """Prepare a new group for the torch bridge (its torch ProcessGroup twin)."""
-    from commlayer.facade.torch_bridge.groups import (
-        after_group_created as prepare_torch_group,  # the bridge sits on top
-    )
-
-    prepare_torch_group(group)
 
 
 @user_facing
@@ -101,7 +100,10 @@ def init_process_group(
     )
     forget_plans()
     set_world(World(meeting.rank, meeting.world_size, meeting.store, timeout, default, world_backends))
-    after_group_created(default)
+    groups_created(default)
+    agree_job_id(meeting.store, meeting.rank)  # every rank's dumps go into one folder
+    watchdog.start(lambda why: dump_flight_recorder(reason=why), overdue_ops)
+    health.add_listener(dump_on_peer_failure)
     install_handlers()
     install_progress_answers()
     start_monitor(
@@ -115,10 +117,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down one group, or (``group=None``) every group and the default one."""
     world = current_world("destroy_process_group")
     forget_plans()  # every plan was checked against groups that are going away
-    from commlayer.facade.torch_bridge.groups import release  # the bridge sits on top of the facade
-
     if group is None or group is world.default_group:
-        release([*world.groups.values(), world.default_group])
+        groups_released([*world.groups.values(), world.default_group])
         for member in list(world.groups.values()):
             member.forget_calls()
             mark_destroyed(member)
@@ -131,7 +131,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         set_world(None)
         return
     if isinstance(group, ProcessGroup) and world.groups.pop(group.name, None) is not None:
-        release([group])
+        groups_released([group])
         group.forget_calls()
         mark_destroyed(group)
         _shutdown(group.unique_backends())
@@ -175,7 +175,7 @@ def new_group(
     recorder = new_recorder(name, members, world.rank, timeout)
     created = ProcessGroup(name, members, world.rank, backends, spec, timeout, recorder)
     world.groups[name] = created
-    after_group_created(created)
+    groups_created(created)
     return created
 
 

@@ -24,8 +24,14 @@ from commlayer.core.types import GroupSpec
 from commlayer.facade.calls.plans import forget_plans
 from commlayer.facade.calls.recording import new_recorder
 from commlayer.facade.groups.aborted import abort_group, mark_destroyed
-from commlayer.facade.groups.group import ProcessGroup, World, current_world, resolve_group, set_world
-from commlayer.facade.lifecycle.process_groups import after_group_created
+from commlayer.facade.groups.group import (
+    ProcessGroup,
+    World,
+    current_world,
+    groups_created,
+    resolve_group,
+    set_world,
+)
 from commlayer.facade.monitor.dumps import dump_flight_recorder
 from commlayer.facade.monitor.peer_monitor import start_monitor, stop_monitor
 
@@ -159,7 +165,7 @@ def _shrink_world(world: World, survivors: tuple[int, ...], pg_options: Any) -> 
             excluded_ranks=(*world.excluded_ranks, *excluded_globals),
         )
     )
-    after_group_created(default)
+    groups_created(default)
     start_monitor(
         world.store, new_rank, new_size, lambda why: dump_flight_recorder(reason=why), prefix=prefix
     )
@@ -183,7 +189,7 @@ def _shrink_subgroup(
         target.forget_calls()
         mark_destroyed(target)
     world.groups[name] = created
-    after_group_created(created)
+    groups_created(created)
     return created
 
 

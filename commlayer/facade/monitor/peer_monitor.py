@@ -37,6 +37,7 @@ import torch.distributed as torch_dist
 
 from commlayer.core import health
 from commlayer.core.errors import CommTimeoutError, PeerFailureError
+from commlayer.core.processes import gone_reason, process_space
 from commlayer.facade.monitor.peer_thread import (
     CONSEQUENCE_MARK,
     DEAD_KEY,
@@ -46,8 +47,6 @@ from commlayer.facade.monitor.peer_thread import (
     SEEN_KEY,
     HeartbeatOptions,
     PeerMonitor,
-    process_gone_reason,
-    process_space,
     publish_death,
     release_dead_regions,
 )
@@ -214,7 +213,7 @@ def identify_dead_peer() -> health.PeerFailure | None:
     if len(gone) > 1:  # one of them may have gone down after the other: its notice says so
         gone = [peer for peer in gone if not _went_down_after_another(peer)] or gone
     if gone:
-        reason = process_gone_reason(monitor.local_pids[gone[0]])
+        reason = gone_reason(monitor.local_pids[gone[0]])
         publish_death(_world_store, gone[0], reason, _world_rank)
         return health.report(gone[0], reason)
     monitor.wake()

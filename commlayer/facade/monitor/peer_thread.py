@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from commlayer.core import health, settings
-from commlayer.core.processes import pid_running
+from commlayer.core.processes import gone_reason, pid_running, process_space
 from commlayer.core.shm_files import note_local_peers, release_regions_of
 
 __all__ = [
@@ -33,8 +31,6 @@ __all__ = [
     "HeartbeatOptions",
     "PeerMonitor",
     "add_beat_hook",
-    "process_gone_reason",
-    "process_space",
     "publish_death",
     "release_dead_regions",
 ]
@@ -118,8 +114,8 @@ class PeerMonitor:
             # Between beats only local processes are checked: cheap, and a death is seen at once.
             gone = self.gone_local_peers()
             if len(gone) == 1:  # alone: it is the one; several: their death notices tell the order
-                self._declare_dead(gone[0], process_gone_reason(self.local_pids[gone[0]]))
-                publish_death(self.store, gone[0], process_gone_reason(self.local_pids[gone[0]]), self.rank)
+                self._declare_dead(gone[0], gone_reason(self.local_pids[gone[0]]))
+                publish_death(self.store, gone[0], gone_reason(self.local_pids[gone[0]]), self.rank)
                 return
             if now >= next_beat or self._wake.is_set() or gone or self._unknown_processes:
                 self._wake.clear()
@@ -140,7 +136,7 @@ class PeerMonitor:
             return
         dead = self.gone_local_peer()
         if dead is not None:
-            self._declare_dead(dead, process_gone_reason(self.local_pids[dead]))
+            self._declare_dead(dead, gone_reason(self.local_pids[dead]))
         else:
             health.report(0, f"the rendezvous store stopped answering ({error}); its host died")
 
@@ -183,8 +179,8 @@ class PeerMonitor:
             return
         gone = self.gone_local_peer(consequences=notices)
         if gone is not None:
-            self._declare_dead(gone, process_gone_reason(self.local_pids[gone]))
-            publish_death(self.store, gone, process_gone_reason(self.local_pids[gone]), self.rank)
+            self._declare_dead(gone, gone_reason(self.local_pids[gone]))
+            publish_death(self.store, gone, gone_reason(self.local_pids[gone]), self.rank)
             return
         for peer, notice in notices.items():
             cause = notice[len(CONSEQUENCE_MARK) :].split(" ", 1)[0]
@@ -240,22 +236,6 @@ class PeerMonitor:
             release_dead_regions()
 
 
-def process_space() -> str:
-    """Where this process's pid means something: host name, boot and pid namespace. Ranks in one
-    space can check each other's processes; network-namespace "hosts" on one machine may share a
-    host name but not their pids."""
-    parts = [socket.gethostname()]
-    for read in (
-        lambda: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-        lambda: os.readlink("/proc/self/ns/pid"),
-    ):
-        try:
-            parts.append(read())
-        except OSError:
-            parts.append("?")
-    return "/".join(part.replace(" ", "_") for part in parts)
-
-
 # Run by the monitor at every beat with (store, rank): answers to requests of the peers.
 _beat_hooks: list[Callable[[Any, int], None]] = []
 
@@ -287,7 +267,3 @@ def publish_death(store: Any, peer: int, reason: str, seen_by: int) -> None:
             store.add(DEATHS_KEY, 1)
     except Exception as error:  # noqa: BLE001 - the store may be gone too
         log.debug("commlayer: could not publish rank %s's death: %s", peer, error)
-
-
-def process_gone_reason(pid: int) -> str:
-    return f"its process (pid {pid}) is gone: it exited, was killed or crashed"

@@ -14,7 +14,7 @@ from commlayer.contract.fallbacks import GenericCollectives
 from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidArgumentError
 from commlayer.core.work import Work
-from commlayer.facade.calls.timeouts import DeadlineWork, checked_timeout
+from commlayer.facade.calls.timeouts import CallTimeoutWork, checked_timeout
 from commlayer.facade.ops.p2p import PreparedP2P, irecv, isend, prepare_p2p, with_copy_back
 
 __all__ = ["P2POp", "batch_isend_irecv"]
@@ -63,7 +63,7 @@ def batch_isend_irecv(
     if seconds is not None:
         works = batch_isend_irecv(p2p_op_list)
         return [
-            DeadlineWork(work, "batch_isend_irecv", entry.call.group, seconds)
+            CallTimeoutWork(work, "batch_isend_irecv", entry.call.group, seconds)
             for work, entry in zip(works, members)
         ]
     backends = {id(entry.call.backend) for entry in members}

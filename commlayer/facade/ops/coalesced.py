@@ -21,7 +21,7 @@ from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import as_real, is_complex, real_for_reduction
-from commlayer.facade.calls.dispatch import begin, launch
+from commlayer.facade.calls.dispatch import begin, run_op
 from commlayer.facade.calls.op_call import OpCall, averaged, wire_op
 from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
@@ -58,7 +58,7 @@ def all_reduce_coalesced(
     copy_back: CopyBack = []
     buffers = [contiguous(tensor, copy_back) for tensor in tensors]
     wire = wire_op(call, reduce_op)
-    return launch(
+    return run_op(
         call,
         lambda b, mode: b.all_reduce_coalesced(buffers, wire, **mode),
         async_op=async_op,
@@ -89,7 +89,7 @@ def all_gather_coalesced(
     copy_back: CopyBack = []
     outputs = [[contiguous(tensor, copy_back) for tensor in row] for row in output_tensor_lists]
     sources = [tensor.contiguous() for tensor in inputs]
-    return launch(
+    return run_op(
         call,
         lambda b, mode: b.all_gather_coalesced(outputs, sources, **mode),
         async_op=async_op,

@@ -1,7 +1,7 @@
 """The hot in-place collectives (all_reduce, broadcast): validated once per kind of call, then
 run through a plan.
 
-Each op first asks its lookup (:mod:`commlayer.facade.calls.lookups`) for a plan under its key (what its
+Each op first asks its lookup (:mod:`commlayer.facade.calls.plans`) for a plan under its key (what its
 validation depended on, see :mod:`commlayer.facade.calls.plans`) and runs it; a miss goes to the op's
 ``_checked_`` twin, which validates in full and builds the plan. ``src`` is a global rank, as
 in torch. The output/input collectives live in :mod:`.into_tensor`.
@@ -21,14 +21,15 @@ from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
 from commlayer.facade.calls.dispatch import begin, remember
-from commlayer.facade.calls.lookups import planned_all_reduce, planned_broadcast
-from commlayer.facade.calls.plans import NO_PLAN
-from commlayer.facade.calls.staging import CopyBack, contiguous, run_staged
+from commlayer.facade.calls.docstrings import shared_docs
+from commlayer.facade.calls.plans import NO_PLAN, planned_all_reduce, planned_broadcast, run_staged
+from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
 
 __all__ = ["all_reduce", "broadcast"]
 
 
+@shared_docs
 def all_reduce(
     tensor: torch.Tensor,
     op: Any = ReduceOp.SUM,
@@ -43,22 +44,17 @@ def all_reduce(
         tensor (Tensor): input and output of the collective, the same shape on every rank.
         op (ReduceOp, optional): how to combine: SUM (default), AVG, PRODUCT, MIN, MAX, BAND, BOR,
             BXOR; torch.distributed.ReduceOp values are accepted too.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -93,6 +89,7 @@ def _checked_all_reduce(tensor: torch.Tensor, op: Any, group: Any, async_op: boo
     return run_staged(plan, async_op, copy_back, contiguous(tensor, copy_back))
 
 
+@shared_docs
 def broadcast(
     tensor: torch.Tensor,
     src: int | None = None,
@@ -107,23 +104,18 @@ def broadcast(
     Args:
         tensor (Tensor): the data on ``src``; overwritten on every other rank.
         src (int): global rank that sends (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 

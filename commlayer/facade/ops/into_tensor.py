@@ -1,7 +1,7 @@
 """The hot output/input collectives (all_gather_into_tensor, reduce_scatter_tensor,
 all_to_all_single): validated once per kind of call, then run through a plan.
 
-Each op first asks its C lookup (:mod:`commlayer.facade.calls.lookups`), then looks its plan up under a key
+Each op first asks its C lookup (:mod:`commlayer.facade.calls.plans`), then looks its plan up under a key
 spelt out inline (what its validation depended on, see :mod:`commlayer.facade.calls.plans`) and runs it after the
 few per-call checks the key cannot hold (element counts, split sizes, contiguity); a miss goes
 to the op's ``_checked_`` twin, which validates in full and builds the plan.
@@ -22,15 +22,23 @@ from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
 from commlayer.facade.calls.dispatch import begin, remember
-from commlayer.facade.calls.lookups import planned_all_gather, planned_all_to_all, planned_reduce_scatter
-from commlayer.facade.calls.plans import NO_PLAN, plans
-from commlayer.facade.calls.staging import CopyBack, contiguous, run_staged
+from commlayer.facade.calls.docstrings import shared_docs
+from commlayer.facade.calls.plans import (
+    NO_PLAN,
+    planned_all_gather,
+    planned_all_to_all,
+    planned_reduce_scatter,
+    plans,
+    run_staged,
+)
+from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
 from commlayer.facade.ops.uneven import all_gather_into_tensor_v
 
 __all__ = ["all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor"]
 
 
+@shared_docs
 def all_gather_into_tensor(
     output_tensor: torch.Tensor,
     input_tensor: torch.Tensor,
@@ -46,25 +54,20 @@ def all_gather_into_tensor(
         output_tensor (Tensor): ``world_size`` times the elements of the input: concatenated (``(n *
             k,)``) or stacked (``(n, k)``).
         input_tensor (Tensor): this rank's contribution.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
         sizes (list[int], optional): a commlayer extension: every rank's element count, when
             they differ (the same list on every rank); the output is their flat concatenation.
             See :func:`~commlayer.facade.ops.uneven.all_gather_into_tensor_v`.
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -136,6 +139,7 @@ def _checked_all_gather_into_tensor(
     return run_staged(plan, async_op, copy_back, output, input_tensor.contiguous())
 
 
+@shared_docs
 def reduce_scatter_tensor(
     output: torch.Tensor,
     input: torch.Tensor,
@@ -151,22 +155,17 @@ def reduce_scatter_tensor(
         output (Tensor): receives this rank's reduced chunk.
         input (Tensor): ``world_size`` times the elements of ``output``, rank-major.
         op (ReduceOp, optional): the reduction (SUM by default).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -239,6 +238,7 @@ def _checked_reduce_scatter_tensor(
     return run_staged(plan, async_op, copy_back, buffer, input.contiguous())
 
 
+@shared_docs
 def all_to_all_single(
     output: torch.Tensor,
     input: torch.Tensor,
@@ -256,22 +256,17 @@ def all_to_all_single(
         input (Tensor): the slices to send, along dim 0.
         output_split_sizes (list[int], optional): rows received from each rank; None splits evenly.
         input_split_sizes (list[int], optional): rows sent to each rank; None splits evenly.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 

@@ -14,6 +14,7 @@ from commlayer.core.boundary import user_facing
 from commlayer.core.errors import CommTimeoutError, InvalidTypeError, invalid_argument
 from commlayer.core.work import Work
 from commlayer.facade.calls.dispatch import begin
+from commlayer.facade.groups.group import extend_groups
 
 __all__ = ["monitored_barrier"]
 
@@ -92,3 +93,6 @@ def _ranks_missing(arrivals: dict[int, Work], deadline: float, wait_all_ranks: b
 
 def _remaining(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
+
+
+extend_groups("monitored_barrier", monitored_barrier)  # group.monitored_barrier(...), as torch's

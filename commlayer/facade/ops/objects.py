@@ -13,6 +13,7 @@ import torch
 
 from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidTypeError, invalid_argument
+from commlayer.facade.calls.docstrings import shared_docs
 from commlayer.facade.groups.group import ProcessGroup, resolve_group
 from commlayer.facade.ops import in_place as planned
 from commlayer.facade.ops import into_tensor as paired
@@ -29,23 +30,22 @@ __all__ = [
 
 
 @user_facing
+@shared_docs
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Gather a picklable object from every rank into ``object_list`` on every rank.
 
     Args:
         object_list (list): one slot per rank of ``group``, filled in group rank order.
         obj (Any): this rank's picklable object.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
 
     Returns:
         None (``object_list`` is filled in place).
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -68,6 +68,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
 
 
 @user_facing
+@shared_docs
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -81,18 +82,16 @@ def gather_object(
         obj (Any): this rank's picklable object.
         object_gather_list (list, optional): one slot per rank on ``dst``; None elsewhere.
         dst (int): global rank that collects (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
 
     Returns:
         None (``object_gather_list`` is filled in place on ``dst``).
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -119,6 +118,7 @@ def gather_object(
 
 
 @user_facing
+@shared_docs
 def broadcast_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -131,7 +131,7 @@ def broadcast_object_list(
     Args:
         object_list (list): the objects on ``src``; a list of the same length elsewhere.
         src (int): global rank that sends (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         device (torch.device, optional): where the pickled bytes are staged (the backend's choice by
             default).
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
@@ -140,11 +140,9 @@ def broadcast_object_list(
         None (``object_list`` is updated in place).
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -179,6 +177,7 @@ def broadcast_object_list(
 
 
 @user_facing
+@shared_docs
 def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,
@@ -194,18 +193,16 @@ def scatter_object_list(
         scatter_object_input_list (list, optional): one picklable object per rank on ``src``; None
             elsewhere.
         src (int): global rank that sends (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
 
     Returns:
         None (``scatter_object_output_list[0]`` is set in place).
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 

@@ -19,11 +19,12 @@ from commlayer.core.errors import CommError, UnsupportedError, invalid_argument
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import as_real, is_complex
-from commlayer.facade.calls.dispatch import begin, launch, remember
+from commlayer.facade.calls.dispatch import begin, remember, run_op
+from commlayer.facade.calls.docstrings import shared_docs
 from commlayer.facade.calls.failures import wait_translated
 from commlayer.facade.calls.op_call import OpCall
-from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned
-from commlayer.facade.calls.staging import contiguous, run_staged
+from commlayer.facade.calls.plans import NO_PLAN, native, plans, run_planned, run_staged
+from commlayer.facade.calls.staging import contiguous
 from commlayer.facade.calls.timeouts import with_timeout
 from commlayer.facade.groups.group import resolve_group
 
@@ -38,6 +39,7 @@ class PreparedP2P(NamedTuple):
     copy_back: list
 
 
+@shared_docs
 def isend(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -52,7 +54,7 @@ def isend(
     Args:
         tensor (Tensor): the data; keep it unchanged until the returned Work completes.
         dst (int): global rank of the receiver.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
         timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
@@ -63,11 +65,9 @@ def isend(
         A :class:`~commlayer.core.work.Work` to wait on; None on a rank outside ``group``.
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -89,6 +89,7 @@ def isend(
         raise
 
 
+@shared_docs
 def irecv(
     tensor: torch.Tensor,
     src: int | None = None,
@@ -104,7 +105,7 @@ def irecv(
         tensor (Tensor): receives the data once the Work completes.
         src (int, optional): global rank of the sender; None accepts any sender, where the backend
             declares ``recv_any_source``.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         tag (int, optional): matches the send's tag.
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
         timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
@@ -116,11 +117,9 @@ def irecv(
         receive from any source); None on a rank outside ``group``.
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -143,6 +142,7 @@ def irecv(
         raise
 
 
+@shared_docs
 def send(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -157,7 +157,7 @@ def send(
     Args:
         tensor (Tensor): the data.
         dst (int): global rank of the receiver.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
+        {{group}}
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
         timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
@@ -168,11 +168,9 @@ def send(
         None.
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -306,7 +304,7 @@ def _point_to_point(
         return NOT_MEMBER
     request, call = prepared.request, prepared.call
     if request.peer < 0:  # any source: the sender is known only once a message arrives
-        work = launch(
+        work = run_op(
             call, lambda b, hint: b.recv_any(request.tensor, tag, **hint), async_op=True, payload=tensor
         )
         return with_copy_back(work, prepared.copy_back)

@@ -17,7 +17,8 @@ from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
-from commlayer.facade.calls.dispatch import begin, launch
+from commlayer.facade.calls.dispatch import begin, run_op
+from commlayer.facade.calls.docstrings import shared_docs
 from commlayer.facade.calls.op_call import averaged, wire_op
 from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
@@ -26,6 +27,7 @@ __all__ = ["gather", "reduce", "scatter"]
 
 
 @user_facing
+@shared_docs
 def reduce(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -43,23 +45,18 @@ def reduce(
             unspecified).
         dst (int): global rank that receives the result (default 0).
         op (ReduceOp, optional): the reduction (SUM by default).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -79,7 +76,7 @@ def reduce(
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     wire = wire_op(call, reduce_op)
-    return launch(
+    return run_op(
         call,
         lambda b, mode: b.reduce(buffer, root, wire, **mode),
         async_op=async_op,
@@ -92,6 +89,7 @@ def reduce(
 
 
 @user_facing
+@shared_docs
 def gather(
     tensor: torch.Tensor,
     gather_list: list[torch.Tensor] | None = None,
@@ -109,23 +107,18 @@ def gather(
         gather_list (list[Tensor], optional): one output per rank on ``dst``; None on the other
             ranks.
         dst (int): global rank that collects (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -145,7 +138,7 @@ def gather(
     copy_back: CopyBack = []
     buffers = None if outputs is None else [contiguous(output, copy_back) for output in outputs]
     source = tensor.contiguous()
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.gather(source, buffers, root, **hint),
         async_op=async_op,
@@ -157,6 +150,7 @@ def gather(
 
 @user_facing
 @complex_as_real("scatter")
+@shared_docs
 def scatter(
     tensor: torch.Tensor,
     scatter_list: list[torch.Tensor] | None = None,
@@ -174,23 +168,18 @@ def scatter(
         scatter_list (list[Tensor], optional): one piece per rank on ``src``; None on the other
             ranks.
         src (int): global rank that sends (default 0).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -211,7 +200,7 @@ def scatter(
     copy_back: CopyBack = []
     buffer = contiguous(tensor, copy_back)
     sources = None if inputs is None else [chunk.contiguous() for chunk in inputs]
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.scatter(buffer, sources, root, **hint),
         async_op=async_op,

@@ -9,7 +9,7 @@ reduce_scatter_tensor, all_to_all_single), live in :mod:`.in_place` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -20,18 +20,24 @@ from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import complex_as_real
-from commlayer.facade.calls.dispatch import begin, launch
+from commlayer.facade.calls.dispatch import begin, run_op
+from commlayer.facade.calls.docstrings import shared_docs
 from commlayer.facade.calls.failures import wait_translated
 from commlayer.facade.calls.ignored_arguments import note_ignored
-from commlayer.facade.calls.op_call import averaged, wire_op
+from commlayer.facade.calls.op_call import OpCall, averaged, wire_op
 from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
 
-__all__ = ["all_gather", "all_to_all", "barrier", "reduce_scatter"]
+__all__ = ["all_gather", "all_to_all", "barrier", "gather_into_list", "reduce_scatter", "reduce_scatter_list"]
+
+# How an op checks the sizes of its parts: (call, name of the list, parts, the one tensor, the
+# op's reduce op or None), after their dtypes; raises before any data moves.
+PartsCheck = Callable[[OpCall, str, Sequence[torch.Tensor], torch.Tensor, Any], None]
 
 
 @user_facing
 @complex_as_real("all_gather")
+@shared_docs
 def all_gather(
     tensor_list: list[torch.Tensor],
     tensor: torch.Tensor,
@@ -45,22 +51,17 @@ def all_gather(
     Args:
         tensor_list (list[Tensor]): one output per rank of ``group``, each shaped like ``tensor``.
         tensor (Tensor): this rank's contribution.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -71,28 +72,11 @@ def all_gather(
     """
     if timeout is not None:
         return rerun_with_timeout(all_gather, locals())
-    call = begin("all_gather", group, check.first_device(tensor))
-    if call is None:
-        return None
-    check.check_tensor(call, "tensor", tensor)
-    outputs = check.check_tensor_list(call, "tensor_list", tensor_list, call.group.size())
-    for index, output in enumerate(outputs):
-        check.check_dtype_match(call, f"tensor_list[{index}]", output, tensor)
-        check.check_numel(call, f"tensor_list[{index}]", output, tensor.numel(), "same as the input")
-    copy_back: CopyBack = []
-    buffers = [contiguous(output, copy_back) for output in outputs]
-    source = tensor.contiguous()
-    return launch(
-        call,
-        lambda b, hint: b.all_gather(buffers, source, **hint),
-        async_op=async_op,
-        payload=outputs,
-        copy_back=copy_back,
-        inputs=tensor,
-    )
+    return gather_into_list("all_gather", tensor_list, tensor, group, async_op, _equal_parts)
 
 
 @user_facing
+@shared_docs
 def reduce_scatter(
     output: torch.Tensor,
     input_list: list[torch.Tensor],
@@ -108,22 +92,17 @@ def reduce_scatter(
         output (Tensor): receives this rank's reduced chunk.
         input_list (list[Tensor]): one chunk per rank, each shaped like ``output``.
         op (ReduceOp, optional): the reduction (SUM by default).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -134,22 +113,67 @@ def reduce_scatter(
     """
     if timeout is not None:
         return rerun_with_timeout(reduce_scatter, locals())
-    call = begin("reduce_scatter", group, check.first_device(output))
+    return reduce_scatter_list("reduce_scatter", output, input_list, op, group, async_op, _equal_parts)
+
+
+def gather_into_list(
+    op: str,
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any,
+    async_op: bool,
+    parts: PartsCheck,
+) -> Work | None:
+    """all_gather and all_gather_v: every rank's ``tensor`` into ``tensor_list``, the parts' sizes
+    checked by ``parts``."""
+    call = begin(op, group, check.first_device(tensor))
+    if call is None:
+        return None
+    check.check_tensor(call, "tensor", tensor)
+    outputs = check.check_tensor_list(call, "tensor_list", tensor_list, call.group.size())
+    for index, output in enumerate(outputs):
+        check.check_dtype_match(call, f"tensor_list[{index}]", output, tensor)
+    parts(call, "tensor_list", outputs, tensor, None)
+    copy_back: CopyBack = []
+    buffers = [contiguous(output, copy_back) for output in outputs]
+    source = tensor.contiguous()
+    return run_op(
+        call,
+        lambda b, hint: getattr(b, op)(buffers, source, **hint),
+        async_op=async_op,
+        payload=outputs,
+        copy_back=copy_back,
+        inputs=tensor,
+    )
+
+
+def reduce_scatter_list(
+    op: str,
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    reduce_op_arg: Any,
+    group: Any,
+    async_op: bool,
+    parts: PartsCheck,
+) -> Work | None:
+    """reduce_scatter and reduce_scatter_v: ``input_list`` reduced, chunk ``i`` to group rank ``i``,
+    the chunks' sizes checked by ``parts``."""
+    call = begin(op, group, check.first_device(output))
     if call is None:
         return None
     check.check_tensor(call, "output", output)
     inputs = check.check_tensor_list(call, "input_list", input_list, call.group.size())
     for index, chunk in enumerate(inputs):
         check.check_dtype_match(call, f"input_list[{index}]", chunk, output)
-        check.check_numel(call, f"input_list[{index}]", chunk, output.numel(), "same as the output")
-    reduce_op = check.check_reduce_op(call, op, output.dtype)
+    reduce_op = check.check_reduce_op(call, reduce_op_arg, output.dtype)
+    parts(call, "input_list", inputs, output, reduce_op)
     copy_back: CopyBack = []
     buffer = contiguous(output, copy_back)
     sources = [chunk.contiguous() for chunk in inputs]
     wire = wire_op(call, reduce_op)
-    return launch(
+    return run_op(
         call,
-        lambda b, mode: b.reduce_scatter(buffer, sources, wire, **mode),
+        lambda b, mode: getattr(b, op)(buffer, sources, wire, **mode),
         async_op=async_op,
         payload=inputs,
         copy_back=copy_back,
@@ -158,8 +182,18 @@ def reduce_scatter(
     )
 
 
+def _equal_parts(
+    call: OpCall, name: str, parts: Sequence[torch.Tensor], tensor: torch.Tensor, reduce_op: Any
+) -> None:
+    """Every part as large as ``tensor`` (all_gather, reduce_scatter)."""
+    other = "the input" if name == "tensor_list" else "the output"
+    for index, part in enumerate(parts):
+        check.check_numel(call, f"{name}[{index}]", part, tensor.numel(), f"same as {other}")
+
+
 @user_facing
 @complex_as_real("all_to_all")
+@shared_docs
 def all_to_all(
     output_tensor_list: list[torch.Tensor],
     input_tensor_list: list[torch.Tensor],
@@ -173,22 +207,17 @@ def all_to_all(
     Args:
         output_tensor_list (list[Tensor]): one tensor per rank, filled with what that rank sent.
         input_tensor_list (list[Tensor]): one tensor per rank, sent to that rank.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{argument errors}}
+        {{timeout errors}}
+        {{peer failure}}
 
     Example::
 
@@ -210,7 +239,7 @@ def all_to_all(
     copy_back: CopyBack = []
     buffers = [contiguous(output, copy_back) for output in outputs]
     sources = [chunk.contiguous() for chunk in inputs]
-    return launch(
+    return run_op(
         call,
         lambda b, hint: b.all_to_all(buffers, sources, **hint),
         async_op=async_op,
@@ -220,6 +249,7 @@ def all_to_all(
 
 
 @user_facing
+@shared_docs
 def barrier(
     group: Any = None,
     async_op: bool = False,
@@ -229,8 +259,8 @@ def barrier(
     """Wait until every rank of ``group`` has reached this call.
 
     Args:
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
+        {{group}}
+        {{async_op}}
         device_ids (list[int], optional): accepted for torch compatibility; logged once, it has no
             effect here.
         timeout (timedelta or float, optional): how long this call may take; past it,
@@ -238,15 +268,12 @@ def barrier(
             deadline). None: the group's timeout.
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
-        InvalidArgumentError: (a ValueError; InvalidTypeError is also a TypeError) an argument was
-            rejected before any communication; UnsupportedError when the backend does not declare
-            the op, dtype, device or reduce op.
+        {{argument errors}}
         CommTimeoutError: the op did not complete within the group's timeout.
-        PeerFailureError: a rank of the group died while the op was in flight.
+        {{peer failure}}
 
     Example::
 
@@ -259,7 +286,7 @@ def barrier(
         return None
     if device_ids is not None:
         note_ignored("barrier", "device_ids", device_ids)
-    work = launch(call, lambda b, hint: b.barrier(**hint), async_op=True)
+    work = run_op(call, lambda b, hint: b.barrier(**hint), async_op=True)
     if async_op:
         return work
     wait_translated(work, "barrier", group)

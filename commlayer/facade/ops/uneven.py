@@ -29,10 +29,11 @@ from commlayer.core.errors import CollectiveMismatchError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
-from commlayer.facade.calls.dispatch import begin, launch
-from commlayer.facade.calls.op_call import OpCall, averaged, wire_op
-from commlayer.facade.calls.staging import contiguous
+from commlayer.facade.calls.dispatch import begin
+from commlayer.facade.calls.docstrings import shared_docs
+from commlayer.facade.calls.op_call import OpCall
 from commlayer.facade.calls.timeouts import rerun_with_timeout
+from commlayer.facade.ops.tensor_lists import gather_into_list, reduce_scatter_list
 
 __all__ = ["all_gather_into_tensor_v", "all_gather_v", "reduce_scatter_v"]
 
@@ -42,6 +43,7 @@ _DIGEST_BITS = 62
 
 
 @user_facing
+@shared_docs
 def all_gather_v(
     tensor_list: list[torch.Tensor],
     tensor: torch.Tensor,
@@ -57,20 +59,17 @@ def all_gather_v(
             ``i`` holds as many elements as group rank ``i`` contributes. Every rank passes the same
             sizes.
         tensor (Tensor): this rank's contribution, with as many elements as its own entry.
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
         InvalidArgumentError: an argument was rejected before any communication.
         CollectiveMismatchError: on every rank, when the ranks passed different sizes.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
+        {{timeout errors}}
 
     Example::
 
@@ -81,28 +80,7 @@ def all_gather_v(
     """
     if timeout is not None:
         return rerun_with_timeout(all_gather_v, locals())
-    call = begin("all_gather_v", group, check.first_device(tensor))
-    if call is None:
-        return None
-    check.check_tensor(call, "tensor", tensor)
-    outputs = check.check_tensor_list(call, "tensor_list", tensor_list, call.group.size())
-    for index, output in enumerate(outputs):
-        check.check_dtype_match(call, f"tensor_list[{index}]", output, tensor)
-    own = call.group.rank()
-    check.check_numel(call, "tensor", tensor, outputs[own].numel(), "tensor_list[{}]'s", own)
-    sizes = [output.numel() for output in outputs]
-    _agree_on_sizes(call, sizes, tensor.dtype, tensor.device)
-    copy_back: CopyBack = []
-    buffers = [contiguous(output, copy_back) for output in outputs]
-    source = tensor.contiguous()
-    return launch(
-        call,
-        lambda b, hint: b.all_gather_v(buffers, source, **hint),
-        async_op=async_op,
-        payload=outputs,
-        copy_back=copy_back,
-        inputs=tensor,
-    )
+    return gather_into_list("all_gather_v", tensor_list, tensor, group, async_op, _agreed_parts)
 
 
 @user_facing
@@ -148,6 +126,7 @@ def all_gather_into_tensor_v(
 
 
 @user_facing
+@shared_docs
 def reduce_scatter_v(
     output: torch.Tensor,
     input_list: list[torch.Tensor],
@@ -164,20 +143,17 @@ def reduce_scatter_v(
         input_list (list[Tensor]): one chunk per rank; chunk ``i`` holds as many elements as group
             rank ``i``'s output. Every rank passes the same sizes.
         op (ReduceOp, optional): the reduction (SUM by default).
-        group (ProcessGroup, optional): the group to work on; None is the default (world) group.
-        async_op (bool, optional): return a Work to wait on instead of waiting here.
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (and an
-            async call's Work carries the deadline). None: the group's timeout.
+        {{group}}
+        {{async_op}}
+        {{timeout}}
 
     Returns:
-        A :class:`~commlayer.core.work.Work` if ``async_op`` is True, else None; None also on a rank
-        outside ``group``, which does nothing.
+        {{work}}
 
     Raises:
         InvalidArgumentError: an argument was rejected before any communication.
         CollectiveMismatchError: on every rank, when the ranks passed different sizes.
-        CommTimeoutError: the op did not complete within ``timeout`` or the group's timeout.
+        {{timeout errors}}
 
     Example::
 
@@ -188,30 +164,7 @@ def reduce_scatter_v(
     """
     if timeout is not None:
         return rerun_with_timeout(reduce_scatter_v, locals())
-    call = begin("reduce_scatter_v", group, check.first_device(output))
-    if call is None:
-        return None
-    check.check_tensor(call, "output", output)
-    inputs = check.check_tensor_list(call, "input_list", input_list, call.group.size())
-    for index, chunk in enumerate(inputs):
-        check.check_dtype_match(call, f"input_list[{index}]", chunk, output)
-    own = call.group.rank()
-    check.check_numel(call, f"input_list[{own}]", inputs[own], output.numel(), "same as the output")
-    reduce_op = check.check_reduce_op(call, op, output.dtype)
-    _agree_on_sizes(call, [chunk.numel() for chunk in inputs], output.dtype, output.device, reduce_op)
-    copy_back: CopyBack = []
-    buffer = contiguous(output, copy_back)
-    sources = [chunk.contiguous() for chunk in inputs]
-    wire = wire_op(call, reduce_op)
-    return launch(
-        call,
-        lambda b, mode: b.reduce_scatter_v(buffer, sources, wire, **mode),
-        async_op=async_op,
-        payload=inputs,
-        copy_back=copy_back,
-        average=averaged(call, reduce_op, (buffer,)),
-        reduce_op=reduce_op,
-    )
+    return reduce_scatter_list("reduce_scatter_v", output, input_list, op, group, async_op, _agreed_parts)
 
 
 def size_digest(op: str, sizes: Sequence[int], dtype: torch.dtype, reduce_op: Any = None) -> int:
@@ -228,6 +181,18 @@ def _check_sizes(call: OpCall, sizes: Any) -> list[int]:
     if not all(isinstance(size, int) and size >= 0 for size in sizes):
         raise invalid_argument(call.op, "sizes", expected, sizes, call.rank)
     return list(sizes)
+
+
+def _agreed_parts(
+    call: OpCall, name: str, parts: Sequence[torch.Tensor], tensor: torch.Tensor, reduce_op: Any
+) -> None:
+    """This rank's part as large as ``tensor``, and every rank passing the same sizes (the _v ops)."""
+    own = call.group.rank()
+    if name == "tensor_list":
+        check.check_numel(call, "tensor", tensor, parts[own].numel(), "tensor_list[{}]'s", own)
+    else:
+        check.check_numel(call, f"{name}[{own}]", parts[own], tensor.numel(), "same as the output")
+    _agree_on_sizes(call, [part.numel() for part in parts], tensor.dtype, tensor.device, reduce_op)
 
 
 def _agree_on_sizes(

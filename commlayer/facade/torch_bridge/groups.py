@@ -23,8 +23,17 @@ import torch.distributed.distributed_c10d as c10d
 from commlayer.contract.registry import get_backend_class
 from commlayer.contract.selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
 from commlayer.core.errors import UnsupportedError
-from commlayer.facade.groups.group import ProcessGroup, current_world, world_or_none
+from commlayer.facade.groups.group import (
+    ProcessGroup,
+    current_world,
+    extend_groups,
+    on_group_created,
+    on_groups_released,
+    world_or_none,
+)
+from commlayer.facade.lifecycle.process_groups import init_process_group, new_member_group
 from commlayer.facade.torch_bridge.process_group import CommlayerProcessGroup
+from commlayer.facade.torch_bridge.traceable import dynamo_loaded
 
 __all__ = [
     "BACKEND_NAME",
@@ -68,8 +77,6 @@ def torch_group_for(group: ProcessGroup) -> Any:
 
 def after_group_created(group: ProcessGroup) -> None:
     """Give a new group its torch ProcessGroup at once when torch.compile may trace it."""
-    from commlayer.facade.torch_bridge.traceable import dynamo_loaded
-
     if dynamo_loaded():
         torch_group_for(group)
 
@@ -192,8 +199,6 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
 
     DeviceMesh builds every mesh dimension this way; torch destroys the group with the bridge.
     """
-    from commlayer.facade.lifecycle.process_groups import new_member_group
-
     name = str(options.group_id)
     if not name.isdigit():
         _refuse_hashed_name_over_torch_groups(options.group_rank)
@@ -223,8 +228,6 @@ def _refuse_hashed_name_over_torch_groups(group_rank: int) -> None:
 
 
 def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
-    from commlayer.facade.lifecycle.process_groups import init_process_group
-
     init_process_group(
         backend=spec,
         store=options.store,
@@ -248,3 +251,9 @@ def _torch_native_group(spec: str, names: set[str], native: set[str], options: A
             "commlayer backend (mpi, ccl, ...)"
         )
     return torch_dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
+
+
+# Every commlayer group answers ``torch_group`` through this bridge, which follows their lives.
+extend_groups("torch_group", torch_group_for)
+on_group_created(after_group_created)
+on_groups_released(release)

@@ -21,7 +21,8 @@ import torch.distributed as torch_dist
 from commlayer.core.errors import invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work, WorkList
-from commlayer.facade.groups.group import ProcessGroup
+from commlayer.facade.groups.group import ProcessGroup, world_or_none
+from commlayer.facade.lifecycle.process_groups import destroy_process_group
 from commlayer.facade.ops import in_place as planned
 from commlayer.facade.ops import into_tensor as paired
 from commlayer.facade.ops import p2p, rooted
@@ -266,9 +267,6 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
 
 
 def _end_world() -> None:
-    from commlayer.facade.groups.group import world_or_none
-    from commlayer.facade.lifecycle.process_groups import destroy_process_group
-
     world = world_or_none()
     if world is not None:
         for group in (world.default_group, *world.groups.values()):
@@ -277,9 +275,6 @@ def _end_world() -> None:
 
 
 def _end_group(group: ProcessGroup) -> None:
-    from commlayer.facade.groups.group import world_or_none
-    from commlayer.facade.lifecycle.process_groups import destroy_process_group
-
     world = world_or_none()
     if world is not None and world.groups.get(group.group_name) is group:  # not already torn down
         group.bridge = None  # torch is already dropping it: nothing to unregister

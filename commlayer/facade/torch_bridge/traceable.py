@@ -142,14 +142,12 @@ def on_dynamo_loaded() -> None:
     """Register the traceable forms and give every existing group its torch ProcessGroup."""
     from torch._dynamo.decorators import substitute_in_graph
 
-    from commlayer.facade.torch_bridge.groups import torch_group_for
-
     for original, traceable in _TRACEABLE_FORMS:
         substitute_in_graph(original, skip_signature_check=True)(traceable)
     world = groups.world_or_none()
     if world is not None:
         for group in (world.default_group, *world.groups.values()):
-            torch_group_for(group)
+            group.torch_group  # noqa: B018 - built now: tracing must not build it
 
 
 def dynamo_loaded() -> bool:

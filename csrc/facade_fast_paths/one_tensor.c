@@ -1,6 +1,8 @@
-// The planned lookups of commlayer.backends._torch_fast_paths: point-to-point (PlannedP2P) and the
+// The planned lookups of commlayer.facade.calls._fast_paths: point-to-point (PlannedP2P) and the
 // one-tensor collectives (PlannedCollective: all_reduce, broadcast).
-#include "fast_paths.h"
+#include "facade_fast_paths.h"
+
+#include "../common/python_module.h"
 
 // PlannedP2P(plans, kind, async_op, no_plan): called as (tensor, peer, group, tag, group_peer),
 // it runs the plan of commlayer.facade.ops.p2p's key (kind, group, peer, tag, dtype, device, layout)
@@ -302,11 +304,10 @@ static int collective_init(PlannedP2P *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+#define PLANNED_OBJECTS(EACH) EACH(plans) EACH(kind) EACH(async_op) EACH(no_plan)
+
 static int planned_traverse(PlannedP2P *self, visitproc visit, void *arg) {
-    Py_VISIT(self->plans);
-    Py_VISIT(self->kind);
-    Py_VISIT(self->async_op);
-    Py_VISIT(self->no_plan);
+    PLANNED_OBJECTS(COMMLAYER_VISIT_FIELD)
     Py_VISIT(self->hit.group);
     for (int index = 0; index < HEAD_SCALARS; index++) Py_VISIT(self->hit.scalars[index]);
     Py_VISIT(self->hit.dtype);
@@ -316,47 +317,24 @@ static int planned_traverse(PlannedP2P *self, visitproc visit, void *arg) {
 }
 
 static int planned_clear(PlannedP2P *self) {
-    Py_CLEAR(self->plans);
-    Py_CLEAR(self->kind);
-    Py_CLEAR(self->async_op);
-    Py_CLEAR(self->no_plan);
+    PLANNED_OBJECTS(COMMLAYER_CLEAR_FIELD)
     forget_hit(&self->hit);
     return 0;
 }
 
-static void planned_dealloc(PlannedP2P *self) {
-    PyObject_GC_UnTrack(self);
-    planned_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(planned, PlannedP2P)
 
 PyTypeObject PlannedP2PType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.PlannedP2P",
-    .tp_basicsize = sizeof(PlannedP2P),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "PlannedP2P(plans, kind, async_op, no_plan)(tensor, peer, group, tag, group_peer): a planned "
-              "send or recv, or no_plan.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)planned_init,
-    .tp_dealloc = (destructor)planned_dealloc,
-    .tp_traverse = (traverseproc)planned_traverse,
-    .tp_clear = (inquiry)planned_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(PlannedP2P, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.facade.calls._fast_paths.PlannedP2P", PlannedP2P, planned_init, planned,
+        "PlannedP2P(plans, kind, async_op, no_plan)(tensor, peer, group, tag, group_peer): a planned "
+        "send or recv, or no_plan."),
 };
 
 
 PyTypeObject PlannedCollectiveType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.PlannedCollective",
-    .tp_basicsize = sizeof(PlannedP2P),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "PlannedCollective(plans, kind, int_scalar, no_plan)(tensor, scalar, group, async_op, extra): a "
-              "planned all_reduce or broadcast, or no_plan.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)collective_init,
-    .tp_dealloc = (destructor)planned_dealloc,
-    .tp_traverse = (traverseproc)planned_traverse,
-    .tp_clear = (inquiry)planned_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(PlannedP2P, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.facade.calls._fast_paths.PlannedCollective", PlannedP2P, collective_init, planned,
+        "PlannedCollective(plans, kind, int_scalar, no_plan)(tensor, scalar, group, async_op, extra): a "
+        "planned all_reduce or broadcast, or no_plan."),
 };

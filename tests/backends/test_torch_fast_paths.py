@@ -1,9 +1,9 @@
-"""Pure logic: the torch backends' C launchers and planned p2p lookup (issue 14), each driven
+"""Pure logic: the torch backends' C fast paths and planned p2p lookup (issue 14), each driven
 with plain Python callables in place of the ProcessGroup method, against what the Python
-launchers of ``backends/torch_fast_paths.py`` do: the recorder entry, the Work, the wait, errors.
+fast_paths of ``backends/torch_fast_paths.py`` do: the recorder entry, the Work, the wait, errors.
 The end-to-end checks (real gloo worlds, exact results) are in
 tests/observability/test_hotpath_recorder.py and tests/facade/plans_ranks.py, which run both
-kinds of launcher.
+kinds of fast_path.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import pytest
 import torch
 
 from commlayer.backends import torch_fast_paths as _torch_plans
+from commlayer.comms_logger.timer import native as _logger_native
 from commlayer.core.errors import CommError
-from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, describe_entry
+from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, Recording, describe_entry
 from commlayer.core.work import Work
+from commlayer.facade.calls import plans as _plans
 
 native = _torch_plans.native
-pytestmark = pytest.mark.skipif(native is None, reason="the C launcher extension is not built")
+pytestmark = pytest.mark.skipif(native is None, reason="the C fast_path extension is not built")
 
 
 class FakeTorchWork:
@@ -49,14 +51,14 @@ def _fail(error: Exception) -> NoReturn:
     raise Translated(f"all_reduce failed: {error}") from error
 
 
-def _launcher(shape: int, method: Any, payload: int = 0, capacity: int = 4) -> tuple[Any, list]:
+def _fast_path(shape: int, method: Any, payload: int = 0, capacity: int = 4) -> tuple[Any, list]:
     ring: list = [None] * capacity
-    launcher = native.Launcher(
-        shape, method, "sync-options", "async-options", 1, 7, payload, itertools.count(1), ring,
-        "p2p:send" if shape == 2 else "all_reduce", torch.float32, -1, STARTED, COMPLETED, _fail,
-        _torch_plans.LaunchedWork,
-    )  # fmt: skip
-    return launcher, ring
+    op = "p2p:send" if shape == 2 else "all_reduce"
+    recording = Recording(itertools.count(1).__next__, ring, capacity, op, torch.float32, -1, _fail)
+    fast_path = native.FastPath(
+        shape, method, "sync-options", "async-options", 1, 7, payload, recording, _torch_plans.FastPathWork
+    )
+    return fast_path, ring
 
 
 def test_each_shape_calls_the_method_as_torch_expects_and_enters_the_call() -> None:
@@ -71,14 +73,14 @@ def test_each_shape_calls_the_method_as_torch_expects_and_enters_the_call() -> N
         (0, (tensor,), ([tensor], "sync-options")),
         (2, (tensor,), ([tensor], 1, 7)),
     ):
-        launcher, ring = _launcher(shape, method)
-        assert launcher(False, *operands) is None
+        fast_path, ring = _fast_path(shape, method)
+        assert fast_path(False, *operands) is None
         assert calls.pop() == expected
         entry = ring[1]
-        assert entry[:6] == [1, launcher.op, torch.Size([2, 3]), torch.float32, -1, COMPLETED]
+        assert entry[:6] == [1, fast_path.op, torch.Size([2, 3]), torch.float32, -1, COMPLETED]
         assert 0 < entry[6] <= entry[7] and entry[WORK] is None
-    launcher, ring = _launcher(1, method, payload=0)
-    launcher(False, output, tensor)
+    fast_path, ring = _fast_path(1, method, payload=0)
+    fast_path(False, output, tensor)
     flat_output, flat_input, options = calls.pop()
     assert flat_output.shape == (12,) and flat_input.shape == (6,) and options == "sync-options"
     assert flat_output.data_ptr() == output.data_ptr() and ring[1][2] == torch.Size([2, 6])
@@ -86,9 +88,9 @@ def test_each_shape_calls_the_method_as_torch_expects_and_enters_the_call() -> N
 
 def test_an_async_call_returns_a_torch_work_the_entry_tracks_weakly() -> None:
     tensor = torch.ones(3)
-    launcher, ring = _launcher(0, lambda tensors, options: FakeTorchWork())
-    work = launcher(True, tensor)
-    assert isinstance(work, Work) and type(work) is _torch_plans.LaunchedWork
+    fast_path, ring = _fast_path(0, lambda tensors, options: FakeTorchWork())
+    work = fast_path(True, tensor)
+    assert isinstance(work, Work) and type(work) is _torch_plans.FastPathWork
     assert work.result()[0] is tensor and describe_entry(ring[1])["state"] == STARTED
     assert work.wait() is True and work.torch_work.waits == 1
     assert work.wait() is True and work.torch_work.waits == 1  # never waits twice
@@ -98,8 +100,8 @@ def test_an_async_call_returns_a_torch_work_the_entry_tracks_weakly() -> None:
 
 
 def test_the_ring_wraps_and_its_entries_stay_out_of_the_cyclic_collector() -> None:
-    launcher, ring = _launcher(0, lambda tensors, options: None, capacity=3)
-    works = [launcher(True, torch.ones(2)) for _ in range(5)]
+    fast_path, ring = _fast_path(0, lambda tensors, options: None, capacity=3)
+    works = [fast_path(True, torch.ones(2)) for _ in range(5)]
     assert [entry[0] for entry in ring] == [3, 4, 5]
     assert not any(gc.is_tracked(entry) or gc.is_tracked(entry[2]) for entry in ring)
     assert not any(gc.is_tracked(entry[WORK]) for entry in ring)
@@ -110,55 +112,55 @@ def test_a_failing_call_goes_through_fail_inside_an_except_block() -> None:
     def method(tensors: Any, options: Any) -> NoReturn:
         raise RuntimeError("NCCL error: unhandled system error")
 
-    launcher, ring = _launcher(0, method)
+    fast_path, ring = _fast_path(0, method)
     with pytest.raises(Translated, match="all_reduce failed: NCCL error") as raised:
-        launcher(False, torch.ones(1))
+        fast_path(False, torch.ones(1))
     assert isinstance(raised.value.__cause__, RuntimeError)
     assert ring[1][5] == STARTED  # entered, never completed: what a dump must show
     failing_wait = lambda tensors, options: FakeTorchWork(RuntimeError("Connection reset by peer"))
-    launcher, _ = _launcher(0, failing_wait)
+    fast_path, _ = _fast_path(0, failing_wait)
     with pytest.raises(Translated, match="Connection reset"):
-        launcher(False, torch.ones(1))
+        fast_path(False, torch.ones(1))
     with pytest.raises(KeyboardInterrupt):  # not an Exception: passes untranslated
-        _launcher(0, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))[0](False, torch.ones(1))
+        _fast_path(0, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))[0](False, torch.ones(1))
 
 
 def test_the_c_wait_leaves_timed_waits_and_errors_to_the_python_path() -> None:
-    launcher, _ = _launcher(2, lambda tensors, peer, tag: FakeTorchWork())
-    work = launcher(True, torch.ones(1))
+    fast_path, _ = _fast_path(2, lambda tensors, peer, tag: FakeTorchWork())
+    work = fast_path(True, torch.ones(1))
     assert work.wait(timeout=5.0) is True and work.torch_work.waits == 1  # Work.wait's timed path
-    failing = launcher(True, torch.ones(1))
+    failing = fast_path(True, torch.ones(1))
     failing.torch_work.error = RuntimeError("gloo: connection closed by peer")
     with pytest.raises(RuntimeError, match="connection closed"):
         failing.wait()
     with pytest.raises(TypeError):
         work.wait(1, 2, 3, 4)
-    done = launcher(True, torch.ones(1))
+    done = fast_path(True, torch.ones(1))
     assert done.wait() is True and done.wait(timeout=1.0) is True and done.torch_work.waits == 1
     assert done.is_completed() and done.is_success() and done.exception() is None
 
 
 def test_the_c_work_answers_the_rest_of_work_through_torch_work() -> None:
     tensor = torch.ones(2)
-    launcher, _ = _launcher(2, lambda tensors, peer, tag: FakeTorchWork())
-    work = launcher(True, tensor)
+    fast_path, _ = _fast_path(2, lambda tensors, peer, tag: FakeTorchWork())
+    work = fast_path(True, tensor)
     assert not work.is_completed()
     ran: list[int] = []
     chained = work.then(lambda: ran.append(1))
     assert chained.wait() is True and ran == [1] and work.torch_work.waits == 1
     assert work.wait() is True and work.torch_work.waits == 1  # the chain's wait counts
-    future = launcher(True, tensor).get_future()
+    future = fast_path(True, tensor).get_future()
     assert future.wait()[0] is tensor
     with pytest.raises(AttributeError):
         _ = work.no_such_attribute
 
 
 def test_bad_launcher_arguments_are_refused() -> None:
-    launcher, _ = _launcher(1, lambda *args: None)
+    fast_path, _ = _fast_path(1, lambda *args: None)
     with pytest.raises(TypeError, match="expected \\(async_op, 2 tensor"):
-        launcher(False, torch.ones(1))
+        fast_path(False, torch.ones(1))
     with pytest.raises(ValueError, match="shape in 0..2"):
-        _launcher(3, print)
+        _fast_path(3, print)
 
 
 def test_planned_p2p_runs_only_a_plan_its_key_vouches_for() -> None:
@@ -170,7 +172,7 @@ def test_planned_p2p_runs_only_a_plan_its_key_vouches_for() -> None:
             lambda async_op, t: seen.append((async_op, t)) or "work",
         )
     }
-    planned = native.PlannedP2P(plans, "send", True, no_plan)
+    planned = _plans.native.PlannedP2P(plans, "send", True, no_plan)
     assert planned(tensor, 1, None, 0, None) == "work" and seen == [(True, tensor)]
     refused = [
         (tensor, True, None, 0, None),  # True == 1 as a key, but not an int peer
@@ -197,7 +199,7 @@ class MutableOwner:
 
 def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, Any, list, list, MutableOwner]:
     """The timer, its log (capacity 4), what reached the observed run, what was drained, its owner."""
-    log = native.TimedLog(4)
+    log = _logger_native.TimedLog(4)
     observed: list = []
     drained: list = []
     owner = MutableOwner()
@@ -210,7 +212,7 @@ def _timer(run: Any, payload: int = 0, drain_at: int = 3) -> tuple[Any, Any, lis
         drained.append((max_events, log.fold()))
 
     label = ("all_reduce", "gloo", "world", 2, 0)
-    timer = native.Timed(run, observed_run, owner, label, log, drain, 99, drain_at, payload)
+    timer = _logger_native.Timed(run, observed_run, owner, label, log, drain, 99, drain_at, payload)
     return timer, log, observed, drained, owner
 
 
@@ -246,7 +248,7 @@ def test_the_c_log_folds_each_label_and_size_and_keeps_the_most_recent_calls() -
     log.clear()
     assert log.events() == [] and log.dropped() == 0 and log.unfolded == 0 and log.fold() == []
     with pytest.raises(ValueError, match="drain_at <= the log's capacity"):
-        native.Timed(print, print, MutableOwner(), (), log, print, 99, 5, 0)
+        _logger_native.Timed(print, print, MutableOwner(), (), log, print, 99, 5, 0)
 
 
 def test_the_c_timer_drains_when_full_and_enters_nothing_when_the_run_fails() -> None:

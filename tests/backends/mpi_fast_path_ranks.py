@@ -1,5 +1,5 @@
-"""Rank-side checks of the mpi backend's C launcher (csrc/mpi/fast_paths.cpp), run inside
-tests/backends/mpi_ranks.py's world: the C launcher and the Python one it stands in for must be
+"""Rank-side checks of the mpi backend's C fast path (csrc/mpi/fast_paths.cpp), run inside
+tests/backends/mpi_ranks.py's world: the C fast_path and the Python one it stands in for must be
 interchangeable rank by rank, because they share the mismatch check's sequence and slots."""
 
 from __future__ import annotations
@@ -13,40 +13,40 @@ import torch
 from commlayer import dist
 from commlayer.backends.mpi import MpiOptions
 from commlayer.backends.mpi import native_fast_paths as _native
-from commlayer.contract.backend import C_LAUNCHER_ENV
+from commlayer.contract.fast_paths import C_FAST_PATHS_ENV
 from commlayer.core.errors import CollectiveMismatchError
 from commlayer.facade.calls import dispatch
 
 
 def check_c_and_python_launchers_interoperate() -> None:
-    """Rank 0 plans with the Python launchers, every other rank with the C ones, on one group:
+    """Rank 0 plans with the Python fast paths, every other rank with the C ones, on one group:
     the five planned ops give exact results (sync, async, and a non-contiguous input staged by the
     facade), and a count mismatch raises CollectiveMismatchError on every rank with the data
     untouched, the group usable afterwards."""
     if _native._extension is None:
-        return  # a tree laid out without building: only the Python launchers exist
+        return  # a tree laid out without building: only the Python fast_paths exist
     _check_the_launcher_finds_the_loaded_library()
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(world)))
-    saved = os.environ.get(C_LAUNCHER_ENV)
-    os.environ[C_LAUNCHER_ENV] = "0" if rank == 0 else "1"
+    saved = os.environ.get(C_FAST_PATHS_ENV)
+    os.environ[C_FAST_PATHS_ENV] = "0" if rank == 0 else "1"
     try:
         _run_every_planned_op(group, rank, world)
         _mismatch_raises_everywhere(group, rank, world)
     finally:
         if saved is None:
-            del os.environ[C_LAUNCHER_ENV]
+            del os.environ[C_FAST_PATHS_ENV]
         else:
-            os.environ[C_LAUNCHER_ENV] = saved
-    kinds = {launcher_kind(plan.run) for key, plan in dispatch.plans.items() if key[1] is group}
-    ordered = group.primary_backend.options.mode == "ordered"  # other modes: the facade's launchers
+            os.environ[C_FAST_PATHS_ENV] = saved
+    kinds = {fast_path_kind(plan.run) for key, plan in dispatch.plans.items() if key[1] is group}
+    ordered = group.primary_backend.options.mode == "ordered"  # other modes: the facade's fast_paths
     expected = ("Python" if rank == 0 else "C") if ordered else "facade"
     assert kinds == {expected}, (rank, kinds)
     dist.destroy_process_group(group)
 
 
 def _check_the_launcher_finds_the_loaded_library() -> None:
-    """Every MPI function the launchers call, from the one library mpi4py loaded, and the handle
+    """Every MPI function the fast paths call, from the one library mpi4py loaded, and the handle
     ABI of that library: ints for MPICH's (Intel MPI), pointers for Open MPI's."""
     mpi = dist.group.WORLD.primary_backend._mpi
     functions = _native._library_functions()
@@ -55,9 +55,9 @@ def _check_the_launcher_finds_the_loaded_library() -> None:
     assert _native._handle_size(mpi) == expected, (_native._handle_size(mpi), mpi.Get_library_version())
 
 
-def launcher_kind(run: Any) -> str:
-    """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which launcher a plan runs."""
-    if getattr(run, "__name__", "") == "mpi_launcher":
+def fast_path_kind(run: Any) -> str:
+    """ "C" (csrc/mpi), "Python" (backends/mpi/fast_paths.py) or "facade": which fast path a plan runs."""
+    if getattr(run, "__name__", "") == "mpi_fast_path":
         return "C"
     return "Python" if (run.__module__ or "").endswith("mpi.fast_paths") else "facade"
 
@@ -111,7 +111,7 @@ def _done(work: Any) -> None:
 def check_mixed_ops_stress(steps: int = 600) -> None:
     """The five planned ops in a random order, sizes and dtypes (the same on every rank), each
     rank choosing async_op on its own, waits batched: every result exact. On an ordered group,
-    so the C launcher, the Python launcher and the worker share one communicator and one check
+    so the C fast_path, the Python fast_path and the worker share one communicator and one check
     sequence. (A longer run of this found the 16-bit reduction bug of
     check_sixteen_bit_floats_over_a_few_elements.)"""
     rank, world = dist.get_rank(), dist.get_world_size()

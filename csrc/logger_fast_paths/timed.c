@@ -1,4 +1,4 @@
-// The comms logger's per-plan timer, in C: commlayer.backends._torch_fast_paths.Timed.
+// The comms logger's per-plan timer, in C: commlayer.comms_logger._fast_paths.Timed.
 //
 // commlayer.comms_logger times a blocking op on CPU tensors with two clock reads around the plan
 // and one pending entry; in Python that wrapper was ~0.3 us per call on the project VM (a frame,
@@ -7,7 +7,9 @@
 // the logger's TimedLog (timed_log.c) with no Python object made. It lives in this extension
 // because it is commlayer's one module built on the Python C API alone; it runs any backend's
 // plan. The Python wrapper in comms_logger/_timer.py stays the reference and the fallback.
-#include "fast_paths.h"
+#include "logger_fast_paths.h"
+
+#include "../common/python_module.h"
 
 #include <time.h>
 
@@ -105,47 +107,16 @@ static int timed_init(Timed *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-static int timed_traverse(Timed *self, visitproc visit, void *arg) {
-    Py_VISIT(self->run);
-    Py_VISIT(self->observed);
-    Py_VISIT(self->owner);
-    Py_VISIT(self->label);
-    Py_VISIT(self->log);
-    Py_VISIT(self->drain);
-    Py_VISIT(self->max_events);
-    return 0;
-}
+#define TIMED_OBJECTS(EACH) EACH(run) EACH(observed) EACH(owner) EACH(label) EACH(log) EACH(drain) EACH(max_events)
+COMMLAYER_GC_FIELDS(timed, Timed, TIMED_OBJECTS)
 
-static int timed_clear(Timed *self) {
-    Py_CLEAR(self->run);
-    Py_CLEAR(self->observed);
-    Py_CLEAR(self->owner);
-    Py_CLEAR(self->label);
-    Py_CLEAR(self->log);
-    Py_CLEAR(self->drain);
-    Py_CLEAR(self->max_events);
-    return 0;
-}
-
-static void timed_dealloc(Timed *self) {
-    PyObject_GC_UnTrack(self);
-    timed_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(timed, Timed)
 
 PyTypeObject TimedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.Timed",
-    .tp_basicsize = sizeof(Timed),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Timed(run, observed, owner, label, log, drain, max_events, drain_at, payload)"
-              "(async_op, *tensors): the comms logger's timer around a plan.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)timed_init,
-    .tp_dealloc = (destructor)timed_dealloc,
-    .tp_traverse = (traverseproc)timed_traverse,
-    .tp_clear = (inquiry)timed_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(Timed, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.comms_logger._fast_paths.Timed", Timed, timed_init, timed,
+        "Timed(run, observed, owner, label, log, drain, max_events, drain_at, payload)"
+        "(async_op, *tensors): the comms logger's timer around a plan."),
 };
 
 int timed_init_names(void) {

@@ -1,4 +1,4 @@
-// The comms logger's record of timed calls, in C: commlayer.backends._torch_fast_paths.TimedLog.
+// The comms logger's record of timed calls, in C: commlayer.comms_logger._fast_paths.TimedLog.
 //
 // The C timer (timed.c) used to append a tuple (label, nbytes, began, ended) per blocking call to
 // a Python list, which the logger folded into its totals 4096 at a time: the tuple, its two
@@ -7,7 +7,7 @@
 // logger one aggregate per (label, nbytes) of the calls not folded yet; events() builds the trace's
 // tuples only when a trace is asked for. The ring keeps the most recent `capacity` calls for the
 // trace; the timer folds before any unfolded call can be overwritten (drain_at <= capacity).
-#include "fast_paths.h"
+#include "logger_fast_paths.h"
 
 typedef struct {
     PyObject *label;  // strong; NULL in a slot never written
@@ -200,7 +200,7 @@ static PyMemberDef timed_log_members[] = {
 };
 
 PyTypeObject TimedLogType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.TimedLog",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.comms_logger._fast_paths.TimedLog",
     .tp_basicsize = sizeof(TimedLog),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "TimedLog(capacity): the C timer's record of blocking calls (a ring of the most recent).",

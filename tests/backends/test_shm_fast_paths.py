@@ -1,4 +1,4 @@
-"""The shm backend's fused launchers (csrc/shm/fast_paths.cpp) in a world of one: the wiring only.
+"""The shm backend's fused fast paths (csrc/shm/fast_paths.cpp) in a world of one: the wiring only.
 
 Their results across ranks are checked by the compatibility suite and the stress test
 (tests/backends/test_shm.py), which run every planned op through them.

@@ -1,5 +1,7 @@
 // The C entries of commlayer.dist's isend, irecv, send and recv (P2PEntry).
-#include "fast_paths.h"
+#include "facade_fast_paths.h"
+
+#include "../common/python_module.h"
 
 // P2PEntry(planned, checked, returns_peer): called as the Python function `checked` is,
 // (tensor, peer=None, group=None, tag=0, group_peer=None), it runs the call through its C plan
@@ -76,25 +78,10 @@ static int entry_init(P2PEntry *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-static int entry_traverse(P2PEntry *self, visitproc visit, void *arg) {
-    Py_VISIT(self->planned);
-    Py_VISIT(self->checked);
-    Py_VISIT(self->dict);
-    return 0;
-}
+#define ENTRY_OBJECTS(EACH) EACH(planned) EACH(checked) EACH(dict)
+COMMLAYER_GC_FIELDS(entry, P2PEntry, ENTRY_OBJECTS)
 
-static int entry_clear(P2PEntry *self) {
-    Py_CLEAR(self->planned);
-    Py_CLEAR(self->checked);
-    Py_CLEAR(self->dict);
-    return 0;
-}
-
-static void entry_dealloc(P2PEntry *self) {
-    PyObject_GC_UnTrack(self);
-    entry_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(entry, P2PEntry)
 
 static PyObject *entry_repr(P2PEntry *self) {
     return PyUnicode_FromFormat("<commlayer C entry of %R>", self->checked);
@@ -106,17 +93,9 @@ static PyGetSetDef entry_getset[] = {
 };
 
 PyTypeObject P2PEntryType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.P2PEntry",
-    .tp_basicsize = sizeof(P2PEntry),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "P2PEntry(planned, checked, returns_peer=False): checked's call, through planned first.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)entry_init,
-    .tp_dealloc = (destructor)entry_dealloc,
-    .tp_traverse = (traverseproc)entry_traverse,
-    .tp_clear = (inquiry)entry_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(P2PEntry, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.facade.calls._fast_paths.P2PEntry", P2PEntry, entry_init, entry,
+        "P2PEntry(planned, checked, returns_peer=False): checked's call, through planned first."),
     .tp_repr = (reprfunc)entry_repr,
     .tp_getset = entry_getset,
     .tp_dictoffset = offsetof(P2PEntry, dict),

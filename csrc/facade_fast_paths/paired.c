@@ -1,6 +1,8 @@
-// The planned lookup of the two-tensor collectives of commlayer.backends._torch_fast_paths:
+// The planned lookup of the two-tensor collectives of commlayer.facade.calls._fast_paths:
 // PlannedPaired (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single).
-#include "fast_paths.h"
+#include "facade_fast_paths.h"
+
+#include "../common/python_module.h"
 
 // PlannedPaired(plans, kind, relation, no_plan): called as (output, input, group, async_op,
 // scalar, extra), it runs the plan of commlayer.facade.ops.in_place's key (kind, group, [scalar,]
@@ -18,7 +20,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *plans, *kind, *no_plan;
     int relation;
-    // The last call that ran a plan (an inline cache, as planned.c's; the plan borrowed while
+    // The last call that ran a plan (an inline cache, as one_tensor.c's; the plan borrowed while
     // plans' version tag is unchanged, the group held weakly).
     uint64_t version;
     PyObject *plan, *group, *scalar;
@@ -149,40 +151,26 @@ static int paired_init(PlannedPaired *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+#define PAIRED_OBJECTS(EACH) EACH(plans) EACH(kind) EACH(no_plan)
+
 static int paired_traverse(PlannedPaired *self, visitproc visit, void *arg) {
-    Py_VISIT(self->plans);
-    Py_VISIT(self->kind);
-    Py_VISIT(self->no_plan);
+    PAIRED_OBJECTS(COMMLAYER_VISIT_FIELD)
     Py_VISIT(self->group);
     Py_VISIT(self->scalar);
     return 0;
 }
 
 static int paired_clear(PlannedPaired *self) {
-    forget(self);
-    Py_CLEAR(self->plans);
-    Py_CLEAR(self->kind);
-    Py_CLEAR(self->no_plan);
+    forget(self);  // the cached call: group and scalar
+    PAIRED_OBJECTS(COMMLAYER_CLEAR_FIELD)
     return 0;
 }
 
-static void paired_dealloc(PlannedPaired *self) {
-    PyObject_GC_UnTrack(self);
-    paired_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
+COMMLAYER_GC_DEALLOC(paired, PlannedPaired)
 
 PyTypeObject PlannedPairedType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commlayer.backends._torch_fast_paths.PlannedPaired",
-    .tp_basicsize = sizeof(PlannedPaired),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "PlannedPaired(plans, kind, relation, no_plan)(output, input, group, async_op, scalar, extra): "
-              "a planned two-tensor collective, or no_plan.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)paired_init,
-    .tp_dealloc = (destructor)paired_dealloc,
-    .tp_traverse = (traverseproc)paired_traverse,
-    .tp_clear = (inquiry)paired_clear,
-    .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(PlannedPaired, vectorcall),
+    COMMLAYER_VECTORCALL_TYPE(
+        "commlayer.facade.calls._fast_paths.PlannedPaired", PlannedPaired, paired_init, paired,
+        "PlannedPaired(plans, kind, relation, no_plan)(output, input, group, async_op, scalar, extra): "
+        "a planned two-tensor collective, or no_plan."),
 };

@@ -1,14 +1,15 @@
 """Public pre- and post-hooks on every facade op, each handed a typed :class:`CollectiveCall`.
 
 Hooks are registered process-wide (:func:`register_pre_hook`, re-exported by
-:mod:`commlayer.hooks`) or on one group (``group.register_pre_hook(fn)``); each registration
-returns a :class:`RemovableHandle`. A pre-hook runs before the op is launched and may raise to
+:mod:`commlayer.hooks`) or on one group (``group.register_pre_hook(fn)``, which this module
+gives every group); each registration
+returns a :class:`RemovableHandle`. A pre-hook runs before the op is started and may raise to
 refuse it; a post-hook runs once the op has completed (a blocking op before the call returns, an
 async one when its Work is first seen complete by ``wait()`` or ``is_completed()``). Ops that a
 hook issues itself (a content-hash hook gathers hashes) run without hooks.
 
-How it stays free when unused: the hooks are one observer of :mod:`.dispatch` (the "hooks"
-slot), installed only while at least one hook is registered; registering or removing a hook
+How it stays free when unused: the hooks are one observer of
+:mod:`commlayer.facade.calls.dispatch` (the "hooks" slot), installed only while at least one hook is registered; registering or removing a hook
 drops every plan, so plans are built with the hook wrapper only while hooks exist, and only for
 groups that have hooks (a process-wide hook counts for every group).
 """
@@ -26,10 +27,11 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle as _TorchHandle
 
+from commlayer.contract.fast_paths import FastPath
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import dispatch
-from commlayer.facade.groups.group import ProcessGroup
+from commlayer.facade.groups.group import ProcessGroup, extend_groups
 
 __all__ = [
     "CollectiveCall",
@@ -102,7 +104,7 @@ _INPUT_AT = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1, "all_to_al
 
 
 def register_pre_hook(fn: PreHook, group: ProcessGroup | None = None) -> RemovableHandle:
-    """Call ``fn(call)`` before every op (of ``group``; None: of every group) is launched.
+    """Call ``fn(call)`` before every op (of ``group``; None: of every group) is started.
 
     Args:
         fn (Callable[[CollectiveCall], None]): the hook; an exception it raises refuses the op.
@@ -243,12 +245,8 @@ class _HookObserver:
         return _hooked(pre, post, record, start)
 
     def wrap_plan(
-        self,
-        call: dispatch.OpCall,
-        run: Callable[..., Work | None],
-        payload: int,
-        fixed: tuple[Any, ...] = (),
-    ) -> Callable[..., Work | None]:
+        self, call: dispatch.OpCall, run: FastPath, payload: int, fixed: tuple[Any, ...] = ()
+    ) -> FastPath:
         pre, post = _hooks_of(call.group)
         if not (pre or post):
             return run  # registering a hook later drops this plan
@@ -277,3 +275,6 @@ def _scalars(op: str, fixed: tuple[Any, ...]) -> tuple[int | None, Any]:
 
 
 _OBSERVER = _HookObserver()
+# group.register_pre_hook(fn) and group.register_post_hook(fn), on every group.
+extend_groups("register_pre_hook", register_pre_hook)
+extend_groups("register_post_hook", register_post_hook)

@@ -1,0 +1,122 @@
+"""The tables of RESULTS.md's peermem section, from the data file benchmarks/gpu/peermem.sh's runs made.
+
+    python benchmarks/gpu/peermem_report.py benchmarks/data/gpu_collectives/4xh200.json
+
+Every figure is a ratio against a reference timed in the same run (NCCL through torch.distributed
+on the same communicator, torch's symmetric-memory two-shot), eager / CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SIZES = {16: "16 B", 4096: "4 KiB", 65536: "64 KiB", 262144: "256 KiB", 1 << 20: "1 MiB", 4 << 20: "4 MiB"}
+SIZES.update({16 << 20: "16 MiB", 64 << 20: "64 MiB", 256 << 20: "256 MiB"})
+
+
+def _rows(collectives: dict) -> dict:
+    return {(r["method"], r["bytes"]): r for r in collectives["rows"] if "eager_us" in r}
+
+
+def _pair(cell: dict) -> str:
+    return f"{cell['eager_us']:.1f} / {cell['graph_us']:.1f}"
+
+
+def _ratio(rows: dict, method: str, reference: str | tuple[str, ...], size: int) -> str:
+    references = (reference,) if isinstance(reference, str) else reference
+    parts = []
+    for key in ("eager_us", "graph_us"):
+        best = min(rows[(name, size)][key] for name in references)
+        parts.append(f"{rows[(method, size)][key] / best:.2f}")
+    return " / ".join(parts)
+
+
+def all_reduce_table(data: dict) -> list[str]:
+    out = ["| GPUs | bytes | NCCL | torch two-shot | default | default / faster of the two | backend alone |"]
+    out.append("|---|---|---|---|---|---|---|")
+    for world, collectives in data["collectives"].items():
+        rows = _rows(collectives)
+        for size, name in SIZES.items():
+            cells = [_pair(rows[(m, size)]) for m in ("nccl", "symm_two_shot", "default")]
+            ratio = _ratio(rows, "default", ("nccl", "symm_two_shot"), size)
+            out.append(
+                f"| {world} | {name} | {' | '.join(cells)} | {ratio} | {_pair(rows[('direct', size)])} |"
+            )
+    return out
+
+
+def other_ops_table(data: dict) -> list[str]:
+    out = ["| GPUs | bytes | all_gather / NCCL | reduce_scatter / NCCL | all_to_all_single / NCCL |"]
+    out.append("|---|---|---|---|---|")
+    for world, collectives in data["collectives"].items():
+        rows = _rows(collectives)
+        for size, name in SIZES.items():
+            cells = [_ratio(rows, f"{op}_default", f"{op}_nccl", size) for op in ("ag", "rs", "a2a")]
+            out.append(f"| {world} | {name} | {' | '.join(cells)} |")
+    return out
+
+
+def passed_table(data: dict) -> list[str]:
+    pairs = (
+        ("ar_passed", "nccl"),
+        ("ag_passed", "ag_nccl"),
+        ("rs_passed", "rs_nccl"),
+        ("bc_default", "bc_nccl"),
+    )
+    out = ["| GPUs | bytes | all_reduce | all_gather_into_tensor | reduce_scatter_tensor | broadcast |"]
+    out.append("|---|---|---|---|---|---|")
+    for world, collectives in data["collectives"].items():
+        rows = _rows(collectives)
+        for size, name in SIZES.items():
+            cells = []
+            for ours, raw in pairs:
+                eager = rows[(ours, size)]["eager_us"] - rows[(raw, size)]["eager_us"]
+                cells.append(
+                    f"{eager:+.1f} us / {rows[(ours, size)]['graph_us'] / rows[(raw, size)]['graph_us']:.3f}"
+                )
+            out.append(f"| {world} | {name} | {' | '.join(cells)} |")
+    return out
+
+
+def tp_table(data: dict) -> list[str]:
+    out = [
+        "| GPUs | hidden (layers) | batch | NCCL step, graph us | fused / NCCL | unfused / NCCL | bitwise equal on ranks |"
+    ]
+    out.append("|---|---|---|---|---|---|---|")
+    for world, report in data["tp_decode"].items():
+        cells = {(r["hidden"], r["batch"], r["method"]): r for r in report["rows"]}
+        for hidden, batch, _ in sorted({(h, b, 0) for h, b, _ in cells}):
+            nccl, fused, unfused = (cells[(hidden, batch, m)] for m in ("nccl", "fused", "unfused"))
+            speed = [f"{nccl[k] / r[k]:.2f}" for r in (fused, unfused) for k in ("eager_us", "graph_us")]
+            out.append(
+                f"| {world} | {hidden} ({fused['layers']}) | {batch} | {nccl['graph_us']:.0f} | "
+                f"{speed[0]} / {speed[1]} | {speed[2]} / {speed[3]} | {fused['bitwise_equal_on_ranks']} |"
+            )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("data", type=Path)
+    data = json.loads(parser.parse_args().data.read_text())
+    for title, table in (
+        ("all_reduce, us eager / graph", all_reduce_table),
+        ("other ops, time over NCCL's, eager / graph", other_ops_table),
+        ("calls passed to NCCL: eager difference / graph ratio against raw NCCL", passed_table),
+        ("TP decode, tokens/s over NCCL, eager / graph", tp_table),
+    ):
+        print(f"\n{title}\n")
+        print("\n".join(table(data)))
+    print("\nMoE (4 GPUs):", json.dumps(data["moe"]))
+    print("conformance:", json.dumps(data["conformance"], indent=1))
+    print(
+        "checks:", {world: (c["checks_passed"], c["check_failures"]) for world, c in data["checks"].items()}
+    )
+
+
+if __name__ == "__main__":
+    main()
