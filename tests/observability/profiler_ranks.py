@@ -17,18 +17,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from commlayer import dist
 from commlayer.core import profiling
+from tests.facade.torch_fidelity_ranks import torch_reference
 
 
 def main(path: str) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
-    if torch_dist.is_initialized():  # commlayer's gloo: torch's default group is its own
-        reference = torch_dist.new_group(backend="gloo")
-    else:
-        torch_dist.init_process_group(
-            "gloo", store=torch_dist.FileStore(path, size), rank=rank, world_size=size
-        )
-        reference = None
+    reference = torch_reference(path)
     torch_events, torch_results = _profiled(lambda: _calls(torch_dist, reference, rank, size))
     events, results = _profiled(lambda: _calls(dist, None, rank, size))
     assert len(results) == len(torch_results)
