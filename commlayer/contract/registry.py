@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from commlayer.contract.backend import Backend
-from commlayer.core.backend_choice import did_you_mean, unavailable_backend, unknown_backend
+from commlayer.core.backend_choice import unavailable_backend, unknown_backend
 from commlayer.core.errors import BackendUnavailableError
 from commlayer.core.types import Availability
 
@@ -20,7 +20,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendInfo",
     "availability_of",
-    "did_you_mean",
     "get_backend_class",
     "list_backends",
     "register_backend",

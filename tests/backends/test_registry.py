@@ -36,7 +36,9 @@ def test_unknown_backend_is_one_line_naming_the_closest_and_the_installed_ones()
         commlayer.get_backend_class("glo")
     message = str(caught.value)
     assert "\n" not in message, message
-    assert message.startswith("unknown backend 'glo'; did you mean 'gloo'? Installed: "), message
+    assert message.startswith(
+        "backend 'glo' names no installed backend (did you mean 'gloo'?); installed: "
+    ), message
     assert all(name in message for name in ("ccl", "gloo", "hccl", "mpi", "nccl", "shm")), message
 
 
@@ -45,12 +47,12 @@ def test_unavailable_backend_is_one_line_with_its_reason() -> None:
     with pytest.raises(BackendUnavailableError) as caught:
         commlayer.get_backend_class("nccl")
     assert str(caught.value) == (
-        "backend 'nccl' is not available here: no CUDA device is visible (torch.cuda.is_available() is False)"
+        "backend 'nccl' cannot run on this host: no CUDA device is visible (torch.cuda.is_available() is False)"
     )
 
 
 def test_unknown_backend_fails_init_before_any_rendezvous() -> None:
-    with pytest.raises(BackendUnavailableError, match="unknown backend 'nope'"):
+    with pytest.raises(BackendUnavailableError, match="'nope' names no installed backend"):
         dist.init_process_group("nope", store=torch_dist.HashStore(), rank=0, world_size=1)
     assert not dist.is_initialized()
 
