@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as torch_dist
+from torch import Tensor
 
 from commlayer.backends.torch_base import TorchBackend
 from commlayer.backends.torch_fast_paths import TORCH_OPS, fused_plan, options
@@ -28,7 +29,7 @@ from commlayer.contract.backend import StandaloneOptions
 from commlayer.contract.mismatch import MismatchCheck, group_check
 from commlayer.core import settings
 from commlayer.core.flight_recorder import Recording
-from commlayer.core.types import Capabilities, GroupSpec, ReduceOp
+from commlayer.core.types import Capabilities, GroupSpec, ReduceOp, Splits
 from commlayer.core.work import TorchWork, Work
 
 __all__ = ["GlooBackend", "SignedProcessGroup"]
@@ -104,19 +105,11 @@ class GlooBackend(TorchBackend):
         return super().reduce_scatter(output, inputs, op, async_op=async_op)
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
         if self._check is not None:
-            self._check.verify_all_to_all_single(
-                "all_to_all_single", output, tensor, output_splits, input_splits
-            )
-        return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
+            self._check.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
+        return super().all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
 
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
@@ -126,18 +119,13 @@ class GlooBackend(TorchBackend):
         return super().all_to_all(outputs, inputs, async_op=async_op)
 
     def gather(
-        self,
-        tensor: torch.Tensor,
-        outputs: Sequence[torch.Tensor] | None,
-        root: int,
-        *,
-        async_op: bool = True,
+        self, tensor: Tensor, outputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         self._verify("gather", tensor, tensor.numel(), root)
         return super().gather(tensor, outputs, root, async_op=async_op)
 
     def scatter(
-        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+        self, output: Tensor, inputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         self._verify("scatter", output, output.numel(), root)
         return super().scatter(output, inputs, root, async_op=async_op)

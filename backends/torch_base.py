@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as torch_dist
+from torch import Tensor
 
 from commlayer.backends.torch_fast_paths import TORCH_OPS as _TORCH_OPS
 from commlayer.backends.torch_fast_paths import fused_plan, options
@@ -22,7 +23,7 @@ from commlayer.contract.backend import Backend
 from commlayer.contract.fallbacks import P2PRequest
 from commlayer.contract.fast_paths import FastPath
 from commlayer.core.flight_recorder import Recording
-from commlayer.core.types import Availability, GroupSpec, ReduceOp
+from commlayer.core.types import Availability, GroupSpec, ReduceOp, Splits
 from commlayer.core.work import TorchWork, Work, WorkList
 
 __all__ = ["TorchBackend"]
@@ -202,17 +203,11 @@ class TorchBackend(Backend):
         return TorchWork(work, [output])
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
         if "all_to_all_single" in self.generic_ops:
-            return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
-        splits = (_as_list(output_splits), _as_list(input_splits))
+            return super().all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
+        splits = (_as_list(out_splits), _as_list(in_splits))
         work = torch_dist.all_to_all_single(output, tensor, *splits, group=self._pg, async_op=True)
         return TorchWork(work, [output])
 
@@ -225,12 +220,7 @@ class TorchBackend(Backend):
         return TorchWork(work, list(outputs))
 
     def gather(
-        self,
-        tensor: torch.Tensor,
-        outputs: Sequence[torch.Tensor] | None,
-        root: int,
-        *,
-        async_op: bool = True,
+        self, tensor: Tensor, outputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if "gather" in self.generic_ops:
             return super().gather(tensor, outputs, root, async_op=async_op)
@@ -239,7 +229,7 @@ class TorchBackend(Backend):
         return TorchWork(work, gather_list or [])
 
     def scatter(
-        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+        self, output: Tensor, inputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if "scatter" in self.generic_ops:
             return super().scatter(output, inputs, root, async_op=async_op)

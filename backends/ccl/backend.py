@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from commlayer.backends.ccl import native as _native
 from commlayer.backends.ccl.bootstrap import Connection, connect, disconnect
@@ -43,7 +44,7 @@ from commlayer.core.errors import CommError
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.rendezvous import discover
 from commlayer.core.shm_files import release_regions_of
-from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.core.types import Availability, Capabilities, GroupSpec, ReduceOp, Splits
 from commlayer.core.work import WaitLimit, Work
 
 __all__ = ["INSTALL_HINT", "CclBackend"]
@@ -219,25 +220,17 @@ class CclBackend(Backend):
         return self._reduction("reduce_scatter_tensor", post, op, tensor, [output])
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
         if self._signer is not None:
-            self._signer.verify_all_to_all_single(
-                "all_to_all_single", output, tensor, output_splits, input_splits
-            )
+            self._signer.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
         communicator, dtype = self._live().communicator, self._dtype(tensor)
-        if not output_splits and not input_splits:
+        if not out_splits and not in_splits:
             count = tensor.numel() // self.size
             event = communicator.alltoall(tensor.data_ptr(), output.data_ptr(), count, dtype)
         else:
-            send_counts = _element_counts(tensor, input_splits, self.size)
-            recv_counts = _element_counts(output, output_splits, self.size)
+            send_counts = _element_counts(tensor, in_splits, self.size)
+            recv_counts = _element_counts(output, out_splits, self.size)
             event = communicator.alltoallv(
                 tensor.data_ptr(), send_counts, output.data_ptr(), recv_counts, dtype
             )

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from commlayer.backends.mpi import layouts as _layouts
-from commlayer.core.types import ReduceOp
+from commlayer.core.types import ReduceOp, Splits
 from commlayer.core.work import Work
 
 __all__ = ["MpiCollectives"]
@@ -149,29 +150,21 @@ class MpiCollectives:
         )
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host(
-                "all_to_all_single", output, tensor, output_splits, input_splits, async_op=async_op
+                "all_to_all_single", output, tensor, out_splits, in_splits, async_op=async_op
             )
         # Uneven splits differ between ranks by design: only op and dtype are compared then.
         signature = self._signature("all_to_all_single", tensor, tensor.numel())
-        if not output_splits and not input_splits:
+        if not out_splits and not in_splits:
             send, receive = self._message(tensor), self._message(output)
             calls = (self._comm.Alltoall, self._comm.Ialltoall)
         else:
             signature = self._signature("all_to_all_single", tensor, 0)
-            send = self._message(tensor, _layouts.counts_and_displacements(tensor, input_splits, self.size))
-            receive = self._message(
-                output, _layouts.counts_and_displacements(output, output_splits, self.size)
-            )
+            send = self._message(tensor, _layouts.counts_and_displacements(tensor, in_splits, self.size))
+            receive = self._message(output, _layouts.counts_and_displacements(output, out_splits, self.size))
             calls = (self._comm.Alltoallv, self._comm.Ialltoallv)
         return self._collective(
             "all_to_all_single", async_op, calls, (send, receive), [output], (tensor, output), signature
@@ -196,12 +189,7 @@ class MpiCollectives:
         )
 
     def gather(
-        self,
-        tensor: torch.Tensor,
-        outputs: Sequence[torch.Tensor] | None,
-        root: int,
-        *,
-        async_op: bool = True,
+        self, tensor: Tensor, outputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if tensor.is_cuda and not self._cuda_aware:
             return self._via_host("gather", tensor, outputs, root, async_op=async_op)
@@ -216,7 +204,7 @@ class MpiCollectives:
         )
 
     def scatter(
-        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+        self, output: Tensor, inputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if output.is_cuda and not self._cuda_aware:
             return self._via_host("scatter", output, inputs, root, async_op=async_op)

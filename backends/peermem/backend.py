@@ -20,17 +20,18 @@ staging bytes per call (default 32 MiB; each rank maps two such halves per group
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem.attach import attach
 from commlayer.backends.peermem.communicator import PeerComm
 from commlayer.core.flight_recorder import Recording
-from commlayer.core.types import GroupSpec, ReduceOp
+from commlayer.core.types import GroupSpec, ReduceOp, Splits
 from commlayer.core.work import Work
 
 __all__ = ["PeermemBackend"]
@@ -143,13 +144,7 @@ class PeermemBackend(NcclBackend):
         return super().reduce_scatter_tensor(output, tensor, op, async_op=async_op)
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
         comm = self._comm
         if (
@@ -157,7 +152,7 @@ class PeermemBackend(NcclBackend):
             and output.dtype == tensor.dtype
             and output.get_device() == comm.device == tensor.get_device()
         ):
-            work = comm.all_to_all(output, tensor, output_splits, input_splits, async_op)
+            work = comm.all_to_all(output, tensor, out_splits, in_splits, async_op)
             if work is not None:
                 return work
-        return super().all_to_all_single(output, tensor, output_splits, input_splits, async_op=async_op)
+        return super().all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)

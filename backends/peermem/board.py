@@ -19,6 +19,8 @@ import os
 import secrets
 from pathlib import Path
 
+from commlayer.core.shm_files import create_mapped
+
 __all__ = ["HANDLE_BYTES", "MAX_RANKS", "MAX_SLOTS", "Board", "create", "open_board"]
 
 MAX_RANKS = 8
@@ -79,13 +81,7 @@ class Board:
 def create(prefix: str, folder: Path = _FOLDER) -> Board:
     """A fresh, zeroed board under ``folder`` (its name starts with ``prefix``)."""
     path = folder / f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}"
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(descriptor, _SIZE)
-        memory = mmap.mmap(descriptor, _SIZE)
-    finally:
-        os.close(descriptor)
-    return Board(path, memory)
+    return Board(path, create_mapped(path, _SIZE))
 
 
 def open_board(path: str | Path) -> Board:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from commlayer.backends.gloo import GlooBackend
 from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
@@ -35,7 +36,7 @@ from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
 from commlayer.core.flight_recorder import Recording, prefill
 from commlayer.core.hosts import HostMap, exchange_hosts
-from commlayer.core.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp
+from commlayer.core.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp, Splits
 from commlayer.core.work import CompletedWork, Work
 
 __all__ = ["ShmBackend"]
@@ -232,16 +233,10 @@ class ShmBackend(Backend):
         return self.reduce_scatter_tensor(output, packed, op)
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
-        if not (_equal(output_splits) and _equal(input_splits)) or tensor.numel() % self.size:
-            return super().all_to_all_single(output, tensor, output_splits, input_splits)
+        if not (_equal(out_splits) and _equal(in_splits)) or tensor.numel() % self.size:
+            return super().all_to_all_single(output, tensor, out_splits, in_splits)
         count = tensor.numel() // self.size
         self._comm.all_to_all(output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype])
         return CompletedWork((output,))
@@ -260,12 +255,7 @@ class ShmBackend(Backend):
         return CompletedWork(tuple(outputs))
 
     def gather(
-        self,
-        tensor: torch.Tensor,
-        outputs: Sequence[torch.Tensor] | None,
-        root: int,
-        *,
-        async_op: bool = True,
+        self, tensor: Tensor, outputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         # An all-gather whose non-roots drop the result: one synchronisation instead of size - 1 sends.
         landing = tensor.new_empty((self.size, tensor.numel()))
@@ -275,7 +265,7 @@ class ShmBackend(Backend):
         return CompletedWork(tuple(outputs or ()))
 
     def scatter(
-        self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int, *, async_op: bool = True
+        self, output: Tensor, inputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if inputs is not None:
             packed = torch.cat([chunk.reshape(-1) for chunk in inputs])

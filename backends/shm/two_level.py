@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as torch_dist
+from torch import Tensor
 
 from commlayer.backends.gloo import GlooBackend
 from commlayer.backends.shm.backend import ShmBackend
@@ -24,7 +25,7 @@ from commlayer.backends.shm.options import ShmOptions
 from commlayer.backends.shm.segments import build_comm
 from commlayer.contract.fallbacks import GenericCollectives
 from commlayer.core.hosts import HostMap
-from commlayer.core.types import GroupSpec, ReduceOp
+from commlayer.core.types import GroupSpec, ReduceOp, Splits
 from commlayer.core.work import CompletedWork, Work
 
 __all__ = ["TwoLevelBackend"]
@@ -136,15 +137,9 @@ class TwoLevelBackend(ShmBackend):
         return GenericCollectives.reduce_scatter_tensor(self, output, tensor, op)
 
     def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
-        *,
-        async_op: bool = True,
+        self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
-        return GenericCollectives.all_to_all_single(self, output, tensor, output_splits, input_splits)
+        return GenericCollectives.all_to_all_single(self, output, tensor, out_splits, in_splits)
 
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True

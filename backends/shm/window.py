@@ -29,6 +29,7 @@ import torch
 
 from commlayer.backends.shm.native import load_extension
 from commlayer.contract.windows import BackendWindow, PollWork, WindowSpec, signal_timeout
+from commlayer.core.shm_files import create_mapped
 from commlayer.core.tensor_reader import tensor_meta_reader
 from commlayer.core.work import CompletedWork, Work
 
@@ -117,12 +118,7 @@ def _map_segments(spec: WindowSpec, store: object, nbytes: int, initial: torch.T
     """
     prefix = f"commlayer/window/{spec.key}"
     path = f"/dev/shm/commlayer-window-{os.getpid()}-{secrets.token_hex(8)}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, nbytes)
-        own = mmap.mmap(fd, nbytes)
-    finally:
-        os.close(fd)
+    own = create_mapped(path, nbytes)
     header = _LINE * spec.size
     torch.frombuffer(own, dtype=torch.uint8)[header : header + initial.nbytes].view(initial.dtype).copy_(
         initial.reshape(-1)

@@ -341,46 +341,40 @@ def _open_window(context: CaseContext, tensor: torch.Tensor) -> Any:
     return window(tensor, group=context.group)
 
 
-class _WindowCase(BenchCase):
+class WindowCase(BenchCase):
+    """put: this rank's ``local`` lands in the next rank's window; get: the next rank's window
+    lands in ``local``. Either way the data moves one rank along, and the landing side is checked."""
+
     def __init__(self, context: CaseContext, shape: Layout) -> None:
         super().__init__(context, shape)
         self.local = self._empty(shape.count)
         self.window = _open_window(context, self._empty(shape.count))
         self.peer = (context.rank + 1) % context.world_size
-        self.source = (context.rank - 1) % context.world_size
+        self.put = shape.op == "put"
+        # Whose values land here: the previous rank puts into this window; a get reads the next's.
+        self.writer = (context.rank - 1) % context.world_size if self.put else self.peer
+        self.transfer = self.window.put if self.put else self.window.get
+
+    def _sides(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what this rank writes from, where data lands on this rank)."""
+        return (self.local, self.window.tensor) if self.put else (self.window.tensor, self.local)
+
+    def fill(self, iteration: int) -> None:
+        written, landing = self._sides()
+        written.copy_(self._mine(0, self.layout.count, iteration))
+        landing.zero_()
+        self.window.fence()
+
+    def run_op(self, async_op: bool) -> Work | None:
+        return self.transfer(self.local, self.peer, 0, async_op=async_op)
+
+    def wrong(self, iteration: int) -> int:
+        self.window.fence()
+        expected = self._values_of(self.writer, 0, self.layout.count, iteration)
+        return self._mismatches(self._sides()[1], expected)
 
     def close(self) -> None:
         self.window.free()
-
-
-class PutCase(_WindowCase):
-    def fill(self, iteration: int) -> None:
-        self.local.copy_(self._mine(0, self.layout.count, iteration))
-        self.window.tensor.zero_()
-        self.window.fence()
-
-    def run_op(self, async_op: bool) -> Work | None:
-        return self.window.put(self.local, self.peer, 0, async_op=async_op)
-
-    def wrong(self, iteration: int) -> int:
-        self.window.fence()
-        expected = self._values_of(self.source, 0, self.layout.count, iteration)
-        return self._mismatches(self.window.tensor, expected)
-
-
-class GetCase(_WindowCase):
-    def fill(self, iteration: int) -> None:
-        self.window.tensor.copy_(self._mine(0, self.layout.count, iteration))
-        self.local.zero_()
-        self.window.fence()
-
-    def run_op(self, async_op: bool) -> Work | None:
-        return self.window.get(self.local, self.peer, 0, async_op=async_op)
-
-    def wrong(self, iteration: int) -> int:
-        self.window.fence()
-        expected = self._values_of(self.peer, 0, self.layout.count, iteration)
-        return self._mismatches(self.local, expected)
 
 
 _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
@@ -391,8 +385,8 @@ _CASES: dict[str, Callable[[CaseContext, Layout], BenchCase]] = {
     "all_to_all": ChunkedCase,
     "barrier": BarrierCase,
     "pingpong": PingPongCase,
-    "put": PutCase,
-    "get": GetCase,
+    "put": WindowCase,
+    "get": WindowCase,
 }
 
 

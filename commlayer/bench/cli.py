@@ -12,6 +12,7 @@ Two ways to run it:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -248,22 +249,11 @@ def _publish(result: SweepResult, options: BenchOptions, args: argparse.Namespac
 
 
 def _options(args: argparse.Namespace) -> BenchOptions:
-    return BenchOptions(
-        backends=_names(args.backends or _host_default_backend()),
-        ops=_names(args.ops),
-        min_bytes=args.min_bytes,
-        max_bytes=args.max_bytes,
-        step_factor=args.step_factor,
-        dtype=args.dtype,
-        iters=args.iters,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        interleave=args.interleave,
-        async_op=args.async_op,
-        check=args.check,
-        device=args.device,
-        timeout_s=args.timeout_s,
-    )
+    # Each flag is named after a BenchOptions field; all but the two lists pass through as parsed.
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(BenchOptions)}
+    given["backends"] = _names(args.backends or _host_default_backend())
+    given["ops"] = _names(args.ops)
+    return BenchOptions(**given)
 
 
 def _require_matplotlib() -> None:

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import torch
+from torch import Tensor
 
-from commlayer.core.types import ReduceOp
+from commlayer.core.types import ReduceOp, Splits
 from commlayer.core.work import CompletedWork, Work, WorkList
 
 __all__ = ["FALLBACK_TAG", "CoreOps", "GenericCollectives", "P2PRequest"]
@@ -28,7 +29,7 @@ class P2PRequest(NamedTuple):
     """One send or receive of a batch; ``peer`` is a group rank."""
 
     kind: str  # "send" | "recv"
-    tensor: torch.Tensor
+    tensor: Tensor
     peer: int
     tag: int
 
@@ -43,23 +44,19 @@ class CoreOps(Protocol):
     @property
     def size(self) -> int: ...
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool) -> Work: ...
+    def all_reduce(self, tensor: Tensor, op: ReduceOp, *, async_op: bool) -> Work: ...
 
-    def all_gather_into_tensor(
-        self, output: torch.Tensor, tensor: torch.Tensor, *, async_op: bool
-    ) -> Work: ...
+    def all_gather_into_tensor(self, output: Tensor, tensor: Tensor, *, async_op: bool) -> Work: ...
 
-    def send(self, tensor: torch.Tensor, dst: int, tag: int, *, async_op: bool) -> Work: ...
+    def send(self, tensor: Tensor, dst: int, tag: int, *, async_op: bool) -> Work: ...
 
-    def recv(self, tensor: torch.Tensor, src: int, tag: int, *, async_op: bool) -> Work: ...
+    def recv(self, tensor: Tensor, src: int, tag: int, *, async_op: bool) -> Work: ...
 
     def reduce_scatter_tensor(
-        self, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool
+        self, output: Tensor, tensor: Tensor, op: ReduceOp, *, async_op: bool
     ) -> Work: ...
 
-    def all_to_all(
-        self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool
-    ) -> Work: ...
+    def all_to_all(self, outputs: Sequence[Tensor], inputs: Sequence[Tensor], *, async_op: bool) -> Work: ...
 
 
 class GenericCollectives:
@@ -82,9 +79,7 @@ class GenericCollectives:
             for r in requests
         ]
 
-    def reduce(
-        self: CoreOps, tensor: torch.Tensor, root: int, op: ReduceOp, *, async_op: bool = True
-    ) -> Work:
+    def reduce(self: CoreOps, tensor: Tensor, root: int, op: ReduceOp, *, async_op: bool = True) -> Work:
         scratch = tensor.clone()
         work = self.all_reduce(scratch, op, async_op=async_op)
         if self.rank != root:
@@ -92,7 +87,7 @@ class GenericCollectives:
         return work.then(lambda: tensor.copy_(scratch))
 
     def all_gather(
-        self: CoreOps, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+        self: CoreOps, outputs: Sequence[Tensor], tensor: Tensor, *, async_op: bool = True
     ) -> Work:
         # Flat, as the contract promises all_gather_into_tensor's output (the facade passes 1-D).
         gathered = tensor.new_empty(self.size * tensor.numel())
@@ -105,7 +100,7 @@ class GenericCollectives:
         return work.then(scatter_rows)
 
     def all_gather_v(
-        self: CoreOps, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, *, async_op: bool = True
+        self: CoreOps, outputs: Sequence[Tensor], tensor: Tensor, *, async_op: bool = True
     ) -> Work:
         # Every rank pads its part to the largest one, so one even all-gather carries them all.
         widest = max(output.numel() for output in outputs)
@@ -121,12 +116,7 @@ class GenericCollectives:
         return work.then(unpad_rows)
 
     def reduce_scatter_v(
-        self: CoreOps,
-        output: torch.Tensor,
-        inputs: Sequence[torch.Tensor],
-        op: ReduceOp,
-        *,
-        async_op: bool = True,
+        self: CoreOps, output: Tensor, inputs: Sequence[Tensor], op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         # Padding is reduced with the rest and then dropped, so it may hold any value (zeros).
         widest = max(chunk.numel() for chunk in inputs)
@@ -138,7 +128,7 @@ class GenericCollectives:
         return work.then(lambda: output.view(-1).copy_(mine[: output.numel()]))
 
     def reduce_scatter_tensor(
-        self: CoreOps, output: torch.Tensor, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True
+        self: CoreOps, output: Tensor, tensor: Tensor, op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         scratch = tensor.clone()
         work = self.all_reduce(scratch, op, async_op=async_op)
@@ -147,35 +137,26 @@ class GenericCollectives:
         return work.then(lambda: output.copy_(mine.view_as(output)))
 
     def reduce_scatter(
-        self: CoreOps,
-        output: torch.Tensor,
-        inputs: Sequence[torch.Tensor],
-        op: ReduceOp,
-        *,
-        async_op: bool = True,
+        self: CoreOps, output: Tensor, inputs: Sequence[Tensor], op: ReduceOp, *, async_op: bool = True
     ) -> Work:
         flat = torch.cat([chunk.reshape(-1) for chunk in inputs])
         return self.reduce_scatter_tensor(output, flat, op, async_op=async_op)
 
     def all_to_all_single(
         self: CoreOps,
-        output: torch.Tensor,
-        tensor: torch.Tensor,
-        output_splits: Sequence[int] | None,
-        input_splits: Sequence[int] | None,
+        output: Tensor,
+        tensor: Tensor,
+        out_splits: Splits,
+        in_splits: Splits,
         *,
         async_op: bool = True,
     ) -> Work:
-        outputs = _split_rows(output, output_splits, self.size)
-        inputs = _split_rows(tensor, input_splits, self.size)
+        outputs = _split_rows(output, out_splits, self.size)
+        inputs = _split_rows(tensor, in_splits, self.size)
         return self.all_to_all(outputs, inputs, async_op=async_op)
 
     def all_to_all(
-        self: CoreOps,
-        outputs: Sequence[torch.Tensor],
-        inputs: Sequence[torch.Tensor],
-        *,
-        async_op: bool = True,
+        self: CoreOps, outputs: Sequence[Tensor], inputs: Sequence[Tensor], *, async_op: bool = True
     ) -> Work:
         outputs[self.rank].copy_(inputs[self.rank])
         works: list[Work] = []
@@ -185,12 +166,7 @@ class GenericCollectives:
         return WorkList(works)
 
     def gather(
-        self: CoreOps,
-        tensor: torch.Tensor,
-        outputs: Sequence[torch.Tensor] | None,
-        root: int,
-        *,
-        async_op: bool = True,
+        self: CoreOps, tensor: Tensor, outputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if self.rank != root:
             return self.send(tensor, root, FALLBACK_TAG, async_op=async_op)
@@ -200,12 +176,7 @@ class GenericCollectives:
         return WorkList([self.recv(outputs[peer], peer, FALLBACK_TAG, async_op=True) for peer in peers])
 
     def scatter(
-        self: CoreOps,
-        output: torch.Tensor,
-        inputs: Sequence[torch.Tensor] | None,
-        root: int,
-        *,
-        async_op: bool = True,
+        self: CoreOps, output: Tensor, inputs: Sequence[Tensor] | None, root: int, *, async_op: bool = True
     ) -> Work:
         if self.rank != root:
             return self.recv(output, root, FALLBACK_TAG, async_op=async_op)
@@ -248,14 +219,14 @@ def _unpack(packed: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         offset += tensor.numel()
 
 
-def _split_rows(tensor: torch.Tensor, splits: Sequence[int] | None, parts: int) -> list[torch.Tensor]:
+def _split_rows(tensor: Tensor, splits: Sequence[int] | None, parts: int) -> list[Tensor]:
     """Split along dim 0 into ``parts`` chunks; contiguous input gives contiguous chunks."""
     if not splits:
         return list(tensor.chunk(parts)) if tensor.numel() else [tensor] * parts
     return list(torch.split(tensor, list(splits)))
 
 
-def _exchange(backend: CoreOps, peer: int, outgoing: torch.Tensor, incoming: torch.Tensor) -> list[Work]:
+def _exchange(backend: CoreOps, peer: int, outgoing: Tensor, incoming: Tensor) -> list[Work]:
     send = lambda: backend.send(outgoing.contiguous(), peer, FALLBACK_TAG, async_op=True)
     recv = lambda: backend.recv(incoming, peer, FALLBACK_TAG, async_op=True)
     steps = [send if outgoing.numel() else None, recv if incoming.numel() else None]

@@ -11,6 +11,7 @@ and tests that kill ranks on purpose clean up after themselves.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -18,10 +19,27 @@ from pathlib import Path
 
 from commlayer.core.processes import pid_running
 
-__all__ = ["note_local_peers", "release_job_regions", "release_regions_of", "release_stale_regions"]
+__all__ = [
+    "create_mapped",
+    "note_local_peers",
+    "release_job_regions",
+    "release_regions_of",
+    "release_stale_regions",
+]
 
 _SHARED_MEMORY = Path("/dev/shm")
 _REGION_NAME = re.compile(r"(\d+):\d+:\d+")
+
+
+def create_mapped(path: Path | str, nbytes: int) -> mmap.mmap:
+    """A new file at ``path`` (which must not exist), readable by this user only, ``nbytes`` long
+    and zeroed, mapped shared; the file descriptor is closed, the mapping keeps the memory."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(descriptor, nbytes)
+        return mmap.mmap(descriptor, nbytes)
+    finally:
+        os.close(descriptor)
 
 
 def release_stale_regions(created_after: float, directory: Path = _SHARED_MEMORY) -> list[Path]:

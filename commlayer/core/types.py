@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -18,9 +19,14 @@ __all__ = [
     "Capabilities",
     "GroupSpec",
     "ReduceOp",
+    "Splits",
 ]
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+#: all_to_all_single's split sizes: rows sent to (or received from) each rank, in rank order;
+#: None (or empty) for equal parts.
+Splits: TypeAlias = Sequence[int] | None
 
 
 class ReduceOp(enum.Enum):

@@ -67,19 +67,13 @@ class ContentHashHook:
     def __init__(
         self,
         compare_group: ProcessGroup,
-        watch: ProcessGroup | None = None,
-        ops: Iterable[str] | None = None,
-        every: int = 1,
-        on_divergence: Literal["raise", "log"] = "raise",
+        watch: ProcessGroup | None,
+        ops: frozenset[str] | None,
+        every: int,
+        on_divergence: str,
     ) -> None:
-        if on_divergence not in ("raise", "log"):
-            raise ValueError(
-                f"content_hash: argument 'on_divergence' expected 'raise' or 'log', received {on_divergence!r}"
-            )
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"content_hash: argument 'every' expected a positive int, received {every!r}")
         self.compare_group = compare_group
-        self.ops = None if ops is None else frozenset(ops)
+        self.ops = ops
         self.every = every
         self.on_divergence = on_divergence
         self.checked = 0
@@ -166,4 +160,12 @@ def content_hash(
         The :class:`ContentHashHook`; ``hook.divergences`` lists what it found, ``hook.remove()``
         unregisters it.
     """
-    return ContentHashHook(compare_group, watch, ops, every, on_divergence)
+    if on_divergence not in ("raise", "log"):
+        raise ValueError(
+            f"content_hash: argument 'on_divergence' expected 'raise' or 'log', received {on_divergence!r}"
+        )
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"content_hash: argument 'every' expected a positive int, received {every!r}")
+    return ContentHashHook(
+        compare_group, watch, None if ops is None else frozenset(ops), every, on_divergence
+    )

@@ -17,6 +17,26 @@ static inline int commlayer_add_type(PyObject *module, const char *name, PyTypeO
     return 0;
 }
 
+// A type a module exports: its name there, and the type.
+typedef struct {
+    const char *name;
+    PyTypeObject *type;
+} CommlayerExport;
+
+// The module `def` describes, with each of `exports` (ended by {NULL}) made ready and added to it;
+// NULL with an exception set.
+static inline PyObject *commlayer_module(PyModuleDef *def, const CommlayerExport *exports) {
+    PyObject *module = PyModule_Create(def);
+    if (module == NULL) return NULL;
+    for (; exports->name != NULL; exports++) {
+        if (commlayer_add_type(module, exports->name, exports->type) < 0) {
+            Py_DECREF(module);
+            return NULL;
+        }
+    }
+    return module;
+}
+
 // set_tensor_meta(reader)'s body: the capsule of commlayer.core._tensor_meta, or None to ask
 // tensors' Python attributes again. The Python side hands over only a reader built for the
 // running torch version (commlayer/core/tensor_reader.py): another torch's headers would misread
@@ -31,6 +51,18 @@ static inline PyObject *commlayer_set_tensor_meta(PyObject *reader, CommlayerTen
     *into = (CommlayerTensorMetaReader)function;
     Py_RETURN_NONE;
 }
+
+// Each extension reads tensors through its own reader, set from Python by set_tensor_meta(reader):
+// COMMLAYER_TENSOR_META_READER defines both, COMMLAYER_SET_TENSOR_META_METHOD is the method's
+// entry in the module's method table.
+#define COMMLAYER_TENSOR_META_READER                                       \
+    CommlayerTensorMetaReader tensor_meta_reader;                          \
+    static PyObject *set_tensor_meta(PyObject *module, PyObject *reader) { \
+        (void)module;                                                      \
+        return commlayer_set_tensor_meta(reader, &tensor_meta_reader);     \
+    }
+#define COMMLAYER_SET_TENSOR_META_METHOD \
+    {"set_tensor_meta", set_tensor_meta, METH_O, "set_tensor_meta(reader): _tensor_meta.READER, or None"}
 
 // A garbage-collected object's dealloc: untracked, its references cleared by PREFIX_clear, freed.
 #define COMMLAYER_GC_DEALLOC(PREFIX, STRUCT)          \

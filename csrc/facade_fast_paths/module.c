@@ -5,13 +5,9 @@
 
 PyObject *str_dtype, *str_device, *str_layout, *str_is_contiguous, *zero;
 PyObject *send_names[5], *recv_names[5];
-CommlayerTensorMetaReader tensor_meta_reader;
 
 // set_tensor_meta(reader): called by commlayer/facade/calls/plans.py (see python_module.h).
-static PyObject *set_tensor_meta(PyObject *module, PyObject *reader) {
-    (void)module;
-    return commlayer_set_tensor_meta(reader, &tensor_meta_reader);
-}
+COMMLAYER_TENSOR_META_READER
 
 static int intern_names(PyObject **names, const char *const *spelled) {
     for (int index = 0; index < 5; index++) {
@@ -21,10 +17,7 @@ static int intern_names(PyObject **names, const char *const *spelled) {
     return 0;
 }
 
-static PyMethodDef module_methods[] = {
-    {"set_tensor_meta", set_tensor_meta, METH_O, "set_tensor_meta(reader): _tensor_meta.READER, or None"},
-    {NULL},
-};
+static PyMethodDef module_methods[] = {COMMLAYER_SET_TENSOR_META_METHOD, {NULL}};
 
 static struct PyModuleDef fast_paths_module = {
     PyModuleDef_HEAD_INIT, "_fast_paths", "The facade's fast paths: planned ops' lookups, dist's p2p entries.",
@@ -44,14 +37,12 @@ PyMODINIT_FUNC PyInit__fast_paths(void) {
         intern_names(recv_names, recv_spelled) < 0) {
         return NULL;
     }
-    PyObject *module = PyModule_Create(&fast_paths_module);
-    if (module == NULL) return NULL;
-    if (commlayer_add_type(module, "PlannedP2P", &PlannedP2PType) < 0 ||
-        commlayer_add_type(module, "PlannedCollective", &PlannedCollectiveType) < 0 ||
-        commlayer_add_type(module, "PlannedPaired", &PlannedPairedType) < 0 ||
-        commlayer_add_type(module, "P2PEntry", &P2PEntryType) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    static const CommlayerExport exports[] = {
+        {"PlannedP2P", &PlannedP2PType},
+        {"PlannedCollective", &PlannedCollectiveType},
+        {"PlannedPaired", &PlannedPairedType},
+        {"P2PEntry", &P2PEntryType},
+        {NULL},
+    };
+    return commlayer_module(&fast_paths_module, exports);
 }

@@ -5,17 +5,13 @@
 
 PyObject *str_shape, *str_dim, *str_view, *str_wait, *str_result, *str_torch_work, *str_done, *minus_one, *zero,
     *empty_tuple;
-CommlayerTensorMetaReader tensor_meta_reader;
 
 // set_tensor_meta(reader): called by backends/torch_fast_paths.py (see python_module.h).
-static PyObject *set_tensor_meta(PyObject *module, PyObject *reader) {
-    (void)module;
-    return commlayer_set_tensor_meta(reader, &tensor_meta_reader);
-}
+COMMLAYER_TENSOR_META_READER
 
 static PyMethodDef module_methods[] = {
     {"work_support", work_support, METH_VARARGS, "work_support(TorchWork, raise_typed) -> the C Work type"},
-    {"set_tensor_meta", set_tensor_meta, METH_O, "set_tensor_meta(reader): _tensor_meta.READER, or None"},
+    COMMLAYER_SET_TENSOR_META_METHOD,
     {NULL},
 };
 
@@ -35,12 +31,8 @@ PyMODINIT_FUNC PyInit__torch_fast_paths(void) {
     minus_one = PyLong_FromLong(-1);
     zero = PyLong_FromLong(0);
     empty_tuple = PyTuple_New(0);
-    PyObject *module = PyModule_Create(&fast_paths_module);
-    if (module == NULL) return NULL;
     // CWorkType is not exported: work_support() hands it to backends/torch_fast_paths.py.
-    if (PyType_Ready(&CWorkType) < 0 || commlayer_add_type(module, "FastPath", &FastPathType) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    if (PyType_Ready(&CWorkType) < 0) return NULL;
+    static const CommlayerExport exports[] = {{"FastPath", &FastPathType}, {NULL}};
+    return commlayer_module(&fast_paths_module, exports);
 }

@@ -57,16 +57,14 @@ def isend(
         {{group}}
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (the Work carries the deadline).
-            None: the group's timeout.
+        {{timeout}}
 
     Returns:
         A :class:`~commlayer.core.work.Work` to wait on; None on a rank outside ``group``.
 
     Raises:
         {{argument errors}}
-        CommTimeoutError: the op did not complete within the group's timeout.
+        {{timeout errors}}
         {{peer failure}}
 
     Example::
@@ -108,9 +106,7 @@ def irecv(
         {{group}}
         tag (int, optional): matches the send's tag.
         group_src (int, optional): ``src`` given as a rank of ``group`` instead (not both).
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank (the Work carries the deadline).
-            None: the group's timeout.
+        {{timeout}}
 
     Returns:
         A :class:`~commlayer.core.work.Work` to wait on (its ``source_rank()`` names the sender of a
@@ -118,7 +114,7 @@ def irecv(
 
     Raises:
         {{argument errors}}
-        CommTimeoutError: the op did not complete within the group's timeout.
+        {{timeout errors}}
         {{peer failure}}
 
     Example::
@@ -160,16 +156,14 @@ def send(
         {{group}}
         tag (int, optional): matches the receive's tag.
         group_dst (int, optional): ``dst`` given as a rank of ``group`` instead (not both).
-        timeout (timedelta or float, optional): a commlayer extension (torchcomms' keyword): how long
-            this call may take; past it, CommTimeoutError names the op, group and rank.
-            None: the group's timeout.
+        {{timeout}}
 
     Returns:
         None.
 
     Raises:
         {{argument errors}}
-        CommTimeoutError: the op did not complete within the group's timeout.
+        {{timeout errors}}
         {{peer failure}}
 
     Example::
