@@ -22,6 +22,7 @@ from commlayer.backends.torch_fast_paths import wrap as _wrap
 from commlayer.contract.backend import Backend
 from commlayer.contract.fallbacks import P2PRequest
 from commlayer.contract.fast_paths import FastPath
+from commlayer.contract.takeover import torch_own
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import Availability, GroupSpec, ReduceOp, Splits
 from commlayer.core.work import TorchWork, Work, WorkList
@@ -91,13 +92,14 @@ class TorchBackend(Backend):
         if torch_dist.is_initialized():
             # Another torch backend owns the default group (e.g. "cpu:gloo,cuda:nccl").
             return cls(spec, cls._torch_new_group(spec))
-        torch_dist.init_process_group(
-            backend=cls.torch_backend,
-            store=spec.store,
-            rank=spec.global_rank,
-            world_size=spec.size,
-            timeout=spec.timeout,
-        )
+        with torch_own():
+            torch_dist.init_process_group(
+                backend=cls.torch_backend,
+                store=spec.store,
+                rank=spec.global_rank,
+                world_size=spec.size,
+                timeout=spec.timeout,
+            )
         return cls(spec, torch_dist.group.WORLD)
 
     def new_group(self, spec: GroupSpec) -> TorchBackend | None:
@@ -115,12 +117,13 @@ class TorchBackend(Backend):
     @classmethod
     def _torch_new_group(cls, spec: GroupSpec, torch_ranks: list[int] | None = None) -> Any:
         # Members only: torch synchronises just them (its group name then comes from their ranks).
-        return torch_dist.new_group(
-            ranks=list(spec.ranks) if torch_ranks is None else torch_ranks,
-            timeout=spec.timeout,
-            backend=cls.torch_backend,
-            use_local_synchronization=spec.members_only,
-        )
+        with torch_own():
+            return torch_dist.new_group(
+                ranks=list(spec.ranks) if torch_ranks is None else torch_ranks,
+                timeout=spec.timeout,
+                backend=cls.torch_backend,
+                use_local_synchronization=spec.members_only,
+            )
 
     def shutdown(self) -> None:
         _retired_process_groups.append(self._pg)

@@ -174,11 +174,26 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--max_restarts",
         dest="max_restarts",
         type=_non_negative_int,
-        default=0,
+        default=None,
         metavar="N",
         help="when a rank fails, stop every rank and start all of them again, up to N times, as "
         "torchrun (each start sees $TORCHELASTIC_RESTART_COUNT and gets a fresh rendezvous; the "
-        "script resumes from its checkpoint; default 0)",
+        "script resumes from its checkpoint; default 0); with --ft, restarts of each member in its "
+        "slot (default 3)",
+    )
+    run.add_argument(
+        "--ft",
+        action="store_true",
+        help="a commlayer.ft job: host its store here, keep the others training when a member dies "
+        "and restart that member in its slot (under mpirun: restart the whole job)",
+    )
+    run.add_argument(
+        "--torch-takeover",
+        "--torch_takeover",
+        dest="torch_takeover",
+        action="store_true",
+        help="run torch process groups that the script (or its framework) asks for as gloo, nccl or "
+        "no backend on commlayer: sets COMMLAYER_TORCH_TAKEOVER=1 for every rank",
     )
     run.add_argument("script", metavar="SCRIPT", help="Python script (or module with -m) every rank runs")
     run.add_argument(
@@ -245,6 +260,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"commlayer run: {problem}", file=sys.stderr)
             return 2
         os.environ[settings.BACKEND.name] = choice[0]  # every launch path passes it to the ranks
+    if args.torch_takeover:  # every launch path below hands this environment to the ranks
+        os.environ[settings.TORCH_TAKEOVER.name] = "1"
     if args.hostfile is not None:
         if args.nproc_per_node is not None and not args.nproc_per_node.isdigit():
             print(
@@ -273,7 +290,27 @@ def _run(args: argparse.Namespace) -> int:
     if (args.launcher or (launcher_of(choice[0]) if choice else "local")) == "mpirun":
         args.nproc_per_node = nproc
         return _run_under_mpirun(args, program)
+    if args.ft:
+        return _run_ft_here(args, (sys.executable, *program, *args.script_args), nproc)
     return _run_here(args, (sys.executable, *program, *args.script_args), nproc)
+
+
+def _run_ft_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) -> int:
+    """A fault-tolerant job on this host: members restarted in their slots (launch.fault_tolerance)."""
+    from commlayer.launch import fault_tolerance  # hosts a TCPStore: imports torch
+
+    job = os.environ.get(JOB_ID_ENV) or new_job_id()
+    log_dir = args.log_dir or default_log_dir(job)
+    restarts = fault_tolerance.DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+    options = SuperviseOptions(timeout=args.timeout, log_dir=log_dir)
+    environ = {**os.environ, JOB_ID_ENV: job}
+    address = args.master_addr or "127.0.0.1"
+    result, hosted = fault_tolerance.run_here(
+        command, nproc, address, args.master_port, restarts, environ, options
+    )
+    for line in fault_tolerance.report_lines(result, hosted, log_dir):
+        print(line, file=sys.stderr, flush=True)
+    return result.exit_code
 
 
 def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) -> int:
@@ -300,13 +337,14 @@ def _run_here(args: argparse.Namespace, command: tuple[str, ...], nproc: int) ->
         for line in [*lines, *([restart_line(result, attempt)] if attempt is not None else [])]:
             print(line, file=sys.stderr, flush=True)
 
-    last = run_with_restarts(start, lambda run: run[0], args.max_restarts, args.timeout, report)
+    last = run_with_restarts(start, lambda run: run[0], args.max_restarts or 0, args.timeout, report)
     report(last)
     return last[0].exit_code
 
 
 def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int:
-    """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads."""
+    """Start the ranks on this host with the mpirun that matches the MPI library mpi4py loads;
+    with --ft, whole-job restarts from the last checkpoint (mpirun ends a job at a death)."""
     from commlayer.launch.mpirun_local import MpirunJob, run_ranks_under_mpirun
     from commlayer.testing.mpi import MpirunError, mpirun_plan
 
@@ -316,6 +354,7 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
         environ["MASTER_ADDR"] = args.master_addr
     if args.master_port is not None:
         environ["MASTER_PORT"] = str(args.master_port)
+    hosted = _ft_fallback(args, environ) if args.ft else None
     try:
         plan = mpirun_plan(args.nproc_per_node or 1, environ)
     except MpirunError as problem:
@@ -328,7 +367,23 @@ def _run_under_mpirun(args: argparse.Namespace, program: tuple[str, ...]) -> int
     env.pop("PYTHONUNBUFFERED", None)
     job_id = environ.get(JOB_ID_ENV) or new_job_id()
     job = MpirunJob(command, args.nproc_per_node or 1, env, job_id, args.log_dir)
-    return run_ranks_under_mpirun(job, args.max_restarts, args.timeout)
+    code = run_ranks_under_mpirun(job, args.max_restarts or 0, args.timeout)
+    del hosted  # the store lived as long as every attempt
+    return code
+
+
+def _ft_fallback(args: argparse.Namespace, environ: dict[str, str]) -> object:
+    """--ft under mpirun: say so, default --max-restarts, and host the store every attempt uses."""
+    from commlayer.launch import fault_tolerance  # hosts a TCPStore: imports torch
+
+    if args.max_restarts is None:
+        args.max_restarts = fault_tolerance.DEFAULT_MAX_RESTARTS
+    print(fault_tolerance.mpirun_fallback_line(args.max_restarts), file=sys.stderr, flush=True)
+    hosted = fault_tolerance.HostedStore(
+        args.master_addr or "127.0.0.1", args.master_port, args.nproc_per_node
+    )
+    environ.update(hosted.environment())
+    return hosted
 
 
 def _list_backends() -> int:

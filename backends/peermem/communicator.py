@@ -2,7 +2,8 @@
 
 :mod:`.attach` builds a :class:`PeerComm` collectively; from then on each call is local: a route
 from the crossover table, the places of the call's tensors (:mod:`.registry`), one launch on the
-caller's stream.
+caller's stream (ordered after the group's previous kernel when that went to another stream:
+:mod:`.ordering`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from commlayer.backends.peermem.board import Board
 from commlayer.backends.peermem.kernel_library import KernelLibrary
+from commlayer.backends.peermem.ordering import StreamOrder
 from commlayer.backends.peermem.registry import NOT_PLACED, Registry, Segment
 from commlayer.backends.peermem.routing import (
     ALL_TO_ALL_BLOCKS,
@@ -108,8 +110,15 @@ class PeerComm:
         self.registry = Registry(board, self.rank, self.world, lib.max_slots)
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
         self._launch = lib.launch
-        self._stream = torch._C._cuda_getCurrentRawStream
         self._capturing = torch.cuda.is_current_stream_capturing
+        #: Keeps the group's kernels in issue order across streams (FSDP2 issues on two).
+        self.order = StreamOrder(
+            lambda: torch._C._cuda_getCurrentRawStream(device),
+            lambda: torch.cuda.current_stream(device),
+            self._capturing,
+            torch.cuda.Event,
+        )
+        self._stream = self.order.stream
         self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
         self._registrations = 0
         self._descriptors = 0
@@ -149,7 +158,7 @@ class PeerComm:
             output.data_ptr(),
             nbytes,
             route.blocks,
-            self._stream(self.device),
+            self._stream(),
             *places,
         )
         return self._started(rc, output, async_op)
@@ -313,7 +322,7 @@ class PeerComm:
             nbytes,
             splits,
             ALL_TO_ALL_BLOCKS,
-            self._stream(self.device),
+            self._stream(),
             in_slot,
             in_off,
             descriptor,
@@ -345,7 +354,7 @@ class PeerComm:
         blocks = max(1, min(rows, 128))
         pointers = [t.data_ptr() for t in tensors]
         rc = self.lib.fused_norm(
-            self.handle, dtype, *pointers, rows, hidden, float(eps), blocks, self._stream(self.device)
+            self.handle, dtype, *pointers, rows, hidden, float(eps), blocks, self._stream()
         )
         if rc:
             self._fail(rc)

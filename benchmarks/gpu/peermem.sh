@@ -45,9 +45,6 @@ step() {
 wants() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 
 source benchmarks/gpu/site.sh >"$RUN/site.log" 2>&1 || { cat "$RUN/site.log"; exit 1; }
-source benchmarks/gpu/build.sh && build_c_fast_paths . "$SITE" >>"$RUN/site.log" 2>&1 || summary "=== C fast paths not built"
-# The kernels' sources where an installed wheel keeps them.
-mkdir -p "$SITE/commlayer/backends/peermem/_csrc" && cp csrc/peermem/* "$SITE/commlayer/backends/peermem/_csrc/"
 cp "$OUT/machine.txt" "$RUN/" 2>/dev/null
 nvidia-smi topo -m >"$RUN/topology.txt" 2>&1
 step 180 build bash -c "cd /tmp && python3 -c 'import torch; from commlayer.backends.peermem.kernel_library import load_library as l; m, n = torch.cuda.get_device_capability(); l(f\"sm_{m}{n}\")'" || exit 1

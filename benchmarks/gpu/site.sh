@@ -1,6 +1,6 @@
 # Sourced by the GPU benchmark scripts: installs the wheels found in .whl/ (DeepSpeed, pydantic, ...)
 # into a --target folder and lays commlayer out there by hand (package, backends and entry points),
-# which needs no build tools on the GPU machine (the optional oneCCL extension is left out).
+# compiling only the C fast paths there (the optional oneCCL extension is left out).
 # Sets PYTHONPATH and writes the machine's description to "$OUT/machine.txt".
 SITE=${SITE:-/tmp/zero_site}
 if [ -d .whl ]; then
@@ -19,6 +19,9 @@ for group, points in project["entry-points"].items():
 (info / "entry_points.txt").write_text("\n".join(lines))
 PY
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# The C fast paths, and the peermem kernels' sources where an installed wheel keeps them.
+source benchmarks/gpu/build.sh && build_c_fast_paths . "$SITE" >&2 || echo "=== C fast paths not built" >&2
+mkdir -p "$SITE/commlayer/backends/peermem/_csrc" && cp csrc/peermem/* "$SITE/commlayer/backends/peermem/_csrc/"
 (cd /tmp && python3 -c 'import commlayer; print(commlayer.__file__, [(b.name, bool(b.availability)) for b in commlayer.list_backends()])') || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/machine.txt"

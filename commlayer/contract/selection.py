@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_BY_ACCELERATOR",
     "FALLBACK_BY_DEFAULT",
     "detect_accelerator",
+    "device_present",
     "parse_backend_spec",
     "resolve_backend_spec",
 ]
@@ -54,6 +55,17 @@ def detect_accelerator() -> str:
     if npu is not None and npu.is_available():
         return "npu"
     return "cpu"
+
+
+def device_present(device: str) -> bool:
+    """Whether this host has device type ``device`` (cpu and device types torch cannot probe: yes).
+
+    A backend string may name devices a host lacks (the CUDA default on a CPU host of the same
+    job): no tensor of theirs can exist here, so their backends need not be built.
+    """
+    probe = getattr(torch, device, None) if device != "cpu" else None
+    is_available = getattr(probe, "is_available", None)
+    return True if is_available is None else bool(is_available())
 
 
 def resolve_backend_spec(

@@ -42,6 +42,7 @@ __all__ = [
     "interface_addresses",
     "interface_environment",
     "route_interface",
+    "route_source",
 ]
 
 SOCKET_IFNAME_ENV = settings.SOCKET_IFNAME.name
@@ -94,16 +95,24 @@ def route_interface(address: str) -> str | None:
     None when ``address`` does not resolve or is unreachable, or when no interface holds the
     source address (IPv6 and unusual setups: the backends then keep their own defaults).
     """
+    source = route_source(address)
+    if source is None:
+        return None
+    return next((name for name, held in interface_addresses().items() if held == source), None)
+
+
+def route_source(address: str) -> str | None:
+    """The local IPv4 address the kernel would send to ``address`` from (where that host reaches
+    this one), or None when ``address`` does not resolve or is unreachable."""
     try:
         family, _, _, _, target = socket.getaddrinfo(address, _PROBE_PORT, socket.AF_INET, socket.SOCK_DGRAM)[
             0
         ]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(target)
-            source = probe.getsockname()[0]
+            return str(probe.getsockname()[0])
     except OSError:
         return None
-    return next((name for name, held in interface_addresses().items() if held == source), None)
 
 
 def interface_addresses() -> dict[str, str]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from pathlib import Path
 
-__all__ = ["gone_reason", "pid_running", "process_gone", "process_space"]
+__all__ = ["gone_reason", "pid_running", "process_age", "process_gone", "process_space"]
 
 
 def pid_running(pid: int) -> bool:
@@ -95,3 +96,13 @@ def _parent_pid(pid: str) -> int | None:
             return int(stat.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def process_age(pid: int) -> float | None:
+    """Seconds since process ``pid`` started (to a clock tick), or None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")

@@ -139,6 +139,13 @@ BRIDGE_FUTURES = Setting(
     "backends",
     ("auto", "background", "inline"),
 )
+TORCH_TAKEOVER = Setting(
+    "COMMLAYER_TORCH_TAKEOVER",
+    bool,
+    False,
+    "1: torch groups asked for as gloo, nccl or no backend are commlayer's (unmodified framework scripts)",
+    "backends",
+)
 HOST_ID = Setting(
     "COMMLAYER_HOST_ID",
     str,
@@ -329,6 +336,27 @@ MPI = Setting(
     None,
     "which MPI the test harness's mpirun worlds use: openmpi, intel-mpi or mpich",
     "launch",
+)
+FT_STORE = Setting(
+    "COMMLAYER_FT_STORE",
+    str,
+    None,
+    "HOST:PORT of the store `commlayer run --ft` hosts for a fault-tolerant job's members",
+    "internal",
+)
+FT_SLOT_RESTART = Setting(
+    "COMMLAYER_FT_SLOT_RESTART",
+    int,
+    0,
+    "how many times `commlayer run --ft` restarted this member in its slot",
+    "internal",
+)
+FT_CHANNEL = Setting(
+    "COMMLAYER_FT_CHANNEL",
+    int,
+    None,
+    "file descriptor on which a fault-tolerant member tells its slot keeper how it ended",
+    "internal",
 )
 TESTING_RESULTS_DIR = Setting(
     "COMMLAYER_TESTING_RESULTS_DIR",

@@ -2,10 +2,10 @@
 
 ::
 
-    manager = Manager(store, member=replica * shards + shard, options=options, sharded=stage > 0)
+    manager = Manager(FaultToleranceOptions(shards=2))  # under `commlayer run --ft`
     engine = FaultTolerantDataParallel(model, lambda params: torch.optim.AdamW(params), manager, stage=2)
     while engine.step < steps:
-        engine.train_step(lambda module, step: loss_of(module, batch(step, replica, shard)))
+        engine.train_step(lambda module, step: loss_of(module, batch(step, manager.slot)))
 
 Parameters live in one flat fp32 buffer. Stage 0 all-reduces gradients over every member and
 steps the whole optimizer on each; stages 1 and 2 reduce-scatter gradients within the replica,
@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from commlayer.core.errors import CheckpointError
 from commlayer.core.types import ReduceOp
+from commlayer.ft import checkpoint
 from commlayer.ft.communicators import Generation, standalone_backend
 from commlayer.ft.errors import StepAbortedError
 from commlayer.ft.manager import Manager
@@ -127,10 +131,73 @@ class FaultTolerantDataParallel:
     def import_state(self, payload: bytes, step: int) -> None:
         """Take a peer's master shard and optimizer state, at ``step`` (see TrainingState)."""
         state = torch.load(io.BytesIO(payload), map_location=self.flat.device, weights_only=True)
+        self.restore(state["master"], state["optimizer"], step)
+
+    def restore(self, master: torch.Tensor, optimizer_state: dict, step: int) -> None:
+        """Hold ``master`` (this member's shard) and ``optimizer_state`` after ``step`` steps."""
         with torch.no_grad():
-            self.master.copy_(state["master"])
-        self.optimizer.load_state_dict(state["optimizer"])
+            self.master.copy_(master)
+        self.optimizer.load_state_dict(optimizer_state)
         self._step = step
+        self._gathered = None  # the parameters are gathered from the shards before the next step
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    @property
+    def shard_count(self) -> int:
+        """How many shards the state is split into (1 for stage 0)."""
+        return self.manager.options.shards if self.stage > 0 else 1
+
+    def save_checkpoint(self, directory: str | os.PathLike, keep: int = 2) -> Path | None:
+        """Write this member's shard of the state after ``self.step`` steps under ``directory``
+        when it is its shard's writer, a member of the first replica that trained the step (no
+        collective: call it on every member); returns the file written, or None. The ``keep``
+        newest complete checkpoints stay. See :mod:`commlayer.ft.checkpoint`."""
+        replica, shard = self.manager.slot
+        contributors = self.last_contributors
+        if self._step <= 0 or not contributors or replica != contributors[0]:
+            return None  # another replica's member writes this shard (or nothing was trained yet)
+        if self.shard_count == 1 and shard != 0:
+            return None  # replicated state: one member writes it
+        payload = {
+            "names": self._names(),
+            "master": self.master.detach(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        self.manager.heartbeat.progress()  # writing is progress: peers must not take it for a hang
+        written = checkpoint.write_shard(
+            directory, self._step, self.shard_index, self.shard_count, payload, keep
+        )
+        self.manager.heartbeat.progress()
+        return written
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> int | None:
+        """Resume from the newest complete checkpoint under ``directory``; returns its step, or
+        None when there is none or when this member joins a running job (a peer sends it the
+        newest state instead).
+
+        Raises:
+            CheckpointError: the checkpoint holds another model's parameters.
+        """
+        if self._step < 0:
+            return None
+        found = checkpoint.newest_shard(directory, self.shard_index, self.shard_count, self.flat.device)
+        if found is None:
+            return None
+        step, payload, path = found
+        if payload.get("format") != checkpoint.FORMAT or payload["names"] != self._names():
+            raise CheckpointError(
+                f"FaultTolerantDataParallel.load_checkpoint: {path} expected this model's "
+                f"{len(self._names())} parameters, received a checkpoint of {len(payload.get('names', []))} "
+                f"(member {self.manager.member})"
+            )
+        self.restore(payload["master"], payload["optimizer"], step)
+        return step
+
+    def _names(self) -> list[tuple[str, list[int]]]:
+        return [
+            (name, list(param.shape)) for name, param in self.module.named_parameters() if param.requires_grad
+        ]
 
     # --- training ------------------------------------------------------------------------------
 
@@ -174,22 +241,27 @@ class FaultTolerantDataParallel:
 
     def _reduce(self, generation: Generation) -> None:
         run = self.manager.run
-        contributors = generation.world.size  # members of complete replicas
+        contributors = len(generation.decision.members)  # members of complete replicas
         if self.stage == 0:
-            world = generation.world
-            run(world, lambda: world.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
+            if generation.world is not None:
+                run(generation.world, lambda world: world.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
             self.master.grad = self.grads / contributors
             return
         shard = torch.empty(self.shard_numel, dtype=self.flat.dtype, device=self.flat.device)
+        start = self.shard_index * self.shard_numel
         group, replicas = generation.shard_group, generation.replica_group
-        if group.capabilities.native_reduce_scatter:
-            run(group, lambda: group.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True))
-        else:  # an all_reduce and a slice anyway, and gloo's Work must be waited to finish
-            run(group, lambda: group.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
-            start = self.shard_index * self.shard_numel
+        if group is None:
             shard.copy_(self.grads[start : start + self.shard_numel])
-        if replicas.size > 1:
-            run(replicas, lambda: replicas.all_reduce(shard, ReduceOp.SUM, async_op=True))
+        elif group.backend.capabilities.native_reduce_scatter:
+            run(
+                group,
+                lambda shards: shards.reduce_scatter_tensor(shard, self.grads, ReduceOp.SUM, async_op=True),
+            )
+        else:  # an all_reduce and a slice anyway, and gloo's Work must be waited to finish
+            run(group, lambda shards: shards.all_reduce(self.grads, ReduceOp.SUM, async_op=True))
+            shard.copy_(self.grads[start : start + self.shard_numel])
+        if replicas is not None:
+            run(replicas, lambda across: across.all_reduce(shard, ReduceOp.SUM, async_op=True))
         self.master.grad = shard.div_(contributors)
 
     def _apply(self, generation: Generation, step: int) -> None:
@@ -209,11 +281,15 @@ class FaultTolerantDataParallel:
             self._gather(generation)
 
     def _gather(self, generation: Generation) -> None:
-        if self.stage == 0:
+        group = generation.shard_group
+        if self.stage == 0 or group is None:
             with torch.no_grad():
-                self.flat.copy_(self.master.detach())
+                self.flat[self.shard_index * self.shard_numel :][: self.shard_numel].copy_(
+                    self.master.detach()
+                )
         else:
-            group = generation.shard_group
             source = self.master.detach()
-            self.manager.run(group, lambda: group.all_gather_into_tensor(self.flat, source, async_op=True))
+            self.manager.run(
+                group, lambda shards: shards.all_gather_into_tensor(self.flat, source, async_op=True)
+            )
         self._gathered = generation.number

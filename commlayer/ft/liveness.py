@@ -51,6 +51,11 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="commlayer-ft-heartbeat", daemon=True)
         self._thread.start()
 
+    @property
+    def last_progress(self) -> float:
+        """When the training loop last moved on or started waiting (time.time())."""
+        return self._progress
+
     def progress(self) -> None:
         """The training loop moved on (call it between phases of a step)."""
         self._progress = time.time()
@@ -118,6 +123,17 @@ class Liveness:
         if not beat.waiting and now - beat.progress > self.options.hang_timeout_s:
             return f"no progress for {now - beat.progress:.1f}s"
         return None
+
+    def hung(self, member: int) -> bool:
+        """Whether ``member`` is alive but hung: its heartbeat is fresh, its loop is not."""
+        beat = self.beat(member)
+        now = time.time()
+        return (
+            beat is not None
+            and now - beat.time <= self.options.heartbeat_timeout_s
+            and not beat.waiting
+            and now - beat.progress > self.options.hang_timeout_s
+        )
 
     def dead(self, members: Iterable[int], incarnations: dict[int, str] | None = None) -> dict[int, str]:
         """``{member: reason}`` for every dead member of ``members``."""

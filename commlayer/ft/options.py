@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["FaultToleranceOptions"]
 
@@ -12,7 +12,8 @@ class FaultToleranceOptions:
     """How a replica group of a fault-tolerant job is laid out and how fast it reacts.
 
     Args:
-        replicas: how many replicas the job plans (the replicated dimension).
+        replicas: how many replicas the job plans (the replicated dimension); None: the
+            launcher's world size divided by ``shards`` (resolved by the Manager).
         shards: ranks per replica (ZeRO partitions within a replica).
         backend: the commlayer backend each generation's communicators use ("gloo", "shm", ...).
         heartbeat_interval_s: how often a member publishes its heartbeat in the store.
@@ -29,7 +30,7 @@ class FaultToleranceOptions:
         prefix: the key prefix of this job in the store.
     """
 
-    replicas: int
+    replicas: int | None = None
     shards: int = 1
     backend: str = "gloo"
     heartbeat_interval_s: float = 0.1
@@ -42,7 +43,7 @@ class FaultToleranceOptions:
     prefix: str = "ft"
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.shards < 1:
+        if (self.replicas is not None and self.replicas < 1) or self.shards < 1:
             raise ValueError(
                 f"FaultToleranceOptions: replicas and shards expected >= 1, received "
                 f"replicas={self.replicas}, shards={self.shards}"
@@ -53,9 +54,28 @@ class FaultToleranceOptions:
                 f"{self.heartbeat_timeout_s} <= {self.heartbeat_interval_s}"
             )
 
+    def for_world(self, world_size: int) -> FaultToleranceOptions:
+        """These options with ``replicas`` filled in from a launcher's ``world_size``.
+
+        Raises:
+            ValueError: ``world_size`` is not ``replicas x shards``.
+        """
+        replicas = self.replicas if self.replicas is not None else world_size // self.shards
+        if replicas * self.shards != world_size or replicas < 1:
+            raise ValueError(
+                f"FaultToleranceOptions: expected the launcher's {world_size} members to be replicas x "
+                f"shards, received replicas={self.replicas}, shards={self.shards}"
+            )
+        return replace(self, replicas=replicas)
+
     @property
     def members(self) -> int:
         """The number of member slots (replicas x shards)."""
+        if self.replicas is None:
+            raise ValueError(
+                "FaultToleranceOptions: replicas is unknown until the Manager reads the launcher's "
+                "world size (for_world)"
+            )
         return self.replicas * self.shards
 
     def slot(self, member: int) -> tuple[int, int]:

@@ -4,6 +4,8 @@ Members register for quorum ``N`` in the store with their incarnation and the st
 they hold. Once every member that looks alive has registered, any of them proposes a
 :class:`Decision` with ``compare_set``: the first proposal wins and every member reads it back,
 so all agree. Only complete replicas train; a member of an incomplete replica waits on standby.
+A member also registers the communicators it left idle (by key, with its count of finished ops):
+the decision keeps those that every one of their members registered at the same count.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from dataclasses import asdict, dataclass, field
 from commlayer.ft.errors import NoHealthyReplicaError
 from commlayer.ft.options import FaultToleranceOptions
 
-__all__ = ["Decision", "Registration", "decide", "joinable_replicas"]
+__all__ = ["Decision", "Registration", "decide", "joinable_replicas", "reusable"]
 
 
 @dataclass(frozen=True)
 class Registration:
-    """One member's entry in a quorum: ``step`` is -1 when it holds no state."""
+    """One member's entry in a quorum: ``step`` is -1 when it holds no state; ``idle`` maps the key
+    of each communicator it could use again to the number of ops it finished on it."""
 
     incarnation: str
     step: int
+    idle: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -36,13 +40,15 @@ class Registration:
 @dataclass(frozen=True)
 class Decision:
     """The outcome of quorum ``generation``: members (sorted slots), the step they resume at,
-    the member that sends each shard's state (empty when nobody needs any), their incarnations."""
+    the member that sends each shard's state (empty when nobody needs any), their incarnations
+    and the keys of the communicators they keep."""
 
     generation: int
     members: tuple[int, ...]
     step: int
     sources: dict[int, int] = field(default_factory=dict)
     incarnations: dict[int, str] = field(default_factory=dict)
+    reuse: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -56,6 +62,7 @@ class Decision:
             raw["step"],
             {int(k): v for k, v in raw["sources"].items()},
             {int(k): v for k, v in raw["incarnations"].items()},
+            tuple(raw.get("reuse", ())),
         )
 
     def replicas(self, options: FaultToleranceOptions) -> list[int]:
@@ -67,7 +74,7 @@ def complete_replicas(present: set[int], options: FaultToleranceOptions) -> list
     """Replicas all of whose member slots are in ``present``."""
     return [
         replica
-        for replica in range(options.replicas)
+        for replica in range(options.members // options.shards)
         if all(replica * options.shards + shard in present for shard in range(options.shards))
     ]
 
@@ -103,12 +110,30 @@ def decide(
     if not members:
         return None
     incarnations = {m: registered[m].incarnation for m in members}
+    reuse = reusable(members, registered)
     if step < 0 or all(registered[m].step == step for m in members):
-        return Decision(generation, members, max(step, 0), {}, incarnations)
+        return Decision(generation, members, max(step, 0), {}, incarnations, reuse)
     sources = {}
     for shard in shards:
         found = [m for m in holders if m in members and shard_of(m) == shard]
         if not found:
             return None
         sources[shard] = found[0]
-    return Decision(generation, members, step, sources, incarnations)
+    return Decision(generation, members, step, sources, incarnations, reuse)
+
+
+def reusable(members: tuple[int, ...], registered: Mapping[int, Registration]) -> tuple[str, ...]:
+    """Keys of the communicators that every one of their members registered idle at one count,
+    all of them among ``members``."""
+    counts: dict[str, dict[int, int]] = {}
+    for member in members:
+        for key, count in registered[member].idle.items():
+            counts.setdefault(key, {})[member] = count
+    return tuple(
+        sorted(
+            key
+            for key, by_member in counts.items()
+            if set(by_member) == {int(part.split(":")[0]) for part in key.split(",")}
+            and len(set(by_member.values())) == 1
+        )
+    )

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from commlayer.launch.hostfile import HostSlots, parse_filter
 from commlayer.launch.local import RankPlace, rank_environment
+from commlayer.launch.slot_keeper import keeper_command
 from commlayer.launch.supervise import LaunchResult, ProcessSpec, SuperviseOptions, supervise
 
 __all__ = ["main", "rank_specs"]
@@ -41,15 +42,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     watch = _LauncherWatch(args.watch_stdin)
     options = SuperviseOptions(kill_grace=_KILL_GRACE_SECONDS, stop_check=watch)
-    result = supervise(rank_specs(hosts, args.node_rank, tuple(args.program), dict(os.environ)), options)
+    specs = rank_specs(hosts, args.node_rank, tuple(args.program), dict(os.environ), args.ft_max_restarts)
+    result = supervise(specs, options)
     _report(result, hosts[args.node_rank].host)
     return result.exit_code
 
 
 def rank_specs(
-    hosts: list[HostSlots], node_rank: int, program: tuple[str, ...], base: dict[str, str]
+    hosts: list[HostSlots],
+    node_rank: int,
+    program: tuple[str, ...],
+    base: dict[str, str],
+    ft_max_restarts: int | None = None,
 ) -> list[ProcessSpec]:
-    """This host's ranks: consecutive world ranks after those of the hosts before it."""
+    """This host's ranks: consecutive world ranks after those of the hosts before it; with
+    ``ft_max_restarts``, each under a slot keeper (:mod:`.slot_keeper`)."""
     node = hosts[node_rank]
     first = sum(len(entry.slots) for entry in hosts[:node_rank])
     world = sum(len(entry.slots) for entry in hosts)
@@ -62,7 +69,8 @@ def rank_specs(
         place = RankPlace(first + local_rank, world, local_rank, len(node.slots), node_rank, len(hosts))
         label = f"rank {place.rank} on {node.host}"
         env = rank_environment(base, place, master_addr, port)
-        specs.append(ProcessSpec(label, program, env, tag=f"[{node.host} rank{place.rank}] "))
+        argv = program if ft_max_restarts is None else keeper_command(program, ft_max_restarts, label)
+        specs.append(ProcessSpec(label, argv, env, tag=f"[{node.host} rank{place.rank}] "))
     return specs
 
 
@@ -116,6 +124,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--node-rank", type=int, required=True, help="this host's index in --hosts")
     parser.add_argument(
         "--watch-stdin", action="store_true", help="stdin carries signals; EOF stops the ranks"
+    )
+    parser.add_argument(
+        "--ft-max-restarts", type=int, default=None, help="a commlayer.ft job: restart each rank in place"
     )
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS: what every rank runs")
     args = parser.parse_args(argv)

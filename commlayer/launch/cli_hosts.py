@@ -10,17 +10,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from commlayer.core import settings
-from commlayer.core.netif import route_interface
+from commlayer.core.job import new_job_id
+from commlayer.core.netif import route_interface, route_source
 from commlayer.launch.commands import JobPlan
 from commlayer.launch.environment import exported_environment, find_env_file
 from commlayer.launch.hostfile import HostfileError, HostSlots, read_hostfile, select_hosts
 from commlayer.launch.multinode import HostsRun, run_across_hosts
+from commlayer.launch.report import default_log_dir
 from commlayer.launch.restarts import Attempt, restart_line, run_with_restarts
 from commlayer.launch.supervise import SuperviseOptions
 
 __all__ = ["job_plan", "run_hosts"]
 
 DEFAULT_MASTER_PORT = 29500
+_SSH_LOST = 255  # ssh's status when the connection to the host broke
 SSH_ENV = settings.SSH.name
 
 
@@ -32,7 +35,7 @@ def run_hosts(args: argparse.Namespace, program: tuple[str, ...]) -> int:
         print(problem, file=sys.stderr)
         return 2
     try:
-        outcome = _run_with_restarts(plan, args)
+        outcome = _run_ft(plan, args) if args.ft else _run_with_restarts(plan, args)
     except ValueError as problem:
         print(problem, file=sys.stderr)
         return 2
@@ -62,7 +65,52 @@ def _run_with_restarts(plan: JobPlan, args: argparse.Namespace) -> HostsRun:
         print(outcome.summary, file=sys.stderr, flush=True)
         print(restart_line(outcome.result, attempt), file=sys.stderr, flush=True)
 
-    return run_with_restarts(start, lambda outcome: outcome.result, args.max_restarts, args.timeout, report)
+    return run_with_restarts(
+        start, lambda outcome: outcome.result, args.max_restarts or 0, args.timeout, report
+    )
+
+
+def _run_ft(plan: JobPlan, args: argparse.Namespace) -> HostsRun:
+    """A commlayer.ft job across the hosts: this process hosts its store; each host's agent (or
+    srun task) restarts its members in place, and a lost host stops no other host. Under mpirun,
+    whole-job restarts instead (launch.fault_tolerance)."""
+    from commlayer.launch import fault_tolerance  # hosts a TCPStore: imports torch
+
+    restarts = fault_tolerance.DEFAULT_MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+    address = args.master_addr or _address_seen_by(plan.hosts)
+    hosted = fault_tolerance.HostedStore(address, args.master_port, plan.world_size)
+    variables = {**plan.exported, **hosted.environment()}
+    plan = replace(plan, master_addr=address, master_port=hosted.port, exported=variables)
+    launcher = args.launcher or "ssh"
+    if launcher == "mpirun":
+        print(fault_tolerance.mpirun_fallback_line(restarts), file=sys.stderr, flush=True)
+        args.max_restarts = restarts
+        return _run_with_restarts(plan, args)
+    # A host that stops answering ends its ssh within seconds (exit status 255): a lost host.
+    alive = ("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3")
+    plan = replace(plan, ft_max_restarts=restarts, ssh=(*plan.ssh, *alive))
+    log_dir = args.log_dir or default_log_dir(new_job_id())
+    options = SuperviseOptions(
+        timeout=args.timeout,
+        log_dir=log_dir,
+        kill_grace=fault_tolerance.KILL_GRACE_S,
+        stop_check=hosted.failure_check(),
+        tolerated=(lambda _index, code: code == _SSH_LOST) if launcher == "ssh" else None,
+    )
+    outcome = run_across_hosts(plan, launcher, options, os.environ)
+    lines = fault_tolerance.report_lines(outcome.result, hosted, log_dir)
+    lost = [o.label for o in outcome.result.outcomes if o.exit_code == _SSH_LOST and launcher == "ssh"]
+    lines += [f"commlayer run --ft: lost {label}: its members did not come back" for label in lost]
+    return replace(outcome, summary="\n".join(lines) or None, exit_code=outcome.result.exit_code)
+
+
+def _address_seen_by(hosts: tuple[HostSlots, ...]) -> str:
+    """This machine's address as the first remote host reaches it (loopback for a local job)."""
+    for entry in hosts:
+        source = route_source(entry.host)
+        if source is not None and not source.startswith("127."):
+            return source
+    return "127.0.0.1"
 
 
 def with_job_limit(outcome: HostsRun, timeout: float | None) -> HostsRun:

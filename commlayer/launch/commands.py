@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from commlayer.launch.hostfile import HostSlots
+from commlayer.launch.slot_keeper import keeper_command
 
 __all__ = [
     "LAUNCHERS",
@@ -48,6 +49,7 @@ class JobPlan:
     ssh: tuple[str, ...] = ("ssh",)  # the remote shell, e.g. ("ssh", "-F", "cluster.conf")
     python: str = sys.executable  # the same path on every host (a shared filesystem or image)
     interface: str | None = None  # the network interface MPI's launcher and transport should use
+    ft_max_restarts: int | None = None  # a commlayer.ft job: each member restarted in its slot
 
     @property
     def world_size(self) -> int:
@@ -65,6 +67,7 @@ class JobPlan:
 
 def agent_argv(plan: JobPlan, node_rank: str, watch_stdin: bool) -> list[str]:
     watch = ["--watch-stdin"] if watch_stdin else []
+    ft = [] if plan.ft_max_restarts is None else [f"--ft-max-restarts={plan.ft_max_restarts}"]
     return [
         plan.python,
         "-u",
@@ -73,6 +76,7 @@ def agent_argv(plan: JobPlan, node_rank: str, watch_stdin: bool) -> list[str]:
         f"--hosts={plan.hosts_spec()}",
         f"--node-rank={node_rank}",
         *watch,
+        *ft,
         "--",
         *plan.program,
     ]
@@ -158,6 +162,9 @@ def srun_argv(plan: JobPlan) -> list[str]:
             f"commlayer run: --launcher srun expected the same number of ranks on every host, received {plan.hosts_spec()}"
         )
     exports = ",".join(["ALL", *(f"{name}={value}" for name, value in sorted(plan.rank_variables().items()))])
+    program, ft = plan.program, ()
+    if plan.ft_max_restarts is not None:  # each task keeps its member; a lost node stops no other task
+        program, ft = keeper_command(plan.program, plan.ft_max_restarts), ("--no-kill",)
     return [
         "srun",
         f"--nodes={len(plan.hosts)}",
@@ -168,5 +175,6 @@ def srun_argv(plan: JobPlan) -> list[str]:
         f"--export={exports}",
         "--label",
         "--kill-on-bad-exit=1",
-        *plan.program,
+        *ft,
+        *program,
     ]

@@ -38,7 +38,10 @@ __all__ = [
     "ProcessOutcome",
     "ProcessSpec",
     "SuperviseOptions",
+    "child_setup",
+    "describe_exit",
     "pid_running",
+    "shell_code",
     "supervise",
 ]
 
@@ -66,6 +69,9 @@ class SuperviseOptions:
     # Hold each process's stderr from its first Python traceback on, for the caller to show
     # (ProcessOutcome.held and .exception); echoed output then stays one screen long.
     hold_tracebacks: bool = False
+    # (index, exit code) -> True for a failure that stops nothing (a lost host of a job whose
+    # members survive each other); the others run on and the process counts as ended.
+    tolerated: Callable[[int, int], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not self.timeout > 0:
@@ -121,7 +127,7 @@ class LaunchResult:
     def exit_code(self) -> int:
         """The failed rank's code (128+N for a signal death, as shells report), 124 on timeout."""
         if self.first_failure is not None:
-            return _shell_code(self.outcomes[self.first_failure].exit_code)
+            return shell_code(self.outcomes[self.first_failure].exit_code)
         if self.signal_received is not None:
             return 128 + self.signal_received
         if self.timed_out:
@@ -139,7 +145,7 @@ class LaunchResult:
             failed = self.outcomes[self.first_failure]
             others = f"{len(stopped) or 'no'} other rank" + ("" if len(stopped) <= 1 else "s")
             raised = f" raised {failed.exception} and" if failed.exception else ""
-            return f"{prefix}: {failed.label}{raised} {_describe_exit(failed.exit_code)}; stopped {others}"
+            return f"{prefix}: {failed.label}{raised} {describe_exit(failed.exit_code)}; stopped {others}"
         if self.signal_received is not None:
             name = signal.Signals(self.signal_received).name
             killed = f"; killed {_listing(stopped)} (still running after the grace period)" if stopped else ""
@@ -214,7 +220,8 @@ def _watch(running: list[_Running], options: SuperviseOptions, received: list[in
         except queue.Empty:
             continue
         remaining -= 1
-        if code != 0 and not received and failure is None:
+        tolerated = options.tolerated is not None and options.tolerated(index, code)
+        if code != 0 and not received and failure is None and not tolerated:
             failure, settled = index, time.monotonic() + options.settle
     if failure is not None:
         return _Ending(first_failure=failure)
@@ -395,29 +402,33 @@ def _open_log(log_dir: Path | None, label: str) -> TextIO | None:
     return open(Path(log_dir) / (label.replace(" ", "") + ".log"), "w", encoding="utf-8")
 
 
-def _child_setup_function() -> Callable[[], None]:
-    """Runs in the child between fork and exec: own process group, die with the parent thread."""
+def child_setup(own_group: bool = True) -> Callable[[], None]:
+    """What a child runs between fork and exec: its own process group (``own_group``) and death
+    with the thread that started it."""
     prctl = None
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def setup() -> None:
-        os.setpgid(0, 0)
+        if own_group:
+            os.setpgid(0, 0)
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
     return setup
 
 
-_CHILD_SETUP = _child_setup_function()
+_CHILD_SETUP = child_setup()
 
 
-def _shell_code(code: int) -> int:
+def shell_code(code: int) -> int:
+    """A Popen returncode as a shell reports it: 128+N for a death by signal N."""
     return 128 - code if code < 0 else code
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """``was killed by SIGKILL (exit code 137)`` or ``exited with code 3``, from a Popen returncode."""
     if code < 0:
         return f"was killed by {signal.Signals(-code).name} (exit code {128 - code})"
     return f"exited with code {code}"

@@ -1,9 +1,14 @@
-"""Run a fault-tolerant training job of ``commlayer.testing.ft_member`` processes and break it.
+"""Run a fault-tolerant job under ``commlayer run --ft`` and break it from outside, as a user would.
 
-The parent hosts the job's store (as a launcher would), starts one process per member, kills
-members as a :class:`FaultPlan` says (SIGKILL, SIGTERM, or a hang: the member's loop stops while
-its heartbeat goes on), starts a replacement for each dead member, and checks the survivors'
-final parameters against a one-process replay that drops the same contributions.
+:func:`run_job` starts the launcher on ``commlayer.testing.ft_member`` members (or any program
+that trains with :mod:`commlayer.ft`), reads the launcher's store for the members' progress and
+pids, and injects the :class:`FaultPlan`'s fault: ``sigkill`` or ``sigterm`` of a member, a
+``hang`` (its loop stops while its heartbeat goes on: its peers drop it and it leaves), a member
+whose replacements fail to start (``restart-fails``), or the death of the launcher that hosts the
+store (``store-host``); with ``second``, one more SIGKILL in the broken replica while it recovers
+(the replacement or its partner). The result holds the launcher's exit status and record
+(``ft_job.json``), every member start's report, and the largest deviation of the final parameters
+from a one-process replay that drops the same contributions (:func:`.ft_member.reference`).
 """
 
 from __future__ import annotations
@@ -12,50 +17,145 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
+from commlayer.core.ports import free_port
+from commlayer.core.processes import pid_running
+from commlayer.launch.supervise import child_setup
 from commlayer.testing.ft_member import reference
 
-__all__ = ["FaultPlan", "JobResult", "random_plan", "run_job"]
+__all__ = ["FAULTS", "FaultPlan", "JobResult", "RunningJob", "random_plan", "run_job"]
 
-FAULTS = ("sigkill", "sigterm", "hang")
+FAULTS = ("sigkill", "sigterm", "hang")  # what random_plan draws; see FaultPlan for the others
+_SIGNALS = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "restart-fails": signal.SIGKILL}
 
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Kill ``member`` with ``fault`` once it finished ``step``; with ``second``, also SIGKILL a
-    member of the broken replica (the replacement or its partner) while it recovers."""
+    """Break ``member`` with ``fault`` once it finished ``step`` (see the module docstring)."""
 
     member: int | None = None
     step: int = 0
-    fault: str = "sigkill"
+    fault: str = "sigkill"  # sigkill | sigterm | hang | restart-fails | store-host
     second: bool = False
 
 
 @dataclass
 class JobResult:
-    """What one job did: whether every member that should finish trained every step, the largest
-    deviation from the replay, seconds from start to the last exit, and per-member summaries."""
+    """What one job did (see the module docstring); ``ended_s`` is how long after the last fault
+    the launcher exited, ``members_gone_s`` how long after the store host's death (``store-host``)
+    every member was gone."""
 
     completed: bool
     max_error: float
     seconds: float
     hung: bool
+    exit_code: int | None
+    ended_s: float | None = None
     members: dict[str, dict] = field(default_factory=dict)
     contributions: dict[int, list[int]] = field(default_factory=dict)
+    job: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    output: str = ""
+    members_gone_s: float | None = None
 
 
-def random_plan(rng: random.Random, members: int, steps: int, second: bool) -> FaultPlan:
-    """A random victim, step (away from the last steps, so a replacement has time to join) and fault."""
-    return FaultPlan(rng.randrange(members), rng.randrange(1, steps // 3), rng.choice(FAULTS), second)
+def random_plan(
+    rng: random.Random, members: int, steps: int, second: bool, faults: tuple[str, ...] = FAULTS
+) -> FaultPlan:
+    """A random victim, step (early enough for a replacement to join) and fault of ``faults``."""
+    return FaultPlan(rng.randrange(members), rng.randrange(2, max(3, steps // 3)), rng.choice(faults), second)
+
+
+class RunningJob:
+    """A launcher started as a subprocess on a job whose store listens on ``port``, and that store
+    read from outside (:meth:`ft_run`: ``commlayer run --ft``)."""
+
+    def __init__(
+        self, workdir: Path, command: list[str], env: dict[str, str], port: int, log_dir: Path
+    ) -> None:
+        self.workdir, self.port, self.log_dir = workdir, port, log_dir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.output = open(workdir / "launcher.log", "w")  # noqa: SIM115 - closed in wait()
+        self.process = subprocess.Popen(  # its own group, and it dies with this process
+            command,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=child_setup(),  # noqa: PLW1509 - PR_SET_PDEATHSIG has no Popen equivalent
+        )
+        self.started = time.time()
+        self.members_gone_s: float | None = None
+        self.store = self._connect()
+
+    @classmethod
+    def ft_run(
+        cls, workdir: Path, launcher_args: list[str], program: list[str], env: dict[str, str]
+    ) -> RunningJob:
+        """``commlayer run --ft LAUNCHER_ARGS PROGRAM`` with its store on a free port."""
+        port, log_dir = free_port(), workdir / "logs"
+        command = [sys.executable, "-m", "commlayer", "run", "--ft", "--master-port", str(port)]
+        command += ["--log-dir", str(log_dir), *launcher_args, *program]
+        return cls(workdir, command, env, port, log_dir)
+
+    def _connect(self) -> torch_dist.Store:
+        """A client of the launcher's store once it listens (polled quietly: torch logs each retry)."""
+        deadline = time.monotonic() + 180
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"the launcher's store never listened on port {self.port}: {self.text()}")
+            time.sleep(0.05)
+        return torch_dist.TCPStore(
+            "127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=30), wait_for_workers=False
+        )
+
+    def value(self, key: str) -> str | None:
+        """A key of the launcher's store, or None (also once the launcher is gone)."""
+        if self.process.poll() is not None:
+            return None
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except RuntimeError:
+            return None
+
+    def member_pid(self, member: int) -> int | None:
+        beat = self.value(f"ft/hb/{member}")
+        return None if beat is None else json.loads(beat)["pid"]
+
+    def wait_for(self, condition: Any, deadline: float) -> bool:
+        """Poll ``condition()`` until it holds or the launcher exits or ``deadline`` passes."""
+        while not condition():
+            if time.time() > deadline or self.process.poll() is not None:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def wait(self, deadline: float) -> tuple[int | None, bool]:
+        """The launcher's exit status, and whether it had to be killed at ``deadline``."""
+        try:
+            code = self.process.wait(timeout=max(0.1, deadline - time.time()))
+            hung = False
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            code, hung = self.process.wait(), True
+        self.output.close()
+        return code, hung
+
+    def text(self) -> str:
+        return (self.workdir / "launcher.log").read_text(errors="replace")
 
 
 def run_job(
@@ -70,174 +170,138 @@ def run_job(
     shards: int = 2,
     step_time: float = 0.0,
     hang_timeout: float = 1.5,
+    max_restarts: int = 3,
     deadline_s: float = 120.0,
     seed: int = 0,
 ) -> JobResult:
     """Run one job under ``plan`` in ``workdir`` (see the module docstring)."""
     rng = random.Random(seed)
-    store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    workdir.mkdir(parents=True, exist_ok=True)
-    common = [
-        "--store", f"127.0.0.1:{store.port}", "--replicas", str(replicas), "--shards", str(shards),
-        "--backend", backend, "--device", device, "--stage", str(stage), "--steps", str(steps),
-        "--step-time", str(step_time), "--hang-timeout", str(hang_timeout),
-    ]  # fmt: skip
-    job = _Job(workdir, common)
-    started = time.time()
-    if plan.member is not None and plan.fault == "hang":
-        store.set(f"hang/{plan.member}", str(plan.step))
-    for member in range(replicas * shards):
-        job.start(member)
-    victims = _victims(plan, shards, rng)
-    for victim in victims:
-        job.start(victim, spare=True)
-    hung = not _inject(job, store, plan, victims, rng, started + deadline_s, hang_timeout)
-    hung = hung or not job.wait_all(started + deadline_s, store)
-    seconds = time.time() - started
-    return _check(job, store, steps, shards, seconds, hung)
-
-
-class _Job:
-    def __init__(self, workdir: Path, common: list[str]) -> None:
-        self.workdir, self.common = workdir, common
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.current: dict[int, str] = {}
-
-        self.spares: dict[int, list[str]] = {}
-
-    def start(self, member: int, spare: bool = False) -> str:
-        """Start a member process; a spare waits for :meth:`replace` (its start-up is hidden)."""
-        label = (
-            f"m{member}" if not spare and member not in self.current else f"m{member}r{len(self.processes)}"
-        )
-        out = self.workdir / f"{label}.json"
-        log = open(self.workdir / f"{label}.log", "w")  # noqa: SIM115 - the child owns it
-        command = [
-            sys.executable,
-            "-m",
-            "commlayer.testing.ft_member",
-            "--member",
-            str(member),
-            "--out",
-            str(out),
-        ]
-        command += ["--wait-key", f"go/{label}"] if spare else []
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.processes[label] = subprocess.Popen(command + self.common, stdout=log, stderr=log, env=env)
-        if spare:
-            self.spares.setdefault(member, []).append(label)
-        else:
-            self.current[member] = label
-        return label
-
-    def replace(self, member: int, store: torch_dist.Store) -> None:
-        """Let the next spare of ``member`` join (start one now if none is left)."""
-        spares = self.spares.get(member, [])
-        label = spares.pop(0) if spares else self.start(member, spare=True)
-        if label in self.spares.get(member, []):
-            self.spares[member].remove(label)
-        self.current[member] = label
-        store.set(f"go/{label}", "1")
-
-    def release_spares(self, store: torch_dist.Store) -> None:
-        """Unused spares start and find the job finished (so every process ends)."""
-        for labels in self.spares.values():
-            for label in labels:
-                store.set(f"go/{label}", "1")
-
-    def kill(self, member: int, signum: int) -> None:
-        process = self.processes[self.current[member]]
-        if process.poll() is None:
-            process.send_signal(signum)
-            process.wait()
-
-    def wait_all(self, deadline: float, store: torch_dist.Store) -> bool:
-        for label in self.current.values():
-            try:
-                self.processes[label].wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                break
-        self.release_spares(store)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                for other in self.processes.values():
-                    other.kill()
-                return False
-        return True
-
-
-def _progress(store: torch_dist.Store, member: int) -> int:
-    key = f"progress/{member}"
-    return int(store.get(key)) if store.check([key]) else 0
-
-
-def _victims(plan: FaultPlan, shards: int, rng: random.Random) -> list[int]:
-    """The members to kill: the planned one, then (``plan.second``) its replacement or its partner."""
-    if plan.member is None:
-        return []
-    if not plan.second:
-        return [plan.member]
-    partner = plan.member // shards * shards + (plan.member % shards + 1) % shards
-    return [plan.member, rng.choice([plan.member, partner])]
+    reports = workdir / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    program = ["-m", "commlayer.testing.ft_member", "--out", str(reports)]
+    program += [
+        "--replicas",
+        str(replicas),
+        "--shards",
+        str(shards),
+        "--backend",
+        backend,
+        "--device",
+        device,
+    ]
+    program += ["--stage", str(stage), "--steps", str(steps), "--step-time", str(step_time)]
+    program += ["--hang-timeout", str(hang_timeout)] + (
+        ["--fail-restarts"] if plan.fault == "restart-fails" else []
+    )
+    launcher = ["-n", str(replicas * shards), "--max-restarts", str(max_restarts)]
+    job = RunningJob.ft_run(workdir, launcher, program, {**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = job.started + deadline_s
+    faulted = _inject(job, plan, shards, rng, deadline)
+    code, hung = job.wait(deadline)
+    failed_starts = [float(path.read_text()) for path in reports.glob("*.failed")]
+    last_fault = max([faulted, *failed_starts]) if faulted is not None else None
+    ended = None if last_fault is None else time.time() - last_fault
+    return _collect(job, code, hung, ended, steps, shards, replicas * shards, reports)
 
 
 def _inject(
-    job: _Job,
-    store: torch_dist.Store,
-    plan: FaultPlan,
-    victims: list[int],
-    rng: random.Random,
-    deadline: float,
-    hang_timeout: float,
-) -> bool:
+    job: RunningJob, plan: FaultPlan, shards: int, rng: random.Random, deadline: float
+) -> float | None:
+    """Break the job as planned; when the last fault happened (None: no fault)."""
     if plan.member is None:
-        return True
-    spares = [f"go/{label}/ready" for labels in job.spares.values() for label in labels]
-    while not store.check(spares):  # spares have imported torch: a replacement is ready at once
-        if time.time() > deadline:
-            return False
-        time.sleep(0.01)
-    while _progress(store, plan.member) < plan.step:
-        if time.time() > deadline or job.processes[job.current[plan.member]].poll() is not None:
-            return time.time() <= deadline
-        time.sleep(0.002)
+        return None
     if plan.fault == "hang":
-        time.sleep(hang_timeout + 0.5)  # a supervisor notices the hang and ends the process
-    job.kill(plan.member, signal.SIGTERM if plan.fault == "sigterm" else signal.SIGKILL)
-    job.replace(plan.member, store)
-    for victim in victims[1:]:
-        time.sleep(rng.uniform(0.0, 0.5))  # while the broken replica recovers
-        job.kill(victim, signal.SIGKILL)
-        job.replace(victim, store)
-    return True
+        job.store.set(f"hang/{plan.member}", str(plan.step))
+    reached = job.wait_for(lambda: int(job.value(f"progress/{plan.member}") or 0) >= plan.step, deadline)
+    if not reached:
+        return None
+    faulted = time.time()
+    if plan.fault == "store-host":
+        members = [job.member_pid(member) for member in range(job_members(job))]
+        os.kill(job.process.pid, signal.SIGKILL)
+        while any(pid is not None and pid_running(pid) for pid in members) and time.time() < faulted + 10:
+            time.sleep(0.005)
+        if not any(pid is not None and pid_running(pid) for pid in members):
+            job.members_gone_s = time.time() - faulted
+        return faulted
+    first = job.member_pid(plan.member)
+    if plan.fault in _SIGNALS and first is not None:
+        os.kill(first, _SIGNALS[plan.fault])
+    if plan.second:
+        faulted = _second_kill(job, plan, shards, rng, first, deadline)
+    return faulted
 
 
-def _check(
-    job: _Job, store: torch_dist.Store, steps: int, shards: int, seconds: float, hung: bool
+def _second_kill(
+    job: RunningJob, plan: FaultPlan, shards: int, rng: random.Random, first: int | None, deadline: float
+) -> float:
+    """SIGKILL the replacement (once it runs) or the victim's partner, while the replica recovers."""
+    assert plan.member is not None
+    partner = plan.member // shards * shards + (plan.member % shards + 1) % shards
+    victim = rng.choice([plan.member, partner])
+    if victim == plan.member:  # the replacement: a new process in the slot
+        job.wait_for(lambda: job.member_pid(plan.member) not in (None, first), deadline)
+    time.sleep(rng.uniform(0.0, 0.5))
+    pid = job.member_pid(victim)
+    if pid is not None and pid_running(pid):
+        os.kill(pid, signal.SIGKILL)
+    return time.time()
+
+
+def _collect(
+    job: RunningJob,
+    code: int | None,
+    hung: bool,
+    ended: float | None,
+    steps: int,
+    shards: int,
+    slots: int,
+    reports: Path,
 ) -> JobResult:
-    contributions = {}
-    for step in range(steps):
-        key = f"ft/contributions/{step}"
-        if store.check([key]):
-            contributions[step] = json.loads(store.get(key))
-    members, errors = {}, []
-    for label in job.processes:
-        path = job.workdir / f"{label}.json"
-        if path.exists():
-            members[label] = json.loads(path.read_text())
-    finished = {label: m for label, m in members.items() if m["status"] == "finished"}
-    expected = {label for label in job.current.values()}
-    completed = not hung and len(contributions) == steps and expected <= set(finished)
+    record_path = job.log_dir / "ft_job.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    contributions = {int(step): replicas for step, replicas in record.get("contributions", {}).items()}
+    members = {path.stem: json.loads(path.read_text()) for path in sorted(reports.glob("m*r*.json"))}
+    # Each slot's last start (the record counts restarts) must have trained every step.
+    restarts = {int(member): count for member, count in record.get("restarts", {}).items()}
+    latest = [f"m{member}r{restarts.get(member, 0)}" for member in range(slots)]
+    finished = {
+        label: members[label] for label in latest if members.get(label, {}).get("status") == "finished"
+    }
+    errors = [
+        f"{label}: {members.get(label, {}).get('status', 'no report')}"
+        for label in latest
+        if label not in finished
+    ]
+    completed = code == 0 and not hung and len(contributions) == steps and len(finished) == slots
     max_error = float("inf")
     if len(contributions) == steps and finished:
         want = reference(steps, shards, contributions)
         max_error = max(
             float((torch.tensor(m["params"], dtype=want.dtype) - want).abs().max()) for m in finished.values()
         )
-    for label in expected - set(finished):
-        errors.append(f"{label}: {members.get(label, {}).get('status', 'no report')}")
-    for summary in members.values():
-        summary.pop("params")
-    return JobResult(completed, max_error, seconds, hung, members, contributions, errors)
+    for report in members.values():
+        report.pop("params")
+    seconds = time.time() - job.started
+    return JobResult(
+        completed,
+        max_error,
+        seconds,
+        hung,
+        code,
+        ended,
+        members,
+        contributions,
+        record,
+        errors,
+        job.text(),
+        job.members_gone_s,
+    )
+
+
+def job_members(job: RunningJob) -> int:
+    """How many member slots have a heartbeat in the job's store."""
+    count = 0
+    while job.value(f"ft/hb/{count}") is not None:
+        count += 1
+    return count

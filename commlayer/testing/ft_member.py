@@ -1,5 +1,9 @@
 """One member of a fault-tolerant training job on a tiny deterministic model (for tests and the
-fault-injection benchmark): ``python -m commlayer.testing.ft_member --member M --store HOST:PORT ...``.
+fault-injection benchmark): ``commlayer run --ft -n 4 -m commlayer.testing.ft_member --out DIR ...``.
+Each start of a member writes ``DIR/m<member>r<restart>.json``: its status, steps, training time,
+the Manager's timings and its final parameters (a start that fails on purpose writes the time to
+``DIR/m<member>r<restart>.failed`` instead). A key ``hang/<member>`` in the store makes the
+member's first start hang after that step; ``--fail-restarts`` makes every replacement fail.
 
 Every member builds the same model; member ``(replica, shard)`` trains step ``t`` on a batch
 seeded by ``(t, replica, shard)``, so a single process can replay the job (:func:`reference`).
@@ -15,10 +19,13 @@ import os
 import signal
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
 
+from commlayer.core import settings
+from commlayer.core.processes import process_age
 from commlayer.ft import FaultToleranceOptions, FaultTolerantDataParallel, JobFinishedError, Manager
 
 __all__ = ["batch", "build_model", "main", "make_optimizer", "reference"]
@@ -69,40 +76,61 @@ def reference(steps: int, shards: int, contributions: Mapping[int, list[int]]) -
 def main() -> None:
     args = _parse()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck member waits
-    logging.basicConfig(level=logging.INFO, format=f"member {args.member} %(asctime)s %(message)s")
-    host, port = args.store.rsplit(":", 1)
-    store = torch_dist.TCPStore(
-        host, int(port), is_master=False, timeout=torch_dist.constants.default_pg_timeout
-    )
+    restart = int(settings.FT_SLOT_RESTART.value() or 0)
+    if args.fail_restarts and restart > 0:
+        (Path(args.out) / f"m{os.environ.get('RANK')}r{restart}.failed").write_text(str(time.time()))
+        raise SystemExit(f"ft_member: a replacement that cannot start (restart {restart})")
     options = FaultToleranceOptions(
         replicas=args.replicas, shards=args.shards, backend=args.backend, hang_timeout_s=args.hang_timeout
     )
-    replica, shard = options.slot(args.member)
-    model = build_model().to(_device(args.device, args.member))
-    if args.wait_key:  # a spare started ahead of time (and warmed up): it joins when told to
-        loss_of(model, 0, replica, shard).backward()
-        make_optimizer(list(model.parameters()))  # the first optimizer pays torch's lazy imports
-        store.set(f"{args.wait_key}/ready", "1")
-        store.wait([args.wait_key])
-    manager = Manager(store, args.member, options, sharded=args.stage > 0)
+    member = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO, format=f"member {member} %(asctime)s %(message)s")
+    replica, shard = options.slot(member)
+    cuda_context_s = _start_device(args.device, member, args.shards)
+    model = build_model().to(_device(args.device, member, args.shards))
+    startup_s = process_age(os.getpid())  # interpreter, imports, CUDA context, model
+    manager = Manager(options, sharded=args.stage > 0)
     engine = FaultTolerantDataParallel(model, make_optimizer, manager, stage=args.stage)
-    started, status = time.time(), "finished"
+    started, status = None, "finished"  # timed from its first step: start-up varies with the load
+    ends: list[tuple[int, float]] = []  # (steps applied, when) after each step
     try:
         while engine.step < args.steps:
             engine.train_step(lambda module, step: loss_of(module, step, replica, shard))
+            started = started or time.time()
+            ends.append((engine.step, time.time()))
             time.sleep(args.step_time)
-            store.set(f"progress/{args.member}", str(engine.step))
-            if not args.wait_key:  # only the member first started in the slot is told to hang
-                _maybe_hang(store, args.member, engine.step)
+            manager.store.set(f"progress/{member}", str(engine.step))
+            if restart == 0:  # only the member first started in the slot is told to hang
+                _maybe_hang(manager.store, member, engine.step)
         manager.finish()
     except JobFinishedError:
         status = "not joined"
-    _report(args.out, engine, manager, status, time.time() - started)
+    timings = {
+        "cuda_context_s": cuda_context_s,
+        "startup_s": startup_s,
+        "generations": manager.timings,
+        "step_ends": ends,
+    }
+    out = Path(args.out) / f"m{member}r{restart}.json"
+    _report(out, engine, manager, status, time.time() - (started or time.time()), timings)
     os._exit(0)
 
 
-def _device(kind: str, member: int) -> torch.device:
-    """The member's device: the CPU, or one GPU per member slot (NCCL allows one rank per GPU)."""
+def _start_device(kind: str, member: int, shards: int) -> float | None:
+    """Seconds the CUDA context took to create (None on the CPU)."""
+    if kind == "cpu":
+        return None
+    began = time.monotonic()
+    _device(kind, member, shards)
+    torch.cuda.init()
+    torch.empty(1, device="cuda").sum().item()
+    return time.monotonic() - began
+
+
+def _device(kind: str, member: int, shards: int) -> torch.device:
+    """The member's device: the CPU, or a GPU that no peer of its communicators shares (NCCL
+    allows one rank per GPU in a communicator): one per member where there are enough, else
+    ``(replica + shard) % GPUs``, which keeps 2 replicas x 2 shards apart on 2 GPUs."""
     if kind == "cpu":
         return torch.device("cpu")
     if torch.cuda.device_count() == 0:
@@ -110,7 +138,9 @@ def _device(kind: str, member: int) -> torch.device:
             f"ft_member: argument '--device' expected a machine with a CUDA device, received 'cuda' "
             f"where none is visible (member {member})"
         )
-    device = torch.device("cuda", member % torch.cuda.device_count())
+    count = torch.cuda.device_count()
+    replica, shard = divmod(member, shards)
+    device = torch.device("cuda", member % count if member < count else (replica + shard) % count)
     torch.cuda.set_device(device)
     return device
 
@@ -124,7 +154,12 @@ def _maybe_hang(store: torch_dist.Store, member: int, step: int) -> None:
 
 
 def _report(
-    out: str, engine: FaultTolerantDataParallel, manager: Manager, status: str, seconds: float
+    out: Path,
+    engine: FaultTolerantDataParallel,
+    manager: Manager,
+    status: str,
+    seconds: float,
+    timings: dict,
 ) -> None:
     flat = engine.flat[: sum(p.numel() for p in engine.params)]
     summary = {
@@ -132,7 +167,8 @@ def _report(
         "step": engine.step,
         "seconds": seconds,
         "reconfigurations": manager.reconfigurations,
-        "params": flat.tolist(),
+        "timings": timings,
+        "params": flat.cpu().tolist(),
     }
     with open(out, "w") as sink:
         json.dump(summary, sink)
@@ -140,8 +176,6 @@ def _report(
 
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--member", type=int, required=True)
-    parser.add_argument("--store", required=True)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--backend", default="gloo")
@@ -150,8 +184,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.0)
     parser.add_argument("--hang-timeout", type=float, default=3.0)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--wait-key", default="")
+    parser.add_argument("--out", required=True, help="folder of reports, m<member>r<restart>.json")
+    parser.add_argument("--fail-restarts", action="store_true", help="replacements exit at once")
     return parser.parse_args()
 
 

@@ -91,7 +91,7 @@ def test_the_default_refuses_and_ft_refuses_such_a_backend_before_any_quorum() -
     try:
         options = FaultToleranceOptions(replicas=1, backend="world-only")
         with pytest.raises(UnsupportedError, match="expected a backend that builds standalone"):
-            Manager(torch_dist.HashStore(), 0, options, sharded=False)
+            Manager(options, store=torch_dist.HashStore(), member=0, sharded=False)
     finally:
         unregister_backend("world-only")
 
@@ -104,7 +104,9 @@ def test_an_abort_leaves_a_standalone_gloo_communicator_at_once() -> None:
 def test_ft_data_parallel_wants_one_dtype_on_a_device_of_its_backend() -> None:
     mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
     elsewhere = torch.nn.Linear(2, 2, device="meta")
-    manager = Manager(torch_dist.HashStore(), 0, FaultToleranceOptions(replicas=1), sharded=False)
+    manager = Manager(
+        FaultToleranceOptions(replicas=1), store=torch_dist.HashStore(), member=0, sharded=False
+    )
     try:
         with pytest.raises(
             ValueError, match=r"one dtype on one device, received dtypes.*float64.*\(member 0\)"

@@ -206,3 +206,15 @@ def test_cli_refuses_host_options_without_a_hostfile_and_bad_hostfiles(
     hostfile.write_text("a slots=1\n", encoding="utf-8")
     assert cli.main(["run", "--hostfile", str(hostfile), "-n", "2", "x.py"]) == 2
     assert "argument '-n' expected at most the 1 slots of 'a', received 2" in capsys.readouterr().err
+
+
+def test_an_ft_job_keeps_each_member_under_a_slot_keeper_on_every_path() -> None:
+    ft = plan(ft_max_restarts=2)
+    words = shlex.split(ssh_argv(ft, 0)[-1])
+    assert "--ft-max-restarts=2" in words and words.index("--ft-max-restarts=2") < words.index("--")
+    argv = srun_argv(ft)
+    keeper = argv.index("commlayer.launch.slot_keeper")
+    assert "--no-kill" in argv[:keeper] and argv[keeper + 1 : keeper + 3] == ["--max-restarts", "2"]
+    assert argv[-5:] == ["/venv/bin/python", "-u", "train.py", "--lr", "0.1"]
+    specs = rank_specs(hosts(("node1", (0,)), ("node2", (0,))), 1, ("prog",), {}, ft_max_restarts=2)
+    assert specs[0].argv[-6:] == ("--max-restarts", "2", "--label", "rank 1 on node2", "--", "prog")

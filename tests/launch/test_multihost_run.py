@@ -31,6 +31,7 @@ from commlayer.testing.cluster_ssh import SshAccess, cluster_sshd, sshd_unavaila
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = str(REPO / "tests" / "launch" / "multihost_run_ranks.py")
+FT_RANKS = str(REPO / "tests" / "launch" / "ft_launch_ranks.py")
 COMMLAYER = str(Path(sys.executable).with_name("commlayer"))
 _REASON = cluster_unavailable_reason() or sshd_unavailable_reason()
 pytestmark = [
@@ -192,3 +193,24 @@ def test_commlayer_bench_across_hosts(ssh_cluster: tuple[NetworkCluster, SshAcce
     }
     assert all(record["world_size"] == 4 and record["wrong"] == 0 for record in records), records
     assert_no_orphans(ssh_cluster[0])
+
+
+@pytest.mark.slow
+def test_ft_job_restarts_a_member_killed_on_host_b_there_and_finishes(
+    ssh_cluster: tuple[NetworkCluster, SshAccess], job_dir: Path
+) -> None:
+    """`--ft` across hosts: the runner on host A hosts the store, host B's agent restarts its member."""
+    cluster, _ = ssh_cluster
+    example = ["--steps", "60", "--step-time", "0.15", "--checkpoint-dir", str(job_dir / "checkpoints")]
+    argv = runner_argv(ssh_cluster, job_dir, "--ft", FT_RANKS, "die-once", "3", "5", *example)
+    done = subprocess.run(
+        argv, cwd=job_dir, env=runner_env(), capture_output=True, text=True, timeout=240, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    host_b = cluster.hosts[1].address
+    assert f"[{host_b} rank3] commlayer run: rank 3 on {host_b} was killed by SIGKILL" in output, output
+    for rank in range(4):
+        assert f"rank{rank}] member {rank}: trained to step 60" in output, output
+    assert "rank 3 restarted once in its slot and rejoined at step" in output, output
+    assert_no_orphans(cluster)

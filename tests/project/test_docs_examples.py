@@ -3,7 +3,9 @@
 The rule for a fenced ``python`` block in docs/guides:
 
 - it is an include, its only line ``--8<-- "examples/<file>.py"`` (pymdownx.snippets puts the file
-  there verbatim), of an example that says how it runs (tests/project/test_examples.py runs it); or
+  there verbatim), of an example that says how it runs (tests/project/test_examples.py runs it),
+  between ``<!-- fmt: off -->`` and ``<!-- fmt: on -->`` (ruff formats a page's python blocks and
+  would read the include line as Python: ``--8 < --"examples/x.py"``); or
 - it is a fragment read in place: it never calls ``init_process_group`` (whatever sets up a world
   is a program a reader would run) and has at most ``FRAGMENT_LINES`` non-blank lines, unless it
   is a listing of signatures (every function in it has ``...`` for a body, and it calls nothing

@@ -67,3 +67,22 @@ def test_options_reject_bad_layouts() -> None:
     with pytest.raises(ValueError, match="replicas and shards expected >= 1"):
         FaultToleranceOptions(replicas=0)
     assert OPTIONS.slot(3) == (1, 1) and OPTIONS.members == 4
+
+
+def test_idle_communicators_of_unchanged_members_are_kept() -> None:
+    shards01, shards23, across02 = "0:incm0,1:incm1", "2:incm2,3:incm3", "0:incm0,2:incm2"
+    registered = {
+        0: Registration("incm0", 7, {shards01: 20, across02: 9}),
+        1: Registration("incm1", 7, {shards01: 20}),
+        2: Registration("incm2", 7, {shards23: 20, across02: 8}),  # one op behind on 0-2: broken
+        3: Registration("incm3", 7, {shards23: 19}),  # its partner finished one more op: broken
+    }
+    decision = decide(5, registered, OPTIONS, sharded=True)
+    assert decision is not None and decision.reuse == (shards01,)
+    assert Decision.from_json(decision.to_json()) == decision
+
+
+def test_a_communicator_with_a_member_outside_the_decision_is_not_kept() -> None:
+    registered = {0: Registration("incm0", 3, {"0:incm0,2:incm2": 4}), 1: Registration("incm1", 3)}
+    decision = decide(2, registered, OPTIONS, sharded=True)
+    assert decision is not None and decision.members == (0, 1) and decision.reuse == ()

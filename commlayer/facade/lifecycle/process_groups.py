@@ -13,7 +13,12 @@ import torch.distributed as torch_dist
 
 from commlayer.contract.backend import Backend
 from commlayer.contract.registry import get_backend_class
-from commlayer.contract.selection import detect_accelerator, parse_backend_spec, resolve_backend_spec
+from commlayer.contract.selection import (
+    detect_accelerator,
+    device_present,
+    parse_backend_spec,
+    resolve_backend_spec,
+)
 from commlayer.core import health, watchdog
 from commlayer.core.boundary import user_facing
 from commlayer.core.errors import AlreadyInitializedError, BackendUnavailableError, invalid_argument
@@ -216,8 +221,14 @@ def _available(name: str) -> bool:
 
 
 def _device_map(spec: str) -> dict[str, str]:
+    """Device type -> backend name of ``spec``, for the device types this host has.
+
+    A spec of devices this host lacks only (``"nccl"`` without CUDA) keeps them, so that the
+    missing backend is named.
+    """
     devices_of = lambda name: sorted(get_backend_class(name).capabilities.devices)
-    device_map = parse_backend_spec(spec, devices_of)
+    named = parse_backend_spec(spec, devices_of)
+    device_map = {device: name for device, name in named.items() if device_present(device)} or named
     for name in set(device_map.values()):
         get_backend_class(name)  # fail before any rendezvous when a backend is missing
     return device_map

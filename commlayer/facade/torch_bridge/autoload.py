@@ -4,7 +4,10 @@ It makes ``torch.distributed.init_process_group("commlayer")`` work in scripts t
 commlayer, also under ``mpirun``/``srun``: torch's env:// rendezvous reads RANK and WORLD_SIZE,
 which MPI launchers do not set, so when a launcher's own variables and MASTER_ADDR/MASTER_PORT
 are present and RANK is not, the launcher's are copied into torch's names. Without a master
-address nothing changes: commlayer's own init then exchanges one over MPI, as it always did. It must never break ``import torch``: any failure is only logged.
+address nothing changes: commlayer's own init then exchanges one over MPI, as it always did.
+With ``COMMLAYER_TORCH_TAKEOVER=1`` it also turns on the zero-change switch
+(:mod:`commlayer.contract.takeover`). It must never break ``import torch``: any failure is only
+logged.
 """
 
 from __future__ import annotations
@@ -22,9 +25,16 @@ def register() -> None:
         fill_torch_launcher_variables(os.environ)
         import torch.distributed as torch_dist
 
-        if not torch_dist.is_available() or "COMMLAYER" in torch_dist.Backend._plugins:
+        if not torch_dist.is_available():
             return
-        torch_dist.Backend.register_backend("commlayer", _create, extended_api=True, devices=["cpu", "cuda"])
+        if "COMMLAYER" not in torch_dist.Backend._plugins:
+            torch_dist.Backend.register_backend(
+                "commlayer", _create, extended_api=True, devices=["cpu", "cuda"]
+            )
+        from commlayer.contract import takeover
+
+        if takeover.enabled():
+            takeover.install()
     except Exception as error:  # noqa: BLE001 - see the module docstring
         logging.getLogger("commlayer").debug("commlayer: torch backend not registered: %s", error)
 

@@ -41,6 +41,7 @@ __all__ = [
     "init_device_mesh",
     "register_with_torch",
     "release",
+    "serves_itself",
     "torch_group_for",
 ]
 
@@ -116,14 +117,15 @@ def init_device_mesh(
 
 
 def _native_torch_group(group: ProcessGroup) -> Any | None:
-    """torch's own ProcessGroup when every backend of ``group`` runs its ops on one (gloo, nccl, hccl).
+    """torch's own ProcessGroup when every backend of ``group`` is torch's own (gloo, nccl, hccl).
 
-    A backend that merely keeps a torch group on the side (shm's gloo companion for p2p) gets the
-    bridge, so that DDP's all-reduces run on the backend itself.
+    A backend that merely stands on a torch group (shm's gloo companion for p2p, peermem's NCCL
+    for the calls its kernels leave) gets the bridge, so that DDP's all-reduces run on the
+    backend itself.
     """
     backends = group.unique_backends()
     if all(
-        getattr(type(backend), "torch_backend", None) and backend.torch_group is not None
+        getattr(type(backend), "torch_backend", None) == backend.name and backend.torch_group is not None
         for backend in backends
     ):
         return group.primary_backend.torch_group
@@ -178,20 +180,30 @@ def _create_from_torch(options: Any, backend_options: Any) -> Any:
 
 
 def _start_world(options: Any, members: list[int]) -> Any:
-    """torch's default group on the backend commlayer picks (torch's gloo served directly)."""
+    """torch's default group on the backends commlayer picks: torch's gloo itself when gloo serves
+    every device, else the bridge over a commlayer world (shm, peermem, mpi, nccl, plugins)."""
     spec = resolve_backend_spec(None, os.environ, detect_accelerator())
-    names = set(
-        parse_backend_spec(spec, lambda name: sorted(get_backend_class(name).capabilities.devices)).values()
-    )
-    native = {name for name in names if getattr(get_backend_class(name), "torch_backend", None)}
-    if native:
-        return _torch_native_group(spec, names, native, options)
+    if serves_itself(spec):
+        return torch_dist.ProcessGroupGloo(
+            options.store, options.group_rank, options.group_size, options.timeout
+        )
     if members:
         raise UnsupportedError(
             f"new_group: the 'commlayer' backend has no world on rank {options.group_rank} to build "
             "groups from; start it with init_process_group('commlayer') first"
         )
     return _init_commlayer_world(spec, options)
+
+
+def serves_itself(spec: str) -> bool:
+    """Whether torch's own ProcessGroupGloo is the whole of backend string ``spec``.
+
+    Any other selection gets the bridge over a commlayer world, also where torch has a backend of
+    the same library underneath (peermem's NCCL, shm's gloo companion): there the ops must reach
+    commlayer's backend, and torch knows none of those names.
+    """
+    devices_of = lambda name: sorted(get_backend_class(name).capabilities.devices)
+    return set(parse_backend_spec(spec, devices_of).values()) == {"gloo"}
 
 
 def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
@@ -202,7 +214,8 @@ def _member_group(options: Any, members: list[int]) -> CommlayerProcessGroup:
     name = str(options.group_id)
     if not name.isdigit():
         _refuse_hashed_name_over_torch_groups(options.group_rank)
-    group = new_member_group(f"torch:{name}", members, options.store, options.timeout)
+    store = _fresh_store(options.store, len(members))
+    group = new_member_group(f"torch:{name}", members, store, options.timeout)
     bridge = CommlayerProcessGroup(group, name)
     bridge.owns_group = True
     group.bridge = bridge
@@ -230,7 +243,7 @@ def _refuse_hashed_name_over_torch_groups(group_rank: int) -> None:
 def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
     init_process_group(
         backend=spec,
-        store=options.store,
+        store=_fresh_store(options.store, options.group_size),
         rank=options.group_rank,
         world_size=options.group_size,
         timeout=options.timeout,
@@ -242,15 +255,16 @@ def _init_commlayer_world(spec: str, options: Any) -> CommlayerProcessGroup:
     return bridge
 
 
-def _torch_native_group(spec: str, names: set[str], native: set[str], options: Any) -> Any:
-    """commlayer picked torch's own backend: hand torch that backend itself (no bridge needed)."""
-    if names != native or names - {"gloo"}:
-        raise UnsupportedError(
-            f"init_process_group('commlayer'): commlayer picks '{spec}' here; torch serves "
-            f"{sorted(native)} itself, so pass backend='{spec}' to torch, or set COMMLAYER_BACKEND to a "
-            "commlayer backend (mpi, ccl, ...)"
-        )
-    return torch_dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
+def _fresh_store(store: Any, members: int) -> Any:
+    """``store`` under a prefix of its own for the group its ``members`` ranks are building.
+
+    torch hands a group the same store prefix in every world of a process (its default group's,
+    and its n-th new_group's), and one env:// store serves all those worlds (DeepSpeed run twice
+    in one process), so the keys of an earlier world's group would still be there. Each member
+    counts its arrival once per group, which puts the members of one group in one generation.
+    """
+    arrival = store.add(f"{BACKEND_NAME}/arrivals", 1)
+    return torch_dist.PrefixStore(f"{BACKEND_NAME}/generation{(arrival - 1) // members}", store)
 
 
 # Every commlayer group answers ``torch_group`` through this bridge, which follows their lives.

@@ -96,6 +96,28 @@ class CommlayerProcessGroup(torch_dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"CommlayerProcessGroup({self._group_name!r}, over {self.commlayer_group!r})"
 
+    def _get_backend(self, device: Any) -> Any:
+        """torch's backend under this group's backend for ``device``, as torch asks for it.
+
+        torch's ``init_process_group(device_id=...)`` (DeepSpeed passes one on CUDA) and FSDP2's
+        buffer allocation read it: here it is that of the torch group the device's commlayer
+        backend stands on (peermem's NCCL, shm's gloo companion, gloo or nccl themselves).
+
+        Raises:
+            RuntimeError: the device's backend stands on no torch group (mpi, ccl, plugins), as
+                torch's own ProcessGroup raises for a device it has no backend for.
+        """
+        device = torch.device(device)
+        backend = self.commlayer_group.backend_for(device.type)
+        torch_group = None if backend is None else backend.torch_group
+        if torch_group is None:
+            served = backend.name if backend is not None else "no backend"
+            raise RuntimeError(
+                f"_get_backend: group {self._group_name!r} serves device type '{device.type}' with "
+                f"{served}, which stands on no torch backend (rank {self.commlayer_group.global_rank})"
+            )
+        return torch_group._get_backend(device)
+
     # --- collectives ------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:

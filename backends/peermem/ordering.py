@@ -1,0 +1,80 @@
+"""One order on the GPU for a group's kernels, whatever streams its calls are launched on.
+
+The kernels of a group share its epoch, its barrier counts and its two staging halves (see
+``csrc/peermem/common.cuh``): each must start after the group's previous kernel has finished on
+this GPU, and every rank must run them in the same order, the order their calls were issued.
+Launched on one stream they are (DDP, tensor parallelism, CUDA graphs). FSDP2 all-gathers on one
+side stream and reduce-scatters on another; kernels of those streams would run at once, or in
+an order that differs between ranks, and the group would hang until its timeout. So a launch on
+another stream than the group's previous launch first makes its stream wait for the previous
+stream's work enqueued so far (which holds the previous kernel), as NCCL orders a communicator's
+calls on one internal stream::
+
+    order = StreamOrder(raw_stream, current_stream, capturing, torch.cuda.Event)
+    launch(..., order.stream())      # the current stream, after the group's previous kernel
+
+Launches on one stream pay one comparison of raw stream handles. During graph capture no wait is
+added (the captured stream may not wait on work outside the capture; torch synchronizes before a
+capture begins) and the next launch outside the capture starts a new order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["StreamOrder"]
+
+
+class StreamOrder:
+    """Orders one group's kernel launches across the streams they are issued on.
+
+    ``raw_stream()`` is the current stream's handle (cheap), ``current_stream()`` its stream object,
+    ``capturing()`` whether the current stream is being captured, ``new_event()`` an event with
+    ``record(stream)``, waited on through ``stream.wait_event(event)``.
+    """
+
+    __slots__ = (
+        "_capturing",
+        "_current_stream",
+        "_last",
+        "_last_stream",
+        "_new_event",
+        "_raw_stream",
+        "joins",
+    )
+
+    def __init__(
+        self,
+        raw_stream: Callable[[], int],
+        current_stream: Callable[[], Any],
+        capturing: Callable[[], bool],
+        new_event: Callable[[], Any],
+    ) -> None:
+        self._raw_stream = raw_stream
+        self._current_stream = current_stream
+        self._capturing = capturing
+        self._new_event = new_event
+        self._last: int | None = None  # handle of the stream the group's last kernel went to
+        self._last_stream: Any = None
+        #: How many launches waited for another stream (the benchmarks report it).
+        self.joins = 0
+
+    def stream(self) -> int:
+        """The current stream's handle, once it waits for the group's previous kernel."""
+        handle = self._raw_stream()
+        if handle != self._last:
+            self._switch(handle)
+        return handle
+
+    def _switch(self, handle: int) -> None:
+        if self._capturing():
+            self._last, self._last_stream = None, None
+            return
+        current = self._current_stream()
+        if self._last_stream is not None:
+            event = self._new_event()
+            event.record(self._last_stream)
+            current.wait_event(event)
+            self.joins += 1
+        self._last, self._last_stream = handle, current
