@@ -2,9 +2,16 @@
 two-level shm group, and the CPU side of the accelerators' default specs (``cpu:gloo,cuda:peermem``;
 the defaults are in :mod:`commlayer.contract.selection`).
 
-Every collective is verified across the group by default (:mod:`.mismatch.gloo`): without it, gloo
-returns garbage for a dtype or reduce-op mismatch, and aborts a rank or returns garbage for a
-count mismatch.
+Measured without the check (benchmarks/faults/gloo_mismatch_detection.py, check off): gloo returns
+garbage, exit code 0, for every dtype mismatch of one element size (float32 against int32) and
+every reduce-op mismatch, on all eleven ops the facade sends it; a count mismatch makes gloo abort
+the receiving process (SIGABRT from its transport thread) or, on broadcast and scatter, return
+garbage; a root mismatch times out. So before each collective every rank's signature is compared
+(:mod:`commlayer.contract.mismatch`) and every rank raises CollectiveMismatchError before the data
+op is issued. The comparison must finish first: an overlapped data op still moves its bytes, so
+a count mismatch would still abort the receiving rank. On one host it goes through shared memory
+and costs no gloo round trip; across hosts it is one 32-byte gloo all-reduce.
+``COMMLAYER_GLOO_VERIFY=0`` turns the check off.
 """
 
 from __future__ import annotations
@@ -16,16 +23,16 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor
 
-from commlayer.backends.mismatch.gloo import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
-from commlayer.backends.mismatch.signer import Signer, verify_enabled
 from commlayer.backends.torch_base import TorchBackend
-from commlayer.backends.torch_fast_paths import fused_plan
+from commlayer.backends.torch_fast_paths import TORCH_OPS, fused_plan, options
 from commlayer.contract.backend import StandaloneOptions
+from commlayer.contract.mismatch import MismatchCheck, group_check
+from commlayer.core import settings
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import Capabilities, GroupSpec, ReduceOp, Splits
-from commlayer.core.work import Work
+from commlayer.core.work import TorchWork, Work
 
-__all__ = ["GlooBackend"]
+__all__ = ["GlooBackend", "SignedProcessGroup"]
 
 
 class GlooBackend(TorchBackend):
@@ -36,12 +43,8 @@ class GlooBackend(TorchBackend):
 
     def __init__(self, spec: GroupSpec, process_group: Any, mismatch_checks: bool = True) -> None:
         super().__init__(spec, process_group)
-        checked = mismatch_checks and spec.size > 1 and verify_enabled(VERIFY_ENV)
-        self._signer = (
-            Signer(process_group, spec.name, spec.global_rank, spec.group_rank, CHECKED_BY)
-            if checked
-            else None
-        )
+        checked = mismatch_checks and spec.size > 1 and settings.GLOO_VERIFY.value()
+        self._check = group_check(spec, process_group, "gloo") if checked else None
 
     @classmethod
     def create_standalone(cls, spec: GroupSpec, options: StandaloneOptions) -> GlooBackend:
@@ -53,15 +56,15 @@ class GlooBackend(TorchBackend):
     def recorded_plan(
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
-        if self._signer is None or op in ("send", "recv"):
+        if self._check is None or op in ("send", "recv"):
             return super().recorded_plan(op, fixed, recording)
-        return fused_plan(SignedProcessGroup(self._signer, self._pg, op, fixed), op, fixed, recording)
+        return fused_plan(SignedProcessGroup(self._check, self._pg, op, fixed), op, fixed, recording)
 
     def _verify(
         self, op: str, tensor: torch.Tensor, count: int, root: int = -1, reduce_op: Any = None
     ) -> None:
-        if self._signer is not None:
-            self._signer.verify(op, tensor.dtype, count, root, reduce_op)
+        if self._check is not None:
+            self._check.verify(op, tensor.dtype, count, root, reduce_op)
 
     # Each op is verified before it is issued (on every rank alike, so the reductions pair up).
 
@@ -104,15 +107,15 @@ class GlooBackend(TorchBackend):
     def all_to_all_single(
         self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
-        if self._signer is not None:
-            self._signer.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
+        if self._check is not None:
+            self._check.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
         return super().all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
 
     def all_to_all(
         self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], *, async_op: bool = True
     ) -> Work:
-        if self._signer is not None:
-            self._signer.verify_all_to_all("all_to_all", outputs, inputs)
+        if self._check is not None:
+            self._check.verify_all_to_all("all_to_all", outputs, inputs)
         return super().all_to_all(outputs, inputs, async_op=async_op)
 
     def gather(
@@ -126,3 +129,70 @@ class GlooBackend(TorchBackend):
     ) -> Work:
         self._verify("scatter", output, output.numel(), root)
         return super().scatter(output, inputs, root, async_op=async_op)
+
+    def all_reduce_coalesced(
+        self, tensors: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
+        # torch's own coalesced op: its profiler events are torch's, asyncOp included.
+        self._verify("all_reduce_coalesced", tensors[0], sum(t.numel() for t in tensors), reduce_op=op)
+        reduction = options(torch_dist.AllreduceCoalescedOptions, async_op, reduceOp=TORCH_OPS[op])
+        return TorchWork(self._pg.allreduce_coalesced(list(tensors), reduction), list(tensors))
+
+    def all_gather_coalesced(
+        self,
+        outputs: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        *,
+        async_op: bool = True,
+    ) -> Work:
+        self._verify("all_gather_coalesced", inputs[0], sum(t.numel() for t in inputs))
+        lists = [list(row) for row in outputs]
+        work = self._pg.allgather_coalesced(
+            lists, list(inputs), options(torch_dist.distributed_c10d.AllgatherOptions, async_op)
+        )
+        return TorchWork(work, [tensor for row in lists for tensor in row])
+
+
+class SignedProcessGroup:
+    """The ProcessGroup methods the fused fast paths call (``fused_plan``), each verified first.
+
+    ``op`` and ``fixed`` are the plan's (reduce op or root); the dtype comes from the tensors.
+    """
+
+    def __init__(self, check: MismatchCheck, process_group: Any, op: str, fixed: Sequence[Any]) -> None:
+        self._check, self._pg = check, process_group
+        reduce_op = fixed[0] if op in ("all_reduce", "reduce_scatter_tensor") else None
+        root = fixed[0] if op == "broadcast" else -1
+        self._describe = (op, root, reduce_op)
+        self.send, self.recv = process_group.send, process_group.recv  # point to point: unchecked
+
+    def _verify(self, tensor: torch.Tensor, count: int) -> None:
+        op, root, reduce_op = self._describe
+        self._check.verify(op, tensor.dtype, count, root, reduce_op)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._verify(tensors[0], tensors[0].numel())
+        return self._pg.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        self._verify(tensors[0], tensors[0].numel())
+        return self._pg.broadcast(tensors, opts)
+
+    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Any:
+        self._verify(tensor, tensor.numel())
+        return self._pg._allgather_base(output, tensor, opts)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Any:
+        self._verify(tensor, output.numel())
+        return self._pg._reduce_scatter_base(output, tensor, opts)
+
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        opts: Any,
+    ) -> Any:
+        self._check.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
+        return self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)

@@ -6,6 +6,11 @@ Written exactly as for torch.distributed; only the import differs. Run it with a
     torchrun --nproc-per-node 4 examples/allreduce.py
     mpirun -n 4 python examples/allreduce.py                     # gloo, rendezvous over MPI
     COMMLAYER_BACKEND=mpi mpirun -n 4 python examples/allreduce.py
+
+Run: commlayer run -n 4 examples/allreduce.py
+Run: COMMLAYER_BACKEND=gloo commlayer run -n 2 examples/allreduce.py
+Run: COMMLAYER_BACKEND=ccl commlayer run -n 2 examples/allreduce.py
+Run: COMMLAYER_BACKEND=mpi mpirun -n 2 python examples/allreduce.py
 """
 
 from __future__ import annotations

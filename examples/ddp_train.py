@@ -5,6 +5,8 @@ FSDP) accept it directly. Each rank trains on its own shard of a synthetic regre
 the end every rank holds identical weights and the loss has dropped::
 
     commlayer run -n 2 examples/ddp_train.py
+
+Run: commlayer run -n 2 examples/ddp_train.py
 """
 
 from __future__ import annotations

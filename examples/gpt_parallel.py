@@ -7,6 +7,8 @@ MoE, or hybrid-sharded ZeRO. Four CPU ranks are enough::
     commlayer run -n 4 examples/gpt_parallel.py --parallel all      # the three, one after the other
 
 The model learns a next-token rule; each run prints its first and last loss on rank 0.
+
+Run: commlayer run -n 4 examples/gpt_parallel.py --parallel all --steps 4
 """
 
 from __future__ import annotations

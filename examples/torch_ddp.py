@@ -1,6 +1,6 @@
 """A plain torch DDP script: nothing here mentions commlayer except the backend's name.
 
-    COMMLAYER_BACKEND=mpi MASTER_ADDR=127.0.0.1 MASTER_PORT=29512 mpirun -n 3 python examples/torch_ddp.py
+Run: COMMLAYER_BACKEND=mpi MASTER_ADDR=127.0.0.1 MASTER_PORT=29512 mpirun -n 3 python examples/torch_ddp.py
 
 torch finds the "commlayer" backend through the entry point commlayer installs; commlayer picks its
 backend as ``commlayer.dist.init_process_group(backend=None)`` does ($COMMLAYER_BACKEND here).

@@ -7,6 +7,8 @@ reloads itself, as a resumed job would. Runs on any backend commlayer has::
     commlayer run -n 2 examples/zero_train.py --stage 3
     mpirun -n 2 python examples/zero_train.py --stage 2 --backend mpi
     torchrun --nproc-per-node 2 examples/zero_train.py --stage 1 --bf16   (on GPUs: nccl)
+
+Run: commlayer run -n 2 examples/zero_train.py --stage 3 --steps 8
 """
 
 from __future__ import annotations

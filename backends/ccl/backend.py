@@ -35,9 +35,9 @@ from commlayer.backends.ccl.native import (
     buffer,
 )
 from commlayer.backends.ccl.window import ChannelWindow, payload_channel
-from commlayer.backends.mismatch.signer import Signer, verify_enabled
 from commlayer.contract.backend import Backend
 from commlayer.contract.fast_paths import FastPath
+from commlayer.contract.mismatch import group_check
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health, settings
 from commlayer.core.errors import CommError
@@ -58,8 +58,6 @@ INSTALL_HINT = (
 
 
 _EXPIRED_ADVICE = "This communicator cannot be used any more."
-VERIFY_ENV = settings.CCL_VERIFY.name
-_CHECKED_BY = f"Checked by the ccl backend before communicating; {VERIFY_ENV}=0 turns the check off."
 
 
 class CclBackend(Backend):
@@ -83,13 +81,9 @@ class CclBackend(Backend):
         self._expired: str | None = None  # why the communicator became unusable
         # oneCCL alone returns garbage for a dtype of one element size (float32 against int32) and
         # on the rank with the larger count: each collective's signature is compared first, as on
-        # gloo (one small MAX all-reduce; tests/reliability/test_faults_defaults.py).
-        checked = spec.size > 1 and verify_enabled(VERIFY_ENV)
-        self._signer = (
-            Signer(_SignatureChannel(self), spec.name, spec.global_rank, spec.group_rank, _CHECKED_BY)
-            if checked
-            else None
-        )
+        # gloo (:mod:`commlayer.contract.mismatch`; tests/reliability/test_faults_defaults.py).
+        checked = spec.size > 1 and settings.CCL_VERIFY.value()
+        self._signer = group_check(spec, _SignatureChannel(self), "ccl") if checked else None
         _open_backends.add(self)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -312,7 +306,7 @@ class CclBackend(Backend):
 
 
 class _SignatureChannel:
-    """The one ProcessGroup method :class:`Signer` calls, ``allreduce([values], opts)`` (always a
+    """The one ProcessGroup method the mismatch check's reduction calls, ``allreduce([values], opts)`` (always a
     MAX over int64), posted on a oneCCL communicator."""
 
     __slots__ = ("_backend",)

@@ -26,7 +26,7 @@ from commlayer.core.work import Work
 
 if TYPE_CHECKING:
     from commlayer.backends.ccl.bootstrap import Connection
-    from commlayer.backends.mismatch.signer import Signer
+    from commlayer.contract.mismatch import MismatchCheck
 
 # start(async_op, *arguments) -> the call's Work: the op posted (checked first when the check is
 # on), or the op method's Work where the call must take it (an all-to-all's uneven splits).
@@ -48,7 +48,7 @@ class CclFastPathContext(FastPathContext):
     """
 
     types: NativeTypes
-    signer: Signer | None
+    signer: MismatchCheck | None
     live: Callable[[], Connection]
     expire: Callable[[str], None]
 

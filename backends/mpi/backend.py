@@ -109,7 +109,13 @@ class MpiBackend(MpiCollectives, Backend):
         )
         self._check = (
             SignatureCheck.over(
-                comm, mpi, self._datatypes, self._reductions, self._limit, open_shared_signatures(comm, mpi)
+                comm,
+                mpi,
+                self._datatypes,
+                self._reductions,
+                self._limit,
+                tuple(spec.ranks),
+                open_shared_signatures(comm, mpi),
             )
             if options.verify and spec.size > 1
             else None

@@ -1,7 +1,7 @@
 """A speculating peer's call, run on scratch memory so that it completes before every rank raises.
 
 The C launcher may enter a collective before every peer has published its signature (see
-:mod:`.shared_signatures`). A peer that then finds a mismatch cannot just raise: the speculator
+:mod:`commlayer.contract.mismatch.shared_slots`). A peer that then finds a mismatch cannot just raise: the speculator
 would wait inside MPI forever. It runs the speculator's call instead -- decoded from the
 speculator's published ``(key, count)`` -- on zeroed buffers of its own, leaving its tensors
 untouched, and raises afterwards like every other rank.
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from commlayer.backends.mismatch.signature import unpack
+from commlayer.contract.mismatch.signature import unpack
 
 __all__ = ["scratch_replay"]
 

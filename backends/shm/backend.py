@@ -29,12 +29,13 @@ from torch import Tensor
 from commlayer.backends.gloo import GlooBackend
 from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
 from commlayer.backends.shm.options import ShmOptions
-from commlayer.backends.shm.segments import HostMap, build_comm, exchange_hosts
+from commlayer.backends.shm.segments import build_comm
 from commlayer.contract.backend import Backend, StandaloneOptions
 from commlayer.contract.fast_paths import FastPath
 from commlayer.contract.windows import BackendWindow, WindowSpec
 from commlayer.core import health
 from commlayer.core.flight_recorder import Recording, prefill
+from commlayer.core.hosts import HostMap, exchange_hosts
 from commlayer.core.types import ALL_DTYPES, Availability, Capabilities, GroupSpec, ReduceOp, Splits
 from commlayer.core.work import CompletedWork, Work
 

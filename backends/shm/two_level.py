@@ -22,8 +22,9 @@ from commlayer.backends.gloo import GlooBackend
 from commlayer.backends.shm.backend import ShmBackend
 from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES
 from commlayer.backends.shm.options import ShmOptions
-from commlayer.backends.shm.segments import HostMap, build_comm
+from commlayer.backends.shm.segments import build_comm
 from commlayer.contract.fallbacks import GenericCollectives
+from commlayer.core.hosts import HostMap
 from commlayer.core.types import GroupSpec, ReduceOp, Splits
 from commlayer.core.work import CompletedWork, Work
 

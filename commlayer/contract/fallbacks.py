@@ -186,6 +186,38 @@ class GenericCollectives:
         sends = [self.send(inputs[peer].contiguous(), peer, FALLBACK_TAG, async_op=True) for peer in peers]
         return WorkList(sends)
 
+    def all_reduce_coalesced(
+        self: CoreOps, tensors: Sequence[torch.Tensor], op: ReduceOp, *, async_op: bool = True
+    ) -> Work:
+        """torch's coalesced all-reduce: the tensors (one dtype) packed into one all_reduce."""
+        packed = torch.cat([tensor.reshape(-1) for tensor in tensors])
+        work = self.all_reduce(packed, op, async_op=async_op)
+        return work.then(lambda: _unpack(packed, tensors), result=list(tensors))
+
+    def all_gather_coalesced(
+        self: CoreOps,
+        outputs: Sequence[Sequence[torch.Tensor]],
+        inputs: Sequence[torch.Tensor],
+        *,
+        async_op: bool = True,
+    ) -> Work:
+        """torch's coalesced all-gather: ``outputs[r][i]`` receives group rank r's ``inputs[i]``,
+        the inputs packed into one all_gather_into_tensor."""
+        packed = torch.cat([tensor.reshape(-1) for tensor in inputs])
+        gathered = packed.new_empty(self.size * packed.numel())
+        work = self.all_gather_into_tensor(gathered, packed, async_op=async_op)
+        rows = gathered.view(self.size, -1)
+        unpack = lambda: [_unpack(row, tensors) for row, tensors in zip(rows, outputs)]
+        return work.then(unpack, result=[tensor for row in outputs for tensor in row])
+
+
+def _unpack(packed: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive pieces of the flat ``packed`` into ``tensors``."""
+    offset = 0
+    for tensor in tensors:
+        tensor.copy_(packed[offset : offset + tensor.numel()].view_as(tensor))
+        offset += tensor.numel()
+
 
 def _split_rows(tensor: Tensor, splits: Sequence[int] | None, parts: int) -> list[Tensor]:
     """Split along dim 0 into ``parts`` chunks; contiguous input gives contiguous chunks."""

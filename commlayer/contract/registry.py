@@ -6,13 +6,13 @@ when that backend is asked for, so ``import commlayer`` never pays for mpi4py or
 
 from __future__ import annotations
 
-import difflib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
 from commlayer.contract.backend import Backend
+from commlayer.core.backend_choice import unavailable_backend, unknown_backend
 from commlayer.core.errors import BackendUnavailableError
 from commlayer.core.types import Availability
 
@@ -20,7 +20,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendInfo",
     "availability_of",
-    "did_you_mean",
     "get_backend_class",
     "list_backends",
     "register_backend",
@@ -72,18 +71,18 @@ def unregister_backend(name: str) -> None:
 
 
 def get_backend_class(name: str) -> type[Backend]:
-    """The class registered as ``name``, checked available; otherwise an error listing them all."""
+    """The class registered as ``name``, checked available; otherwise a one-line error saying why
+    (:mod:`commlayer.core.backend_choice`: the closest installed name, or the backend's reason)."""
     _ensure_entry_points()
     entry = _entries.get(name)
     if entry is None:
         with _lock:
             known = list(_entries)
-        raise BackendUnavailableError(
-            f"unknown backend '{name}'{did_you_mean(name, known) or '.'}\n{_describe_all()}"
-        )
+        raise BackendUnavailableError(unknown_backend(name, known))
     backend_class, availability = _load(entry)
     if backend_class is None or not availability:
-        raise BackendUnavailableError(f"backend '{name}' is not available here.\n{_describe_all()}")
+        message = unavailable_backend(name, availability.reason, availability.install_hint)
+        raise BackendUnavailableError(message)
     return backend_class
 
 
@@ -92,12 +91,6 @@ def availability_of(name: str) -> Availability | None:
     _ensure_entry_points()
     entry = _entries.get(name)
     return None if entry is None else _load(entry)[1]
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """``"; did you mean 'nccl'?"`` for a name close to a known one (difflib), else ``""``."""
-    close = difflib.get_close_matches(str(name).lower(), sorted(known), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def list_backends() -> list[BackendInfo]:
@@ -117,17 +110,6 @@ def _load(entry: _Entry) -> tuple[type[Backend] | None, Availability]:
         return backend_class, backend_class.is_available()
     except Exception as error:  # noqa: BLE001
         return backend_class, Availability.no(f"is_available() raised {type(error).__name__}: {error}")
-
-
-def _describe_all() -> str:
-    lines = ["Installed backends:"]
-    for info in list_backends():
-        if info.availability:
-            lines.append(f"  {info.name:<6} available        ({info.origin})")
-            continue
-        hint = f"; install: {info.availability.install_hint}" if info.availability.install_hint else ""
-        lines.append(f"  {info.name:<6} unavailable: {info.availability.reason}{hint}")
-    return "\n".join(lines)
 
 
 def _add(entry: _Entry) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler as _torch_profiler
 
-__all__ = ["TORCH_OPS", "active", "coalesced", "event", "hidden", "install", "listen", "profiled"]
+__all__ = ["TORCH_OPS", "active", "event", "hidden", "install", "listen", "profiled"]
 
 # The dispatcher op torch's ProcessGroup runs for each facade op: the name its event carries.
 TORCH_OPS = {
@@ -48,10 +48,6 @@ TORCH_OPS = {
     "all_reduce_coalesced": "c10d::allreduce_coalesced_",
     "all_gather_coalesced": "c10d::allgather_coalesced_",
 }
-
-# The coalesced ops: the collective their packed buffer takes, and how many arguments torch's
-# dispatcher op has (a torch backend's event lists them, each tensor list as an empty shape).
-_COALESCED = {"all_reduce_coalesced": ("all_reduce", 5), "all_gather_coalesced": ("all_gather", 4)}
 
 active: bool = bool(getattr(_torch_profiler, "_is_profiler_enabled", False))
 _listeners: list[Callable[[bool], None]] = []
@@ -133,21 +129,3 @@ def hidden() -> Iterator[None]:
         _hiding.depth = depth
         if not depth:
             _enable_record_function(True)
-
-
-@contextlib.contextmanager
-def coalesced(op: str, group: str, tensors: Sequence[torch.Tensor], library: str | None) -> Iterator[None]:
-    """A coalesced call's events as torch shows them, its packed collective hidden inside.
-
-    ``library`` names a backend whose ProcessGroup records its own events ("gloo"): the events
-    are then those torch's ProcessGroup records for the call (the dispatcher op over tensor
-    lists, then ``gloo:all_reduce`` over the call's tensors); otherwise the facade's one event.
-    """
-    collective, arity = _COALESCED[op]
-    if library is None:
-        with event(op, group, tensors), hidden():
-            yield
-        return
-    arguments = [list(tensors), *[None] * (arity - 1)]
-    with _Record(TORCH_OPS[op], arguments), _Record(f"{library}:{collective}", list(tensors)), hidden():
-        yield

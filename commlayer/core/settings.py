@@ -217,6 +217,13 @@ DEBUG = Setting(
     "`detail` checks every collective's arguments across the group before it runs",
     "reliability",
 )
+FULL_TRACEBACK = Setting(
+    "COMMLAYER_FULL_TRACEBACK",
+    bool,
+    False,
+    "keep commlayer's own frames (and a raw library error's chain) in the traceback of its errors",
+    "reliability",
+)
 GLOO_VERIFY = Setting(
     "COMMLAYER_GLOO_VERIFY",
     bool,

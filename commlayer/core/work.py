@@ -19,7 +19,8 @@ from typing import Any, NoReturn
 import torch
 
 from commlayer.core import health
-from commlayer.core.errors import CommTimeoutError
+from commlayer.core.boundary import hide_internal_frames
+from commlayer.core.errors import CommError, CommTimeoutError
 from commlayer.core.metrics import format_duration
 
 __all__ = [
@@ -74,15 +75,19 @@ class Work(ABC):
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done; raise CommTimeoutError if ``timeout`` passes first."""
-        if not self._done:
-            if not self._block(to_seconds(timeout)):
-                raise CommTimeoutError(
-                    f"{type(self).__name__}: wait timed out after {format_duration(to_seconds(timeout))}{self._pending_note}"
-                )
-            self._complete()
-        if self._error is not None:
-            raise self._error
-        return True
+        try:
+            if not self._done:
+                if not self._block(to_seconds(timeout)):
+                    raise CommTimeoutError(
+                        f"{type(self).__name__}: wait timed out after {format_duration(to_seconds(timeout))}{self._pending_note}"
+                    )
+                self._complete()
+            if self._error is not None:
+                raise self._error
+            return True
+        except CommError as error:
+            hide_internal_frames(error)
+            raise
 
     def is_completed(self) -> bool:
         if not self._done and self._test():
@@ -173,7 +178,9 @@ def _raise_typed(work: Work, error: Exception) -> NoReturn:
     typed = error if _wait_error_hook is None else _wait_error_hook(work, error)
     if typed is error:
         raise error
-    raise typed from error
+    # The C launchers' Work raises it to the caller from here: its message quotes the library's error.
+    hidden = isinstance(typed, CommError) and hide_internal_frames(typed)
+    raise typed from (None if hidden else error)
 
 
 class TorchWork(Work):
@@ -190,7 +197,11 @@ class TorchWork(Work):
             try:
                 self.torch_work.wait()  # raises on failure, and on the group's timeout, as torch does
             except RuntimeError as error:
-                _raise_typed(self, error)
+                try:
+                    _raise_typed(self, error)
+                except CommError as typed:
+                    hide_internal_frames(typed)
+                    raise
             self._done = True  # never wait twice: a second wait on a finished gloo recv blocks
             return True
         return super().wait(timeout)

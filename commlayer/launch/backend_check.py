@@ -3,7 +3,8 @@
 The choice is ``--backend`` or ``$COMMLAYER_BACKEND``: a name, or a device map such as
 ``cpu:gloo,cuda:nccl``. A name no installed backend has fails at once, from the entry points
 alone (torch is not imported); a backend that cannot run on this host fails with its reason
-(this imports it, and torch). One line each::
+(this imports it, and torch). One line each, worded as ``init_process_group`` words them
+(:mod:`commlayer.core.backend_choice`)::
 
     commlayer run: --backend 'glo' names no installed backend (did you mean 'gloo'?); installed: ccl, gloo, mpi, shm
     commlayer run: $COMMLAYER_BACKEND 'nccl' cannot run on this host: no CUDA device is visible
@@ -14,10 +15,10 @@ has them started by mpirun.
 
 from __future__ import annotations
 
-import difflib
 from importlib import metadata
 
 from commlayer.core import settings
+from commlayer.core.backend_choice import unavailable_backend, unknown_backend
 
 __all__ = ["ENTRY_POINT_GROUP", "backend_names", "check_backend", "chosen_backend", "launcher_of"]
 
@@ -39,9 +40,7 @@ def check_backend(spec: str, source: str, availability: bool = True) -> str | No
         return f"{source} {spec!r} names no backend; installed: {', '.join(installed)}"
     for name in names:
         if name not in installed:
-            close = difflib.get_close_matches(name, installed, n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            return f"{source} {name!r} names no installed backend{hint}; installed: {', '.join(installed)}"
+            return unknown_backend(name, installed, source)
     if not availability:
         return None
     from commlayer.contract.registry import availability_of  # imports torch: only for an installed name
@@ -49,8 +48,7 @@ def check_backend(spec: str, source: str, availability: bool = True) -> str | No
     for name in names:
         status = availability_of(name)
         if status is not None and not status:
-            reason = str(status.reason).splitlines()[0] if status.reason else "unavailable"
-            return f"{source} {name!r} cannot run on this host: {reason}"
+            return unavailable_backend(name, str(status.reason or ""), source=source)
     return None
 
 

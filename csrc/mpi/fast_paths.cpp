@@ -17,7 +17,7 @@
 // reduce_scatter and all_to_all on separate buffers), a rank that finds every peer that has
 // published in agreement enters MPI without waiting for the rest, and compares after the call;
 // a peer that disagrees completes the call on scratch memory, then every rank raises
-// (backends/mpi/shared_signatures.py has the protocol). Raw back-to-back MPI calls overlap one
+// (commlayer/contract/mismatch/shared_slots.py has the protocol). Raw back-to-back MPI calls overlap one
 // call's tail with the next call's start; a wait for every peer's signature would take that away.
 #include <pybind11/pybind11.h>
 

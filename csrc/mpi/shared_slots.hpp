@@ -1,6 +1,6 @@
 // The mismatch check's side of the mpi fast path (csrc/mpi/fast_paths.cpp): this rank's and its
 // peers' slots in the communicator's shared window, the waits for a peer's signature, and the
-// look without waiting that speculation needs (backends/mpi/shared_signatures.py has the protocol).
+// look without waiting that speculation needs (commlayer/contract/mismatch/shared_slots.py has the protocol).
 #pragma once
 
 #include <Python.h>
@@ -22,7 +22,7 @@ namespace commlayer::mpi {
 constexpr int kHeldPolls = 64;
 constexpr double kYieldSeconds = 0.01;
 
-// The mismatch check's slots in the communicator's shared window (backends/mpi/shared_signatures.py):
+// The mismatch check's slots in the communicator's shared window (commlayer/contract/mismatch/shared_slots.py):
 // 8 int64 words per slot, two slots per rank; word 0 the sequence, 1 the key, 2 the count, 3 the
 // decision (sequence * 4 + kSpeculated, or Python's "refused").
 constexpr std::int64_t kSpeculated = 1;

@@ -39,10 +39,10 @@ SlowWaitHooks gil_hooks() {
 // A communicator plus the mapping its regions live in.
 class Group {
 public:
-    Group(std::string label, int rank, int size, std::shared_ptr<Mapping> mapping, std::vector<pid_t> pids,
-          std::size_t small_bytes, std::size_t chunk_bytes, double timeout_s, int spins)
+    Group(std::string group, std::vector<int> ranks, int rank, int size, std::shared_ptr<Mapping> mapping,
+          std::vector<pid_t> pids, std::size_t small_bytes, std::size_t chunk_bytes, double timeout_s, int spins)
         : mapping_(std::move(mapping)),
-          comm_(std::move(label), rank, size, regions(*mapping_, size, Layout{small_bytes, chunk_bytes}),
+          comm_(std::move(group), std::move(ranks), rank, size, regions(*mapping_, size, Layout{small_bytes, chunk_bytes}),
                 std::move(pids), Layout{small_bytes, chunk_bytes}, WaitPolicy{timeout_s, spins}) {
         comm_.set_hooks(gil_hooks());
     }
@@ -156,9 +156,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("op"), py::arg("divisor"));
 
     py::class_<Group>(m, "Comm")
-        .def(py::init<std::string, int, int, std::shared_ptr<Mapping>, std::vector<pid_t>, std::size_t,
-                      std::size_t, double, int>(),
-             py::arg("label"), py::arg("rank"), py::arg("size"), py::arg("mapping"), py::arg("pids"),
+        .def(py::init<std::string, std::vector<int>, int, int, std::shared_ptr<Mapping>, std::vector<pid_t>,
+                      std::size_t, std::size_t, double, int>(),
+             py::arg("group"), py::arg("ranks"), py::arg("rank"), py::arg("size"), py::arg("mapping"), py::arg("pids"),
              py::arg("small_bytes"), py::arg("chunk_bytes"), py::arg("timeout_s"), py::arg("spins"))
         .def_property_readonly("steps", [](Group& g) { return g.comm().steps(); })
         .def_property(

@@ -51,7 +51,9 @@ bool process_gone(pid_t pid) {
 
 // Signature layout: kind (4 bits) | dtype (4) | reduce op (4) | root + 1 (12) | element count (40).
 enum Kind : int { kBarrier = 0, kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll };
-constexpr const char* kKindNames[] = {"barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"};
+// The facade's names of the ops each kind serves.
+constexpr const char* kKindNames[] = {"barrier",           "all_reduce",           "broadcast",
+                                      "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"};
 constexpr const char* kDTypeNames[] = {"float32", "float64", "bfloat16", "float16", "int8",
                                        "uint8",   "int32",   "int64",    "bool"};
 constexpr const char* kOpNames[] = {"sum", "avg", "product", "min", "max", "band", "bor", "bxor"};
@@ -139,9 +141,11 @@ std::size_t Layout::region_bytes() const {
     return (bytes + 4095) / 4096 * 4096;
 }
 
-Comm::Comm(std::string label, int rank, int size, std::vector<char*> regions, std::vector<pid_t> pids,
-           Layout layout, WaitPolicy policy)
-    : label_(std::move(label)),
+Comm::Comm(std::string group, std::vector<int> ranks, int rank, int size, std::vector<char*> regions,
+           std::vector<pid_t> pids, Layout layout, WaitPolicy policy)
+    : group_(std::move(group)),
+      label_("shm group '" + group_ + "'"),
+      ranks_(std::move(ranks)),
       rank_(rank),
       size_(size),
       regions_(std::move(regions)),
@@ -152,7 +156,7 @@ Comm::Comm(std::string label, int rank, int size, std::vector<char*> regions, st
     static_assert(sizeof(Control) <= Layout::control_bytes, "control block too large");
     static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "cross-process atomics must be lock-free");
     if (size < 1 || rank < 0 || rank >= size || regions_.size() != static_cast<std::size_t>(size) ||
-        pids_.size() != static_cast<std::size_t>(size)) {
+        pids_.size() != static_cast<std::size_t>(size) || ranks_.size() != static_cast<std::size_t>(size)) {
         throw std::invalid_argument("shm: inconsistent communicator arguments for " + label_);
     }
     step_ = control(rank_)->step.load(std::memory_order_relaxed);
@@ -202,10 +206,11 @@ void Comm::arrive_and_wait(const char* op) {
 void Comm::check_signature(int peer, std::uint64_t step, const char* op) const {
     const std::uint64_t theirs = control(peer)->signature[step & 1u].load(std::memory_order_relaxed);
     if (theirs == signature_) return;
-    throw MismatchError(std::string(op) + ": " + label_ + ": the ranks called different collectives: rank " +
-                        std::to_string(rank_) + " called " + describe_signature(signature_) + ", peer rank " +
-                        std::to_string(peer) + " called " + describe_signature(theirs) + " (rank " +
-                        std::to_string(rank_) + "); checked before any data was exchanged");
+    // The text every backend's check gives (commlayer/contract/mismatch/signature.py).
+    throw MismatchError(std::string(op) + " on group '" + group_ + "': the ranks called different collectives: rank " +
+                        std::to_string(ranks_[rank_]) + " called " + describe_signature(signature_) +
+                        ", peer rank " + std::to_string(ranks_[peer]) + " called " + describe_signature(theirs) +
+                        "; checked by shm before any data moved");
 }
 
 void Comm::wait_for(int peer, std::uint64_t step, const char* op) {
@@ -353,7 +358,7 @@ void Comm::broadcast(void* data, std::size_t count, DType dtype, int root) {
 }
 
 void Comm::all_gather(void* output, const void* input, std::size_t count, DType dtype) {
-    begin("all_gather", kAllGather, count, dtype, -1, -1);
+    begin("all_gather_into_tensor", kAllGather, count, dtype, -1, -1);
     char* out = static_cast<char*>(output);
     const char* in = static_cast<const char*>(input);
     const std::size_t total = count * element_size(dtype);
@@ -364,19 +369,19 @@ void Comm::all_gather(void* output, const void* input, std::size_t count, DType 
         const std::size_t len = std::min(per_round, total - done);
         char* mine = fits_small ? small(rank_, step_ + 1) : stage(rank_);
         std::memcpy(mine, in + done, len);
-        arrive_and_wait("all_gather");
+        arrive_and_wait("all_gather_into_tensor");
         for (int peer = 0; peer < size_; ++peer) {
             const char* source = fits_small ? small(peer, step_) : stage(peer);
             std::memmove(out + peer * total + done, peer == rank_ ? in + done : source, len);
         }
-        if (!fits_small) arrive_and_wait("all_gather");
+        if (!fits_small) arrive_and_wait("all_gather_into_tensor");
     }
 }
 
 // --- reduce_scatter and all_to_all ---------------------------------------------------------
 
 void Comm::reduce_scatter(void* output, const void* input, std::size_t count, DType dtype, Op op) {
-    begin("reduce_scatter", kReduceScatter, count, dtype, static_cast<int>(op), -1);
+    begin("reduce_scatter_tensor", kReduceScatter, count, dtype, static_cast<int>(op), -1);
     const std::size_t esz = element_size(dtype);
     const bool fits_small = count * esz * size_ <= layout_.small_bytes;
     const std::size_t per_round = fits_small ? std::max<std::size_t>(count, 1) : layout_.chunk_bytes / (esz * size_);
@@ -395,17 +400,17 @@ void Comm::reduce_scatter_round(char* out, const char* in, std::size_t stride, s
     for (int peer = 0; peer < size_; ++peer) {
         if (peer != rank_) std::memcpy(staging + peer * slot, in + peer * stride * esz, slot);
     }
-    arrive_and_wait("reduce_scatter");
+    arrive_and_wait("reduce_scatter_tensor");
     for (int peer = 0; peer < size_; ++peer) {
         const char* base = fits_small ? small(peer, step_) : stage(peer);
         inputs_[peer] = peer == rank_ ? in + rank_ * stride * esz : base + rank_ * slot;
     }
     reduce(out, nullptr, inputs_.data(), size_, count, dtype, op, size_);
-    if (!fits_small) arrive_and_wait("reduce_scatter");
+    if (!fits_small) arrive_and_wait("reduce_scatter_tensor");
 }
 
 void Comm::all_to_all(void* output, const void* input, std::size_t count, DType dtype) {
-    begin("all_to_all", kAllToAll, count, dtype, -1, -1);
+    begin("all_to_all_single", kAllToAll, count, dtype, -1, -1);
     char* out = static_cast<char*>(output);
     const char* in = static_cast<const char*>(input);
     const std::size_t esz = element_size(dtype);
@@ -418,13 +423,13 @@ void Comm::all_to_all(void* output, const void* input, std::size_t count, DType 
         for (int peer = 0; peer < size_; ++peer) {
             if (peer != rank_) std::memcpy(staging + peer * len, in + peer * block + done, len);
         }
-        arrive_and_wait("all_to_all");
+        arrive_and_wait("all_to_all_single");
         std::memmove(out + rank_ * block + done, in + rank_ * block + done, len);
         for (int peer = 0; peer < size_; ++peer) {
             const char* base = fits_small ? small(peer, step_) : stage(peer);
             if (peer != rank_) std::memcpy(out + peer * block + done, base + rank_ * len, len);
         }
-        if (!fits_small) arrive_and_wait("all_to_all");
+        if (!fits_small) arrive_and_wait("all_to_all_single");
     }
 }
 

@@ -69,9 +69,10 @@ struct SlowWaitHooks {
 
 class Comm {
 public:
-    // `regions[i]` is rank i's region, already mapped; `pids[i]` its process (0: do not watch).
-    Comm(std::string label, int rank, int size, std::vector<char*> regions, std::vector<pid_t> pids,
-         Layout layout, WaitPolicy policy);
+    // `regions[i]` is rank i's region, already mapped; `pids[i]` its process (0: do not watch);
+    // `ranks[i]` its global rank and `group` the group's name, for messages.
+    Comm(std::string group, std::vector<int> ranks, int rank, int size, std::vector<char*> regions,
+         std::vector<pid_t> pids, Layout layout, WaitPolicy policy);
 
     int rank() const { return rank_; }
     int size() const { return size_; }
@@ -119,7 +120,9 @@ private:
     void reduce_scatter_round(char* out, const char* in, std::size_t stride, std::size_t count,
                               DType dtype, Op op, char* staging, bool fits_small);
 
+    std::string group_;
     std::string label_;
+    std::vector<int> ranks_;
     int rank_;
     int size_;
     std::vector<char*> regions_;

@@ -90,8 +90,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < size; ++r) regions.push_back(base + layout.region_bytes() * r);
     std::vector<Comm> comms;
     comms.reserve(size);
+    std::vector<int> ranks(size);
+    for (int r = 0; r < size; ++r) ranks[r] = r;
     for (int r = 0; r < size; ++r) {
-        comms.emplace_back("race-check", r, size, regions, std::vector<pid_t>(size, 0), layout, WaitPolicy{60.0, 64});
+        comms.emplace_back("race-check", ranks, r, size, regions, std::vector<pid_t>(size, 0), layout,
+                           WaitPolicy{60.0, 64});
     }
     std::vector<std::string> failures(size);
     std::vector<std::thread> threads;

@@ -360,13 +360,16 @@ def check_signatures_meet_in_shared_memory() -> None:
     assert dist.group.WORLD.primary_backend._check.shared is not None
     counted = _distinct(rank, 8 if last else 4, torch.float32)
     typed = _distinct(rank, 4, torch.int32 if last else torch.float32)
-    for tensor, words in ((counted, "element counts 4 to 8"), (typed, "all_reduce(int32")):
+    for tensor, words in (
+        (counted, "all_reduce(float32[8], op sum)"),
+        (typed, "all_reduce(int32[4], op sum)"),
+    ):
         before = tensor.clone()
         try:
             work = dist.all_reduce(tensor, async_op=last and tensor is typed)
             assert work is None or work.wait()
         except CollectiveMismatchError as error:
-            assert words in str(error) and f"(rank {rank})" in str(error), str(error)
+            assert words in str(error) and f"collectives: rank {rank} called" in str(error), str(error)
         else:
             raise AssertionError(f"rank {rank}: a mismatched all_reduce returned ({words})")
         assert torch.equal(tensor, before), tensor

@@ -17,7 +17,7 @@ from commlayer.backends.mpi import native_fast_paths as _native
 from commlayer.core.errors import CollectiveMismatchError
 
 _LATE_S = 0.2  # the disagreeing rank's delay: every other rank has entered its call by then
-_SPECULATED = "entered before every peer had published"
+_SPECULATED = "after this rank had entered its call, before every peer had published"
 
 # op -> (input elements, output elements) for ``n`` elements a rank in a world of ``w``
 _SHAPES: dict[str, Callable[[int, int], tuple[int, int]]] = {
@@ -117,7 +117,7 @@ def _check_one(
         assert work is None or work.wait()
     except CollectiveMismatchError as error:
         text = str(error)
-        assert "element counts" in text and f"(rank {rank})" in text, (op, text)
+        assert "peer rank" in text and f"collectives: rank {rank} called" in text, (op, text)
         assert (_SPECULATED in text) == speculates, (op, rank, speculates, text)
     else:
         raise AssertionError(f"rank {rank}: a mismatched {op} returned")

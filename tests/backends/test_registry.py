@@ -31,19 +31,28 @@ def test_register_rejects_non_backends() -> None:
         commlayer.register_backend("nonsense", object)  # type: ignore[arg-type]
 
 
-def test_unknown_backend_lists_installed_ones_with_reasons() -> None:
+def test_unknown_backend_is_one_line_naming_the_closest_and_the_installed_ones() -> None:
     with pytest.raises(BackendUnavailableError) as caught:
-        commlayer.get_backend_class("nope")
+        commlayer.get_backend_class("glo")
     message = str(caught.value)
-    assert "unknown backend 'nope'" in message
-    assert "gloo   available" in message
-    if not torch.cuda.is_available():
-        assert "nccl   unavailable: no CUDA device is visible" in message
-    assert "hccl" in message and "ccl" in message and "mpi" in message
+    assert "\n" not in message, message
+    assert message.startswith(
+        "backend 'glo' names no installed backend (did you mean 'gloo'?); installed: "
+    ), message
+    assert all(name in message for name in ("ccl", "gloo", "hccl", "mpi", "nccl", "shm")), message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="nccl runs on this host")
+def test_unavailable_backend_is_one_line_with_its_reason() -> None:
+    with pytest.raises(BackendUnavailableError) as caught:
+        commlayer.get_backend_class("nccl")
+    assert str(caught.value) == (
+        "backend 'nccl' cannot run on this host: no CUDA device is visible (torch.cuda.is_available() is False)"
+    )
 
 
 def test_unknown_backend_fails_init_before_any_rendezvous() -> None:
-    with pytest.raises(BackendUnavailableError, match="unknown backend 'nope'"):
+    with pytest.raises(BackendUnavailableError, match="'nope' names no installed backend"):
         dist.init_process_group("nope", store=torch_dist.HashStore(), rank=0, world_size=1)
     assert not dist.is_initialized()
 

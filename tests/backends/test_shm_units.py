@@ -9,8 +9,8 @@ import torch
 
 from commlayer.backends.shm import ShmBackend, ShmOptions
 from commlayer.backends.shm.native import DTYPE_CODES, OP_CODES, load_extension
-from commlayer.backends.shm.segments import HOST_ID_ENV, HostMap, host_identity
 from commlayer.core.errors import InvalidArgumentError
+from commlayer.core.hosts import HOST_ID_ENV, HostMap, host_identity
 from commlayer.core.types import ReduceOp
 from commlayer.testing.conformance import ops_for
 

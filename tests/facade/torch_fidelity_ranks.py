@@ -21,13 +21,7 @@ from commlayer.core.errors import CommTimeoutError
 
 def main(path: str) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
-    if torch_dist.is_initialized():  # commlayer's gloo: torch's default group is its own
-        reference = torch_dist.new_group(backend="gloo")
-    else:
-        torch_dist.init_process_group(
-            "gloo", store=torch_dist.FileStore(path, size), rank=rank, world_size=size
-        )
-        reference = None
+    reference = torch_reference(path)
     _errors_worded_as_torch(reference, rank)
     _accepted_as_torch(reference, rank, size)
     _torch_groups_accepted(rank, size)
@@ -36,7 +30,18 @@ def main(path: str) -> None:
         torch_dist.destroy_process_group()
 
 
-def _raised(call: Callable[[], Any]) -> BaseException:
+def torch_reference(path: str) -> Any:
+    """torch's own gloo beside the commlayer world: torch's default group over a FileStore at
+    ``path`` (returned as None, the default), or on commlayer's gloo, which owns torch's default
+    group, a torch gloo group of its own."""
+    if torch_dist.is_initialized():
+        return torch_dist.new_group(backend="gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch_dist.init_process_group("gloo", store=torch_dist.FileStore(path, size), rank=rank, world_size=size)
+    return None
+
+
+def raised(call: Callable[[], Any]) -> BaseException:
     try:
         call()
     except Exception as error:  # noqa: BLE001 - the error is what is compared
@@ -46,7 +51,7 @@ def _raised(call: Callable[[], Any]) -> BaseException:
 
 def _same_error(case: str, ours: Callable[[], Any], theirs: Callable[[], Any], worded: bool = True) -> None:
     """Ours is an instance of torch's type and (``worded``) starts with torch's message."""
-    expected, got = _raised(theirs), _raised(ours)
+    expected, got = raised(theirs), raised(ours)
     assert isinstance(got, type(expected)), (case, type(got), type(expected), got, expected)
     assert not worded or str(got).startswith(str(expected)), (case, str(got), str(expected))
 
@@ -144,8 +149,8 @@ def _monitored_barrier_names_the_missing_rank(reference: Any, rank: int) -> None
     torch_group = torch_dist.new_group(backend="gloo")
     group = dist.new_group([0, 1])
     if rank == 0:
-        expected = _raised(lambda: torch_dist.monitored_barrier(group=torch_group, timeout=0.5))
-        got = _raised(lambda: dist.monitored_barrier(group=group, timeout=0.5))
+        expected = raised(lambda: torch_dist.monitored_barrier(group=torch_group, timeout=0.5))
+        got = raised(lambda: dist.monitored_barrier(group=group, timeout=0.5))
         assert isinstance(got, type(expected)) and isinstance(got, CommTimeoutError), (got, expected)
         prefix = str(expected).split("\n")[0]
         assert prefix == "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 500 ms", prefix

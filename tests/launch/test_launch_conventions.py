@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from commlayer.contract.registry import did_you_mean
+from commlayer.core.backend_choice import did_you_mean
 from commlayer.core.metrics import format_duration
 from commlayer.launch.nproc import resolve_nproc
 from commlayer.launch.report import final_report
@@ -32,8 +32,8 @@ def test_nproc_refuses_clearly(text: str, complaint: str) -> None:
 
 
 def test_unknown_backend_names_get_a_suggestion() -> None:
-    assert did_you_mean("ncl", ["gloo", "nccl", "shm"]) == "; did you mean 'nccl'?"
-    assert did_you_mean("GLO", ["gloo", "nccl"]) == "; did you mean 'gloo'?"
+    assert did_you_mean("ncl", ["gloo", "nccl", "shm"]) == " (did you mean 'nccl'?)"
+    assert did_you_mean("GLO", ["gloo", "nccl"]) == " (did you mean 'gloo'?)"
     assert did_you_mean("zzz", ["gloo", "nccl"]) == ""
 
 
@@ -41,7 +41,9 @@ def test_every_place_a_backend_name_is_accepted_suggests_the_close_one() -> None
     from commlayer import dist
     from commlayer.core.errors import BackendUnavailableError
 
-    with pytest.raises(BackendUnavailableError, match="unknown backend 'glo'; did you mean 'gloo'"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"backend 'glo' names no installed backend \(did you mean 'gloo'\?\)"
+    ):
         dist.init_process_group("glo", rank=0, world_size=1, store=dist.HashStore())
     done = subprocess.run(
         [sys.executable, "-m", "commlayer", "test-backend", "glo"],
@@ -57,7 +59,7 @@ def test_every_place_a_backend_name_is_accepted_suggests_the_close_one() -> None
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=environ, check=False
     )
-    assert "unknown backend 'shn'; did you mean 'shm'?" in done.stderr, done.stderr
+    assert "backend 'shn' names no installed backend (did you mean 'shm'?)" in done.stderr, done.stderr
 
 
 def test_durations_read_as_people_write_them() -> None:

@@ -17,18 +17,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from commlayer import dist
 from commlayer.core import profiling
+from tests.facade.torch_fidelity_ranks import torch_reference
 
 
 def main(path: str) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
-    if torch_dist.is_initialized():  # commlayer's gloo: torch's default group is its own
-        reference = torch_dist.new_group(backend="gloo")
-    else:
-        torch_dist.init_process_group(
-            "gloo", store=torch_dist.FileStore(path, size), rank=rank, world_size=size
-        )
-        reference = None
+    reference = torch_reference(path)
     torch_events, torch_results = _profiled(lambda: _calls(torch_dist, reference, rank, size))
     events, results = _profiled(lambda: _calls(dist, None, rank, size))
     assert len(results) == len(torch_results)
@@ -78,9 +73,11 @@ def _calls(d: Any, group: Any, rank: int, size: int) -> list[torch.Tensor]:
         d.recv(peer, src=0, group=group)
     pair = [base.clone(), torch.arange(3.0) * (rank + 1)]
     d.all_reduce_coalesced(pair, group=group)
+    later = [base.clone(), torch.arange(2.0) - rank]
+    d.all_reduce_coalesced(later, op=d.ReduceOp.MAX, group=group, async_op=True).wait()
     pairs = [[torch.zeros(4), torch.zeros(3)] for _ in range(size)]
     d.all_gather_coalesced(pairs, [base, torch.arange(3.0) - rank], group=group)
-    results = [summed, maxed, sent, gathered, scattered, exchanged, *listed, waited, peer, *pair]
+    results = [summed, maxed, sent, gathered, scattered, exchanged, *listed, waited, peer, *pair, *later]
     results += [tensor for row in pairs for tensor in row]
     return results + ([reduced] if rank == 0 else [])
 
@@ -91,6 +88,7 @@ def _compare(backend: str, events: list[Any], torch_events: list[Any]) -> None:
     assert names == torch_names, (backend, names, torch_names)
     if backend == "gloo":  # torch's own ProcessGroup: every event exactly as torch's
         assert _shaped(events) == _shaped(torch_events), (_shaped(events), _shaped(torch_events))
+        assert _exact(events) == _exact(torch_events), (_exact(events), _exact(torch_events))
         return
     for e in events:
         if e.name.startswith("c10d::"):
@@ -105,6 +103,18 @@ def _compare(backend: str, events: list[Any], torch_events: list[Any]) -> None:
         e.name for e in events if e.name.startswith("gloo:") and e.name not in ("gloo:send", "gloo:recv")
     ]
     assert not internal, (backend, _shaped(events))
+
+
+def _exact(events: list[Any]) -> list[tuple[Any, ...]]:
+    """What a profiler shows of each coalesced call's events: name, shapes, scalar arguments
+    (asyncOp among them), keyword inputs, whether it is async, its scope (the event after each
+    coalesced dispatcher op is its gloo event)."""
+    picked = [i for i, e in enumerate(events) if "coalesced" in e.name]
+    picked = sorted({j for i in picked for j in (i, i + 1) if j < len(events)})
+    return [
+        (e.name, e.input_shapes, e.concrete_inputs, dict(e.kwinputs), e.is_async, e.scope)
+        for e in (events[i] for i in picked)
+    ]
 
 
 def _shaped(events: list[Any]) -> list[tuple[str, Any]]:

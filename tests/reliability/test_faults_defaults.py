@@ -6,7 +6,7 @@ Debug mode's fingerprints are the facade's, the same on every backend: tests/rel
 them on gloo, ccl and mpi, and they were run on shm by hand (benchmarks/RESULTS.md).
 Without debug mode, a mismatched collective must still never return garbage: shm compares each
 op's packed signature beside its step counter, mpi runs one 32-byte Allreduce(MAX) of it first,
-gloo one small allreduce(MAX) of it first (backends/mismatch/gloo.py).
+gloo one small allreduce(MAX) of it first (commlayer/contract/mismatch).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def assert_mismatch_on_every_rank(outcome: WorldOutcome, words: tuple[str, ...])
         record = outcome.survivor(rank)
         assert record["outcome"] == "error", record
         assert "CollectiveMismatchError" in record["bases"], record
-        assert f"(rank {rank})" in record["message"], record
+        assert f"collectives: rank {rank} called " in record["message"], record
+        assert f"peer rank {1 - rank} called " in record["message"], record
         for word in words:
             assert word in record["message"], (word, record)
 
@@ -103,12 +104,12 @@ def test_gloo_mismatch_without_debug_mode_is_caught_before_the_collective(kind: 
     (benchmarks/faults/gloo_mismatch_detection.py). Now every rank raises, sync or async, naming both calls."""
     outcome = run_fault_world("gloo", kind, tmp_path)
     rank1_call = {
-        "mismatch_dtype": "all_reduce(int32, reduce op SUM",
-        "mismatch_dtype_async": "all_reduce(int32, reduce op SUM",
-        "mismatch_size": "element counts 4 to 8",
-        "mismatch_op": "broadcast(float32, reduce op -, root 0)",
+        "mismatch_dtype": "all_reduce(int32[4], op sum)",
+        "mismatch_dtype_async": "all_reduce(int32[4], op sum)",
+        "mismatch_size": "all_reduce(float32[8], op sum)",
+        "mismatch_op": "broadcast(float32[4], root 0)",
     }[kind]
-    words = ("all_reduce(float32, reduce op SUM", rank1_call, "'world'", "COMMLAYER_GLOO_VERIFY=0")
+    words = ("all_reduce(float32[4], op sum)", rank1_call, "'world'", "checked by gloo before any data moved")
     assert_mismatch_on_every_rank(outcome, words)
 
 
@@ -123,11 +124,11 @@ def test_ccl_mismatch_without_debug_mode_is_caught_before_the_collective(kind: s
     returned; now every rank raises before the collective, naming both calls."""
     outcome = run_fault_world("ccl", kind, tmp_path)
     rank1_call = {
-        "mismatch_dtype": "all_reduce(int32, reduce op SUM",
-        "mismatch_size": "element counts 4 to 8",
-        "mismatch_op": "broadcast(float32, reduce op -, root 0)",
+        "mismatch_dtype": "all_reduce(int32[4], op sum)",
+        "mismatch_size": "all_reduce(float32[8], op sum)",
+        "mismatch_op": "broadcast(float32[4], root 0)",
     }[kind]
-    words = ("all_reduce(float32, reduce op SUM", rank1_call, "'world'", "COMMLAYER_CCL_VERIFY=0")
+    words = ("all_reduce(float32[4], op sum)", rank1_call, "'world'", "checked by ccl before any data moved")
     assert_mismatch_on_every_rank(outcome, words)
 
 
@@ -190,7 +191,8 @@ def test_mpi_size_mismatch_without_debug_mode_is_caught_before_the_collective(tm
     (tests/reliability/test_reliability_defaults_units.py checks their packing)."""
     require_mpirun()
     outcome = run_fault_world("mpi", "mismatch_size", tmp_path)
-    assert_mismatch_on_every_rank(outcome, ("'world'", "element counts 4 to 8", "all_reduce(float32"))
+    words = ("'world'", "all_reduce(float32[4], op sum)", "all_reduce(float32[8], op sum)", "checked by mpi")
+    assert_mismatch_on_every_rank(outcome, words)
 
 
 # --- the store ----------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-from commlayer.backends.mismatch.gloo import CHECKED_BY, VERIFY_ENV, SignedProcessGroup
-from commlayer.backends.mismatch.signature import dtype_codes, mismatch, pack
-from commlayer.backends.mismatch.signer import Signer, split_counts, verify_enabled
+from commlayer.backends.gloo import SignedProcessGroup
 from commlayer.backends.mpi.ordered import OrderedExecutor
-from commlayer.backends.mpi.signature import SignatureCheck, describe
-from commlayer.core import health
+from commlayer.backends.mpi.signature import SignatureCheck
+from commlayer.contract.mismatch import Members, ReductionCheck, split_counts
+from commlayer.contract.mismatch.signature import describe_key
+from commlayer.core import health, settings
 from commlayer.core.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerFailureError
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import WaitLimit
@@ -32,16 +32,24 @@ DTYPES = (torch.float32, torch.int32, torch.float64, torch.int64, torch.bfloat16
 
 
 def _check(rank: int = 0) -> SignatureCheck:
-    def unused(values: array) -> None:
-        raise AssertionError("no communication in these tests")
+    """mpi's check of a 3-rank communicator whose global ranks are 10, 11, 12; its second exchange
+    (the gathered calls after a mismatch) answers from ``_CALLS``."""
+
+    def gathered(values: array) -> None:
+        for index, (key, count) in enumerate(_CALLS):
+            values[2 * index], values[2 * index + 1] = key, count
 
     codes = {dtype: code + 1 for code, dtype in enumerate(sorted(DTYPES, key=str))}
-    return SignatureCheck(unused, unused, codes, "dp", rank)
+    return SignatureCheck(gathered, gathered, codes, "dp", (10, 11, 12), rank)
+
+
+_CALLS: list[tuple[int, int]] = []
 
 
 def _group_max(*contributions: tuple[int, int]) -> array:
     """What Allreduce(MAX) of each rank's ``[key, -key, count, -count]`` leaves on every rank."""
     rows = [(key, -key, count, -count) for key, count in contributions]
+    _CALLS[:] = contributions
     return array("q", (max(column) for column in zip(*rows)))
 
 
@@ -57,57 +65,52 @@ def test_every_difference_ranks_can_make_changes_the_key() -> None:
     }
     assert len(keys) == 6
     key = check.key("broadcast", torch.zeros(2, dtype=torch.int64), root=3)
-    assert describe(key, {code: dtype for dtype, code in check.dtype_codes.items()}) == (
-        "broadcast(int64, reduce op -, root 3)"
-    )
+    assert describe_key(key, 2, check.dtype_codes) == "broadcast(int64[2], root 3)"
 
 
-def test_equal_calls_pass_and_any_difference_raises_the_same_on_every_rank() -> None:
+def test_equal_calls_pass_and_any_difference_raises_naming_the_first_differing_peer() -> None:
     key = _check().key("all_reduce", torch.zeros(4), reduce_op=ReduceOp.SUM)
-    _check()._compare("all_reduce", key, 4, _group_max((key, 4), (key, 4), (key, 4)))
-    messages = []
+    _check()._compare("all_reduce", key, 4, _group_max((key, 4), (key, 4), (key, 4)), None)
+    peers = {0: 11, 1: 10, 2: 11}
     for rank, count in enumerate((4, 8, 4)):
         with pytest.raises(CollectiveMismatchError) as raised:
-            _check(rank)._compare("all_reduce", key, count, _group_max((key, 4), (key, 8), (key, 4)))
-        messages.append(str(raised.value))
-        assert f"(rank {rank})" in messages[-1] and "element counts 4 to 8" in messages[-1]
+            _check(rank)._compare("all_reduce", key, count, _group_max((key, 4), (key, 8), (key, 4)), None)
+        theirs = 8 if count == 4 else 4
+        assert str(raised.value).startswith(
+            f"all_reduce on group 'dp': the ranks called different collectives: rank {10 + rank} called "
+            f"all_reduce(float32[{count}], op sum), peer rank {peers[rank]} called "
+            f"all_reduce(float32[{theirs}], op sum); checked by mpi before any data moved"
+        )
     int_key = _check().key("all_reduce", torch.zeros(4, dtype=torch.int32), reduce_op=ReduceOp.SUM)
     with pytest.raises(
-        CollectiveMismatchError, match=r"all_reduce\(float32.*all_reduce\(int32|int32.*float32"
+        CollectiveMismatchError, match=r"called all_reduce\(float32.*called all_reduce\(int32"
     ):
-        _check()._compare("all_reduce", key, 4, _group_max((key, 4), (int_key, 4)))
+        _check()._compare("all_reduce", key, 4, _group_max((key, 4), (int_key, 4)), None)
 
 
 def test_gloo_check_is_on_unless_its_variable_says_off() -> None:
-    assert verify_enabled(VERIFY_ENV, {}) and verify_enabled(VERIFY_ENV, {"COMMLAYER_GLOO_VERIFY": "1"})
+    assert settings.GLOO_VERIFY.value({}) and settings.GLOO_VERIFY.value({"COMMLAYER_GLOO_VERIFY": "1"})
     offs = ("0", "false", "OFF", " no ")
-    assert not any(verify_enabled(VERIFY_ENV, {"COMMLAYER_GLOO_VERIFY": off}) for off in offs)
-
-
-def test_gloo_mismatch_names_both_calls_and_the_switch() -> None:
-    codes = dtype_codes(DTYPES)
-    floats, ints = (pack("all_reduce", dtype, codes, reduce_op=ReduceOp.SUM) for dtype in DTYPES[:2])
-    error = mismatch("all_reduce", ints, 4, _group_max((floats, 4), (ints, 4)), codes, ("dp", 1), "(gloo)")
-    assert "all_reduce(float32, reduce op SUM, root -1) and all_reduce(int32, reduce op SUM" in str(error)
-    assert "this rank called all_reduce(int32" in str(error) and "(rank 1). (gloo)" in str(error)
-    assert error.calls == {1: "all_reduce(int32, reduce op SUM, root -1) of 4 elements"}
+    assert not any(settings.GLOO_VERIFY.value({"COMMLAYER_GLOO_VERIFY": off}) for off in offs)
 
 
 def test_verified_ops_on_a_real_gloo_group_of_one_run_and_keep_their_data() -> None:
     """Wiring: the signature reduction runs on the ProcessGroup (a group of one agrees with itself)
     before the fused launchers' proxy issues the data op, whose torch Work it returns."""
     process_group = torch_dist.ProcessGroupGloo(torch_dist.HashStore(), 0, 1, timedelta(seconds=10))
-    signer = Signer(process_group, "solo", 0, 0, CHECKED_BY)
-    proxy = SignedProcessGroup(signer, process_group, "all_reduce", (ReduceOp.SUM,))
+    check = ReductionCheck(process_group, Members("solo", (0,), 0), "gloo")
+    proxy = SignedProcessGroup(check, process_group, "all_reduce", (ReduceOp.SUM,))
     tensor = torch.arange(4.0)
     assert proxy.allreduce([tensor], torch_dist.AllreduceOptions()).wait()
     assert torch.equal(tensor, torch.arange(4.0)) and proxy.send == process_group.send
-    signer.verify("broadcast", torch.float32, 4, root=0)
-    signer.verify_exchange("all_to_all", torch.float32, [4], [4])
+    check.verify("broadcast", torch.float32, 4, root=0)
+    check.verify_exchange("all_to_all", torch.float32, [4], [4])
     with pytest.raises(
-        CollectiveMismatchError, match=r"group ranks 0 and 0 disagree .* \(4 and 5\) \(rank 0\)"
+        CollectiveMismatchError,
+        match=r"rank 0 called all_to_all\(float32, expecting 5 from rank 0\), peer rank 0 called "
+        r"all_to_all\(float32, sending 4 to rank 0\)",
     ):
-        signer.verify_exchange("all_to_all", torch.float32, [4], [5])
+        check.verify_exchange("all_to_all", torch.float32, [4], [5])
 
 
 def test_split_counts_are_elements_per_peer_and_empty_splits_are_even() -> None:

@@ -143,7 +143,7 @@ def test_recorder_reads_async_state_through_a_weak_reference() -> None:
 
 def test_describe_call_is_what_the_mismatch_error_shows() -> None:
     entry = FlightRecorder("g", (0, 1)).enter("reduce", torch.zeros(4, 2, dtype=torch.int32), root=1)
-    assert describe_call(entry) == "reduce(int32[4, 2], root=1)"
+    assert describe_call(entry) == "reduce(int32[4, 2], root 1)"
 
 
 def _dump(rank: int, entries: list[tuple[int, str, list[int], str]], reason: str = "") -> dict:

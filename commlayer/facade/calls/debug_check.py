@@ -2,10 +2,14 @@
 
 With ``COMMLAYER_DEBUG=detail`` or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, each member of a group
 publishes what it called under the collective's sequence number in the rendezvous store and waits
-for the others. Example, rank 1 of 2 posting 8 elements where rank 0 posts 4::
+for the others. Example, rank 1 of 2 posting 8 elements where rank 0 posts 4, on rank 1::
 
-    CollectiveMismatchError: all_reduce #3 on group 'world': the ranks called different
-    collectives: rank 0: all_reduce(float32[4], root=-1); rank 1: all_reduce(float32[8], root=-1)
+    CollectiveMismatchError: all_reduce on group 'world': the ranks called different collectives:
+    rank 1 called all_reduce(float32[8]), peer rank 0 called all_reduce(float32[4]); checked by
+    debug mode at collective #3, before any data moved
+
+(the message every backend's own check gives, :mod:`commlayer.contract.mismatch.signature`, with
+shapes instead of element counts).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
+from commlayer.contract.mismatch.signature import describe, mismatch_error
 from commlayer.core import settings
-from commlayer.core.errors import CollectiveMismatchError, CommTimeoutError, describe_ranks
+from commlayer.core.errors import CommTimeoutError, describe_ranks
 from commlayer.core.flight_recorder import DTYPE, OP, ROOT, SEQ, SHAPE
 from commlayer.facade.groups.group import world_or_none
 
@@ -46,11 +51,10 @@ def debug_mode(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def describe_call(entry: list[Any]) -> str:
-    """``all_reduce(float32[4, 2], root=-1)``: what a rank called, as the mismatch error shows it."""
+    """``reduce(float32[4, 2], root 1)``: what a rank called, as the mismatch error shows it."""
     shape = entry[SHAPE]
     dims = "; ".join(_dims(item) for item in shape) if isinstance(shape, list) else _dims(shape)
-    dtype = str(entry[DTYPE]).replace("torch.", "")
-    return f"{entry[OP]}({dtype}[{dims}], root={entry[ROOT]})"
+    return describe(entry[OP], entry[DTYPE], dims, root=entry[ROOT])
 
 
 def _dims(shape: Any) -> str:
@@ -73,7 +77,7 @@ class FingerprintCheck:
             return
         seq = entry[SEQ]
         call = describe_call(entry)
-        mine = call if entry[OP] not in _SHAPE_FREE_OPS else f"{entry[OP]}({entry[DTYPE]!s})"
+        mine = call if entry[OP] not in _SHAPE_FREE_OPS else describe(entry[OP], entry[DTYPE])
         prefix = f"{_FINGERPRINT_PREFIX}/{self.group_name}/{seq}/"
         store = world.store
         store.set(prefix + str(self.global_rank), mine)
@@ -82,12 +86,12 @@ class FingerprintCheck:
         calls = dict(zip(self.ranks, (value.decode() for value in store.multi_get(keys))))
         self._forget(store, seq - 2)
         if len(set(calls.values())) > 1:
-            listing = "; ".join(f"rank {rank}: {made}" for rank, made in calls.items())
-            raise CollectiveMismatchError(
-                f"{entry[OP]} #{seq} on group '{self.group_name}': the ranks called different "
-                f"collectives: {listing} (rank {self.global_rank})",
-                calls,
-            )
+            peer = next(rank for rank, made in calls.items() if made != mine)
+            checked_by = f"checked by debug mode at collective #{seq}, before any data moved"
+            pair = ((self.global_rank, mine), (peer, calls[peer]))
+            error = mismatch_error(entry[OP], self.group_name, pair, checked_by)
+            error.calls = calls  # every rank's call, not only the pair the message names
+            raise error
 
     def _wait(self, store: Any, keys: list[str], seq: int, call: str) -> None:
         try:

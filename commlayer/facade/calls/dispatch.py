@@ -129,7 +129,11 @@ _observers: dict[str, Observer] = {}
 # The async_op keyword every backend op takes, built once per mode.
 _MODE = {True: {"async_op": True}, False: {"async_op": False}}
 # Facade ops that are not backend ops, and the backend ops they are built from.
-_BUILT_FROM = {"monitored_barrier": ("send", "recv")}
+_BUILT_FROM = {
+    "monitored_barrier": ("send", "recv"),
+    "all_reduce_coalesced": ("all_reduce",),
+    "all_gather_coalesced": ("all_gather_into_tensor",),
+}
 
 
 def _profiler_toggled(on: bool) -> None:

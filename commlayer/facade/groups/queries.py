@@ -4,7 +4,8 @@ get_group_rank)."""
 
 from __future__ import annotations
 
-from commlayer.core.errors import InvalidArgumentError, invalid_argument
+from commlayer.core.boundary import hide_internal_frames, user_facing
+from commlayer.core.errors import CommError, InvalidArgumentError, invalid_argument
 from commlayer.facade.groups.group import ProcessGroup, current_world, resolve_group, world_or_none
 
 __all__ = [
@@ -50,8 +51,12 @@ def is_initialized() -> bool:
 
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (global rank by default); -1 when not a member."""
-    resolved = resolve_group("get_rank", group)
-    return -1 if resolved is None else resolved.rank()
+    try:
+        resolved = resolve_group("get_rank", group)
+        return -1 if resolved is None else resolved.rank()
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
@@ -71,10 +76,15 @@ def get_world_size(group: ProcessGroup | None = None) -> int:
         >>> dist.get_world_size()
         2
     """
-    resolved = resolve_group("get_world_size", group)
-    return -1 if resolved is None else resolved.size()
+    try:
+        resolved = resolve_group("get_world_size", group)
+        return -1 if resolved is None else resolved.size()
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
+@user_facing
 def get_backend(group: ProcessGroup | None = None) -> str:
     """The backend specification ``group`` runs on.
 
@@ -96,6 +106,7 @@ def get_backend(group: ProcessGroup | None = None) -> str:
     return resolved.backend_spec
 
 
+@user_facing
 def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
     """The global ranks of ``group``, in group rank order.
 
@@ -117,6 +128,7 @@ def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
     return list(resolved.ranks)
 
 
+@user_facing
 def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     """The global rank of ``group``'s rank ``group_rank``.
 
@@ -149,6 +161,7 @@ def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     return resolved.ranks[group_rank]
 
 
+@user_facing
 def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
     """The rank inside ``group`` of global rank ``global_rank``.
 

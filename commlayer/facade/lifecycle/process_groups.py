@@ -20,6 +20,7 @@ from commlayer.contract.selection import (
     resolve_backend_spec,
 )
 from commlayer.core import health, watchdog
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import AlreadyInitializedError, BackendUnavailableError, invalid_argument
 from commlayer.core.job import agree_job_id
 from commlayer.core.types import DEFAULT_TIMEOUT, GroupSpec
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 
+@user_facing
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
@@ -115,6 +117,7 @@ def init_process_group(
     run_init_hooks()  # e.g. the comms logger, when $COMMLAYER_COMMS_LOGGER enables it
 
 
+@user_facing
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Tear down one group, or (``group=None``) every group and the default one."""
     world = current_world("destroy_process_group")
@@ -139,6 +142,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         _shutdown(group.unique_backends())
 
 
+@user_facing
 def new_group(
     ranks: Sequence[int] | None = None,
     timeout: timedelta | None = None,

@@ -18,6 +18,7 @@ from typing import Any
 import torch.distributed as torch_dist
 
 from commlayer.contract.backend import Backend
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import CommError, CommTimeoutError, InvalidArgumentError, InvalidTypeError
 from commlayer.core.types import GroupSpec
 from commlayer.facade.calls.plans import forget_plans
@@ -42,6 +43,7 @@ SHRINK_DEFAULT: int = torch_dist.distributed_c10d.SHRINK_DEFAULT
 SHRINK_ABORT: int = torch_dist.distributed_c10d.SHRINK_ABORT
 
 
+@user_facing
 def shrink_group(
     ranks_to_exclude: list[int],
     group: ProcessGroup | None = None,

@@ -16,6 +16,7 @@ import torch
 
 from commlayer.contract.registry import get_backend_class
 from commlayer.contract.selection import DEFAULT_BY_ACCELERATOR
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import BackendUnavailableError, UnsupportedError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.facade.groups.group import NON_GROUP_MEMBER, ProcessGroup, current_world, resolve_group
@@ -43,6 +44,7 @@ _NOT_COMPLEX = frozenset(
 )
 
 
+@user_facing
 def new_subgroups(
     group_size: int | None = None,
     group: Any = None,
@@ -73,6 +75,7 @@ def new_subgroups(
     return new_subgroups_by_enumeration(chunks, timeout, backend, pg_options, group_desc)
 
 
+@user_facing
 def new_subgroups_by_enumeration(
     ranks_per_subgroup_list: Sequence[Sequence[int]],
     timeout: timedelta | None = None,
@@ -93,6 +96,7 @@ def new_subgroups_by_enumeration(
     return (mine[0] if mine else None), subgroups
 
 
+@user_facing
 def split_group(
     parent_pg: Any = None,
     split_ranks: Sequence[Sequence[int]] | None = None,
@@ -127,6 +131,7 @@ def get_pg_count() -> int:
     return 1 + current_world("get_pg_count").group_counter
 
 
+@user_facing
 def get_backend_config(group: Any = None) -> str:
     """``"cpu:gloo,cuda:nccl"``-style device-to-backend map of ``group``, as torch reports it."""
     resolved = resolve_group("get_backend_config", group)
@@ -137,6 +142,7 @@ def get_backend_config(group: Any = None) -> str:
     return ",".join(f"{device}:{resolved.backend_for(device).name}" for device in resolved.device_types)
 
 
+@user_facing
 def get_default_backend_for_device(device: str | torch.device) -> str:
     """The backend ``init_process_group(backend=None)`` picks for ``device`` ("cpu" -> shm)."""
     device_type = torch.device(device).type

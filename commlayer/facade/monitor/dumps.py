@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from commlayer.core import health, watchdog
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import (
     BackendUnavailableError,
     CheckpointError,
@@ -76,6 +77,7 @@ def dumps_for(error: BaseException) -> bool:
     return not isinstance(error, _NOT_COMMUNICATION)
 
 
+@user_facing
 def dump_flight_recorder(
     directory: str | os.PathLike[str] | None = None, reason: str = "request"
 ) -> Path | None:

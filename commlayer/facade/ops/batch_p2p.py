@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from commlayer.contract.fallbacks import GenericCollectives
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidArgumentError
 from commlayer.core.work import Work
 from commlayer.facade.calls.timeouts import CallTimeoutWork, checked_timeout
@@ -37,6 +38,7 @@ class P2POp:
             )
 
 
+@user_facing
 def batch_isend_irecv(
     p2p_op_list: Sequence[P2POp], *, timeout: timedelta | float | None = None
 ) -> list[Work]:

@@ -6,6 +6,7 @@ import pdb  # noqa: T100 - dist.breakpoint is a debugger entry point by design
 import sys
 from datetime import timedelta
 
+from commlayer.core.boundary import user_facing
 from commlayer.facade.groups.queries import get_rank
 from commlayer.facade.ops.tensor_lists import barrier
 
@@ -28,6 +29,7 @@ class _TerminalPdb(pdb.Pdb):
             sys.stdin = saved
 
 
+@user_facing
 def breakpoint(rank: int = 0, skip: int = 0, timeout_s: float | None = 3600) -> None:
     """Break into pdb on ``rank`` only; the others wait in a barrier of up to ``timeout_s`` seconds.
 

@@ -1,7 +1,8 @@
 """torch's coalesced collectives: many tensors, one message.
 
-The tensors are packed into one flat buffer, the buffer takes a single collective, and the results
-are unpacked into the caller's tensors when the work completes. World of 2, rank r::
+Each backend runs them as its contract says (``Backend.all_reduce_coalesced``): gloo through torch's
+own coalesced ops, whose profiler events are then torch's; the others pack the tensors into one
+buffer for a single collective and unpack the results when the work completes. World of 2, rank r::
 
     a, b = torch.full((2,), r), torch.full((3,), 10 * r)
     all_reduce_coalesced([a, b])          # a == [1, 1], b == [10, 10, 10]
@@ -9,26 +10,27 @@ are unpacked into the caller's tensors when the work completes. World of 2, rank
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 from typing import Any
 
 import torch
 
-from commlayer.core import profiling
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidTypeError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
+from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import as_real, is_complex, real_for_reduction
-from commlayer.facade.calls.op_call import device_type
+from commlayer.facade.calls.dispatch import begin, run_op
+from commlayer.facade.calls.op_call import OpCall, averaged, wire_op
+from commlayer.facade.calls.staging import CopyBack, contiguous
 from commlayer.facade.calls.timeouts import rerun_with_timeout
-from commlayer.facade.groups.group import ProcessGroup, current_world, resolve_group
-from commlayer.facade.ops import in_place as planned
-from commlayer.facade.ops import into_tensor as paired
+from commlayer.facade.groups.group import current_world
 
 __all__ = ["all_gather_coalesced", "all_reduce_coalesced"]
 
 
+@user_facing
 def all_reduce_coalesced(
     tensors: list[torch.Tensor],
     op: Any = ReduceOp.SUM,
@@ -49,15 +51,25 @@ def all_reduce_coalesced(
         real_for_reduction("all_reduce_coalesced", complex_tensor, op)
         tensors = [as_real(tensor) for tensor in tensors]
     tensors = _check_tensors("all_reduce_coalesced", "tensors", tensors)
-    packed = torch.cat([tensor.reshape(-1) for tensor in tensors])
-    if profiling.active:
-        with _profiled("all_reduce_coalesced", group, tensors):
-            work = planned.all_reduce(packed, op=op, group=group, async_op=True)
-    else:
-        work = planned.all_reduce(packed, op=op, group=group, async_op=True)
-    return _finish(work, lambda: _unpack(packed, tensors), async_op)
+    call = begin("all_reduce_coalesced", group, tensors[0].device)
+    if call is None:
+        return None
+    reduce_op = check.check_reduce_op(call, op, tensors[0].dtype)
+    copy_back: CopyBack = []
+    buffers = [contiguous(tensor, copy_back) for tensor in tensors]
+    wire = wire_op(call, reduce_op)
+    return run_op(
+        call,
+        lambda b, mode: b.all_reduce_coalesced(buffers, wire, **mode),
+        async_op=async_op,
+        payload=tensors,
+        copy_back=copy_back,
+        average=averaged(call, reduce_op, buffers),
+        reduce_op=reduce_op,
+    )
 
 
+@user_facing
 def all_gather_coalesced(
     output_tensor_lists: list[list[torch.Tensor]],
     input_tensor_list: list[torch.Tensor],
@@ -70,37 +82,46 @@ def all_gather_coalesced(
     if timeout is not None:
         return rerun_with_timeout(all_gather_coalesced, locals())
     inputs = _check_tensors("all_gather_coalesced", "input_tensor_list", input_tensor_list)
-    resolved = resolve_group("all_gather_coalesced", group)
-    if resolved is None:
+    call = begin("all_gather_coalesced", group, inputs[0].device)
+    if call is None:
         return None
-    if not isinstance(output_tensor_lists, list) or len(output_tensor_lists) != resolved.size():
+    _check_output_lists(call, output_tensor_lists, inputs)
+    copy_back: CopyBack = []
+    outputs = [[contiguous(tensor, copy_back) for tensor in row] for row in output_tensor_lists]
+    sources = [tensor.contiguous() for tensor in inputs]
+    return run_op(
+        call,
+        lambda b, mode: b.all_gather_coalesced(outputs, sources, **mode),
+        async_op=async_op,
+        payload=[tensor for row in output_tensor_lists for tensor in row],
+        copy_back=copy_back,
+        inputs=inputs,
+    )
+
+
+def _check_output_lists(call: OpCall, outputs: Any, inputs: list[torch.Tensor]) -> None:
+    """One list per group rank, each shaped like the inputs (torch lets a mismatch through)."""
+    size = call.group.size()
+    if not isinstance(outputs, list) or len(outputs) != size:
         raise invalid_argument(
-            "all_gather_coalesced",
+            call.op,
             "output_tensor_lists",
-            f"a list of {resolved.size()} lists (the group size)",
-            type(output_tensor_lists).__name__,
-            resolved.global_rank,
+            f"a list of {size} lists (the group size)",
+            type(outputs).__name__,
+            call.rank,
         )
-    packed = torch.cat([tensor.reshape(-1) for tensor in inputs])
-    gathered = packed.new_empty(resolved.size() * packed.numel())
-    if profiling.active:
-        with _profiled("all_gather_coalesced", resolved, inputs):
-            work = paired.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
-    else:
-        work = paired.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
-    rows = gathered.view(resolved.size(), -1)
-    unpack = lambda: [_unpack(row, outputs) for row, outputs in zip(rows, output_tensor_lists)]
-    return _finish(work, unpack, async_op)
-
-
-def _profiled(op: str, group: Any, tensors: list[torch.Tensor]) -> Any:
-    """The call's profiler events, as torch shows a coalesced call (not its packed collective)."""
-    resolved = resolve_group(op, group) if not isinstance(group, ProcessGroup) else group
-    if resolved is None:
-        return contextlib.nullcontext()
-    backend = resolved.backend_for(device_type(tensors[0].device)) or resolved.primary_backend
-    library = backend.name if backend.records_profiler_events else None
-    return profiling.coalesced(op, resolved.group_name, tensors, library)
+    expected = [(tensor.numel(), tensor.dtype) for tensor in inputs]
+    for rank, row in enumerate(outputs):
+        tensors = isinstance(row, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in row)
+        received = [(t.numel(), t.dtype) for t in row] if tensors else type(row).__name__
+        if received != expected:
+            raise invalid_argument(
+                call.op,
+                f"output_tensor_lists[{rank}]",
+                f"tensors of (elements, dtype) {expected}, as the inputs",
+                received,
+                call.rank,
+            )
 
 
 def _check_tensors(op: str, arg: str, tensors: Any) -> list[torch.Tensor]:
@@ -124,20 +145,3 @@ def _check_tensors(op: str, arg: str, tensors: Any) -> list[torch.Tensor]:
                 rank,
             )
     return list(tensors)
-
-
-def _unpack(packed: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    for tensor in tensors:
-        tensor.copy_(packed[offset : offset + tensor.numel()].view_as(tensor))
-        offset += tensor.numel()
-
-
-def _finish(work: Work | None, unpack: Any, async_op: bool) -> Work | None:
-    if work is None:
-        return None
-    chained = work.then(unpack)
-    if async_op:
-        return chained
-    chained.wait()
-    return None

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import hide_internal_frames
+from commlayer.core.errors import CommError
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
@@ -61,12 +63,16 @@ def all_reduce(
         >>> tensor
         tensor([3., 3.])
     """
-    if timeout is not None:
-        return rerun_with_timeout(all_reduce, locals())
-    work = planned_all_reduce(tensor, op, group, async_op, None)
-    if work is not NO_PLAN:
-        return work
-    return _checked_all_reduce(tensor, op, group, async_op)
+    try:
+        if timeout is not None:
+            return rerun_with_timeout(all_reduce, locals())
+        work = planned_all_reduce(tensor, op, group, async_op, None)
+        if work is not NO_PLAN:
+            return work
+        return _checked_all_reduce(tensor, op, group, async_op)
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 @complex_as_real("all_reduce", reduction=True)
@@ -118,12 +124,16 @@ def broadcast(
         >>> tensor
         tensor([0., 1.])
     """
-    if timeout is not None:
-        return rerun_with_timeout(broadcast, locals())
-    work = planned_broadcast(tensor, src, group, async_op, group_src)
-    if work is not NO_PLAN:
-        return work
-    return _checked_broadcast(tensor, src, group, async_op, group_src)
+    try:
+        if timeout is not None:
+            return rerun_with_timeout(broadcast, locals())
+        work = planned_broadcast(tensor, src, group, async_op, group_src)
+        if work is not NO_PLAN:
+            return work
+        return _checked_broadcast(tensor, src, group, async_op, group_src)
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 @complex_as_real("broadcast")

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import hide_internal_frames
+from commlayer.core.errors import CommError
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
@@ -74,13 +76,24 @@ def all_gather_into_tensor(
         >>> output  # 2 ranks
         tensor([0., 0., 1., 1.])
     """
-    if timeout is not None:
-        return rerun_with_timeout(all_gather_into_tensor, locals())
-    if sizes is not None:
-        return all_gather_into_tensor_v(output_tensor, input_tensor, sizes, group, async_op)
-    work = planned_all_gather(output_tensor, input_tensor, group, async_op, None, None)
-    if work is not NO_PLAN:
+    try:
+        if timeout is not None:
+            return rerun_with_timeout(all_gather_into_tensor, locals())
+        if sizes is not None:
+            return all_gather_into_tensor_v(output_tensor, input_tensor, sizes, group, async_op)
+        work = planned_all_gather(output_tensor, input_tensor, group, async_op, None, None)
+        if work is NO_PLAN:
+            work = _looked_up_all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
         return work
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
+
+
+def _looked_up_all_gather_into_tensor(
+    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, async_op: bool
+) -> Work | None:
+    """The Python lookup of the call's plan, for what the C one does not answer."""
     try:
         plan = plans.get(
             (
@@ -161,11 +174,22 @@ def reduce_scatter_tensor(
         >>> output  # rank 1
         tensor([4.])
     """
-    if timeout is not None:
-        return rerun_with_timeout(reduce_scatter_tensor, locals())
-    work = planned_reduce_scatter(output, input, group, async_op, op, None)
-    if work is not NO_PLAN:
+    try:
+        if timeout is not None:
+            return rerun_with_timeout(reduce_scatter_tensor, locals())
+        work = planned_reduce_scatter(output, input, group, async_op, op, None)
+        if work is NO_PLAN:
+            work = _looked_up_reduce_scatter_tensor(output, input, op, group, async_op)
         return work
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
+
+
+def _looked_up_reduce_scatter_tensor(
+    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool
+) -> Work | None:
+    """The Python lookup of the call's plan, for what the C one does not answer."""
     try:
         plan = plans.get(
             (
@@ -251,11 +275,29 @@ def all_to_all_single(
         >>> output  # rank 0
         tensor([10., 20.])
     """
-    if timeout is not None:
-        return rerun_with_timeout(all_to_all_single, locals())
-    work = planned_all_to_all(output, input, group, async_op, output_split_sizes, input_split_sizes)
-    if work is not NO_PLAN:
+    try:
+        if timeout is not None:
+            return rerun_with_timeout(all_to_all_single, locals())
+        work = planned_all_to_all(output, input, group, async_op, output_split_sizes, input_split_sizes)
+        if work is NO_PLAN:
+            work = _looked_up_all_to_all_single(
+                output, input, output_split_sizes, input_split_sizes, group, async_op
+            )
         return work
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
+
+
+def _looked_up_all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: Sequence[int] | None,
+    input_split_sizes: Sequence[int] | None,
+    group: Any,
+    async_op: bool,
+) -> Work | None:
+    """The Python lookup of the call's plan, for what the C one does not answer."""
     try:
         plan = plans.get(
             (

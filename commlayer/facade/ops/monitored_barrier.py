@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from commlayer.contract.fallbacks import FALLBACK_TAG
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import CommTimeoutError, InvalidTypeError, invalid_argument
 from commlayer.core.work import Work
 from commlayer.facade.calls.dispatch import begin
@@ -18,6 +19,7 @@ from commlayer.facade.groups.group import extend_groups
 __all__ = ["monitored_barrier"]
 
 
+@user_facing
 def monitored_barrier(
     group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False
 ) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import InvalidTypeError, invalid_argument
 from commlayer.facade.calls.docstrings import shared_docs
 from commlayer.facade.groups.group import ProcessGroup, resolve_group
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 
+@user_facing
 @shared_docs
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Gather a picklable object from every rank into ``object_list`` on every rank.
@@ -65,6 +67,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         object_list[index] = _unpickle(rows[: sizes[index]])
 
 
+@user_facing
 @shared_docs
 def gather_object(
     obj: Any,
@@ -114,6 +117,7 @@ def gather_object(
             object_gather_list[index] = _unpickle(slot[: sizes[index]])  # type: ignore[index]
 
 
+@user_facing
 @shared_docs
 def broadcast_object_list(
     object_list: list[Any],
@@ -172,6 +176,7 @@ def broadcast_object_list(
     _unpickle_into(object_list, data, sizes)
 
 
+@user_facing
 @shared_docs
 def scatter_object_list(
     scatter_object_output_list: list[Any],
@@ -242,6 +247,7 @@ def scatter_object_list(
     scatter_object_output_list[0] = _unpickle(received[8 : 8 + size])
 
 
+@user_facing
 def send_object_list(
     object_list: list[Any],
     dst: int | None = None,
@@ -262,6 +268,7 @@ def send_object_list(
     p2p.send(torch.cat(payloads), dst, group=group, group_dst=group_dst)
 
 
+@user_facing
 def recv_object_list(
     object_list: list[Any],
     src: int | None = None,

@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 import torch
 
 from commlayer.contract.fallbacks import P2PRequest
-from commlayer.core.errors import UnsupportedError, invalid_argument
+from commlayer.core.boundary import hide_internal_frames
+from commlayer.core.errors import CommError, UnsupportedError, invalid_argument
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
 from commlayer.facade.calls.complex_tensors import as_real, is_complex
@@ -71,15 +72,19 @@ def isend(
         >>> if dist.get_rank() == 0:
         ...     dist.isend(torch.ones(2), dst=1).wait()
     """
-    if timeout is not None:
-        return with_timeout(
-            "isend", group, True, timeout, lambda _: isend(tensor, dst, group, tag, group_dst)
-        )
-    work = _planned_isend(tensor, dst, group, tag, group_dst)
-    if work is not NO_PLAN:
-        return work
-    work = _point_to_point("send", tensor, dst, group, tag, group_dst, True)
-    return None if work is NOT_MEMBER else work
+    try:
+        if timeout is not None:
+            return with_timeout(
+                "isend", group, True, timeout, lambda _: isend(tensor, dst, group, tag, group_dst)
+            )
+        work = _planned_isend(tensor, dst, group, tag, group_dst)
+        if work is not NO_PLAN:
+            return work
+        work = _point_to_point("send", tensor, dst, group, tag, group_dst, True)
+        return None if work is NOT_MEMBER else work
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 @shared_docs
@@ -118,15 +123,19 @@ def irecv(
         ...     incoming = torch.zeros(2)
         ...     dist.irecv(incoming, src=0).wait()
     """
-    if timeout is not None:
-        return with_timeout(
-            "irecv", group, True, timeout, lambda _: irecv(tensor, src, group, tag, group_src)
-        )
-    work = _planned_irecv(tensor, src, group, tag, group_src)
-    if work is not NO_PLAN:
-        return work
-    work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
-    return None if work is NOT_MEMBER else work
+    try:
+        if timeout is not None:
+            return with_timeout(
+                "irecv", group, True, timeout, lambda _: irecv(tensor, src, group, tag, group_src)
+            )
+        work = _planned_irecv(tensor, src, group, tag, group_src)
+        if work is not NO_PLAN:
+            return work
+        work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
+        return None if work is NOT_MEMBER else work
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 @shared_docs
@@ -162,11 +171,15 @@ def send(
         >>> if dist.get_rank() == 0:
         ...     dist.send(torch.ones(2), dst=1)
     """
-    if timeout is not None:
-        with_timeout("send", group, False, timeout, lambda _: isend(tensor, dst, group, tag, group_dst))
-        return
-    if _planned_send(tensor, dst, group, tag, group_dst) is NO_PLAN:
-        _point_to_point("send", tensor, dst, group, tag, group_dst, False)
+    try:
+        if timeout is not None:
+            with_timeout("send", group, False, timeout, lambda _: isend(tensor, dst, group, tag, group_dst))
+            return
+        if _planned_send(tensor, dst, group, tag, group_dst) is NO_PLAN:
+            _point_to_point("send", tensor, dst, group, tag, group_dst, False)
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 def recv(
@@ -183,22 +196,28 @@ def recv(
     ``timeout`` (a commlayer extension, torchcomms' keyword: a timedelta or seconds) bounds this
     call; past it, CommTimeoutError names the op, group and rank. None: the group's timeout.
     """
-    if timeout is not None:
-        work = with_timeout("recv", group, True, timeout, lambda _: irecv(tensor, src, group, tag, group_src))
-        if work is None:
+    try:
+        if timeout is not None:
+            work = with_timeout(
+                "recv", group, True, timeout, lambda _: irecv(tensor, src, group, tag, group_src)
+            )
+            if work is None:
+                return -1
+            work.wait()
+            return _sender(work, src, group, group_src)
+        if src.__class__ is int and group_src is None:  # the common case: its own answer
+            if _planned_recv(tensor, src, group, tag, None) is not NO_PLAN:
+                return src
+            done = _point_to_point("recv", tensor, src, group, tag, None, False)
+            return -1 if done is NOT_MEMBER else src
+        work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
+        if work is NOT_MEMBER:
             return -1
-        work.wait()
+        wait_translated(work, "recv", group)
         return _sender(work, src, group, group_src)
-    if src.__class__ is int and group_src is None:  # the common case: its own answer
-        if _planned_recv(tensor, src, group, tag, None) is not NO_PLAN:
-            return src
-        done = _point_to_point("recv", tensor, src, group, tag, None, False)
-        return -1 if done is NOT_MEMBER else src
-    work = _point_to_point("recv", tensor, src, group, tag, group_src, True)
-    if work is NOT_MEMBER:
-        return -1
-    wait_translated(work, "recv", group)
-    return _sender(work, src, group, group_src)
+    except CommError as error:
+        hide_internal_frames(error)
+        raise
 
 
 def _sender(work: Any, src: int | None, group: Any, group_src: int | None) -> int:

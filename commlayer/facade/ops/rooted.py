@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
@@ -25,6 +26,7 @@ from commlayer.facade.calls.timeouts import rerun_with_timeout
 __all__ = ["gather", "reduce", "scatter"]
 
 
+@user_facing
 @shared_docs
 def reduce(
     tensor: torch.Tensor,
@@ -86,6 +88,7 @@ def reduce(
     )
 
 
+@user_facing
 @shared_docs
 def gather(
     tensor: torch.Tensor,
@@ -145,6 +148,7 @@ def gather(
     )
 
 
+@user_facing
 @complex_as_real("scatter")
 @shared_docs
 def scatter(

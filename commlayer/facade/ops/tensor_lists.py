@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
 from commlayer.facade.calls import validate as check
@@ -34,6 +35,7 @@ __all__ = ["all_gather", "all_to_all", "barrier", "gather_into_list", "reduce_sc
 PartsCheck = Callable[[OpCall, str, Sequence[torch.Tensor], torch.Tensor, Any], None]
 
 
+@user_facing
 @complex_as_real("all_gather")
 @shared_docs
 def all_gather(
@@ -73,6 +75,7 @@ def all_gather(
     return gather_into_list("all_gather", tensor_list, tensor, group, async_op, _equal_parts)
 
 
+@user_facing
 @shared_docs
 def reduce_scatter(
     output: torch.Tensor,
@@ -188,6 +191,7 @@ def _equal_parts(
         check.check_numel(call, f"{name}[{index}]", part, tensor.numel(), f"same as {other}")
 
 
+@user_facing
 @complex_as_real("all_to_all")
 @shared_docs
 def all_to_all(
@@ -244,6 +248,7 @@ def all_to_all(
     )
 
 
+@user_facing
 @shared_docs
 def barrier(
     group: Any = None,

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from commlayer.core.boundary import user_facing
 from commlayer.core.errors import CollectiveMismatchError, invalid_argument
 from commlayer.core.types import ReduceOp
 from commlayer.core.work import Work
@@ -41,6 +42,7 @@ CopyBack = list[tuple[torch.Tensor, torch.Tensor]]
 _DIGEST_BITS = 62
 
 
+@user_facing
 @shared_docs
 def all_gather_v(
     tensor_list: list[torch.Tensor],
@@ -81,6 +83,7 @@ def all_gather_v(
     return gather_into_list("all_gather_v", tensor_list, tensor, group, async_op, _agreed_parts)
 
 
+@user_facing
 def all_gather_into_tensor_v(
     output_tensor: torch.Tensor,
     input_tensor: torch.Tensor,
@@ -122,6 +125,7 @@ def all_gather_into_tensor_v(
     return None
 
 
+@user_facing
 @shared_docs
 def reduce_scatter_v(
     output: torch.Tensor,
