@@ -43,6 +43,7 @@ from commlayer.facade.monitor.peer_thread import (
     DEAD_KEY,
     DEATHS_KEY,
     DUMP_REQUEST_KEY,
+    LEFT_KEY,
     PROCESS_KEY,
     SEEN_KEY,
     HeartbeatOptions,
@@ -131,11 +132,22 @@ def stop_monitor(announce: bool = True) -> None:
     global _monitor, _world_store
     if announce and _monitor is not None and (_saw_peer_loss or health.current() is not None):
         announce_death("left the job after a peer failed", consequence=True)
+    elif announce and _monitor is not None:
+        _announce_departure(_world_store, _world_rank)
     monitor, _monitor = _monitor, None
     _world_store = None
     if monitor is not None:
         monitor.stop()
     release_dead_regions(wait_s=1.0)
+
+
+def _announce_departure(store: Any, rank: int) -> None:
+    """A clean shutdown: peers still finishing the last collective must not take this rank's
+    exit for a death (best effort; without it a peer may report a failure that did not happen)."""
+    try:
+        store.set(LEFT_KEY.format(rank), "1")
+    except Exception as error:  # noqa: BLE001 - the store may already be gone with rank 0
+        log.debug("commlayer: could not announce this rank's departure: %s", error)
 
 
 def announce_death(reason: str, consequence: bool = False) -> None:

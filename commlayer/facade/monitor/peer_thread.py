@@ -42,6 +42,7 @@ DEAD_KEY = "commlayer/dead/{}"
 DEATHS_KEY = "commlayer/deaths"
 DUMP_REQUEST_KEY = "commlayer/trace/dump_request"
 SEEN_KEY = "commlayer/failure_seen"  # how many ranks have seen a peer failure
+LEFT_KEY = "commlayer/left/{}"  # set by a rank that shut its world down cleanly
 PROCESS_KEY = "commlayer/process/{}"  # "<host> <pid>": whose /dev/shm regions to remove if it dies
 # A death notice that followed another failure starts with this marker and the cause's rank ("?"
 # when the dying rank could not tell who failed first): observers blame the cause, not the notice.
@@ -112,7 +113,7 @@ class PeerMonitor:
         while not self._stop.is_set() and health.current() is None:
             now = time.monotonic()
             # Between beats only local processes are checked: cheap, and a death is seen at once.
-            gone = self.gone_local_peers()
+            gone = self._without_departed(self.gone_local_peers())
             if len(gone) == 1:  # alone: it is the one; several: their death notices tell the order
                 self._declare_dead(gone[0], gone_reason(self.local_pids[gone[0]]))
                 publish_death(self.store, gone[0], gone_reason(self.local_pids[gone[0]]), self.rank)
@@ -164,6 +165,26 @@ class PeerMonitor:
                 self._gone_since.setdefault(peer, now)
         return sorted(self._gone_since, key=lambda peer: (self._gone_since[peer], peer))
 
+    def _without_departed(self, gone: list[int]) -> list[int]:
+        """``gone`` less the peers that destroyed their world before exiting, which stop being
+        watched: a peer may finish the last collective and exit while this rank still completes it."""
+        if not gone:
+            return gone
+        try:
+            departed = {peer for peer in gone if self.store.check([LEFT_KEY.format(peer)])}
+        except RuntimeError:  # the store's host is gone: the loop's own store call reports it
+            return gone
+        for peer in departed:
+            self._forget_peer(peer)
+        return [peer for peer in gone if peer not in departed]
+
+    def _forget_peer(self, peer: int) -> None:
+        self.local_pids.pop(peer, None)
+        self._gone_since.pop(peer, None)
+        self._last_beats.pop(peer, None)
+        if peer in self.peers:
+            self.peers.remove(peer)
+
     def gone_local_peer(self, consequences: Collection[int] = ()) -> int | None:
         """The lowest peer on this host whose process is gone and did not go down after another
         failure, if any."""
@@ -177,6 +198,7 @@ class PeerMonitor:
         if first is not None:
             self._declare_dead(first, notices[first])
             return
+        self._without_departed(self.gone_local_peers())
         gone = self.gone_local_peer(consequences=notices)
         if gone is not None:
             self._declare_dead(gone, gone_reason(self.local_pids[gone]))
@@ -215,6 +237,9 @@ class PeerMonitor:
             if count != last_count:
                 self._last_beats[peer] = (count, now)
             elif now - since > limit and peer not in consequences:
+                if self.store.check([LEFT_KEY.format(peer)]):
+                    self._forget_peer(peer)
+                    return
                 self._declare_dead(
                     peer, f"no heartbeat for {now - since:.1f} s (killed, or hung with the GIL held)"
                 )
