@@ -1,4 +1,4 @@
-"""Pure logic: the C plan lookups' inline cache (csrc/facade_fast_paths/one_tensor.c, issue 14).
+"""Pure logic: the C plan lookups' inline cache (csrc/facade_fast_paths/one_tensor.c).
 
 ``PlannedP2P`` and ``PlannedCollective`` answer a call whose key equals the last hit's without
 building and hashing the key, for as long as the plans dict is unchanged. Every change to the

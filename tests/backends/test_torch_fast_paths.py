@@ -1,4 +1,4 @@
-"""Pure logic: the torch backends' C fast paths and planned p2p lookup (issue 14), each driven
+"""Pure logic: the torch backends' C fast paths and planned p2p lookup, each driven
 with plain Python callables in place of the ProcessGroup method, against what the Python
 fast_paths of ``backends/torch_fast_paths.py`` do: the recorder entry, the Work, the wait, errors.
 The end-to-end checks (real gloo worlds, exact results) are in

@@ -136,7 +136,7 @@ def check_ring_takes_its_plans(members: list[int], group: object, me: int) -> No
 
 def check_ring_recorded(group: object) -> None:
     """check_ring's planned sends and receives are in the flight recorder's point-to-point ring,
-    as ``FlightRecorder.enter`` writes them (the fused launchers record inline, issue 14)."""
+    as ``FlightRecorder.enter`` writes them (the fused fast paths record inline)."""
     entries = [entry for entry in resolve_group("check", group).recorder.snapshot() if "p2p:" in entry["op"]]
     last = entries[-4 * len(DTYPES) :]
     assert [entry["op"] for entry in last] == ["p2p:send", "p2p:recv", "p2p:recv", "p2p:send"] * len(DTYPES)

@@ -1,4 +1,4 @@
-"""Wiring: the planned hot path enters every call in the flight recorder itself (issue 14).
+"""Wiring: the planned hot path enters every call in the flight recorder itself.
 
 The torch backends' fused launchers (``Backend.recorded_plan``) and the facade's own fused
 launcher (for backends without one) write the recorder's entry inline instead of through a

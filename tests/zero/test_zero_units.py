@@ -256,7 +256,7 @@ class _Block(nn.Module):
 
 def test_default_units_keep_a_whole_transformer_block_of_the_2_68b_model_together() -> None:
     """Width 2560: one unit per block (as FSDP2 wraps it), not four (qkv, proj, fc, out), which
-    made stage 3 host-bound on GPUs (benchmarks/RESULTS.md, issue 12)."""
+    made stage 3 host-bound on GPUs (benchmarks/RESULTS.md)."""
     config = load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
     zero, width = config.zero_optimization, 2560
     with torch.device("meta"):  # sizes only: no memory for 160M parameters
