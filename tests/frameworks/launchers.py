@@ -25,16 +25,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# torch's gloo process group can abort a rank at interpreter exit, after the script has finished
+# and destroyed its group (std::terminate from a joinable thread): seen in 1 of 8 runs of the
+# Accelerate example on stock torch with commlayer not even imported.
+EXIT_RACE = "terminate called without an active exception"
+
+
 def run_script(argv: Sequence[str], env: Mapping[str, str] = {}, timeout: float = 240) -> str:
-    """Run ``argv`` (a launcher and its script) to the end; its output, or AssertionError with it."""
-    environ = script_environment(env)
+    """Run ``argv`` (a launcher and its script) to the end; its output, or AssertionError with it.
+
+    A run that aborted only at exit in torch's own race (``EXIT_RACE``) is run once more."""
+    output, passed = _run_once(argv, env, timeout)
+    if not passed and EXIT_RACE in output:
+        output, passed = _run_once(argv, env, timeout)
+    assert passed, f"{' '.join(argv)} failed:\n{output}"
+    return output
+
+
+def _run_once(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[str, bool]:
     options = SuperviseOptions(
         timeout=timeout, echo=False, forward_signals=False, kill_grace=1.0, tail_lines=60
     )
-    result = supervise([ProcessSpec("launcher", tuple(argv), environ)], options)
+    result = supervise([ProcessSpec("launcher", tuple(argv), script_environment(env))], options)
     output = "\n".join(result.outcomes[0].output_tail)
-    assert result.exit_code == 0 and not result.timed_out, f"{' '.join(argv)} failed:\n{output}"
-    return output
+    return output, result.exit_code == 0 and not result.timed_out
 
 
 def script_environment(env: Mapping[str, str] = {}) -> dict[str, str]:
