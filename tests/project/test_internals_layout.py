@@ -41,6 +41,7 @@ def _entries() -> list[str]:
 def _folders() -> set[str]:
     """The folders the block must name."""
     wanted = {f"{path.name}/" for path in REPO.iterdir() if path.is_dir() and path.name not in _SKIPPED}
+    wanted = {name for name in wanted if not name.endswith(".egg-info/")}  # the editable install's
     wanted = {name for name in wanted if not name.startswith(".") or name == ".ci/"}
     for root, depth in (("csrc", 1), ("tests", 1), ("benchmarks", 1), ("examples", 1), ("docs", 1)):
         wanted |= {f"{path.relative_to(REPO).as_posix()}/" for path in _subfolders(REPO / root, depth)}

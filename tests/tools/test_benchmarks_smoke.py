@@ -27,7 +27,9 @@ BENCHMARKS = ROOT / "benchmarks"
 DATA = BENCHMARKS / "data"
 TIMEOUT_S = 120
 PARALLEL_RUNS = 3
-QUICK_TEST = "tests/backends/test_mpi_shared_signatures.py::test_agreeing_ranks_get_none_and_slots_alternate"
+QUICK_TEST = (
+    "tests/reliability/test_mismatch_shared_slots.py::test_agreeing_ranks_get_none_and_slots_alternate"
+)
 
 
 def _needs_mpi() -> str | None:
@@ -75,10 +77,15 @@ CPU_RUNS: dict[str, tuple[list[str], object]] = {
     "cpu/shm_targets.py": ([str(DATA / "cpu_collectives" / "vm.json"), "--run", "4 ranks"], None),
     "gpu/zero_report.py": ([str(DATA / "zero_training" / "2xh200.json")], None),
     "gpu/peermem_report.py": ([str(DATA / "gpu_collectives" / "4xh200.json")], None),
+    "gpu/frameworks_report.py": ([str(DATA / "frameworks" / "2xh200.jsonl")], None),
 }
-# Scripts that need a GPU (or several), or a fault-injection job of minutes under torchrun or
-# torchft: compiled only.
+# Scripts that need a GPU (or several), a fault-injection job of minutes under torchrun or
+# torchft, or a training framework (the frameworks tier runs those): compiled only.
 GPU_ONLY = (
+    "cpu/frameworks.py",
+    "gpu/bridge_check.py",
+    "gpu/torchtitan_assets.py",
+    "gpu/torchtitan_run.py",
     "gpu/compile.py",
     "faults/fault_injection.py",
     "gpu/parallel_layers.py",
