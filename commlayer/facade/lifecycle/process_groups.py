@@ -129,7 +129,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
             mark_destroyed(member)
             _shutdown(member.unique_backends())
         world.default_group.forget_calls()
-        stop_monitor()
+        stop_monitor(departing=True)
         _shutdown(reversed(list(world.world_backends.values())))
         _leave(world)
         _shutdown_retired(world)

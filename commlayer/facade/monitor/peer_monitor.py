@@ -127,12 +127,13 @@ def _own_connection(store: Any, options: HeartbeatOptions) -> Any:
     return torch_dist.TCPStore(base.host, base.port, is_master=False, timeout=timeout, wait_for_workers=False)
 
 
-def stop_monitor(announce: bool = True) -> None:
-    """Stop watching; ``announce``: a rank leaving after a peer failure says so to the others."""
+def stop_monitor(announce: bool = True, departing: bool = False) -> None:
+    """Stop watching; ``announce``: a rank leaving after a peer failure says so to the others;
+    ``departing``: the world is being destroyed, so a later exit of this process is no death."""
     global _monitor, _world_store
     if announce and _monitor is not None and (_saw_peer_loss or health.current() is not None):
         announce_death("left the job after a peer failed", consequence=True)
-    elif announce and _monitor is not None:
+    elif departing and _monitor is not None and not _announced:
         _announce_departure(_world_store, _world_rank)
     monitor, _monitor = _monitor, None
     _world_store = None
