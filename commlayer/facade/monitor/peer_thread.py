@@ -115,8 +115,7 @@ class PeerMonitor:
             # Between beats only local processes are checked: cheap, and a death is seen at once.
             gone = self._without_departed(self.gone_local_peers())
             if len(gone) == 1:  # alone: it is the one; several: their death notices tell the order
-                self._declare_dead(gone[0], gone_reason(self.local_pids[gone[0]]))
-                publish_death(self.store, gone[0], gone_reason(self.local_pids[gone[0]]), self.rank)
+                self._report_local_death(gone[0])
                 return
             if now >= next_beat or self._wake.is_set() or gone or self._unknown_processes:
                 self._wake.clear()
@@ -186,9 +185,10 @@ class PeerMonitor:
             self.peers.remove(peer)
 
     def gone_local_peer(self, consequences: Collection[int] = ()) -> int | None:
-        """The lowest peer on this host whose process is gone and did not go down after another
-        failure, if any."""
-        return next((peer for peer in self.gone_local_peers() if peer not in consequences), None)
+        """The lowest peer on this host whose process is gone without having left the world, and
+        did not go down after another failure, if any."""
+        gone = self._without_departed(self.gone_local_peers())
+        return next((peer for peer in gone if peer not in consequences), None)
 
     def _check_peers(self) -> None:
         notices = self._death_notices()
@@ -198,11 +198,9 @@ class PeerMonitor:
         if first is not None:
             self._declare_dead(first, notices[first])
             return
-        self._without_departed(self.gone_local_peers())
         gone = self.gone_local_peer(consequences=notices)
         if gone is not None:
-            self._declare_dead(gone, gone_reason(self.local_pids[gone]))
-            publish_death(self.store, gone, gone_reason(self.local_pids[gone]), self.rank)
+            self._report_local_death(gone)
             return
         for peer, notice in notices.items():
             cause = notice[len(CONSEQUENCE_MARK) :].split(" ", 1)[0]
@@ -249,6 +247,11 @@ class PeerMonitor:
                 notice = self.store.get(DEAD_KEY.format(peer)).decode(errors="replace")
                 self._declare_dead(peer, notice.split(" ", 1)[-1])
                 return
+
+    def _report_local_death(self, peer: int) -> None:
+        reason = gone_reason(self.local_pids[peer])
+        self._declare_dead(peer, reason)
+        publish_death(self.store, peer, reason, self.rank)
 
     def _declare_dead(self, peer: int, reason: str) -> None:
         health.report(peer, reason)
