@@ -111,6 +111,7 @@ SUBMODULES = frozenset(
         "device_mesh",
         "distributed_c10d",
         "elastic",
+        "flight_recorder",
         "fsdp",
         "logging_handlers",
         "nn",
