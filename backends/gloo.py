@@ -6,12 +6,14 @@ Measured without the check (benchmarks/faults/gloo_mismatch_detection.py, check 
 garbage, exit code 0, for every dtype mismatch of one element size (float32 against int32) and
 every reduce-op mismatch, on all eleven ops the facade sends it; a count mismatch makes gloo abort
 the receiving process (SIGABRT from its transport thread) or, on broadcast and scatter, return
-garbage; a root mismatch times out. So before each collective every rank's signature is compared
-(:mod:`commlayer.contract.mismatch`) and every rank raises CollectiveMismatchError before the data
-op is issued. The comparison must finish first: an overlapped data op still moves its bytes, so
-a count mismatch would still abort the receiving rank. On one host it goes through shared memory
-and costs no gloo round trip; across hosts it is one 32-byte gloo all-reduce.
-``COMMLAYER_GLOO_VERIFY=0`` turns the check off.
+garbage; a root mismatch times out. So every rank's signature is compared
+(:mod:`commlayer.contract.mismatch`) and every rank raises CollectiveMismatchError, never gloo's
+garbage or abort. On one host it goes through shared memory and costs no gloo round trip; across
+hosts it is one 32-byte gloo all-reduce before the data op. On one host a blocking all_reduce,
+all_gather_into_tensor, reduce_scatter_tensor, even all_to_all_single or broadcast *speculates*
+(:mod:`.gloo_speculation`): it enters once the peers that have published agree, so the check
+costs no wait, and a late mismatched rank replays the speculator's call on scratch tensors so
+that gloo only ever sees matching calls. ``COMMLAYER_GLOO_VERIFY=0`` turns the check off.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor
 
+from commlayer.backends.gloo_speculation import SPECULATING_OPS, ConfirmedWork, scratch_replay
 from commlayer.backends.torch_base import TorchBackend
 from commlayer.backends.torch_fast_paths import TORCH_OPS, fused_plan, options
 from commlayer.contract.backend import StandaloneOptions
 from commlayer.contract.mismatch import MismatchCheck, group_check
+from commlayer.contract.mismatch.checks import Speculation
 from commlayer.core import settings
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import Capabilities, GroupSpec, ReduceOp, Splits
@@ -44,7 +48,8 @@ class GlooBackend(TorchBackend):
     def __init__(self, spec: GroupSpec, process_group: Any, mismatch_checks: bool = True) -> None:
         super().__init__(spec, process_group)
         checked = mismatch_checks and spec.size > 1 and settings.GLOO_VERIFY.value()
-        self._check = group_check(spec, process_group, "gloo") if checked else None
+        replay = scratch_replay(process_group, spec.size)
+        self._check = group_check(spec, process_group, "gloo", replay) if checked else None
 
     @classmethod
     def create_standalone(cls, spec: GroupSpec, options: StandaloneOptions) -> GlooBackend:
@@ -170,21 +175,34 @@ class SignedProcessGroup:
         op, root, reduce_op = self._describe
         self._check.verify(op, tensor.dtype, count, root, reduce_op)
 
+    def _speculate(self, tensor: torch.Tensor, count: int, opts: Any) -> Speculation | None:
+        """A blocking call of a speculating op may enter before every peer published (see
+        :mod:`.gloo_speculation`); an async one is verified first: its Work is the caller's."""
+        op, root, reduce_op = self._describe
+        if op not in SPECULATING_OPS or getattr(opts, "asyncOp", True):
+            self._check.verify(op, tensor.dtype, count, root, reduce_op)
+            return None
+        return self._check.speculate(op, tensor.dtype, count, root, reduce_op)
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        self._verify(tensors[0], tensors[0].numel())
-        return self._pg.allreduce(tensors, opts)
+        speculation = self._speculate(tensors[0], tensors[0].numel(), opts)
+        work = self._pg.allreduce(tensors, opts)
+        return work if speculation is None else ConfirmedWork(work, speculation)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        self._verify(tensors[0], tensors[0].numel())
-        return self._pg.broadcast(tensors, opts)
+        speculation = self._speculate(tensors[0], tensors[0].numel(), opts)
+        work = self._pg.broadcast(tensors, opts)
+        return work if speculation is None else ConfirmedWork(work, speculation)
 
     def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Any:
-        self._verify(tensor, tensor.numel())
-        return self._pg._allgather_base(output, tensor, opts)
+        speculation = self._speculate(tensor, tensor.numel(), opts)
+        work = self._pg._allgather_base(output, tensor, opts)
+        return work if speculation is None else ConfirmedWork(work, speculation)
 
     def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Any:
-        self._verify(tensor, output.numel())
-        return self._pg._reduce_scatter_base(output, tensor, opts)
+        speculation = self._speculate(tensor, output.numel(), opts)
+        work = self._pg._reduce_scatter_base(output, tensor, opts)
+        return work if speculation is None else ConfirmedWork(work, speculation)
 
     def alltoall_base(
         self,
@@ -194,5 +212,9 @@ class SignedProcessGroup:
         in_splits: list[int],
         opts: Any,
     ) -> Any:
-        self._check.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
-        return self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)
+        if out_splits or in_splits:
+            self._check.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
+            return self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)
+        speculation = self._speculate(tensor, tensor.numel(), opts)
+        work = self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)
+        return work if speculation is None else ConfirmedWork(work, speculation)

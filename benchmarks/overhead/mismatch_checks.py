@@ -8,7 +8,8 @@ repeat and each figure is the median over repeats of the mean time per call (the
 ``--iters`` calls per sample up to 64 KiB, proportionally fewer above (at least 50).
 
 ``--gloo``: 2 ranks started by ``commlayer.launch``, the same synchronous all_reduce on the gloo
-world (checked, the default: the signature reduction overlaps the op), on a group built with
+world (checked, the default: on one host the signatures meet in shared memory and a blocking
+call speculates, see backends/gloo_speculation.py), on a group built with
 ``COMMLAYER_GLOO_VERIFY=0``, torch's own ``torch.distributed.all_reduce`` on the world's
 ProcessGroup (raw), and the design not taken (serial: a 32-byte reduction waited for before the
 unchecked op, what a check-then-run design would cost).

@@ -18,7 +18,15 @@ import torch
 
 from commlayer.contract.mismatch import Members, SharedMemoryCheck
 from commlayer.contract.mismatch.host_segment import slot_words
-from commlayer.contract.mismatch.shared_slots import REFUSED, SPECULATED, SharedSignatures, WaitHooks
+from commlayer.contract.mismatch.shared_slots import (
+    AGREED,
+    DIFFERENT,
+    PENDING,
+    REFUSED,
+    SPECULATED,
+    SharedSignatures,
+    WaitHooks,
+)
 from commlayer.contract.mismatch.signature import pack
 from commlayer.core.errors import CollectiveMismatchError, CommTimeoutError
 from commlayer.core.types import ReduceOp
@@ -151,3 +159,74 @@ def test_an_exchange_compares_every_pair_of_counts() -> None:
     expected = "rank 4 called all_to_all(int64, sending 3 to rank 6), peer rank 6 called all_to_all(int64, "
     assert expected + "expecting 5 from rank 4)" in str(raised.value)
     assert "(seen by rank 9)" in str(raised.value)
+
+
+def test_peek_tells_agreed_pending_and_different_without_waiting() -> None:
+    world = _world(3)
+    mine = SharedSignatures(world, 0)
+    sequence = mine.publish(77, 4)
+    assert mine.peek(sequence, 77, 4) == PENDING  # nobody else yet
+    _publish(world[1], sequence, 77, 4)
+    assert mine.peek(sequence, 77, 4) == PENDING  # rank 2 still missing
+    _publish(world[2], sequence, 77, 4)
+    assert mine.peek(sequence, 77, 4) == AGREED
+    sequence = mine.publish(77, 4)
+    _publish(world[2], sequence, 77, 8)  # rank 1 missing, rank 2 differs: no speculating
+    assert mine.peek(sequence, 77, 4) == DIFFERENT
+
+
+def test_a_speculator_is_what_a_refusing_peer_replays() -> None:
+    """Rank 0 speculates (rank 1 not yet published); rank 1 then finds the mismatch and learns
+    rank 0's call, the one it must complete on scratch memory."""
+    world = _world(2)
+    early, late = SharedSignatures(world, 0), SharedSignatures(world, 1)
+    sequence = early.publish(77, 4)
+    assert early.peek(sequence, 77, 4) == PENDING
+    early.speculate(sequence)
+    assert late.publish(77, 8) == sequence
+    assert late.peek(sequence, 77, 8) == DIFFERENT
+    assert late.gather(sequence, 77, 8, "all_reduce", LIMIT, 1.0) is not None
+    assert late.refuse(sequence, "all_reduce", LIMIT, 1.0) == (77, 4)
+    assert early.gather(sequence, 77, 4, "all_reduce", LIMIT, 1.0) is not None  # its confirmation
+
+
+def test_a_speculating_check_replays_the_speculators_call_and_both_raise() -> None:
+    """Through SharedMemoryCheck: the early rank's speculation confirms with the "after" ending,
+    the late rank replays the early rank's (key, count) and raises with the "before" ending."""
+    words = slot_words(2)
+    world = _world(2, words)
+    replayed: list[tuple[int, int]] = []
+    members = [Members("tp", (4, 6), rank) for rank in (0, 1)]
+    early, late = (
+        SharedMemoryCheck(
+            SharedSignatures(world, rank), members[rank], "gloo", LIMIT, lambda *call: replayed.append(call)
+        )
+        for rank in (0, 1)
+    )
+    speculation = early.speculate("all_reduce", torch.float32, 4, reduce_op=ReduceOp.SUM)
+    assert speculation is not None
+    with pytest.raises(CollectiveMismatchError, match="checked by gloo before any data moved"):
+        late.speculate("all_reduce", torch.float32, 8, reduce_op=ReduceOp.SUM)
+    assert replayed == [(pack("all_reduce", torch.float32, reduce_op=ReduceOp.SUM), 4)]
+    with pytest.raises(CollectiveMismatchError, match="after this rank's call ran") as raised:
+        speculation.confirm()
+    assert "rank 4 called all_reduce(float32[4], op sum), peer rank 6 called all_reduce(float32[8]" in str(
+        raised.value
+    )
+
+
+def test_a_late_matching_rank_neither_speculates_nor_replays() -> None:
+    words = slot_words(2)
+    world = _world(2, words)
+    replayed: list[tuple[int, int]] = []
+    checks = [
+        SharedMemoryCheck(
+            SharedSignatures(world, rank), Members("tp", (0, 1), rank), "gloo", LIMIT, replayed.append
+        )
+        for rank in (0, 1)
+    ]
+    speculation = checks[0].speculate("broadcast", torch.int64, 3, root=1)
+    assert speculation is not None
+    assert checks[1].speculate("broadcast", torch.int64, 3, root=1) is None
+    speculation.confirm()
+    assert replayed == []

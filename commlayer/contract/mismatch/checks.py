@@ -8,6 +8,14 @@ every rank when the calls differ.
   backend's own library, for a group across hosts: one small round trip.
 - :func:`group_check`: picks one of the two when the group is built (collective).
 
+A blocking call that completes only once every rank has entered it (all_reduce, say) may
+*speculate* through shared memory (:meth:`MismatchCheck.speculate`): a rank whose published peers
+agree enters at once rather than wait for the rest, and compares once its call returned
+(:meth:`Speculation.confirm`). Waiting is what costs: it serialises the ranks' arrivals, which the
+library's own round trip would overlap. A late rank that then finds a mismatch runs the
+speculator's call on scratch memory (the backend's ``replay``) so that it completes, and every
+rank raises; the speculator's output then holds what that call produced.
+
 A mismatch found by a reduction knows only the group's extremes; every rank then takes part in
 one more reduction that gathers each rank's call, so its message names the first differing peer
 as the shared-memory check does.
@@ -18,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +34,10 @@ import torch
 import torch.distributed as torch_dist
 
 from commlayer.contract.mismatch.host_segment import host_signatures
-from commlayer.contract.mismatch.shared_slots import SharedSignatures
+from commlayer.contract.mismatch.shared_slots import AGREED, PENDING, SharedSignatures
 from commlayer.contract.mismatch.signature import (
     agree,
+    checked_after,
     checked_before,
     describe,
     describe_key,
@@ -41,9 +50,20 @@ from commlayer.core.errors import CommTimeoutError
 from commlayer.core.types import GroupSpec
 from commlayer.core.work import WaitLimit
 
-__all__ = ["Members", "MismatchCheck", "ReductionCheck", "SharedMemoryCheck", "group_check", "split_counts"]
+__all__ = [
+    "Members",
+    "MismatchCheck",
+    "ReductionCheck",
+    "Replay",
+    "SharedMemoryCheck",
+    "Speculation",
+    "group_check",
+    "split_counts",
+]
 
 _UNKNOWN = -(1 << 62)  # below any element count or key, and below any negated one
+# ``replay(key, count)``: the call a peer published as (key, count), run on scratch memory.
+Replay = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,15 @@ class MismatchCheck(ABC):
     ) -> None:
         """Raise CollectiveMismatchError on every rank unless all ranks pass this call."""
 
+    def speculate(
+        self, op: str, dtype: torch.dtype | None, count: int, root: int = -1, reduce_op: Any = None
+    ) -> Speculation | None:
+        """:meth:`verify` for a blocking call that completes only once every rank has entered it.
+        A check that can may let this rank enter before every peer has published; it returns the
+        :class:`Speculation` to confirm once the call returned. None: the call was verified."""
+        self.verify(op, dtype, count, root, reduce_op)
+        return None
+
     @abstractmethod
     def verify_exchange(
         self, op: str, dtype: torch.dtype, sends: Sequence[int], receives: Sequence[int]
@@ -106,13 +135,14 @@ class MismatchCheck(ABC):
         sends, receives = [chunk.numel() for chunk in inputs], [chunk.numel() for chunk in outputs]
         self.verify_exchange(op, inputs[0].dtype, sends, receives)
 
-    def mismatch(self, op: str, calls: Sequence[tuple[int, int]]) -> Exception:
+    def mismatch(self, op: str, calls: Sequence[tuple[int, int]], after_call: bool = False) -> Exception:
         """The error naming this rank's call and the first differing peer's; ``calls[r]`` is group
-        rank r's ``(key, count)``."""
+        rank r's ``(key, count)``; ``after_call``: found by a speculating rank once its call ran."""
         me, ranks = self.members.group_rank, self.members.ranks
         peer = first_differing(calls[me], calls, me)
         described = ((ranks[me], describe_key(*calls[me])), (ranks[peer], describe_key(*calls[peer])))
-        return mismatch_error(op, self.members.name, described, checked_before(self.backend))
+        checked = checked_after(self.backend) if after_call else checked_before(self.backend)
+        return mismatch_error(op, self.members.name, described, checked)
 
     def exchange_mismatch(
         self, op: str, dtype: torch.dtype, sender: int, receiver: int, counts: tuple[int, int]
@@ -201,23 +231,77 @@ class ReductionCheck(MismatchCheck):
             call_deadline.wait_polled(self.channel.allreduce([values], self._max), f"{op}'s signature check")
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """A call this rank entered before every peer had published its signature."""
+
+    check: SharedMemoryCheck
+    op: str
+    sequence: int
+    key: int
+    count: int
+
+    def confirm(self) -> None:
+        """Once the call returned: raise CollectiveMismatchError unless every rank passed this
+        signature (every peer has published by then: the call needed all of them)."""
+        self.check.confirm(self)
+
+
 class SharedMemoryCheck(MismatchCheck):
-    """The check through shared slots every rank of the group maps (one host)."""
+    """The check through shared slots every rank of the group maps (one host); with ``replay``,
+    blocking calls may speculate (see the module docstring)."""
 
     def __init__(
-        self, signatures: SharedSignatures, members: Members, backend: str, limit: WaitLimit
+        self,
+        signatures: SharedSignatures,
+        members: Members,
+        backend: str,
+        limit: WaitLimit,
+        replay: Replay | None = None,
     ) -> None:
         super().__init__(members, backend)
-        self.signatures, self.limit = signatures, limit
+        self.signatures, self.limit, self.replay = signatures, limit, replay
 
     def verify(
         self, op: str, dtype: torch.dtype | None, count: int, root: int = -1, reduce_op: Any = None
     ) -> None:
         key = pack(op, dtype, root=root, reduce_op=reduce_op)
+        sequence = self.signatures.publish(key, count)
+        if self._gather(sequence, key, count, op) is not None:
+            raise self._refused(op, sequence)
+
+    def speculate(
+        self, op: str, dtype: torch.dtype | None, count: int, root: int = -1, reduce_op: Any = None
+    ) -> Speculation | None:
+        if self.replay is None or count == 0:
+            return super().speculate(op, dtype, count, root, reduce_op)
+        key = pack(op, dtype, root=root, reduce_op=reduce_op)
         signatures = self.signatures
         sequence = signatures.publish(key, count)
-        if self._gather(sequence, key, count, op) is not None:
-            raise self.mismatch(op, signatures.calls(sequence))
+        seen = signatures.peek(sequence, key, count)
+        if seen is AGREED:
+            return None
+        if seen is PENDING:
+            signatures.speculate(sequence)
+            return Speculation(self, op, sequence, key, count)
+        self._gather(sequence, key, count, op)  # every peer's call, for the message
+        raise self._refused(op, sequence)
+
+    def confirm(self, speculation: Speculation) -> None:
+        """:meth:`Speculation.confirm`."""
+        op, sequence = speculation.op, speculation.sequence
+        if self._gather(sequence, speculation.key, speculation.count, op) is not None:
+            raise self.mismatch(op, self.signatures.calls(sequence), after_call=True)
+
+    def _refused(self, op: str, sequence: int) -> Exception:
+        """The error of check ``sequence``, which found a mismatch; a peer that speculated on it
+        first has its call completed by a scratch replay."""
+        if self.replay is not None:
+            speculated = self.signatures.refuse(sequence, op, self.limit, self.limit.group_timeout_s)
+            if speculated is not None:
+                with profiling.hidden():
+                    self.replay(*speculated)
+        return self.mismatch(op, self.signatures.calls(sequence))
 
     def verify_exchange(
         self, op: str, dtype: torch.dtype, sends: Sequence[int], receives: Sequence[int]
@@ -225,7 +309,7 @@ class SharedMemoryCheck(MismatchCheck):
         key, signatures = pack(op, dtype), self.signatures
         sequence = signatures.publish_counts(key, sends, receives)
         if self._gather(sequence, key, 0, op) is not None:
-            raise self.mismatch(op, signatures.calls(sequence))
+            raise self._refused(op, sequence)
         counts = signatures.counts(sequence)
         for sender, (sent, _) in enumerate(counts):
             for receiver, (_, expected) in enumerate(counts):
@@ -247,16 +331,17 @@ class SharedMemoryCheck(MismatchCheck):
             ) from None
 
 
-def group_check(spec: GroupSpec, channel: Any, backend: str) -> MismatchCheck:
+def group_check(spec: GroupSpec, channel: Any, backend: str, replay: Replay | None = None) -> MismatchCheck:
     """The default check of one group of ``backend``: through shared memory when every member is
     on this host (and the CPU orders plain stores), else by reduction on ``channel``. Collective
-    over the members (they exchange hosts through the store): call it where they build the group."""
+    over the members (they exchange hosts through the store): call it where they build the group.
+    ``replay`` lets blocking calls speculate on one host (see the module docstring)."""
     members = Members.of(spec)
     signatures = host_signatures(spec, f"commlayer/{backend}/signatures/{spec.name}", os.environ)
     if signatures is None:
         return ReductionCheck(channel, members, backend)
     limit = WaitLimit(spec.timeout.total_seconds(), spec.global_rank, backend, group=spec.name)
-    return SharedMemoryCheck(signatures, members, backend, limit)
+    return SharedMemoryCheck(signatures, members, backend, limit, replay)
 
 
 def split_counts(

@@ -14,8 +14,9 @@ Two slots suffice: a rank writes check n + 2 into slot ``n % 2`` only after pass
 which needs every peer to have published n + 1, which each does only after it is done with
 check n.
 
-A rank may also *speculate* (only mpi's C fast path does, csrc/mpi/fast_paths.cpp, for calls
-whose inputs MPI never writes): it publishes, and if every peer that has published agrees, it
+A rank may also *speculate* (mpi's C fast path, csrc/mpi/fast_paths.cpp, for calls whose inputs
+MPI never writes; gloo's blocking collectives, :meth:`SharedSignatures.peek`): it publishes, and
+if every peer that has published agrees, it
 marks its slot's decision word "speculated" and enters the call without waiting for the rest,
 comparing once the call returns. A rank that sees a mismatch marks "refused" and waits for every
 peer's decision (:meth:`SharedSignatures.refuse`): if any peer speculated, it runs that call on
@@ -37,6 +38,7 @@ import contextlib
 import itertools
 import os
 import platform
+import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -47,7 +49,10 @@ from commlayer.core import health
 from commlayer.core.work import WaitLimit
 
 __all__ = [
+    "AGREED",
+    "DIFFERENT",
     "NO_HOOKS",
+    "PENDING",
     "REFUSED",
     "SPECULATED",
     "WORDS",
@@ -61,6 +66,8 @@ WORDS = 8  # the smallest slot: sequence, key, count, decision, padding to one 6
 # speculate or refuse; csrc/mpi/shared_slots.hpp writes the same).
 SPECULATED, REFUSED = 1, 2
 _DECISION_SHIFT = 2
+# What :meth:`SharedSignatures.peek` saw of the peers without waiting.
+AGREED, PENDING, DIFFERENT = "agreed", "pending", "different"
 _SLOTS = 2
 _POLLS = 64  # polls before the first yield (~3 us of Python): a peer on another core arrives by then
 _SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a slow peer, a long wait)
@@ -68,6 +75,9 @@ _SLEEP_S = 0.0001
 _TOTAL_STORE_ORDER = ("x86_64", "amd64", "i386", "i686")
 _monotonic = time.monotonic
 _yield = os.sched_yield
+# Acquiring and releasing a lock runs a locked instruction, which x86 never reorders with the
+# loads after it: the fence between a speculator's publish and its reads of the peers.
+_fence_lock = threading.Lock()
 
 
 def shared_memory_is_ordered() -> bool:
@@ -172,6 +182,27 @@ class SharedSignatures:
             if slots[at + 1] != key or slots[at + 2] != count:
                 agreed = False
         return None if agreed else self._extremes(at, key, count)
+
+    def peek(self, sequence: int, key: int, count: int) -> str:
+        """After :meth:`publish` and a fence: AGREED when every peer published ``sequence`` with
+        ``key`` and ``count``, PENDING when those who did agree and some did not yet, else
+        DIFFERENT. Never waits; a PENDING rank may :meth:`speculate`."""
+        _fence_lock.acquire()
+        _fence_lock.release()
+        at, missing = (sequence & 1) * self._words, False
+        for slots in self._peers:
+            if slots[at] != sequence:
+                missing = True
+            elif slots[at + 1] != key or slots[at + 2] != count:
+                return DIFFERENT
+        return PENDING if missing else AGREED
+
+    def speculate(self, sequence: int) -> None:
+        """Mark check ``sequence`` speculated: this rank enters its call before every peer has
+        published; a peer that then finds a mismatch runs the call on scratch memory (see
+        :meth:`refuse`) and this rank compares once its call returns (:meth:`gather`)."""
+        at = (sequence & 1) * self._words
+        self._mine[at + 3] = sequence << _DECISION_SHIFT | SPECULATED
 
     def calls(self, sequence: int) -> list[tuple[int, int]]:
         """Every group rank's ``(key, count)`` of check ``sequence``, once :meth:`gather` returned."""

@@ -30,6 +30,7 @@ from commlayer.core.types import ReduceOp
 __all__ = [
     "DTYPE_CODES",
     "agree",
+    "checked_after",
     "checked_before",
     "describe",
     "describe_key",
@@ -160,3 +161,8 @@ def mismatch_error(
 def checked_before(backend: str) -> str:
     """The ending of a mismatch found before any rank communicated."""
     return f"checked by {backend} before any data moved"
+
+
+def checked_after(backend: str) -> str:
+    """The ending of a mismatch a speculating rank found once its call had run."""
+    return f"checked by {backend} after this rank's call ran, which left its output undefined"
