@@ -10,10 +10,10 @@ garbage; a root mismatch times out. So every rank's signature is compared
 (:mod:`commlayer.contract.mismatch`) and every rank raises CollectiveMismatchError, never gloo's
 garbage or abort. On one host it goes through shared memory and costs no gloo round trip; across
 hosts it is one 32-byte gloo all-reduce before the data op. On one host a blocking all_reduce,
-all_gather_into_tensor, reduce_scatter_tensor, even all_to_all_single or broadcast *speculates*
-(:mod:`.gloo_speculation`): it enters once the peers that have published agree, so the check
-costs no wait, and a late mismatched rank replays the speculator's call on scratch tensors so
-that gloo only ever sees matching calls. ``COMMLAYER_GLOO_VERIFY=0`` turns the check off.
+all_gather_into_tensor, reduce_scatter_tensor, even all_to_all_single or broadcast (off its root)
+*speculates* (:mod:`.gloo_speculation`): it enters once the peers that have published agree, so
+the check costs no wait, and a late mismatched rank replays the speculator's call on scratch
+tensors so that gloo only ever sees matching calls. ``COMMLAYER_GLOO_VERIFY=0`` turns the check off.
 """
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ class SignedProcessGroup:
         reduce_op = fixed[0] if op in ("all_reduce", "reduce_scatter_tensor") else None
         root = fixed[0] if op == "broadcast" else -1
         self._describe = (op, root, reduce_op)
+        self._group_rank = check.members.group_rank
         self.send, self.recv = process_group.send, process_group.recv  # point to point: unchecked
 
     def _verify(self, tensor: torch.Tensor, count: int) -> None:
@@ -177,9 +178,10 @@ class SignedProcessGroup:
 
     def _speculate(self, tensor: torch.Tensor, count: int, opts: Any) -> Speculation | None:
         """A blocking call of a speculating op may enter before every peer published (see
-        :mod:`.gloo_speculation`); an async one is verified first: its Work is the caller's."""
+        :mod:`.gloo_speculation`); an async one is verified first (its Work is the caller's), and
+        so is a broadcast's root, whose call returns before its peers have published."""
         op, root, reduce_op = self._describe
-        if op not in SPECULATING_OPS or getattr(opts, "asyncOp", True):
+        if op not in SPECULATING_OPS or getattr(opts, "asyncOp", True) or root == self._group_rank:
             self._check.verify(op, tensor.dtype, count, root, reduce_op)
             return None
         return self._check.speculate(op, tensor.dtype, count, root, reduce_op)

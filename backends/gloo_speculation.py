@@ -1,9 +1,8 @@
 """gloo's speculating calls (see :mod:`commlayer.contract.mismatch.checks`).
 
 A blocking all_reduce, all_gather_into_tensor, reduce_scatter_tensor, even all_to_all_single or
-broadcast may enter as soon as the peers that have published agree, and compares when the call
-returned (:class:`ConfirmedWork`): by then every peer has published (a broadcast's root waits for
-them there). Waiting for every signature first would make the ranks enter together, and gloo's
+broadcast (off its root) may enter as soon as the peers that have published agree, and compares
+when the call returned (:class:`ConfirmedWork`): by then every peer has published. Waiting for every signature first would make the ranks enter together, and gloo's
 round trip, which overlaps one rank's late arrival with the other's transfer, would then be paid
 in full on every call.
 

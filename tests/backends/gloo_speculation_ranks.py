@@ -56,9 +56,10 @@ def _all_to_all(rank: int, count: int, dtype: torch.dtype) -> tuple[torch.Tensor
 
 
 def _broadcast(rank: int, count: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    root = dist.get_world_size() - 1  # the late rank: a root never speculates
     tensor = _values(rank, count, dtype)
-    dist.broadcast(tensor, src=0)
-    return tensor, _values(0, count, dtype)
+    dist.broadcast(tensor, src=root)
+    return tensor, _values(root, count, dtype)
 
 
 CALLS: dict[str, Call] = {

@@ -35,6 +35,7 @@ CommTimeoutError), after telling the backend's :class:`WaitHooks`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import platform
@@ -74,7 +75,9 @@ _SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a s
 _SLEEP_S = 0.0001
 _TOTAL_STORE_ORDER = ("x86_64", "amd64", "i386", "i686")
 _monotonic = time.monotonic
-_yield = os.sched_yield
+# A zero-length sleep, not sched_yield: with each rank bound to one core, a rank yielding in a loop
+# left its library's own threads (gloo's) waiting on that core for the scheduler's next tick.
+_yield = functools.partial(time.sleep, 0)
 # Acquiring and releasing a lock runs a locked instruction, which x86 never reorders with the
 # loads after it: the fence between a speculator's publish and its reads of the peers.
 _fence_lock = threading.Lock()
