@@ -169,7 +169,7 @@ class SignedProcessGroup:
         reduce_op = fixed[0] if op in ("all_reduce", "reduce_scatter_tensor") else None
         root = fixed[0] if op == "broadcast" else -1
         self._describe = (op, root, reduce_op)
-        self._group_rank = check.members.group_rank
+        self._may_speculate = op in SPECULATING_OPS and root != check.members.group_rank
         self.send, self.recv = process_group.send, process_group.recv  # point to point: unchecked
 
     def _verify(self, tensor: torch.Tensor, count: int) -> None:
@@ -181,7 +181,7 @@ class SignedProcessGroup:
         :mod:`.gloo_speculation`); an async one is verified first (its Work is the caller's), and
         so is a broadcast's root, whose call returns before its peers have published."""
         op, root, reduce_op = self._describe
-        if op not in SPECULATING_OPS or getattr(opts, "asyncOp", True) or root == self._group_rank:
+        if not self._may_speculate or getattr(opts, "asyncOp", True):
             self._check.verify(op, tensor.dtype, count, root, reduce_op)
             return None
         return self._check.speculate(op, tensor.dtype, count, root, reduce_op)

@@ -231,15 +231,14 @@ class ReductionCheck(MismatchCheck):
             call_deadline.wait_polled(self.channel.allreduce([values], self._max), f"{op}'s signature check")
 
 
-@dataclass(frozen=True)
 class Speculation:
-    """A call this rank entered before every peer had published its signature."""
+    """A call this rank entered before every peer had published its signature (a plain slotted
+    class: one is built per speculated call)."""
 
-    check: SharedMemoryCheck
-    op: str
-    sequence: int
-    key: int
-    count: int
+    __slots__ = ("check", "count", "key", "op", "sequence")
+
+    def __init__(self, check: SharedMemoryCheck, op: str, sequence: int, key: int, count: int) -> None:
+        self.check, self.op, self.sequence, self.key, self.count = check, op, sequence, key, count
 
     def confirm(self) -> None:
         """Once the call returned: raise CollectiveMismatchError unless every rank passed this
@@ -289,8 +288,10 @@ class SharedMemoryCheck(MismatchCheck):
 
     def confirm(self, speculation: Speculation) -> None:
         """:meth:`Speculation.confirm`."""
-        op, sequence = speculation.op, speculation.sequence
-        if self._gather(sequence, speculation.key, speculation.count, op) is not None:
+        op, sequence, key, count = speculation.op, speculation.sequence, speculation.key, speculation.count
+        if self.signatures.agreed(sequence, key, count):
+            return
+        if self._gather(sequence, key, count, op) is not None:
             raise self.mismatch(op, self.signatures.calls(sequence), after_call=True)
 
     def _refused(self, op: str, sequence: int) -> Exception:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import os
 import platform
 import threading
 import time
@@ -199,6 +198,15 @@ class SharedSignatures:
             elif slots[at + 1] != key or slots[at + 2] != count:
                 return DIFFERENT
         return PENDING if missing else AGREED
+
+    def agreed(self, sequence: int, key: int, count: int) -> bool:
+        """Whether every peer has published ``sequence`` with ``key`` and ``count``, read without
+        waiting or fencing: a speculator's confirmation, once its call has returned."""
+        at = (sequence & 1) * self._words
+        for slots in self._peers:
+            if slots[at] != sequence or slots[at + 1] != key or slots[at + 2] != count:
+                return False
+        return True
 
     def speculate(self, sequence: int) -> None:
         """Mark check ``sequence`` speculated: this rank enters its call before every peer has
