@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 import platform
 import threading
 import time
@@ -74,9 +75,16 @@ _SLEEP_AFTER_S = 0.01  # then yield for this long, then sleep between polls (a s
 _SLEEP_S = 0.0001
 _TOTAL_STORE_ORDER = ("x86_64", "amd64", "i386", "i686")
 _monotonic = time.monotonic
-# A zero-length sleep, not sched_yield: with each rank bound to one core, a rank yielding in a loop
-# left its library's own threads (gloo's) waiting on that core for the scheduler's next tick.
-_yield = functools.partial(time.sleep, 0)
+
+
+def _yielder() -> Callable[[], None]:
+    """How a waiting rank yields: sched_yield, except on a rank bound to one core. There a rank
+    that kept yielding left its library's own threads (gloo's) waiting on that core for the
+    scheduler's next tick, where a zero-length sleep lets them run."""
+    one_core = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) == 1
+    return functools.partial(time.sleep, 0) if one_core else os.sched_yield
+
+
 # Acquiring and releasing a lock runs a locked instruction, which x86 never reorders with the
 # loads after it: the fence between a speculator's publish and its reads of the peers.
 _fence_lock = threading.Lock()
@@ -127,6 +135,7 @@ class SharedSignatures:
             else (addresses[rank], tuple(at for index, at in enumerate(addresses) if index != rank))
         )
         self._hooks = hooks
+        self._yield = _yielder()
         self._sequences = itertools.count(1)
         self._next_sequence = self._sequences.__next__
 
@@ -272,7 +281,7 @@ class SharedSignatures:
                         raise error
                     time.sleep(_SLEEP_S)
                 else:
-                    _yield()
+                    self._yield()
 
     def free(self) -> None:
         """Release the memory (for an MPI window, collective over the communicator)."""
