@@ -30,7 +30,6 @@ from commlayer.backends.torch_base import TorchBackend
 from commlayer.backends.torch_fast_paths import TORCH_OPS, fused_plan, options
 from commlayer.contract.backend import StandaloneOptions
 from commlayer.contract.mismatch import MismatchCheck, group_check
-from commlayer.contract.mismatch.checks import Speculation
 from commlayer.core import settings
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import Capabilities, GroupSpec, ReduceOp, Splits
@@ -172,39 +171,31 @@ class SignedProcessGroup:
         self._may_speculate = op in SPECULATING_OPS and root != check.members.group_rank
         self.send, self.recv = process_group.send, process_group.recv  # point to point: unchecked
 
-    def _verify(self, tensor: torch.Tensor, count: int) -> None:
-        op, root, reduce_op = self._describe
-        self._check.verify(op, tensor.dtype, count, root, reduce_op)
-
-    def _speculate(self, tensor: torch.Tensor, count: int, opts: Any) -> Speculation | None:
-        """A blocking call of a speculating op may enter before every peer published (see
-        :mod:`.gloo_speculation`); an async one is verified first (its Work is the caller's), and
-        so is a broadcast's root, whose call returns before its peers have published."""
+    def _signed(
+        self, tensor: torch.Tensor, count: int, opts: Any, method: Callable[..., Any], *args: Any
+    ) -> Any:
+        """``method(*args)`` once this call is verified, or speculated (see :mod:`.gloo_speculation`):
+        only a blocking call may speculate (an async one's Work is the caller's), and never a
+        broadcast's root, whose call returns before its peers have published."""
         op, root, reduce_op = self._describe
         if not self._may_speculate or getattr(opts, "asyncOp", True):
             self._check.verify(op, tensor.dtype, count, root, reduce_op)
-            return None
-        return self._check.speculate(op, tensor.dtype, count, root, reduce_op)
+            return method(*args)
+        speculation = self._check.speculate(op, tensor.dtype, count, root, reduce_op)
+        work = method(*args)
+        return work if speculation is None else ConfirmedWork(work, speculation)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        speculation = self._speculate(tensors[0], tensors[0].numel(), opts)
-        work = self._pg.allreduce(tensors, opts)
-        return work if speculation is None else ConfirmedWork(work, speculation)
+        return self._signed(tensors[0], tensors[0].numel(), opts, self._pg.allreduce, tensors, opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        speculation = self._speculate(tensors[0], tensors[0].numel(), opts)
-        work = self._pg.broadcast(tensors, opts)
-        return work if speculation is None else ConfirmedWork(work, speculation)
+        return self._signed(tensors[0], tensors[0].numel(), opts, self._pg.broadcast, tensors, opts)
 
     def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Any:
-        speculation = self._speculate(tensor, tensor.numel(), opts)
-        work = self._pg._allgather_base(output, tensor, opts)
-        return work if speculation is None else ConfirmedWork(work, speculation)
+        return self._signed(tensor, tensor.numel(), opts, self._pg._allgather_base, output, tensor, opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Any:
-        speculation = self._speculate(tensor, output.numel(), opts)
-        work = self._pg._reduce_scatter_base(output, tensor, opts)
-        return work if speculation is None else ConfirmedWork(work, speculation)
+        return self._signed(tensor, output.numel(), opts, self._pg._reduce_scatter_base, output, tensor, opts)
 
     def alltoall_base(
         self,
@@ -217,6 +208,5 @@ class SignedProcessGroup:
         if out_splits or in_splits:
             self._check.verify_all_to_all_single("all_to_all_single", output, tensor, out_splits, in_splits)
             return self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)
-        speculation = self._speculate(tensor, tensor.numel(), opts)
-        work = self._pg.alltoall_base(output, tensor, out_splits, in_splits, opts)
-        return work if speculation is None else ConfirmedWork(work, speculation)
+        method = self._pg.alltoall_base
+        return self._signed(tensor, tensor.numel(), opts, method, output, tensor, out_splits, in_splits, opts)

@@ -2,9 +2,9 @@
 
 A blocking all_reduce, all_gather_into_tensor, reduce_scatter_tensor, even all_to_all_single or
 broadcast (off its root) may enter as soon as the peers that have published agree, and compares
-when the call returned (:class:`ConfirmedWork`): by then every peer has published. Waiting for every signature first would make the ranks enter together, and gloo's
-round trip, which overlaps one rank's late arrival with the other's transfer, would then be paid
-in full on every call.
+when the call returned (:class:`ConfirmedWork`): by then every peer has published. Waiting for
+every signature first would make the ranks enter together, and gloo's round trip, which overlaps
+one rank's late arrival with the other's transfer, would then be paid in full on every call.
 
 A rank that finds the mismatch first runs the speculator's call on scratch tensors of its own
 (:func:`scratch_replay`) so that gloo sees matching calls and the speculator's call completes;
@@ -59,9 +59,9 @@ def identity(reduce_op: ReduceOp | None, dtype: torch.dtype, count: int) -> torc
         return torch.full((count,), True if dtype is torch.bool else -1, dtype=dtype)
     if dtype is torch.bool:
         return torch.full((count,), reduce_op is ReduceOp.MIN, dtype=dtype)
-    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     if dtype.is_floating_point:
         return torch.full((count,), float("inf") if reduce_op is ReduceOp.MIN else -float("inf"), dtype=dtype)
+    info = torch.iinfo(dtype)
     return torch.full((count,), info.max if reduce_op is ReduceOp.MIN else info.min, dtype=dtype)
 
 

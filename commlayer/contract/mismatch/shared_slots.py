@@ -200,6 +200,14 @@ class SharedSignatures:
         DIFFERENT. Never waits; a PENDING rank may :meth:`speculate`."""
         _fence_lock.acquire()
         _fence_lock.release()
+        return self._seen(sequence, key, count)
+
+    def agreed(self, sequence: int, key: int, count: int) -> bool:
+        """Whether every peer has published ``sequence`` with ``key`` and ``count``, read without
+        waiting or fencing: a speculator's confirmation, once its call has returned."""
+        return self._seen(sequence, key, count) is AGREED
+
+    def _seen(self, sequence: int, key: int, count: int) -> str:
         at, missing = (sequence & 1) * self._words, False
         for slots in self._peers:
             if slots[at] != sequence:
@@ -207,15 +215,6 @@ class SharedSignatures:
             elif slots[at + 1] != key or slots[at + 2] != count:
                 return DIFFERENT
         return PENDING if missing else AGREED
-
-    def agreed(self, sequence: int, key: int, count: int) -> bool:
-        """Whether every peer has published ``sequence`` with ``key`` and ``count``, read without
-        waiting or fencing: a speculator's confirmation, once its call has returned."""
-        at = (sequence & 1) * self._words
-        for slots in self._peers:
-            if slots[at] != sequence or slots[at + 1] != key or slots[at + 2] != count:
-                return False
-        return True
 
     def speculate(self, sequence: int) -> None:
         """Mark check ``sequence`` speculated: this rank enters its call before every peer has
