@@ -107,6 +107,8 @@ class PeerComm:
         self.world, self.rank = spec.size, spec.group_rank
         self.forced = settings.PEERMEM_ALGORITHM.value()
         self.table = CROSSOVERS
+        #: The all_to_all kernel's grid: one per group, since a rank knows only its own sizes.
+        self.all_to_all_blocks = ALL_TO_ALL_BLOCKS
         self.registry = Registry(board, self.rank, self.world, lib.max_slots)
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
         self._launch = lib.launch
@@ -321,7 +323,7 @@ class PeerComm:
             output.data_ptr(),
             nbytes,
             splits,
-            ALL_TO_ALL_BLOCKS,
+            self.all_to_all_blocks,
             self._stream(),
             in_slot,
             in_off,

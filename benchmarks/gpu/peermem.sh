@@ -3,11 +3,13 @@
 #
 #   bash benchmarks/gpu/peermem.sh [STEP ...]      (from the repository root; results in $OUT)
 #
-# STEP is any of checks tp conformance moe anchor (default: all). Per world size (all GPUs, then 2
-# when there are 4 or more): peermem.py (correctness, then collectives against NCCL and torch's
-# symmetric memory), peermem_tp.py (TP decode: fused kernel vs NCCL), `commlayer test-backend
-# peermem` from the CLI; on 4 or more GPUs MoE on the default backend and on NCCL against
-# DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); then `commlayer test-backend
+# STEP is any of checks tp conformance moe anchor profile (default: all but profile). Per world
+# size (all GPUs, then 2 when there are 4 or more): peermem.py (correctness, then collectives
+# against NCCL and torch's symmetric memory), peermem_tp.py (TP decode: fused kernel vs NCCL),
+# `commlayer test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and
+# on NCCL against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile:
+# peermem_profile.py (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE
+# and of ZeRO stages 1 and 3 on the default backend and on NCCL; then `commlayer test-backend
 # cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
 # seconds, default 540), so results come back even when a step hangs; everything lands in
 # $OUT/peermem.tgz (the folder peermem_run) and the summary in $OUT/summary.txt. Environment:
@@ -63,6 +65,16 @@ for n in "${worlds[@]}"; do
   wants checks && step 200 "collectives_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem.py --out "$RUN" --skip-checks
   wants tp && step 150 "tp_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_tp.py --out "$RUN"
   wants conformance && certify 110 "conformance_peermem_w$n" peermem "$n"
+  wants profile && step 150 "profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_profile.py --out "$RUN"
+  if wants profile && [ "$n" -ge 4 ]; then
+    step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
+    for stage in 1 3; do
+      for backend in default cpu:gloo,cuda:nccl; do
+        [ -f "$ANCHORS/zero_anchor.py" ] && step 120 "zero${stage}_${backend%%,*}_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/zero.py \
+          --stage "$stage" --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" --steps 10 --warmup 3 --profile
+      done
+    done
+  fi
   if wants moe && [ -f "$ANCHORS/moe_anchor.py" ] && [ "$n" -ge 4 ]; then
     step 90 "moe_deepspeed_w$n" "${TORCHRUN[@]}" "$n" "$ANCHORS/moe_anchor.py"
     step 90 "moe_default_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default
@@ -78,7 +90,7 @@ for n in "${worlds[@]}"; do
   fi
 done
 for log in "$RUN"/conformance_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep -E 'CONFORMS|cells passed' "$log" | tail -1)"; done
-for log in "$RUN"/moe_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
+for log in "$RUN"/moe_*.log "$RUN"/zero*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
 for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^checks:' "$log" | tail -1)"; done
 tar -czf "$OUT/peermem.tgz" -C /tmp peermem_run
 summary "=== done after $(($(date +%s) - began)) s"

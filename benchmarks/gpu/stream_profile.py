@@ -1,10 +1,11 @@
-"""Where a training step's GPU time goes: compute, NCCL, both, neither. Used by zero_gpu.py --profile.
+"""Where a training step's GPU time goes: compute, communication, both, neither. Used by the
+``--profile`` option of zero.py and parallel_layers.py.
 
 One step runs under ``torch.profiler`` (CUDA activity only); the kernel intervals of its trace are
-split into NCCL kernels and the rest ("compute"), and the step's span (first kernel start to last
-kernel end) is divided into: compute running (with or without NCCL), NCCL alone (the compute
-stream waits on communication), and nothing at all (the GPU waits on the host); and the kernel
-time of each family (NCCL, attention, GEMM, the rest).
+split into communication kernels (NCCL's and peermem's) and the rest ("compute"), and the step's
+span (first kernel start to last kernel end) is divided into: compute running (with or without
+communication), communication alone (the compute stream waits on it), and nothing at all (the GPU
+waits on the host); and the kernel time of each family (NCCL, peermem, attention, GEMM, the rest).
 """
 
 from __future__ import annotations
@@ -48,46 +49,50 @@ def _intersection(a: list[Interval], b: list[Interval]) -> float:
 
 
 def split_kernels(trace: dict) -> tuple[list[Interval], list[Interval]]:
-    """(compute, nccl) kernel intervals in microseconds, from a Chrome trace of the profiler."""
+    """(compute, communication) kernel intervals in microseconds, from a Chrome trace of the profiler."""
     compute: list[Interval] = []
-    nccl: list[Interval] = []
+    comm: list[Interval] = []
     for event in trace.get("traceEvents", []):
         if event.get("cat") != "kernel":
             continue
         interval = (float(event["ts"]), float(event["ts"]) + float(event["dur"]))
-        (nccl if "nccl" in event.get("name", "").lower() else compute).append(interval)
-    return _union(compute), _union(nccl)
+        family = _family(event.get("name", "").lower())
+        (comm if family in COMMUNICATION else compute).append(interval)
+    return _union(compute), _union(comm)
 
 
-def summarize(compute: list[Interval], nccl: list[Interval]) -> dict[str, float]:
-    """Milliseconds of the step's span: compute busy, NCCL alone, idle, and NCCL overlapped."""
-    every = _union(compute + nccl)
+def summarize(compute: list[Interval], comm: list[Interval]) -> dict[str, float]:
+    """Milliseconds of the step's span: compute busy, communication alone, idle, and communication
+    overlapped."""
+    every = _union(compute + comm)
     if not every:
         return {}
     span = every[-1][1] - every[0][0]
-    both = _intersection(compute, nccl)
-    busy_compute, busy_nccl = _length(compute), _length(nccl)
+    both = _intersection(compute, comm)
+    busy_compute, busy_comm = _length(compute), _length(comm)
     return {
         "span_ms": round(span / 1e3, 2),
         "compute_ms": round(busy_compute / 1e3, 2),
-        "nccl_ms": round(busy_nccl / 1e3, 2),
-        "nccl_overlapped_ms": round(both / 1e3, 2),
-        "nccl_alone_ms": round((busy_nccl - both) / 1e3, 2),
+        "comm_ms": round(busy_comm / 1e3, 2),
+        "comm_overlapped_ms": round(both / 1e3, 2),
+        "comm_alone_ms": round((busy_comm - both) / 1e3, 2),
         "idle_ms": round((span - _length(every)) / 1e3, 2),
     }
 
 
 # Kernel families by name, the first match winning: an attention kernel's name may also carry
-# "gemm" or "sm90", a GEMM's rarely "flash".
+# "gemm" or "sm90", a GEMM's rarely "flash". peermem's kernels all take its ``Args`` first.
 FAMILIES = (
     ("nccl", ("nccl",)),
+    ("peermem", ("(args,",)),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
 )
+COMMUNICATION = frozenset({"nccl", "peermem"})
 
 
 def kernel_families(trace: dict, top: int = 8) -> dict[str, Any]:
-    """Milliseconds of kernel time per family (nccl, attention, gemm, other), overlaps counted
+    """Milliseconds of kernel time per family (nccl, peermem, attention, gemm, other), overlaps counted
     in each: what a step spends on what, to bound what a faster piece could win; and the ``top``
     kernels of "other" by time (names cut to 80 characters)."""
     totals = dict.fromkeys([name for name, _ in FAMILIES] + ["other"], 0.0)

@@ -41,7 +41,11 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), required=True)
     parser.add_argument("--anchor", type=Path, default=Path("shared/anchors/zero_anchor.py"))
-    parser.add_argument("--backend", default="cpu:gloo,cuda:nccl")
+    parser.add_argument(
+        "--backend",
+        default="cpu:gloo,cuda:nccl",
+        help="commlayer backend spec ('default': peermem's on GPUs)",
+    )
     parser.add_argument("--d", "--width", dest="d", type=int, default=1024)  # torchrun cannot pass a bare --d
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--heads", type=int, default=16)
@@ -57,7 +61,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="after timing, profile one more step: compute / NCCL-alone / idle milliseconds (GPU only)",
+        help="after timing, profile one more step: compute / communication-alone / idle milliseconds (GPU only)",
     )
     parser.add_argument(
         "--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)"
@@ -91,7 +95,7 @@ def main() -> None:
     else:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-        dist.init_process_group(args.backend)
+        dist.init_process_group(None if args.backend == "default" else args.backend)
     torch.manual_seed(0)
     model = anchor.GPT(args.vocab, args.d, args.layers, args.heads, args.seq).to(device)
     parameters = sum(p.numel() for p in model.parameters())
@@ -111,7 +115,11 @@ def main() -> None:
     seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
     profiled = profile_step(step) if args.profile and not args.cpu else None
     if rank == 0:
-        mode = f"cl{args.stage}" + ("_fused" if args.fused else "")
+        mode = (
+            f"cl{args.stage}"
+            + ("_fused" if args.fused else "")
+            + ("_default" if args.backend == "default" else "")
+        )
         print(
             json.dumps(
                 {
