@@ -282,3 +282,35 @@ def test_torch_2d_device_mesh_on_shm_matches_gloo() -> None:
         env={"COMMLAYER_BACKEND": "shm"},
         timeout=300,
     )
+
+
+def test_bridge_registration_without_torchs_helper_fills_the_same_tables(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.11 and older lack ``_register_pg_in_world``: the bridge fills its tables itself."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from commlayer.facade.groups.group import current_world
+    from commlayer.facade.torch_bridge import groups as bridge
+
+    world, group = current_world("test"), dist.new_group([0])
+    by_torch = bridge._register(group, "commlayer:by_torch", world)
+    monkeypatch.delattr(c10d, "_register_pg_in_world")
+    by_hand = bridge._register(group, "commlayer:by_hand", world)
+
+    def entry(pg: object, name: str) -> tuple:
+        tables = c10d._world
+        return (
+            tables.pg_names[pg] == name,
+            c10d._resolve_process_group(name) is pg,
+            tables.pg_map[pg][0],
+            tables.pg_backend_config[pg],
+            tables.pg_group_ranks[pg],
+            tables.pg_to_tag[pg] == f"ptd:{name}",
+            pg in tables.tags_to_pg[""] and pg in tables.tags_to_pg[f"ptd:{name}"],
+        )
+
+    assert entry(by_hand, "commlayer:by_hand") == entry(by_torch, "commlayer:by_torch")
+    assert entry(by_hand, "commlayer:by_hand")[:2] == (True, True)
+    for pg in (by_torch, by_hand):
+        torch_dist.destroy_process_group(pg)

@@ -147,16 +147,36 @@ def _bridge_world(default: ProcessGroup, world: Any) -> Any:
 
 def _register(group: ProcessGroup, name: str, world: Any) -> CommlayerProcessGroup:
     pg = CommlayerProcessGroup(group, name)
-    c10d._register_pg_in_world(
-        pg,
-        backend_name=BACKEND_NAME,
-        store=torch_dist.PrefixStore(f"{name}/", world.store),
-        group_name=name,
-        backend_config=str(torch_dist.BackendConfig(BACKEND_NAME)),
-        rank_mapping={rank: index for index, rank in enumerate(group.ranks)},
-        add_to_default_tag=True,
-    )
+    store = torch_dist.PrefixStore(f"{name}/", world.store)
+    config = str(torch_dist.BackendConfig(BACKEND_NAME))
+    ranks = {rank: index for index, rank in enumerate(group.ranks)}
+    if hasattr(c10d, "_register_pg_in_world"):
+        c10d._register_pg_in_world(
+            pg,
+            backend_name=BACKEND_NAME,
+            store=store,
+            group_name=name,
+            backend_config=config,
+            rank_mapping=ranks,
+            add_to_default_tag=True,
+        )
+    else:
+        _register_in_tables(pg, name, store, config, ranks)
     return pg
+
+
+def _register_in_tables(pg: Any, name: str, store: Any, config: str, ranks: dict[int, int]) -> None:
+    """What torch's ``_register_pg_in_world`` does, for the torch releases (2.11 and older) that
+    fill the same tables without that helper."""
+    tables, tag = c10d._world, f"ptd:{name}"
+    tables.pg_map[pg] = (BACKEND_NAME, store)
+    tables.pg_names[pg] = name
+    tables.pg_backend_config[pg] = config
+    c10d._register_process_group(name, pg)
+    tables.pg_group_ranks[pg] = ranks
+    tables.tags_to_pg.setdefault("", []).append(pg)
+    tables.tags_to_pg.setdefault(tag, []).append(pg)
+    tables.pg_to_tag[pg] = tag
 
 
 # --- torch -> commlayer -----------------------------------------------------------------------
