@@ -63,8 +63,13 @@ CROSSOVERS: Mapping[int, Mapping[str, Rows]] = {
 THREADS = 512
 MAX_BLOCKS = 64
 WIDE_MAX_BLOCKS = 128
-#: all_to_all_single: every rank knows only its own sizes, so the grid is fixed.
-ALL_TO_ALL_BLOCKS = 128
+#: all_to_all_single: every rank knows only its own sizes, so the grid is fixed; past 32 blocks
+#: the per-block barriers cost more than the extra blocks copy, at every size measured.
+ALL_TO_ALL_BLOCKS = 32
+#: The zero-copy all-reduce on 4 or more ranks: a slice per rank past SLICE_BYTES runs on at most
+#: SLICE_BLOCKS blocks, where more blocks' loads contend on the links.
+SLICE_BYTES = 1 << 20
+SLICE_BLOCKS = 64
 _WIDE = frozenset({"push", "zero_copy"})
 _ONLY_ALL_REDUCE = frozenset({"one_shot_push", "two_shot"})
 
@@ -147,6 +152,8 @@ def grid_blocks(op: str, algorithm: str, nbytes: int, world: int, max_blocks: in
     """Blocks of the kernel's grid: a function of the call alone, so equal on every rank."""
     if algorithm in _WIDE:
         max_blocks = WIDE_MAX_BLOCKS
+    if op == "all_reduce" and algorithm == "zero_copy" and world >= 4 and nbytes > SLICE_BYTES * world:
+        max_blocks = SLICE_BLOCKS
     if op == "all_reduce" and algorithm in ("two_shot", "push", "zero_copy"):
         units = -(-nbytes // world) // 16
     elif op == "all_reduce":

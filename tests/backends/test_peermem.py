@@ -22,6 +22,7 @@ from commlayer.backends.peermem.routing import (
     CROSSOVERS,
     KERNEL_DTYPES,
     MAX_BLOCKS,
+    SLICE_BLOCKS,
     THREADS,
     WIDE_MAX_BLOCKS,
     choose,
@@ -124,7 +125,9 @@ def test_grid_is_a_function_of_the_call_within_limits() -> None:
     assert grid_blocks("all_reduce", "one_shot", THREADS * 16 * 3, 4) == 3
     assert grid_blocks("all_reduce", "one_shot", 64 * MiB, 4) == MAX_BLOCKS
     assert grid_blocks("all_reduce", "push", 64 * MiB, 4) == WIDE_MAX_BLOCKS
-    assert grid_blocks("all_reduce", "zero_copy", 64 * MiB, 4) == WIDE_MAX_BLOCKS
+    assert grid_blocks("all_reduce", "zero_copy", 64 * MiB, 2) == WIDE_MAX_BLOCKS
+    assert grid_blocks("all_reduce", "zero_copy", 4 * MiB, 4) == WIDE_MAX_BLOCKS
+    assert grid_blocks("all_reduce", "zero_copy", 4 * MiB + 64, 4) == SLICE_BLOCKS
     # Two-shot's grid covers one slice; a gather's and a scatter's one rank's chunk.
     assert grid_blocks("all_reduce", "two_shot", THREADS * 16 * 8, 4) == 2
     assert grid_blocks("reduce_scatter_tensor", "one_shot", THREADS * 16 * 8, 4) == 2
