@@ -9,7 +9,7 @@
 # `commlayer test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and
 # on NCCL against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile:
 # peermem_profile.py (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE
-# and of ZeRO stages 1 and 3 on the default backend and on NCCL; then `commlayer test-backend
+# and of ZeRO stages 1-3 on the default backend and on NCCL; then `commlayer test-backend
 # cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
 # seconds, default 540), so results come back even when a step hangs; everything lands in
 # $OUT/peermem.tgz (the folder peermem_run) and the summary in $OUT/summary.txt. Environment:
@@ -68,7 +68,7 @@ for n in "${worlds[@]}"; do
   wants profile && step 150 "profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_profile.py --out "$RUN"
   if wants profile && [ "$n" -ge 4 ]; then
     step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
-    for stage in 1 3; do
+    for stage in 1 2 3; do
       for backend in default cpu:gloo,cuda:nccl; do
         [ -f "$ANCHORS/zero_anchor.py" ] && step 120 "zero${stage}_${backend%%,*}_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/zero.py \
           --stage "$stage" --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" --steps 10 --warmup 3 --profile
