@@ -97,6 +97,50 @@ def tp_table(data: dict) -> list[str]:
     return out
 
 
+def grid_table(data: dict) -> list[str]:
+    """peermem_profile.py's sweeps: each kernel at its grid and at the best one, graph us per call."""
+    out = [
+        "| GPUs | op | bytes | reference (graph us) | kernel's grid: us | best grid: us | kernel / reference |"
+    ]
+    out.append("|---|---|---|---|---|---|---|")
+    for world, report in data.get("profile", {}).items():
+        for row in report["rows"]:
+            references = {name: row[name] for name in ("nccl", "symm_two_shot") if name in row}
+            reference = min(references, key=references.__getitem__)
+            grids = {int(key[5:]): us for key, us in row.items() if key.startswith("grid_")}
+            best, routed = min(grids, key=grids.__getitem__), row["routed_grid"]
+            kernel = grids.get(routed, grids[best])  # a grid outside the sweep: the best one's time
+            shown = f"{kernel:.1f}" if routed in grids else "not swept"
+            out.append(
+                f"| {world} | {row['op']} | {SIZES.get(row['bytes'], row['bytes'])} | "
+                f"{reference.replace('symm_', 'torch ')} {references[reference]:.1f} | {routed}: {shown} | "
+                f"{best}: {grids[best]:.1f} | {kernel / references[reference]:.2f} |"
+            )
+    return out
+
+
+def zero_table(data: dict) -> list[str]:
+    """ZeRO stages on the default backend against NCCL, with one profiled step of each."""
+    runs = {run["mode"]: run for run in data.get("zero", [])}
+    out = ["| stage | default tok/s | nccl tok/s | default / nccl | stage / stage 1: default, nccl | "]
+    out[0] += "communication alone ms: default, nccl | overlapped ms: default, nccl |"
+    out.append("|---|---|---|---|---|---|---|")
+    for stage in (1, 2, 3):
+        ours, nccl = runs.get(f"cl{stage}_default"), runs.get(f"cl{stage}")
+        if ours is None or nccl is None:
+            continue
+        firsts = runs["cl1_default"]["tokens_per_s"], runs["cl1"]["tokens_per_s"]
+        ratio = ours["tokens_per_s"] / nccl["tokens_per_s"]
+        profiles = ours["profile"], nccl["profile"]
+        out.append(
+            f"| {stage} | {ours['tokens_per_s']:,} | {nccl['tokens_per_s']:,} | {ratio:.2f} | "
+            f"{ours['tokens_per_s'] / firsts[0]:.2f}, {nccl['tokens_per_s'] / firsts[1]:.2f} | "
+            f"{profiles[0]['comm_alone_ms']}, {profiles[1]['comm_alone_ms']} | "
+            f"{profiles[0]['comm_overlapped_ms']}, {profiles[1]['comm_overlapped_ms']} |"
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,10 +152,14 @@ def main() -> None:
         ("other ops, time over NCCL's, eager / graph", other_ops_table),
         ("calls passed to NCCL: eager difference / graph ratio against raw NCCL", passed_table),
         ("TP decode, tokens/s over NCCL, eager / graph", tp_table),
+        ("grid sweeps (peermem_profile.py), CUDA graph", grid_table),
+        ("ZeRO, 4 GPUs, the anchor's 369M model", zero_table),
     ):
         print(f"\n{title}\n")
         print("\n".join(table(data)))
     print("\nMoE (4 GPUs):", json.dumps(data["moe"]))
+    if "moe_profile" in data:
+        print("MoE profiled step (default backend):", json.dumps(data["moe_profile"]["profile"]))
     print("conformance:", json.dumps(data["conformance"], indent=1))
     print(
         "checks:", {world: (c["checks_passed"], c["check_failures"]) for world, c in data["checks"].items()}
