@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(THREADS)
     e.staged = me.in_slot >= 0 ? 0 : in_bytes;
     post[threadIdx.x] = e;
   }
-  if (block_barrier(a, &sync, false, post, parity)) {
+  if (block_barrier(a, &sync, post, parity)) {
     read_inboxes(a, parity, boxes);
     size_t rounds = 0;
     for (int p = 0; p < world; ++p) {

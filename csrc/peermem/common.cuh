@@ -100,11 +100,11 @@ struct Sync {
 };
 
 // Raise this block's flag in every peer, wait for every peer's; false when one never came.
-// `pushed`: this block's threads wrote into peers' memory, which each thread fences first.
 // `post`: per peer, the inbox entry to leave in that peer's region before its flag (or null).
-__device__ bool block_barrier(const Args& a, Sync* sync, bool pushed = false, const Inbox* post = nullptr,
-                              int parity = 0) {
-  if (pushed) __threadfence_system();
+// Every write the block made before the call, into its own memory or a peer's, is visible to a
+// peer that sees the flag: __syncthreads orders them before the flag's release, which is
+// cumulative, so no thread fences on its own.
+__device__ bool block_barrier(const Args& a, Sync* sync, const Inbox* post = nullptr, int parity = 0) {
   __syncthreads();
   const uint32_t value = sync->count + 1;  // thread 0 moves it on only after the last sync below
   int t = threadIdx.x;

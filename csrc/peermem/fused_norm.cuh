@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(THREADS)
       for (int u = threadIdx.x; u < units; u += THREADS)
         *(uint4*)(slot + row * row_bytes + u * 16) = *(const uint4*)(partial + row * row_bytes + u * 16);
   }
-  if (block_barrier(a, &sync, true)) {
+  if (block_barrier(a, &sync)) {
     const char* src[MAX_RANKS];
     const char* stage = a.base[a.rank] + half;
 #pragma unroll

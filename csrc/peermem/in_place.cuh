@@ -25,7 +25,7 @@ __device__ __forceinline__ bool greet(const Args& a, const Place& me, int parity
     e.place = me;
     post[threadIdx.x] = e;
   }
-  if (!block_barrier(a, sync, false, post, parity)) return false;
+  if (!block_barrier(a, sync, post, parity)) return false;
   read_inboxes(a, parity, boxes);
   return true;
 }
@@ -86,7 +86,7 @@ __device__ void all_reduce_in_place(const Args& a, const Place& me, const char* 
       for (int q = 0; q < MAX_RANKS; ++q)
         if (q < world) *(uint4*)(dst[q] + off) = r;
     }
-    if (!block_barrier(a, sync, true)) return;
+    if (!block_barrier(a, sync)) return;
     if (me.out_slot < 0)
       for (int s = 0; s < world; ++s) {
         Slice sl = slice_of(len, world, s);
@@ -163,7 +163,7 @@ __device__ void all_gather_in_place(const Args& a, const Place& me, const char* 
       if (parts > 1) copy_any(dst, in + begin, len, share.thread, share.threads);
       else copy_range(dst, in + begin, len);
     }
-    if (!block_barrier(a, sync, true)) return;
+    if (!block_barrier(a, sync)) return;
     if (me.out_slot < 0)
       for (int s = 0; s < world; ++s)
         if (s != rank) copy_range(out + s * bytes + begin, stage + s * cap, len);

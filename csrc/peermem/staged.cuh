@@ -22,7 +22,7 @@ template <typename T, int OP>
 __device__ void one_shot_push(const Args& a, const char* in, char* out, size_t bytes, size_t half, Sync* sync) {
   for (int q = 0; q < a.world; ++q)
     if (q != a.rank) copy_range(a.base[q] + half + a.rank * bytes, in, bytes);
-  if (!block_barrier(a, sync, true)) return;
+  if (!block_barrier(a, sync)) return;
   const char* src[MAX_RANKS];
   const char* stage = a.base[a.rank] + half;
 #pragma unroll
@@ -79,7 +79,7 @@ __device__ void two_shot_push(const Args& a, const char* in, char* out, size_t b
     if (s != a.rank) copy_range(a.base[s] + half + a.rank * slice, in + sl.begin, sl.len);
   }
   Slice mine = slice_of(bytes, a.world, a.rank);
-  if (!block_barrier(a, sync, true)) return;
+  if (!block_barrier(a, sync)) return;
   const char* slots[MAX_RANKS];
 #pragma unroll
   for (int p = 0; p < MAX_RANKS; ++p) slots[p] = p == a.rank ? in + mine.begin : stage + p * slice;
@@ -90,7 +90,7 @@ __device__ void two_shot_push(const Args& a, const char* in, char* out, size_t b
     for (int q = 0; q < MAX_RANKS; ++q)
       if (q < a.world && q != a.rank) *(uint4*)(a.base[q] + half + (a.world + a.rank) * slice + off) = r;
   }
-  if (!block_barrier(a, sync, true)) return;
+  if (!block_barrier(a, sync)) return;
   for (int s = 0; s < a.world; ++s) {
     Slice sl = slice_of(bytes, a.world, s);
     if (s != a.rank) copy_range(out + sl.begin, gather + s * slice, sl.len);
@@ -133,7 +133,7 @@ __device__ void reduce_scatter_push(const Args& a, const char* in, char* out, si
                                       Sync* sync) {
   for (int s = 0; s < a.world; ++s)
     if (s != a.rank) copy_range(a.base[s] + half + a.rank * bytes, in + s * bytes, bytes);
-  if (!block_barrier(a, sync, true)) return;
+  if (!block_barrier(a, sync)) return;
   const char* slots[MAX_RANKS];
   const char* stage = a.base[a.rank] + half;
 #pragma unroll
