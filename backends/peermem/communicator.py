@@ -163,7 +163,6 @@ class PeerComm:
             self._stream(),
             *places,
         )
-        self.order.launched()
         return self._started(rc, output, async_op)
 
     def _launch_aligned(
@@ -330,7 +329,6 @@ class PeerComm:
             in_off,
             descriptor,
         )
-        self.order.launched()
         return self._started(rc, output, async_op)
 
     def fused_norm(
@@ -360,7 +358,6 @@ class PeerComm:
         rc = self.lib.fused_norm(
             self.handle, dtype, *pointers, rows, hidden, float(eps), blocks, self._stream()
         )
-        self.order.launched()
         if rc:
             self._fail(rc)
         return True

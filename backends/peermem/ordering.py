@@ -6,22 +6,16 @@ this GPU, and every rank must run them in the same order, the order their calls 
 Launched on one stream they are (DDP, tensor parallelism, CUDA graphs). FSDP2 all-gathers on one
 side stream and reduce-scatters on another; kernels of those streams would run at once, or in
 an order that differs between ranks, and the group would hang until its timeout. So a launch on
-another stream than the group's previous launch first makes its stream wait for the group's
-previous kernel, as NCCL orders a communicator's calls on one internal stream::
+another stream than the group's previous launch first makes its stream wait for the previous
+stream's work enqueued so far (which holds the previous kernel), as NCCL orders a communicator's
+calls on one internal stream::
 
     order = StreamOrder(raw_stream, current_stream, capturing, torch.cuda.Event)
     launch(..., order.stream())      # the current stream, after the group's previous kernel
-    order.launched()
 
-Launches on one stream pay one comparison of raw stream handles. The first switch waits for the
-previous stream's work enqueued so far (which holds the previous kernel); from then on the group
-marks the point right after each kernel (one event, recorded again at each launch: a wait binds
-to the record before it), so a switch waits for that kernel alone and not for the compute queued
-behind it, which may then overlap the next kernel (ZeRO's and FSDP2's prefetches). After
-:data:`QUIET_LAUNCHES` launches without a switch the group stops marking.
-During graph capture no wait is added (the captured stream may not wait on work outside the
-capture; torch synchronizes before a capture begins) and the next launch outside the capture
-starts a new order.
+Launches on one stream pay one comparison of raw stream handles. During graph capture no wait is
+added (the captured stream may not wait on work outside the capture; torch synchronizes before a
+capture begins) and the next launch outside the capture starts a new order.
 """
 
 from __future__ import annotations
@@ -29,10 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["QUIET_LAUNCHES", "StreamOrder"]
-
-#: Launches on one stream after which a group stops marking its kernels' ends.
-QUIET_LAUNCHES = 64
+__all__ = ["StreamOrder"]
 
 
 class StreamOrder:
@@ -44,14 +35,11 @@ class StreamOrder:
     """
 
     __slots__ = (
-        "_after",
         "_capturing",
         "_current_stream",
         "_last",
         "_last_stream",
-        "_marking",
         "_new_event",
-        "_quiet",
         "_raw_stream",
         "joins",
     )
@@ -69,9 +57,6 @@ class StreamOrder:
         self._new_event = new_event
         self._last: int | None = None  # handle of the stream the group's last kernel went to
         self._last_stream: Any = None
-        self._after: Any = None  # recorded right after the group's last kernel, while marking
-        self._marking = False  # whether launches mark their end (since a recent switch)
-        self._quiet = 0  # launches since the last switch
         #: How many launches waited for another stream (the benchmarks report it).
         self.joins = 0
 
@@ -82,28 +67,14 @@ class StreamOrder:
             self._switch(handle)
         return handle
 
-    def launched(self) -> None:
-        """After each launch (failed ones too): mark the point right after its kernel."""
-        if not self._marking or self._last_stream is None:
-            return
-        self._quiet += 1
-        if self._quiet > QUIET_LAUNCHES:
-            self._marking = False
-            return
-        if self._after is None:
-            self._after = self._new_event()
-        self._after.record(self._last_stream)
-
     def _switch(self, handle: int) -> None:
         if self._capturing():
-            self._last, self._last_stream, self._marking = None, None, False
+            self._last, self._last_stream = None, None
             return
         current = self._current_stream()
         if self._last_stream is not None:
-            if not self._marking:  # nothing marked: the previous stream's work so far holds the kernel
-                self._after = self._after or self._new_event()
-                self._after.record(self._last_stream)
-            current.wait_event(self._after)
+            event = self._new_event()
+            event.record(self._last_stream)
+            current.wait_event(event)
             self.joins += 1
-            self._marking, self._quiet = True, 0
         self._last, self._last_stream = handle, current

@@ -4,7 +4,7 @@ GPU would be told."""
 
 from __future__ import annotations
 
-from commlayer.backends.peermem.ordering import QUIET_LAUNCHES, StreamOrder
+from commlayer.backends.peermem.ordering import StreamOrder
 
 
 class Streams:
@@ -49,14 +49,7 @@ def order_of(streams: Streams) -> StreamOrder:
 
 def launch_on(order: StreamOrder, streams: Streams, name: str) -> int:
     streams.current = name
-    handle = order.stream()
-    streams.log.append(("kernel", name))
-    order.launched()
-    return handle
-
-
-def kernels_and_waits(streams: Streams) -> list[tuple[str, str]]:
-    return [entry for entry in streams.log if entry[0] != "record"]
+    return order.stream()
 
 
 def test_one_stream_adds_nothing() -> None:
@@ -64,62 +57,27 @@ def test_one_stream_adds_nothing() -> None:
     order = order_of(streams)
     for _ in range(5):
         assert launch_on(order, streams, "default") == hash("default")
-    assert streams.log == [("kernel", "default")] * 5 and order.joins == 0
+    assert streams.log == [] and order.joins == 0
 
 
 def test_fsdp2_streams_run_the_kernels_in_issue_order() -> None:
     """all-gather on one stream, reduce-scatter on another, the loss on the default one: every
-    switch waits for the group's previous kernel, so no two kernels overlap."""
+    switch waits for the stream of the group's previous kernel, so no two kernels overlap."""
     streams = Streams()
     order = order_of(streams)
     for name in ["all_gather", "all_gather", "reduce_scatter", "all_gather", "reduce_scatter", "default"]:
         launch_on(order, streams, name)
     assert streams.log == [
-        ("kernel", "all_gather"),
-        ("kernel", "all_gather"),
         ("record", "all_gather"),
         ("reduce_scatter waits", "all_gather"),
-        ("kernel", "reduce_scatter"),
         ("record", "reduce_scatter"),
         ("all_gather waits", "reduce_scatter"),
-        ("kernel", "all_gather"),
         ("record", "all_gather"),
         ("reduce_scatter waits", "all_gather"),
-        ("kernel", "reduce_scatter"),
         ("record", "reduce_scatter"),
         ("default waits", "reduce_scatter"),
-        ("kernel", "default"),
-        ("record", "default"),
     ]
     assert order.joins == 4
-
-
-def test_a_switch_waits_for_the_previous_kernel_not_the_compute_behind_it() -> None:
-    """ZeRO prefetches on a side stream while the default stream computes: once the group has
-    switched streams, each launch marks its end, and the next switch waits for that mark only."""
-    streams = Streams()
-    order = order_of(streams)
-    launch_on(order, streams, "default")
-    launch_on(order, streams, "prefetch")
-    streams.log.append(("compute", "prefetch"))
-    launch_on(order, streams, "default")
-    log = streams.log
-    marked = log.index(("record", "prefetch"))
-    assert marked < log.index(("compute", "prefetch")) < log.index(("default waits", "prefetch"))
-    assert log.count(("record", "prefetch")) == 1  # the wait is on the mark, not a new record
-
-
-def test_a_group_on_one_stream_again_stops_marking() -> None:
-    streams = Streams()
-    order = order_of(streams)
-    launch_on(order, streams, "warmup")
-    for _ in range(QUIET_LAUNCHES + 10):
-        launch_on(order, streams, "default")
-    records = [entry for entry in streams.log if entry[0] == "record"]
-    assert len(records) == 1 + QUIET_LAUNCHES  # the switch's own record, then one per marked launch
-    streams.log.clear()
-    launch_on(order, streams, "side")  # unmarked again: waits for the default stream's work so far
-    assert streams.log[:2] == [("record", "default"), ("side waits", "default")]
 
 
 def test_graph_capture_adds_no_wait_and_restarts_the_order() -> None:
@@ -132,11 +90,4 @@ def test_graph_capture_adds_no_wait_and_restarts_the_order() -> None:
     streams.capturing = False
     launch_on(order, streams, "default")  # after the capture: nothing outside it to wait for
     launch_on(order, streams, "side")
-    assert kernels_and_waits(streams) == [
-        ("kernel", "default"),
-        ("kernel", "capture"),
-        ("kernel", "capture"),
-        ("kernel", "default"),
-        ("side waits", "default"),
-        ("kernel", "side"),
-    ]
+    assert streams.log == [("record", "default"), ("side waits", "default")]
