@@ -120,24 +120,23 @@ def grid_table(data: dict) -> list[str]:
 
 
 def zero_table(data: dict) -> list[str]:
-    """ZeRO stages on the default backend against NCCL, with one profiled step of each."""
-    runs = {run["mode"]: run for run in data.get("zero", [])}
-    out = ["| stage | default tok/s | nccl tok/s | default / nccl | stage / stage 1: default, nccl | "]
+    """ZeRO stages on the default backend against NCCL, one table row per stage and run."""
+    out = ["| run | stage | default tok/s | nccl tok/s | default / nccl | stage / stage 1: default, nccl | "]
     out[0] += "communication alone ms: default, nccl | overlapped ms: default, nccl |"
-    out.append("|---|---|---|---|---|---|---|")
-    for stage in (1, 2, 3):
-        ours, nccl = runs.get(f"cl{stage}_default"), runs.get(f"cl{stage}")
-        if ours is None or nccl is None:
-            continue
-        firsts = runs["cl1_default"]["tokens_per_s"], runs["cl1"]["tokens_per_s"]
-        ratio = ours["tokens_per_s"] / nccl["tokens_per_s"]
-        profiles = ours["profile"], nccl["profile"]
-        out.append(
-            f"| {stage} | {ours['tokens_per_s']:,} | {nccl['tokens_per_s']:,} | {ratio:.2f} | "
-            f"{ours['tokens_per_s'] / firsts[0]:.2f}, {nccl['tokens_per_s'] / firsts[1]:.2f} | "
-            f"{profiles[0]['comm_alone_ms']}, {profiles[1]['comm_alone_ms']} | "
-            f"{profiles[0]['comm_overlapped_ms']}, {profiles[1]['comm_overlapped_ms']} |"
-        )
+    out.append("|---|---|---|---|---|---|---|---|")
+    for run, rows in data.get("zero", {}).items():
+        modes = {row["mode"]: row for row in rows}
+        firsts = modes["cl1_default"]["tokens_per_s"], modes["cl1"]["tokens_per_s"]
+        for stage in (1, 2, 3):
+            ours, nccl = modes[f"cl{stage}_default"], modes[f"cl{stage}"]
+            ratio = ours["tokens_per_s"] / nccl["tokens_per_s"]
+            profiles = ours["profile"], nccl["profile"]
+            out.append(
+                f"| {run} | {stage} | {ours['tokens_per_s']:,} | {nccl['tokens_per_s']:,} | {ratio:.2f} | "
+                f"{ours['tokens_per_s'] / firsts[0]:.2f}, {nccl['tokens_per_s'] / firsts[1]:.2f} | "
+                f"{profiles[0]['comm_alone_ms']}, {profiles[1]['comm_alone_ms']} | "
+                f"{profiles[0]['comm_overlapped_ms']}, {profiles[1]['comm_overlapped_ms']} |"
+            )
     return out
 
 
