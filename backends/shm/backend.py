@@ -6,10 +6,11 @@ match and an async op returns a completed Work. Every wait spins briefly, then y
 with the GIL released, and ends at the group's timeout or as soon as a peer's process is gone.
 
 Native: all_reduce, reduce, broadcast, all_gather(_into_tensor), reduce_scatter(_tensor),
-all_to_all(_single) with equal splits, gather, scatter, barrier. Point-to-point ops (and
-all-to-all with uneven splits, through the generic fallbacks) run on a companion gloo group over
-the same ranks, which is also the backend's ``torch_group`` (what DDP needs). A group spanning
-hosts is a :class:`~.two_level.TwoLevelBackend`.
+all_to_all(_single) with equal splits, gather, scatter, barrier. Point-to-point ops and
+all_to_all_single with uneven splits run on a companion gloo group over the same ranks, which is
+also the backend's ``torch_group`` (what DDP needs); all_to_all of tensors of several sizes runs
+on the generic fallback over its point-to-point ops. A group spanning hosts is a
+:class:`~.two_level.TwoLevelBackend`.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ class ShmBackend(Backend):
         self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
         if not (_equal(out_splits) and _equal(in_splits)) or tensor.numel() % self.size:
-            return super().all_to_all_single(output, tensor, out_splits, in_splits)
+            # gloo's own exchange, whose default check compares every pair's count first.
+            return self._companion.all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
         count = tensor.numel() // self.size
         self._comm.all_to_all(output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype])
         return CompletedWork((output,))
