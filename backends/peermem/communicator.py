@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import struct
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -24,12 +23,14 @@ from commlayer.backends.peermem.ordering import StreamOrder
 from commlayer.backends.peermem.registry import NOT_PLACED, Registry, Segment
 from commlayer.backends.peermem.routing import (
     ALL_TO_ALL_BLOCKS,
+    ALL_TO_ALL_PUSH_BYTES,
     CROSSOVERS,
     KERNEL_DTYPES,
     choose,
     choose_uneven,
     grid_blocks,
 )
+from commlayer.backends.peermem.splits import packed_splits
 from commlayer.core import settings
 from commlayer.core.errors import CommTimeoutError
 from commlayer.core.types import GroupSpec, ReduceOp
@@ -53,7 +54,6 @@ _PLACED = {
     "all_to_all_single": (True, False),
 }
 _UNPLACED = (-1, -1, 0, 0, -1)
-_SPLITS = struct.Struct("<32Q")
 
 
 class Route(NamedTuple):
@@ -109,6 +109,7 @@ class PeerComm:
         self.table = CROSSOVERS
         #: The all_to_all kernel's grid: one per group, since a rank knows only its own sizes.
         self.all_to_all_blocks = ALL_TO_ALL_BLOCKS
+        self.all_to_all_push_bytes = ALL_TO_ALL_PUSH_BYTES
         self.registry = Registry(board, self.rank, self.world, lib.max_slots)
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
         self._launch = lib.launch
@@ -315,7 +316,7 @@ class PeerComm:
             output.copy_(staged)
             return self._started(0, output, async_op)
         nbytes = source.numel() * source.element_size()
-        splits = _SPLITS.pack(*byte_splits(source, output, input_splits, output_splits, self.world))
+        splits = packed_splits(source, output, input_splits, output_splits, self.world)
         in_slot, _, in_off, _, descriptor = self.places("all_to_all_single", source, output)
         rc = self.lib.all_to_all(
             self.handle,
@@ -328,6 +329,7 @@ class PeerComm:
             in_slot,
             in_off,
             descriptor,
+            self.all_to_all_push_bytes,
         )
         return self._started(rc, output, async_op)
 
@@ -392,31 +394,6 @@ class PeerComm:
         self.lib.lib.pm_destroy(self.handle)
         self.handle = None
         self.board.close()
-
-
-def byte_splits(
-    source: torch.Tensor,
-    output: torch.Tensor,
-    input_splits: Sequence[int] | None,
-    output_splits: Sequence[int] | None,
-    world: int,
-) -> list[int]:
-    """send offsets, send lengths, receive offsets, receive lengths in bytes, 8 each (padded)."""
-    sends = _offsets(source, input_splits, world)
-    receives = _offsets(output, output_splits, world)
-    pad = [0] * (8 - world)
-    return [*sends[0], *pad, *sends[1], *pad, *receives[0], *pad, *receives[1], *pad]
-
-
-def _offsets(tensor: torch.Tensor, splits: Sequence[int] | None, world: int) -> tuple[list[int], list[int]]:
-    nbytes = tensor.numel() * tensor.element_size()
-    if splits is None:
-        lengths = [nbytes // world] * world
-    else:
-        row = nbytes // tensor.shape[0] if tensor.dim() and tensor.shape[0] else 0
-        lengths = [int(rows) * row for rows in splits]
-    offsets = [sum(lengths[:p]) for p in range(world)]
-    return offsets, lengths
 
 
 def timeout_error(spec: GroupSpec, missing: int, name: str) -> CommTimeoutError:

@@ -6,7 +6,8 @@ In one world, bf16, CUDA graphs of back-to-back calls (the launch cost out of th
   1. all_reduce on the zero-copy kernel at every grid size it may use, 16 B - 16 MiB, against
      torch's symmetric-memory two-shot (on its own buffer, as the anchor calls it) and NCCL: what
      the kernel's fixed cost is (16 B) and whether more or fewer blocks would close the gap;
-  2. all_to_all_single (even splits) on peermem's kernel at every grid size, against NCCL;
+  2. all_to_all_single (even splits) on peermem's kernel at every grid size, and with its chunks
+     pulled after the barrier or pushed before it (up to a few limits), against NCCL;
   3. one eager call of each under ``torch.profiler``: the kernel's own duration, so that the rest
      of an eager call's time is the host's.
 Rank 0 prints the tables and writes DIR/peermem_profile_w{N}.json.
@@ -33,6 +34,8 @@ KiB, MiB = 1 << 10, 1 << 20
 ALL_REDUCE_SIZES = (16, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB)
 ALL_TO_ALL_SIZES = (4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB)
 GRIDS = (4, 8, 16, 32, 64, 128)
+#: all_to_all_single's chunks pushed before the one barrier up to these sizes (0: every chunk pulled).
+PUSH_LIMITS = {"pull": 0, "push_256KiB": 256 * KiB, "push_1MiB": MiB, "push_slot": 1 << 62}
 
 
 def graphed_us(fn: Callable[[], object], nbytes: int, backend) -> float:
@@ -99,6 +102,12 @@ def all_to_all_row(nbytes: int, comm, backend, pg, buffers: dict) -> dict:
         row[f"grid_{grid}"] = graphed_us(peermem, nbytes, backend)
     comm.all_to_all_blocks = routed
     row["routed_grid"] = routed
+    pushed = comm.all_to_all_push_bytes
+    for label, limit in PUSH_LIMITS.items():
+        comm.all_to_all_push_bytes = limit
+        row[label] = graphed_us(peermem, nbytes, backend)
+    comm.all_to_all_push_bytes = pushed
+    row["routed_push_bytes"] = pushed
     if nbytes == MiB:
         row["kernels_peermem"] = kernel_us(peermem)
         row["kernels_nccl"] = kernel_us(nccl)

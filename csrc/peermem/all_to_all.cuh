@@ -1,6 +1,13 @@
-// all_to_all_single with even or uneven splits, by pulling: every receiver copies its chunk out of
-// every sender's input where it lies (a registered segment), or out of the sender's region, which
-// the sender fills with windows of its input, one round per window, when its input is not mapped.
+// all_to_all_single with even or uneven splits, in one of two ways every rank agrees on at the
+// call's first barrier:
+//  - pushed (every chunk at most the push limit): each sender writes its chunk for a peer into
+//    that peer's region, at the sender's slot of the half's upper part, before the barrier; after
+//    it each receiver copies its slots out. One barrier, and no peer reads a sender's input.
+//  - pulled: every receiver copies its chunk out of every sender's input where it lies (a
+//    registered segment), or out of the sender's region, which the sender fills with windows of
+//    its input (in the half's lower part), one round per window, when its input is not mapped.
+// A barrier orders only block b's writes before block b's reads, so a pushed chunk is split into
+// the same block ranges on both sides, from its length alone.
 #pragma once
 #include "in_place.cuh"
 
@@ -35,8 +42,57 @@ __device__ void stage_window(char* stage, const char* in, size_t bytes) {
     for (size_t i = whole; i < bytes; ++i) stage[i] = in[i];
 }
 
+// Block j of a share's [lo, hi) of a chunk of `len` bytes: 16-byte-aligned ranges by length only.
+__device__ __forceinline__ void block_range(size_t len, const Share& share, size_t* lo, size_t* hi) {
+  const size_t members = share.threads / blockDim.x, j = share.thread / blockDim.x;
+  const size_t per = ((len + members - 1) / members + 15) / 16 * 16;
+  *lo = min_size(j * per, len);
+  *hi = min_size(*lo + per, len);
+}
+
+// Where pushed chunks live in a half: the upper part, one slot per sender.
+struct PushArea {
+  size_t start, slot;
+};
+__device__ __forceinline__ PushArea push_area(const Args& a) {
+  const size_t start = a.half_bytes / 2 / 16 * 16;
+  return {start, (a.half_bytes - start) / a.world / 16 * 16};
+}
+
+// Writes this rank's chunk for each peer into the peer's slot (the share's loop of the pull path).
+__device__ void push_chunks(const Args& a, const char* in, const Splits& sp, size_t half, const Share& share, int parts) {
+  const PushArea area = push_area(a);
+  for (int k = share.part; k < a.world; k += parts) {
+    const int q = (a.rank + k) % a.world;
+    if (q == a.rank) continue;
+    size_t lo, hi;
+    block_range(sp.send_len[q], share, &lo, &hi);
+    char* slot = a.base[q] + half + area.start + (size_t)a.rank * area.slot;
+    if (lo < hi) copy_any(slot + lo, in + sp.send_off[q] + lo, hi - lo, threadIdx.x, blockDim.x);
+  }
+}
+
+// Copies what every sender pushed into this rank's slots (and its own chunk) to the output.
+__device__ void take_pushed(const Args& a, const char* in, char* out, const Splits& sp, const Inbox* boxes, size_t half,
+                            const Share& share, int parts) {
+  const PushArea area = push_area(a);
+  for (int k = share.part; k < a.world; k += parts) {
+    const int p = (a.rank - k + a.world) % a.world;
+    if (p == a.rank) {
+      copy_any(out + sp.recv_off[p], in + sp.send_off[p], min_size(sp.send_len[p], sp.recv_len[p]), share.thread,
+               share.threads);
+      continue;
+    }
+    size_t lo, hi;
+    block_range(boxes[p].chunk_len, share, &lo, &hi);
+    hi = min_size(hi, sp.recv_len[p]);
+    const char* slot = a.base[a.rank] + half + area.start + (size_t)p * area.slot;
+    if (lo < hi) copy_any(out + sp.recv_off[p] + lo, slot + lo, hi - lo, threadIdx.x, blockDim.x);
+  }
+}
+
 __global__ void __launch_bounds__(THREADS)
-    all_to_all(Args a, CallPlace call, const char* in, char* out, u64 in_bytes, Splits sp) {
+    all_to_all(Args a, CallPlace call, const char* in, char* out, u64 in_bytes, Splits sp, u64 push_limit) {
   __shared__ Sync sync;
   __shared__ Inbox boxes[MAX_RANKS], post[MAX_RANKS];
   uint32_t epoch;
@@ -44,26 +100,38 @@ __global__ void __launch_bounds__(THREADS)
   const Place me = resolve(a, call);
   const int rank = a.rank, world = a.world, parity = epoch & 1;
   const size_t half = DATA_OFFSET + parity * a.half_bytes;
-  const size_t cap = a.half_bytes / 16 * 16;
+  const size_t cap = push_area(a).start;
+  const u64 limit = min_size(push_limit, push_area(a).slot);
+  bool pushes = true;
+  for (int q = 0; q < world; ++q) pushes = pushes && (q == rank || sp.send_len[q] <= limit);
+  // Every sender's chunk at once, each on its share of the grid (with fewer blocks than ranks,
+  // one after another).
+  const int parts = world < (int)gridDim.x ? world : 1;
+  const Share share = peer_share(parts);
+  if (pushes) push_chunks(a, in, sp, half, share, parts);
   if (threadIdx.x < world) {
     Inbox e = {};
     e.place = me;
     e.chunk_off = sp.send_off[threadIdx.x];
     e.chunk_len = sp.send_len[threadIdx.x];
     e.staged = me.in_slot >= 0 ? 0 : in_bytes;
+    e.pushed = pushes;
     post[threadIdx.x] = e;
   }
   if (block_barrier(a, &sync, post, parity)) {
     read_inboxes(a, parity, boxes);
+    bool all_pushed = true;
+    for (int p = 0; p < world; ++p) all_pushed = all_pushed && boxes[p].pushed;
+    if (all_pushed) {
+      take_pushed(a, in, out, sp, boxes, half, share, parts);
+      finish(a, epoch, &sync);
+      return;
+    }
     size_t rounds = 0;
     for (int p = 0; p < world; ++p) {
       size_t r = (boxes[p].staged + cap - 1) / cap;
       rounds = r > rounds ? r : rounds;
     }
-    // Every sender's chunk at once, each on its share of the grid (with fewer blocks than ranks,
-    // one after another).
-    const int parts = world < (int)gridDim.x ? world : 1;
-    const Share share = peer_share(parts);
     for (int k = share.part; k < world; k += parts) {
       const int q = (rank + k) % world;
       const Inbox& box = boxes[q];

@@ -43,7 +43,7 @@ struct __align__(16) Inbox {
   Place place;
   u64 chunk_off, chunk_len;  // all_to_all: the receiver's chunk in the sender's input
   u64 staged;                // all_to_all: bytes of input the sender stages (0: read in place)
-  u64 spare;
+  u64 pushed;                // all_to_all: 1 when the sender pushed every chunk to its receiver
 };
 static_assert(sizeof(Inbox) == INBOX_BYTES, "inbox layout");
 

@@ -246,14 +246,16 @@ int pm_launch(void* comm, int code, const void* in, void* out, unsigned long lon
 
 // splits: send_off, send_len, recv_off, recv_len, MAX_RANKS each, in bytes.
 int pm_all_to_all(void* comm, const void* in, void* out, unsigned long long in_bytes, const unsigned long long* splits,
-                  int blocks, void* stream, int in_slot, unsigned long long in_off, int desc) {
+                  int blocks, void* stream, int in_slot, unsigned long long in_off, int desc,
+                  unsigned long long push_limit) {
   Comm* c = (Comm*)comm;
   if (*(volatile int*)c->host_error) return -2;
   if (((uintptr_t)in | (uintptr_t)out) & 15) return -3;
   Splits sp;
   memcpy(&sp, splits, sizeof(sp));
   CallPlace call = call_place(in_slot, -1, in_off, 0, desc);
-  all_to_all<<<blocks, THREADS, 0, (cudaStream_t)stream>>>(c->args, call, (const char*)in, (char*)out, in_bytes, sp);
+  all_to_all<<<blocks, THREADS, 0, (cudaStream_t)stream>>>(c->args, call, (const char*)in, (char*)out, in_bytes, sp,
+                                                          push_limit);
   return (int)cudaGetLastError();
 }
 

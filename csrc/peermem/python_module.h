@@ -28,10 +28,11 @@ static PyObject* py_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(pm_launch(comm, code, in, out, bytes, blocks, stream, in_slot, out_slot, in_off, out_off, desc));
 }
 
-// all_to_all(comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, desc); splits: the
-// bytes of 4 * MAX_RANKS unsigned 64-bit integers (send_off, send_len, recv_off, recv_len).
+// all_to_all(comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, desc, push_limit);
+// splits: the bytes of 4 * MAX_RANKS unsigned 64-bit integers (send_off, send_len, recv_off,
+// recv_len); push_limit: the largest chunk pushed (see all_to_all.cuh).
 static PyObject* py_all_to_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!want_args(nargs, 10, "all_to_all(comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, desc)"))
+  if (!want_args(nargs, 11, "all_to_all(comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, desc, push_limit)"))
     return NULL;
   void* comm = PyLong_AsVoidPtr(args[0]);
   void* in = PyLong_AsVoidPtr(args[1]);
@@ -47,8 +48,9 @@ static PyObject* py_all_to_all(PyObject*, PyObject* const* args, Py_ssize_t narg
   int in_slot = (int)PyLong_AsLong(args[7]);
   unsigned long long in_off = as_u64(args[8]);
   int desc = (int)PyLong_AsLong(args[9]);
+  unsigned long long push_limit = as_u64(args[10]);
   if (PyErr_Occurred()) return NULL;
-  return PyLong_FromLong(pm_all_to_all(comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, desc));
+  return PyLong_FromLong(pm_all_to_all(comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, desc, push_limit));
 }
 
 // fused_norm(comm, dtype, partial, residual, weight, normed, residual_out, rows, hidden, eps, blocks, stream)

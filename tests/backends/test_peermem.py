@@ -15,7 +15,7 @@ from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem import PeermemBackend
 from commlayer.backends.peermem import board as boards
 from commlayer.backends.peermem.attach import _local_attach, duplicate_devices
-from commlayer.backends.peermem.communicator import KINDS, OP_CODES, byte_splits, timeout_error
+from commlayer.backends.peermem.communicator import KINDS, OP_CODES, timeout_error
 from commlayer.backends.peermem.kernel_library import SOURCE, SOURCES, cache_path
 from commlayer.backends.peermem.reference import fixed_order_reduce, reference_reduce_scatter
 from commlayer.backends.peermem.routing import (
@@ -30,6 +30,7 @@ from commlayer.backends.peermem.routing import (
     fits,
     grid_blocks,
 )
+from commlayer.backends.peermem.splits import byte_splits
 from commlayer.contract.selection import resolve_backend_spec
 from commlayer.core.types import GroupSpec, ReduceOp
 
