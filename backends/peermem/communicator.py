@@ -2,8 +2,8 @@
 
 :mod:`.attach` builds a :class:`PeerComm` collectively; from then on each call is local: a route
 from the crossover table, the places of the call's tensors (:mod:`.registry`), one launch on the
-caller's stream (ordered after the group's previous kernel when that went to another stream:
-:mod:`.ordering`).
+caller's stream, or on the group's own for large asynchronous calls (ordered after the group's
+previous kernel when that went to another stream: :mod:`.ordering`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from commlayer.backends.peermem.board import Board
 from commlayer.backends.peermem.kernel_library import KernelLibrary
-from commlayer.backends.peermem.ordering import StreamOrder
+from commlayer.backends.peermem.ordering import StreamOrder, on_group_stream
 from commlayer.backends.peermem.registry import NOT_PLACED, Registry, Segment
 from commlayer.backends.peermem.routing import (
     ALL_TO_ALL_BLOCKS,
@@ -63,8 +63,8 @@ class Route(NamedTuple):
 
 
 class PeerWork(Work):
-    """A kernel on the caller's stream: ordered already, so a wait only reports a peer's timeout
-    and, for a wait on another stream than the launch's, makes that stream wait for the kernel."""
+    """A launched kernel: a wait reports a peer's timeout and makes the current stream wait for the
+    kernel (needed after a launch on the group's own stream, or for a wait on another stream)."""
 
     __slots__ = ("_comm", "_event")
 
@@ -122,6 +122,8 @@ class PeerComm:
             torch.cuda.Event,
         )
         self._stream = self.order.stream
+        self.async_bytes = settings.PEERMEM_ASYNC_BYTES.value()
+        self._side: torch.cuda.Stream | None = None  # created at the first large async call
         self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
         self._registrations = 0
         self._descriptors = 0
@@ -154,6 +156,7 @@ class PeerComm:
         if not (_aligned(source) and _aligned(output)):
             return self._launch_aligned(route, source, output, nbytes, async_op)
         places = self.places(route.op, source, output) if route.op else _UNPLACED
+        stream, side = self._stream_for(async_op, max(source.nbytes, output.nbytes))
         rc = self._launch(
             self.handle,
             route.code,
@@ -161,10 +164,10 @@ class PeerComm:
             output.data_ptr(),
             nbytes,
             route.blocks,
-            self._stream(),
+            stream,
             *places,
         )
-        return self._started(rc, output, async_op)
+        return self._started(rc, output, async_op, side, source)
 
     def _launch_aligned(
         self, route: Route, source: torch.Tensor, output: torch.Tensor, nbytes: int, async_op: bool
@@ -180,11 +183,41 @@ class PeerComm:
             output.copy_(staged_output)
         return self._started(0, output, async_op)
 
-    def _started(self, rc: int, output: torch.Tensor, async_op: bool) -> Work:
+    def _stream_for(self, async_op: bool, nbytes: int) -> tuple[int, torch.cuda.Stream | None]:
+        """The stream to launch on, and the group's own stream when that is it.
+
+        Large asynchronous calls run on the group's stream, after the caller's work so far, so
+        that they overlap the compute the caller queues next (ZeRO's prefetches and reductions,
+        DDP's buckets), as NCCL's run on its own stream; the others, and every call captured in a
+        graph, run on the caller's stream, where small calls start soonest.
+        """
+        if not on_group_stream(async_op, nbytes, self.async_bytes) or self._capturing():
+            return self._stream(), None
+        side = self._side
+        if side is None:
+            side = self._side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        return self.order.enter(side, side.cuda_stream), side
+
+    def _started(
+        self,
+        rc: int,
+        output: torch.Tensor,
+        async_op: bool,
+        side: torch.cuda.Stream | None = None,
+        source: torch.Tensor | None = None,
+    ) -> Work:
         if rc:
             self._fail(rc)
         event = None
-        if async_op:
+        if side is not None:
+            # The caching allocator must not hand the tensors out again before the kernel is done.
+            output.record_stream(side)
+            if source is not None and source.data_ptr() != output.data_ptr():
+                source.record_stream(side)
+            event = torch.cuda.Event()
+            event.record(side)
+        elif async_op:
             event = torch.cuda.Event()
             event.record()
         return PeerWork(self, (output,), event)
@@ -318,6 +351,7 @@ class PeerComm:
         nbytes = source.numel() * source.element_size()
         splits = packed_splits(source, output, input_splits, output_splits, self.world)
         in_slot, _, in_off, _, descriptor = self.places("all_to_all_single", source, output)
+        stream, side = self._stream_for(async_op, nbytes)
         rc = self.lib.all_to_all(
             self.handle,
             source.data_ptr(),
@@ -325,13 +359,13 @@ class PeerComm:
             nbytes,
             splits,
             self.all_to_all_blocks,
-            self._stream(),
+            stream,
             in_slot,
             in_off,
             descriptor,
             self.all_to_all_push_bytes,
         )
-        return self._started(rc, output, async_op)
+        return self._started(rc, output, async_op, side, source)
 
     def fused_norm(
         self,

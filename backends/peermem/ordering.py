@@ -13,7 +13,9 @@ calls on one internal stream::
     order = StreamOrder(raw_stream, current_stream, capturing, torch.cuda.Event)
     launch(..., order.stream())      # the current stream, after the group's previous kernel
 
-Launches on one stream pay one comparison of raw stream handles. During graph capture no wait is
+Large asynchronous calls go to a stream the group owns (``enter``), after the caller's work so far,
+so that the compute the caller queues next runs beside them. Launches on one stream pay one
+comparison of raw stream handles. During graph capture no wait is
 added (the captured stream may not wait on work outside the capture; torch synchronizes before a
 capture begins) and the next launch outside the capture starts a new order.
 """
@@ -23,7 +25,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StreamOrder"]
+__all__ = ["StreamOrder", "on_group_stream"]
+
+
+def on_group_stream(async_op: bool, nbytes: int, threshold: int) -> bool:
+    """Whether a call runs on the group's own stream: asynchronous and at least ``threshold``
+    bytes (``COMMLAYER_PEERMEM_ASYNC_BYTES``; a negative threshold keeps every call on the
+    caller's stream). Calls captured in a graph never do."""
+    return async_op and 0 <= threshold <= nbytes
 
 
 class StreamOrder:
@@ -64,17 +73,23 @@ class StreamOrder:
         """The current stream's handle, once it waits for the group's previous kernel."""
         handle = self._raw_stream()
         if handle != self._last:
-            self._switch(handle)
+            if self._capturing():
+                self._last, self._last_stream = None, None
+            else:
+                self._switch(handle, self._current_stream())
         return handle
 
-    def _switch(self, handle: int) -> None:
-        if self._capturing():
-            self._last, self._last_stream = None, None
-            return
-        current = self._current_stream()
+    def enter(self, stream: Any, handle: int) -> int:
+        """``handle`` (``stream``'s, a stream the group owns and never captures), once ``stream``
+        waits for the group's previous kernel."""
+        if handle != self._last:
+            self._switch(handle, stream)
+        return handle
+
+    def _switch(self, handle: int, stream: Any) -> None:
         if self._last_stream is not None:
             event = self._new_event()
             event.record(self._last_stream)
-            current.wait_event(event)
+            stream.wait_event(event)
             self.joins += 1
-        self._last, self._last_stream = handle, current
+        self._last, self._last_stream = handle, stream

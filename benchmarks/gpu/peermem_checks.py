@@ -4,8 +4,9 @@ Every kernel-served result must equal the fixed-order host reference bitwise (on
 the ranks agree bitwise too); a result NCCL serves must lie within the rounding bound of any order
 (reference.rounding_bound). Covered: every algorithm x dtype x op at odd sizes, views at offsets
 (aligned and not), bursts of calls with changing inputs, CUDA-graph replays with new inputs before
-and after register_graph_buffers, side streams, all_to_all_single with even and uneven splits,
-and the fused all-reduce + residual + RMSNorm.
+and after register_graph_buffers, side streams, asynchronous calls on the group's stream,
+all_to_all_single with even and uneven splits (pushed and pulled), and the fused all-reduce +
+residual + RMSNorm.
 """
 
 from __future__ import annotations
@@ -178,6 +179,31 @@ def side_streams(checks: Checks) -> None:
         checks.expect_reduced(f"side stream n={numel}", tensor.clone(), inputs, ReduceOp.SUM, kernel)
 
 
+def async_calls(checks: Checks) -> None:
+    """async_op=True calls of every size, back to back: the large ones run on the group's stream.
+    Each source is a temporary freed at once and its block refilled, which a kernel still reading
+    it would see; every result is checked after the waits."""
+    pending = []
+    for step in range(12):
+        numel = [4096, 1 << 20, 4 << 20][step % 3]
+        reduced = checks.inputs(numel, torch.bfloat16)
+        tensor = reduced[checks.rank].to(checks.device)
+        reduce_work = dist.all_reduce(tensor, async_op=True)
+        gathered = checks.inputs(numel // checks.world, torch.bfloat16)
+        output = torch.empty(numel, dtype=torch.bfloat16, device=checks.device)
+        gather_work = dist.all_gather_into_tensor(
+            output, gathered[checks.rank].to(checks.device), async_op=True
+        )
+        torch.full((numel // checks.world,), float(step), dtype=torch.bfloat16, device=checks.device)
+        kernel = checks.served("all_reduce", numel * 2, torch.bfloat16, ReduceOp.SUM)
+        pending.append((step, reduce_work, tensor, reduced, kernel, gather_work, output, gathered))
+    for step, reduce_work, tensor, reduced, kernel, gather_work, output, gathered in pending:
+        reduce_work.wait()
+        gather_work.wait()
+        checks.expect_reduced(f"async {step} all_reduce", tensor, reduced, ReduceOp.SUM, kernel)
+        checks.expect_bits(f"async {step} all_gather", output, torch.cat(gathered))
+
+
 def all_to_alls(checks: Checks) -> None:
     world = checks.world
     even = [[3] * world for _ in range(world)]
@@ -186,6 +212,11 @@ def all_to_alls(checks: Checks) -> None:
         checks.all_to_all(even, 1024, dtype, "even")
         checks.all_to_all(uneven, 1024, dtype, "uneven")
         checks.all_to_all(uneven, 7, dtype, "uneven odd bytes")
+    # Chunks of 1 MiB are pushed before the barrier; one rank's 1.2 MiB chunk makes every rank pull.
+    checks.all_to_all([[512] * world for _ in range(world)], 1024, torch.bfloat16, "pushed at the limit")
+    mixed = [[1 + q for q in range(world)] for _ in range(world)]
+    mixed[0][1] = 600
+    checks.all_to_all(mixed, 1024, torch.bfloat16, "one rank pulls")
     big = [[1 + p + q for q in range(world)] for p in range(world)]
     for repeat in range(3):  # larger than a region half: rounds while unregistered, then in place
         checks.all_to_all(big, 2 << 20, torch.bfloat16, f"rounds {repeat}")
@@ -270,12 +301,17 @@ def graphs(checks: Checks, backend, algorithm: str | None) -> None:
     checks.force(None)
 
 
-STAGES = ("collectives", "bursts", "side_streams", "all_to_all", "fused", "graphs")
+STAGES = ("collectives", "bursts", "side_streams", "async_calls", "all_to_all", "fused", "graphs")
 
 
 def run_all(checks: Checks, backend, stages: tuple[str, ...] = STAGES) -> dict:
     """Run the named check stages (default: all) and return the world's summary for this rank."""
-    run = {"collectives": collectives, "bursts": bursts, "side_streams": side_streams}
+    run = {
+        "collectives": collectives,
+        "bursts": bursts,
+        "side_streams": side_streams,
+        "async_calls": async_calls,
+    }
     run.update({"all_to_all": all_to_alls, "fused": fused})
     run["graphs"] = lambda checks: [graphs(checks, backend, algorithm) for algorithm in (None, "zero_copy")]
     for name in stages:

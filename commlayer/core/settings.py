@@ -178,6 +178,14 @@ PEERMEM_ALGORITHM = Setting(
     "peermem",
     ("one_shot", "one_shot_push", "two_shot", "push", "zero_copy", "nccl"),
 )
+PEERMEM_ASYNC_BYTES = Setting(
+    "COMMLAYER_PEERMEM_ASYNC_BYTES",
+    int,
+    1 << 20,
+    "async_op=True calls of at least this many bytes run on a stream of the group's own, beside "
+    "the caller's compute; smaller ones, and every call when negative, on the caller's stream",
+    "peermem",
+)
 PEERMEM_CACHE = Setting(
     "COMMLAYER_PEERMEM_CACHE",
     str,

@@ -4,7 +4,7 @@ GPU would be told."""
 
 from __future__ import annotations
 
-from commlayer.backends.peermem.ordering import StreamOrder
+from commlayer.backends.peermem.ordering import StreamOrder, on_group_stream
 
 
 class Streams:
@@ -91,3 +91,31 @@ def test_graph_capture_adds_no_wait_and_restarts_the_order() -> None:
     launch_on(order, streams, "default")  # after the capture: nothing outside it to wait for
     launch_on(order, streams, "side")
     assert streams.log == [("record", "default"), ("side waits", "default")]
+
+
+def test_group_stream_waits_for_the_previous_kernel_and_the_caller_waits_for_it() -> None:
+    """Large async calls go to the group's own stream: it joins the caller's stream's kernel, and
+    the next call on the caller's stream joins the group's stream; back-to-back group-stream
+    launches add nothing."""
+    streams = Streams()
+    order = order_of(streams)
+    group = Stream("group", streams.log)
+    launch_on(order, streams, "default")
+    assert order.enter(group, hash("group")) == hash("group")
+    order.enter(group, hash("group"))
+    launch_on(order, streams, "default")
+    assert streams.log == [
+        ("record", "default"),
+        ("group waits", "default"),
+        ("record", "group"),
+        ("default waits", "group"),
+    ]
+    assert order.joins == 2
+
+
+def test_only_large_async_calls_run_on_the_group_stream() -> None:
+    assert on_group_stream(True, 1 << 20, 1 << 20)
+    assert not on_group_stream(True, (1 << 20) - 1, 1 << 20)
+    assert not on_group_stream(False, 1 << 30, 1 << 20)
+    assert on_group_stream(True, 0, 0)
+    assert not on_group_stream(True, 1 << 30, -1)
