@@ -212,10 +212,11 @@ def all_to_alls(checks: Checks) -> None:
         checks.all_to_all(even, 1024, dtype, "even")
         checks.all_to_all(uneven, 1024, dtype, "uneven")
         checks.all_to_all(uneven, 7, dtype, "uneven odd bytes")
-    # Chunks of 1 MiB are pushed before the barrier; one rank's 1.2 MiB chunk makes every rank pull.
-    checks.all_to_all([[512] * world for _ in range(world)], 1024, torch.bfloat16, "pushed at the limit")
+    # Chunks up to the push limit go before the barrier; one rank's larger chunk makes every rank pull.
+    at_limit = checks.comm.all_to_all_push_bytes // 2048  # rows of 1024 bf16
+    checks.all_to_all([[at_limit] * world for _ in range(world)], 1024, torch.bfloat16, "pushed at the limit")
     mixed = [[1 + q for q in range(world)] for _ in range(world)]
-    mixed[0][1] = 600
+    mixed[0][1] = at_limit + 1
     checks.all_to_all(mixed, 1024, torch.bfloat16, "one rank pulls")
     big = [[1 + p + q for q in range(world)] for p in range(world)]
     for repeat in range(3):  # larger than a region half: rounds while unregistered, then in place

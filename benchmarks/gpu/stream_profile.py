@@ -5,7 +5,8 @@ One step runs under ``torch.profiler`` (CUDA activity only); the kernel interval
 split into communication kernels (NCCL's and peermem's) and the rest ("compute"), and the step's
 span (first kernel start to last kernel end) is divided into: compute running (with or without
 communication), communication alone (the compute stream waits on it), and nothing at all (the GPU
-waits on the host); and the kernel time of each family (NCCL, peermem, attention, GEMM, the rest).
+waits on the host); the kernel time of each family (NCCL, peermem, attention, GEMM, the rest); and
+the CUDA runtime calls the host spent most time in.
 """
 
 from __future__ import annotations
@@ -111,6 +112,20 @@ def kernel_families(trace: dict, top: int = 8) -> dict[str, Any]:
     return summary
 
 
+def host_calls(trace: dict, top: int = 6) -> list[list[Any]]:
+    """The ``top`` CUDA runtime and driver calls by host milliseconds, with their counts: where the
+    host spends the gaps in which the GPU waits on it (a synchronizing call, allocations, launches)."""
+    totals: dict[str, list[float]] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        entry = totals.setdefault(event.get("name", ""), [0.0, 0])
+        entry[0] += float(event.get("dur", 0)) / 1e3
+        entry[1] += 1
+    largest = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return [[name, round(ms, 2), int(count)] for name, (ms, count) in largest]
+
+
 def _family(lowered_name: str) -> str:
     return next(
         (family for family, marks in FAMILIES if any(mark in lowered_name for mark in marks)), "other"
@@ -127,4 +142,5 @@ def profile_step(step: Callable[[], object]) -> dict[str, Any]:
         path = Path(folder) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
-    return {**summarize(*split_kernels(trace)), "kernels_ms": kernel_families(trace)}
+    summary = {**summarize(*split_kernels(trace)), "kernels_ms": kernel_families(trace)}
+    return {**summary, "host_calls_ms": host_calls(trace)}
