@@ -119,6 +119,25 @@ def grid_table(data: dict) -> list[str]:
     return out
 
 
+def push_table(data: dict) -> list[str]:
+    """all_to_all_single's chunks pulled after the barrier or pushed before it, graph us per call."""
+    out = [
+        "| GPUs | bytes | NCCL | pulled | pushed up to 256 KiB | up to 1 MiB | up to a slot | pushed / NCCL |"
+    ]
+    out.append("|---|---|---|---|---|---|---|---|")
+    for world, report in data.get("profile", {}).items():
+        for row in report["rows"]:
+            if "pull" not in row:
+                continue
+            times = [row[key] for key in ("pull", "push_256KiB", "push_1MiB", "push_slot")]
+            out.append(
+                f"| {world} | {SIZES.get(row['bytes'], row['bytes'])} | {row['nccl']:.1f} | "
+                + " | ".join(f"{us:.1f}" for us in times)
+                + f" | {min(times[1:]) / row['nccl']:.2f} |"
+            )
+    return out
+
+
 def zero_table(data: dict) -> list[str]:
     """ZeRO stages on the default backend against NCCL, one table row per stage and run."""
     out = ["| run | stage | default tok/s | nccl tok/s | default / nccl | stage / stage 1: default, nccl | "]
@@ -152,6 +171,7 @@ def main() -> None:
         ("calls passed to NCCL: eager difference / graph ratio against raw NCCL", passed_table),
         ("TP decode, tokens/s over NCCL, eager / graph", tp_table),
         ("grid sweeps (peermem_profile.py), CUDA graph", grid_table),
+        ("all_to_all_single pulled or pushed (peermem_profile.py), CUDA graph", push_table),
         ("ZeRO, 4 GPUs, the anchor's 369M model", zero_table),
     ):
         print(f"\n{title}\n")
