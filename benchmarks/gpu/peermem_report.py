@@ -159,6 +159,22 @@ def zero_table(data: dict) -> list[str]:
     return out
 
 
+def zero_streams_table(data: dict) -> list[str]:
+    """ZeRO on 2 GPUs with peermem's async calls on the group's stream or on the caller's."""
+    out = [
+        "| stage | backend | async calls on | tok/s | step ms | communication alone ms | overlapped ms | idle ms |"
+    ]
+    out.append("|---|---|---|---|---|---|---|---|")
+    for row in data.get("zero_streams_2gpu", {}).get("rows", []):
+        profile = row["profile"]
+        backend = "default" if row["mode"].endswith("_default") else "nccl"
+        out.append(
+            f"| {row['mode'][2]} | {backend} | {row['async_calls_on']} | {row['tokens_per_s']:,} | "
+            f"{row['step_ms']} | {profile['comm_alone_ms']} | {profile['comm_overlapped_ms']} | {profile['idle_ms']} |"
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -173,6 +189,7 @@ def main() -> None:
         ("grid sweeps (peermem_profile.py), CUDA graph", grid_table),
         ("all_to_all_single pulled or pushed (peermem_profile.py), CUDA graph", push_table),
         ("ZeRO, 4 GPUs, the anchor's 369M model", zero_table),
+        ("ZeRO, 2 GPUs: async calls on the group's stream or the caller's", zero_streams_table),
     ):
         print(f"\n{title}\n")
         print("\n".join(table(data)))
