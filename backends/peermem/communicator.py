@@ -187,9 +187,9 @@ class PeerComm:
         """The stream to launch on, and the group's own stream when that is it.
 
         Large asynchronous calls run on the group's stream, after the caller's work so far, so
-        that they overlap the compute the caller queues next (ZeRO's prefetches and reductions,
-        DDP's buckets), as NCCL's run on its own stream; the others, and every call captured in a
-        graph, run on the caller's stream, where small calls start soonest.
+        that they overlap the compute the caller queues next (ZeRO's prefetches and reductions),
+        as NCCL's run on its own stream; the others, and every call captured in a graph, run on
+        the caller's stream, where small calls start soonest.
         """
         if not on_group_stream(async_op, nbytes, self.async_bytes) or self._capturing():
             return self._stream(), None

@@ -15,9 +15,9 @@ calls on one internal stream::
 
 Large asynchronous calls go to a stream the group owns (``enter``), after the caller's work so far,
 so that the compute the caller queues next runs beside them. Launches on one stream pay one
-comparison of raw stream handles. During graph capture no wait is
-added (the captured stream may not wait on work outside the capture; torch synchronizes before a
-capture begins) and the next launch outside the capture starts a new order.
+comparison of raw stream handles. During graph capture no wait is added (the captured stream may
+not wait on work outside the capture; torch synchronizes before a capture begins) and the next
+launch outside the capture starts a new order.
 """
 
 from __future__ import annotations
