@@ -7,7 +7,7 @@ with the GIL released, and ends at the group's timeout or as soon as a peer's pr
 
 Native: all_reduce, reduce, broadcast, all_gather(_into_tensor), reduce_scatter(_tensor),
 all_to_all(_single) with equal splits, gather, scatter, barrier. Point-to-point ops and
-all_to_all_single with uneven splits run on a companion gloo group over the same ranks, which is
+all_to_all_single with listed splits run on a companion gloo group over the same ranks, which is
 also the backend's ``torch_group`` (what DDP needs); all_to_all of tensors of several sizes runs
 on the generic fallback over its point-to-point ops. A group spanning hosts is a
 :class:`~.two_level.TwoLevelBackend`.
@@ -236,8 +236,10 @@ class ShmBackend(Backend):
     def all_to_all_single(
         self, output: Tensor, tensor: Tensor, out_splits: Splits, in_splits: Splits, *, async_op: bool = True
     ) -> Work:
-        if not (_equal(out_splits) and _equal(in_splits)) or tensor.numel() % self.size:
-            # gloo's own exchange, whose default check compares every pair's count first.
+        if out_splits or in_splits or tensor.numel() % self.size:
+            # Listed splits, even ones, take gloo's own exchange (whose default check compares every
+            # pair's count first): one rank of a valid call may list even splits while another's
+            # are uneven, and every rank must take the same path.
             return self._companion.all_to_all_single(output, tensor, out_splits, in_splits, async_op=async_op)
         count = tensor.numel() // self.size
         self._comm.all_to_all(output.data_ptr(), tensor.data_ptr(), count, DTYPE_CODES[tensor.dtype])
@@ -318,10 +320,6 @@ def _depart_at_exit() -> None:
 
 
 atexit.register(_depart_at_exit)
-
-
-def _equal(splits: Sequence[int] | None) -> bool:
-    return not splits or len(set(splits)) == 1
 
 
 def _build(spec: GroupSpec, companion: GlooBackend, options: ShmOptions) -> Backend:

@@ -34,6 +34,17 @@ def _lists(rank: int, expected_from_0: int) -> list[torch.Tensor]:
     return outputs
 
 
+def _one_rank_even(rank: int) -> None:
+    """Rank 0 sends and receives 2 elements per rank (even), rank 1 keeps 5 for itself (uneven):
+    a valid call whose ranks must still take one path."""
+    sends = ((2, 2), (2, 5))[rank]
+    source = torch.cat([_chunk(rank, peer, sends[peer]) for peer in (0, 1)])
+    receives = [2, sends[1]]
+    output = torch.full((sum(receives),), -1.0)
+    dist.all_to_all_single(output, source, output_split_sizes=receives, input_split_sizes=list(sends))
+    assert torch.equal(output, torch.cat([_chunk(0, rank, 2), _chunk(1, rank, receives[1])])), f"rank {rank}"
+
+
 def _expected(rank: int, counts: tuple[int, int]) -> list[torch.Tensor]:
     return [_chunk(sender, rank, counts[sender]) for sender in (0, 1)]
 
@@ -54,6 +65,7 @@ def main(lists: str) -> None:
     rank = dist.get_rank()
     received = (SENDS[0][rank], SENDS[1][rank])
     for _ in range(2):
+        _one_rank_even(rank)
         assert torch.equal(_single(rank, SENDS[0][1]), torch.cat(_expected(rank, received)))
         _refused(rank, _single, "all_to_all_single", SENDS[0][1])
         if lists == "1":

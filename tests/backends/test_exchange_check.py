@@ -1,7 +1,9 @@
 """The default check of an uneven exchange: every pair's element count of an uneven
 all_to_all_single (gloo, and shm through its gloo companion) and of a list all_to_all (gloo) is
 compared before any data moves; a disagreeing pair raises CollectiveMismatchError on both ranks,
-and the next exchange is exact. Rank code: exchange_check_ranks.py."""
+and the next exchange is exact. A valid call whose ranks list even splits on one rank and uneven
+on the other is exact too: every rank takes one path whatever its own splits. Rank code:
+exchange_check_ranks.py."""
 
 from __future__ import annotations
 
