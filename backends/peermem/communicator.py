@@ -64,23 +64,42 @@ class Route(NamedTuple):
 
 class PeerWork(Work):
     """A launched kernel: a wait reports a peer's timeout and makes the current stream wait for the
-    kernel (needed after a launch on the group's own stream, or for a wait on another stream)."""
+    kernel (needed after a launch on the group's own stream, or for a wait on another stream).
 
-    __slots__ = ("_comm", "_event")
+    A kernel on the group's own stream keeps its tensors (``stash``) until the wait, as torch's NCCL
+    does without ``record_stream``: marking them used on that stream would keep the caching
+    allocator from reusing their blocks until the stream's later work ends, and callers that free
+    and reallocate per call (DeepSpeed's ZeRO-3 gathers) would allocate afresh each time. A Work
+    dropped without a wait marks them then, so their memory still outlives the kernel.
+    """
+
+    __slots__ = ("_comm", "_event", "_stash")
 
     def __init__(
-        self, comm: PeerComm, result: tuple[torch.Tensor, ...], event: torch.cuda.Event | None
+        self,
+        comm: PeerComm,
+        result: tuple[torch.Tensor, ...],
+        event: torch.cuda.Event | None,
+        stash: tuple[torch.cuda.Stream, tuple[torch.Tensor, ...]] | None = None,
     ) -> None:
         self._result = result
         self._comm = comm
         self._event = event
+        self._stash = stash
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         if self._comm.failed.value:
             self._comm.raise_if_failed("wait")
         if self._event is not None:
             self._event.wait(torch.cuda.current_stream(self._comm.device))
+        self._stash = None
         return True
+
+    def __del__(self) -> None:
+        if self._stash is not None:
+            stream, tensors = self._stash
+            for tensor in tensors:
+                tensor.record_stream(stream)
 
     def is_completed(self) -> bool:
         return self.wait()
@@ -209,15 +228,12 @@ class PeerComm:
     ) -> Work:
         if rc:
             self._fail(rc)
-        event = None
         if side is not None:
-            # The caching allocator must not hand the tensors out again before the kernel is done.
-            output.record_stream(side)
-            if source is not None and source.data_ptr() != output.data_ptr():
-                source.record_stream(side)
             event = torch.cuda.Event()
             event.record(side)
-        elif async_op:
+            return PeerWork(self, (output,), event, (side, (output,) if source is None else (output, source)))
+        event = None
+        if async_op:
             event = torch.cuda.Event()
             event.record()
         return PeerWork(self, (output,), event)
