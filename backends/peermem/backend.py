@@ -8,10 +8,10 @@ Medium and large calls read and write the callers' tensors in place once their s
 registered (:mod:`.registry`); :meth:`PeermemBackend.register_graph_buffers` does the same for
 calls captured in CUDA graphs. The kernels reduce in rank order, so every rank ends with bitwise
 the same result. They run on the caller's stream, so CUDA graphs capture them like any kernel;
-asynchronous calls of ``COMMLAYER_PEERMEM_ASYNC_BYTES`` or more run on a stream of the group's own
-instead, beside the caller's compute, as NCCL's do. A peer that never reaches a kernel's flag
-ends the wait after the group's timeout; the next call or ``wait()`` of the group raises
-CommTimeoutError naming it.
+asynchronous calls of ``COMMLAYER_PEERMEM_ASYNC_BYTES`` or more issued from the default stream
+run on a stream of the group's own instead, beside the caller's compute, as NCCL's do. A peer
+that never reaches a kernel's flag ends the wait after the group's timeout; the next call or
+``wait()`` of the group raises CommTimeoutError naming it.
 
 Environment: ``COMMLAYER_PEERMEM=0`` sends every call to NCCL; ``COMMLAYER_PEERMEM_BYTES`` sets the
 staging bytes per call (default 32 MiB; each rank maps two such halves per group);

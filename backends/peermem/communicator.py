@@ -133,15 +133,14 @@ class PeerComm:
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
         self._launch = lib.launch
         self._capturing = torch.cuda.is_current_stream_capturing
+        self._raw_stream = lambda: torch._C._cuda_getCurrentRawStream(device)
         #: Keeps the group's kernels in issue order across streams (FSDP2 issues on two).
         self.order = StreamOrder(
-            lambda: torch._C._cuda_getCurrentRawStream(device),
-            lambda: torch.cuda.current_stream(device),
-            self._capturing,
-            torch.cuda.Event,
+            self._raw_stream, lambda: torch.cuda.current_stream(device), self._capturing, torch.cuda.Event
         )
         self._stream = self.order.stream
         self.async_bytes = settings.PEERMEM_ASYNC_BYTES.value()
+        self._default_stream = torch.cuda.default_stream(device).cuda_stream
         self._side: torch.cuda.Stream | None = None  # created at the first large async call
         self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
         self._registrations = 0
@@ -205,12 +204,13 @@ class PeerComm:
     def _stream_for(self, async_op: bool, nbytes: int) -> tuple[int, torch.cuda.Stream | None]:
         """The stream to launch on, and the group's own stream when that is it.
 
-        Large asynchronous calls run on the group's stream, after the caller's work so far, so
-        that they overlap the compute the caller queues next (ZeRO's prefetches and reductions),
-        as NCCL's run on its own stream; the others, and every call captured in a graph, run on
-        the caller's stream, where small calls start soonest.
+        Large asynchronous calls from the default stream run on the group's stream, after the
+        caller's work so far, so that they overlap the compute the caller queues next (ZeRO's
+        prefetches and reductions), as NCCL's run on its own stream; the others, and every call
+        captured in a graph, run on the caller's stream, where small calls start soonest.
         """
-        if not on_group_stream(async_op, nbytes, self.async_bytes) or self._capturing():
+        from_default = self._raw_stream() == self._default_stream
+        if not on_group_stream(async_op, nbytes, self.async_bytes, from_default) or self._capturing():
             return self._stream(), None
         side = self._side
         if side is None:

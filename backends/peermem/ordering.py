@@ -28,11 +28,14 @@ from typing import Any
 __all__ = ["StreamOrder", "on_group_stream"]
 
 
-def on_group_stream(async_op: bool, nbytes: int, threshold: int) -> bool:
-    """Whether a call runs on the group's own stream: asynchronous and at least ``threshold``
-    bytes (``COMMLAYER_PEERMEM_ASYNC_BYTES``; a negative threshold keeps every call on the
-    caller's stream). Calls captured in a graph never do."""
-    return async_op and 0 <= threshold <= nbytes
+def on_group_stream(async_op: bool, nbytes: int, threshold: int, from_default_stream: bool) -> bool:
+    """Whether a call runs on the group's own stream: asynchronous, at least ``threshold`` bytes
+    (``COMMLAYER_PEERMEM_ASYNC_BYTES``; a negative threshold keeps every call on the caller's
+    stream), and issued from the device's default stream, where the caller's compute runs. A
+    caller that issues from a stream of its own (DeepSpeed's ZeRO-3, FSDP2) has arranged the
+    overlap already, and one more stream would only add joins. Calls captured in a graph never
+    run there."""
+    return async_op and from_default_stream and 0 <= threshold <= nbytes
 
 
 class StreamOrder:

@@ -182,8 +182,9 @@ PEERMEM_ASYNC_BYTES = Setting(
     "COMMLAYER_PEERMEM_ASYNC_BYTES",
     int,
     1 << 20,
-    "async_op=True calls of at least this many bytes run on a stream of the group's own, beside "
-    "the caller's compute; smaller ones, and every call when negative, on the caller's stream",
+    "async_op=True calls of at least this many bytes issued from the default stream run on a "
+    "stream of the group's own, beside the caller's compute; the others, and every call when "
+    "negative, on the caller's stream",
     "peermem",
 )
 PEERMEM_CACHE = Setting(

@@ -113,9 +113,10 @@ def test_group_stream_waits_for_the_previous_kernel_and_the_caller_waits_for_it(
     assert order.joins == 2
 
 
-def test_only_large_async_calls_run_on_the_group_stream() -> None:
-    assert on_group_stream(True, 1 << 20, 1 << 20)
-    assert not on_group_stream(True, (1 << 20) - 1, 1 << 20)
-    assert not on_group_stream(False, 1 << 30, 1 << 20)
-    assert on_group_stream(True, 0, 0)
-    assert not on_group_stream(True, 1 << 30, -1)
+def test_only_large_async_calls_from_the_default_stream_run_on_the_group_stream() -> None:
+    assert on_group_stream(True, 1 << 20, 1 << 20, True)
+    assert not on_group_stream(True, (1 << 20) - 1, 1 << 20, True)
+    assert not on_group_stream(False, 1 << 30, 1 << 20, True)
+    assert on_group_stream(True, 0, 0, True)
+    assert not on_group_stream(True, 1 << 30, -1, True)
+    assert not on_group_stream(True, 1 << 30, 1 << 20, False)  # the caller's own side stream
