@@ -175,6 +175,17 @@ def zero_streams_table(data: dict) -> list[str]:
     return out
 
 
+def async_streams_table(data: dict) -> list[str]:
+    """Training on 2 GPUs with peermem's large async calls on the caller's stream or the group's."""
+    out = ["| workload | async calls on | tok/s | step ms | peak GiB | loss |", "|---|---|---|---|---|---|"]
+    for row in data.get("async_streams_2gpu", {}).get("rows", []):
+        out.append(
+            f"| {row['workload']} | {row['async_calls_on']} | {row['tokens_per_s']:,} | {row['step_ms']} | "
+            f"{row['peak_GiB']} | {row['loss']} |"
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,6 +201,7 @@ def main() -> None:
         ("all_to_all_single pulled or pushed (peermem_profile.py), CUDA graph", push_table),
         ("ZeRO, 4 GPUs, the anchor's 369M model", zero_table),
         ("ZeRO, 2 GPUs: async calls on the group's stream or the caller's", zero_streams_table),
+        ("training on 2 GPUs by where large async calls run", async_streams_table),
     ):
         print(f"\n{title}\n")
         print("\n".join(table(data)))
