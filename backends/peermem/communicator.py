@@ -31,12 +31,13 @@ from commlayer.backends.peermem.routing import (
     grid_blocks,
 )
 from commlayer.backends.peermem.splits import packed_splits
+from commlayer.backends.peermem.work import PeerWork
 from commlayer.core import settings
 from commlayer.core.errors import CommTimeoutError
 from commlayer.core.types import GroupSpec, ReduceOp
 from commlayer.core.work import Work
 
-__all__ = ["KINDS", "OP_CODES", "PeerComm", "PeerWork", "Route", "timeout_error"]
+__all__ = ["KINDS", "OP_CODES", "PeerComm", "Route", "timeout_error"]
 
 _log = logging.getLogger(__name__)
 
@@ -60,55 +61,6 @@ class Route(NamedTuple):
     code: int
     blocks: int
     op: str  # set for zero-copy routes (whose tensors are placed), else ""
-
-
-class PeerWork(Work):
-    """A launched kernel: a wait reports a peer's timeout and makes the current stream wait for the
-    kernel (needed after a launch on the group's own stream, or for a wait on another stream).
-
-    A kernel on the group's own stream keeps its tensors (``stash``) until the wait, as torch's NCCL
-    does without ``record_stream``: marking them used on that stream would keep the caching
-    allocator from reusing their blocks until the stream's later work ends, and callers that free
-    and reallocate per call (DeepSpeed's ZeRO-3 gathers) would allocate afresh each time. A Work
-    dropped without a wait marks them then, so their memory still outlives the kernel.
-    """
-
-    __slots__ = ("_comm", "_event", "_stash")
-
-    def __init__(
-        self,
-        comm: PeerComm,
-        result: tuple[torch.Tensor, ...],
-        event: torch.cuda.Event | None,
-        stash: tuple[torch.cuda.Stream, tuple[torch.Tensor, ...]] | None = None,
-    ) -> None:
-        self._result = result
-        self._comm = comm
-        self._event = event
-        self._stash = stash
-
-    def wait(self, timeout: timedelta | float | None = None) -> bool:
-        if self._comm.failed.value:
-            self._comm.raise_if_failed("wait")
-        if self._event is not None:
-            self._event.wait(torch.cuda.current_stream(self._comm.device))
-        self._stash = None
-        return True
-
-    def __del__(self) -> None:
-        if self._stash is not None:
-            stream, tensors = self._stash
-            for tensor in tensors:
-                tensor.record_stream(stream)
-
-    def is_completed(self) -> bool:
-        return self.wait()
-
-    def _test(self) -> bool:
-        return self.wait()
-
-    def _block(self, timeout_s: float | None) -> bool:
-        return self.wait()
 
 
 def _aligned(tensor: torch.Tensor) -> bool:
@@ -209,14 +161,19 @@ class PeerComm:
         prefetches and reductions), as NCCL's run on its own stream; the others, and every call
         captured in a graph, run on the caller's stream, where small calls start soonest.
         """
-        from_default = self._raw_stream() == self._default_stream
-        if not on_group_stream(async_op, nbytes, self.async_bytes, from_default) or self._capturing():
+        if (
+            not on_group_stream(async_op, nbytes, self.async_bytes, self._on_default_stream)
+            or self._capturing()
+        ):
             return self._stream(), None
         side = self._side
         if side is None:
             side = self._side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         return self.order.enter(side, side.cuda_stream), side
+
+    def _on_default_stream(self) -> bool:
+        return self._raw_stream() == self._default_stream
 
     def _started(
         self,
@@ -231,7 +188,7 @@ class PeerComm:
         if side is not None:
             event = torch.cuda.Event()
             event.record(side)
-            return PeerWork(self, (output,), event, (side, (output,) if source is None else (output, source)))
+            return PeerWork(self, (output,), event, (side, (output, source)))
         event = None
         if async_op:
             event = torch.cuda.Event()

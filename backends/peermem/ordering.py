@@ -28,14 +28,16 @@ from typing import Any
 __all__ = ["StreamOrder", "on_group_stream"]
 
 
-def on_group_stream(async_op: bool, nbytes: int, threshold: int, from_default_stream: bool) -> bool:
+def on_group_stream(
+    async_op: bool, nbytes: int, threshold: int, from_default_stream: Callable[[], bool]
+) -> bool:
     """Whether a call runs on the group's own stream: asynchronous, at least ``threshold`` bytes
     (``COMMLAYER_PEERMEM_ASYNC_BYTES``; a negative threshold keeps every call on the caller's
     stream), and issued from the device's default stream, where the caller's compute runs. A
     caller that issues from a stream of its own (DeepSpeed's ZeRO-3, FSDP2) has arranged the
-    overlap already, and one more stream would only add joins. Calls captured in a graph never
-    run there."""
-    return async_op and from_default_stream and 0 <= threshold <= nbytes
+    overlap already, and one more stream would only add joins. The stream is asked last, so
+    synchronous and small calls never pay for it. Calls captured in a graph never run there."""
+    return async_op and 0 <= threshold <= nbytes and from_default_stream()
 
 
 class StreamOrder:

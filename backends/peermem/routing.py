@@ -64,7 +64,7 @@ THREADS = 512
 MAX_BLOCKS = 64
 WIDE_MAX_BLOCKS = 128
 #: all_to_all_single: every rank knows only its own sizes, so the grid is fixed: 64 blocks copy
-#: 1-16 MiB fastest, within 0.3 us of the best grid below that.
+#: the large exchanges fastest and cost the small ones little (RESULTS' grid sweep).
 ALL_TO_ALL_BLOCKS = 64
 #: all_to_all_single: chunks of at most this many bytes are pushed into the receivers' regions
 #: before the call's one barrier; a call with a larger chunk anywhere pulls them after it, and

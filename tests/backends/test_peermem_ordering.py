@@ -114,9 +114,19 @@ def test_group_stream_waits_for_the_previous_kernel_and_the_caller_waits_for_it(
 
 
 def test_only_large_async_calls_from_the_default_stream_run_on_the_group_stream() -> None:
-    assert on_group_stream(True, 1 << 20, 1 << 20, True)
-    assert not on_group_stream(True, (1 << 20) - 1, 1 << 20, True)
-    assert not on_group_stream(False, 1 << 30, 1 << 20, True)
-    assert on_group_stream(True, 0, 0, True)
-    assert not on_group_stream(True, 1 << 30, -1, True)
-    assert not on_group_stream(True, 1 << 30, 1 << 20, False)  # the caller's own side stream
+    default, side = (lambda: True), (lambda: False)
+    assert on_group_stream(True, 1 << 20, 1 << 20, default)
+    assert not on_group_stream(True, (1 << 20) - 1, 1 << 20, default)
+    assert not on_group_stream(False, 1 << 30, 1 << 20, default)
+    assert on_group_stream(True, 0, 0, default)
+    assert not on_group_stream(True, 1 << 30, -1, default)
+    assert not on_group_stream(True, 1 << 30, 1 << 20, side)  # the caller's own side stream
+
+
+def test_the_stream_is_asked_only_for_large_async_calls() -> None:
+    def asked() -> bool:
+        raise AssertionError("the current stream was read for a call that cannot move")
+
+    assert not on_group_stream(False, 1 << 30, 1 << 20, asked)
+    assert not on_group_stream(True, 1 << 10, 1 << 20, asked)
+    assert not on_group_stream(True, 1 << 30, -1, asked)
