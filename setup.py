@@ -158,7 +158,8 @@ def _python_api_extensions() -> list[Extension]:
     """The fast paths built on the Python C API alone (no torch or pybind11 headers), so one build
     serves every torch version, one extension per layer: the facade's plan lookups and p2p entries
     (commlayer.facade.calls._fast_paths), the torch backends' fast paths
-    (commlayer.backends._torch_fast_paths) and the comms logger's timer
+    (commlayer.backends._torch_fast_paths), peermem's (commlayer.backends.peermem._fast_paths,
+    which reaches its CUDA kernels through an address) and the comms logger's timer
     (commlayer.comms_logger._fast_paths)."""
     common = ["csrc/common/python_module.h", "csrc/common/tensor_meta.h"]
     layers = {
@@ -167,6 +168,7 @@ def _python_api_extensions() -> list[Extension]:
             ("module", "one_tensor", "paired", "p2p_entries"),
         ),
         "commlayer.backends._torch_fast_paths": ("torch_fast_paths", ("module", "fast_paths", "work")),
+        "commlayer.backends.peermem._fast_paths": ("peermem_fast_paths", ("module", "kernel_path")),
         "commlayer.comms_logger._fast_paths": ("logger_fast_paths", ("module", "timed", "timed_log")),
     }
     return [

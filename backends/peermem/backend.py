@@ -33,6 +33,7 @@ from torch import Tensor
 from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem.attach import attach
 from commlayer.backends.peermem.communicator import PeerComm
+from commlayer.backends.peermem.fast_path import kernel_path
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import GroupSpec, ReduceOp, Splits
 from commlayer.core.work import Work
@@ -100,7 +101,8 @@ class PeermemBackend(NcclBackend):
         self, op: str, fixed: tuple[Any, ...], recording: Recording
     ) -> Callable[..., Work | None] | None:
         """NCCL's fast path (C where built) for every call the kernels do not serve; a routed op's
-        fast path picks per call between it and the kernels, both entering the flight recorder."""
+        fast path picks per call between it and the kernels, both entering the flight recorder
+        (in C where built: :mod:`.fast_path`; the Python one below is its reference)."""
         nccl = super().recorded_plan(op, fixed, recording)
         comm = self._comm
         if comm is None or op not in _OWN_OPS:
@@ -113,7 +115,7 @@ class PeermemBackend(NcclBackend):
         def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:
             return (kernel if served(*tensors) else nccl)(async_op, *tensors)
 
-        return run
+        return kernel_path(comm, op, fixed, recording, nccl, run) or run
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, *, async_op: bool = True) -> Work:
         comm = self._comm

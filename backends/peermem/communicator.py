@@ -184,7 +184,7 @@ class PeerComm:
         source: torch.Tensor | None = None,
     ) -> Work:
         if rc:
-            self._fail(rc)
+            self.launch_failed(rc)
         if side is not None:
             event = torch.cuda.Event()
             event.record(side)
@@ -194,6 +194,10 @@ class PeerComm:
             event = torch.cuda.Event()
             event.record()
         return PeerWork(self, (output,), event)
+
+    def started_work(self, output: torch.Tensor) -> Work:
+        """The Work of an asynchronous kernel just launched on the current stream."""
+        return self._started(0, output, True)
 
     def places(self, op: str, source: torch.Tensor, output: torch.Tensor) -> tuple[int, int, int, int, int]:
         """``(in_slot, out_slot, in_off, out_off, descriptor)`` of a zero-copy call's tensors."""
@@ -277,7 +281,7 @@ class PeerComm:
                     continue
                 rc = self.lib.lib.pm_set_place(self.handle, descriptor, *place)
                 if rc:
-                    self._fail(rc)
+                    self.launch_failed(rc)
                 done += 1
             pending = waiting
             if not pending or time.monotonic() > deadline:
@@ -368,10 +372,11 @@ class PeerComm:
             self.handle, dtype, *pointers, rows, hidden, float(eps), blocks, self._stream()
         )
         if rc:
-            self._fail(rc)
+            self.launch_failed(rc)
         return True
 
-    def _fail(self, rc: int) -> None:
+    def launch_failed(self, rc: int) -> None:
+        """Raise the error of a launch that returned ``rc`` (a peer's timeout, or CUDA's error)."""
         if rc == -2:
             self.raise_if_failed("collective")
         raise RuntimeError(

@@ -51,11 +51,11 @@ class StreamOrder:
     __slots__ = (
         "_capturing",
         "_current_stream",
-        "_last",
         "_last_stream",
         "_new_event",
         "_raw_stream",
         "joins",
+        "last",
     )
 
     def __init__(
@@ -69,7 +69,9 @@ class StreamOrder:
         self._current_stream = current_stream
         self._capturing = capturing
         self._new_event = new_event
-        self._last: int | None = None  # handle of the stream the group's last kernel went to
+        #: The handle of the stream the group's last kernel went to (the C fast path launches
+        #: there without entering this class, and leaves every other stream to it).
+        self.last: int | None = None
         self._last_stream: Any = None
         #: How many launches waited for another stream (the benchmarks report it).
         self.joins = 0
@@ -77,9 +79,9 @@ class StreamOrder:
     def stream(self) -> int:
         """The current stream's handle, once it waits for the group's previous kernel."""
         handle = self._raw_stream()
-        if handle != self._last:
+        if handle != self.last:
             if self._capturing():
-                self._last, self._last_stream = None, None
+                self.last, self._last_stream = None, None
             else:
                 self._switch(handle, self._current_stream())
         return handle
@@ -87,7 +89,7 @@ class StreamOrder:
     def enter(self, stream: Any, handle: int) -> int:
         """``handle`` (``stream``'s, a stream the group owns and never captures), once ``stream``
         waits for the group's previous kernel."""
-        if handle != self._last:
+        if handle != self.last:
             self._switch(handle, stream)
         return handle
 
@@ -97,4 +99,4 @@ class StreamOrder:
             event.record(self._last_stream)
             stream.wait_event(event)
             self.joins += 1
-        self._last, self._last_stream = handle, stream
+        self.last, self._last_stream = handle, stream

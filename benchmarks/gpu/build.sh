@@ -12,6 +12,7 @@ build_c_fast_paths() {
   include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   if [ -d "$tree/csrc/facade_fast_paths" ]; then  # one extension per layer
     extensions="facade_fast_paths:facade/calls/_fast_paths torch_fast_paths:backends/_torch_fast_paths logger_fast_paths:comms_logger/_fast_paths"
+    [ -d "$tree/csrc/peermem_fast_paths" ] && extensions+=" peermem_fast_paths:backends/peermem/_fast_paths"
     reader=core/_tensor_meta
   elif [ -d "$tree/csrc/torch_fast_paths" ]; then  # one extension for every layer's fast paths
     extensions="torch_fast_paths:backends/_torch_fast_paths" reader=core/_tensor_meta

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU facade overhead figures in one command: commlayer against raw torch.distributed on NCCL, every
+# The GPU facade overhead figures in one command: commlayer against raw torch.distributed on NCCL
+# (BACKENDS: nccl, then peermem, the default backend's CUDA half, on the same communicator), every
 # hot op, sync and async, 8 B to 4 MiB in steps of 4 (FACTOR; the added-latency range) and on to
 # 256 MiB (busbw), 61 rounds (ROUNDS), each rank pinned to a core of its own, raw torch also timed
 # against itself in the same rotation (--control: the noise floor of each size's busbw ratio),
@@ -22,9 +23,11 @@ build_c_fast_paths . "$SITE" 2>>"$OUT/machine.txt" | tee -a "$OUT/machine.txt" \
   | tee -a "$OUT/machine.txt"
 nvidia-smi topo -m | head -n $((NPROC + 1)) >> "$OUT/machine.txt"
 lscpu | grep -E '^Model name|^CPU\(s\)' >> "$OUT/machine.txt"
-timeout -k 5 "${PER_RUN:-330}" python3 benchmarks/overhead/torch_vs_commlayer.py --nproc "$NPROC" --backend nccl \
-  --min-bytes 8 --max-bytes 256M --factor "${FACTOR:-4}" --rounds "${ROUNDS:-61}" --control --pin --json "$OUT/nccl_${NPROC}gpu.json" \
-  2>&1 | tee "$OUT/nccl_${NPROC}gpu.txt" || echo "=== nccl sweep FAILED or timed out"
+for backend in ${BACKENDS:-nccl peermem}; do
+  timeout -k 5 "${PER_RUN:-330}" python3 benchmarks/overhead/torch_vs_commlayer.py --nproc "$NPROC" --backend "$backend" \
+    --min-bytes 8 --max-bytes "${MAX_BYTES:-256M}" --factor "${FACTOR:-4}" --rounds "${ROUNDS:-61}" --control --pin \
+    --json "$OUT/${backend}_${NPROC}gpu.json" 2>&1 | tee "$OUT/${backend}_${NPROC}gpu.txt" || echo "=== $backend sweep FAILED or timed out"
+done
 if [ "${DIAG:-0}" = 1 ]; then  # async send/recv alone: unpinned, then with the Python fast paths
   for variant in nopin python; do
     flags=(--pin); [ "$variant" = nopin ] && flags=()

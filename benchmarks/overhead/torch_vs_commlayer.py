@@ -4,9 +4,13 @@ commlayer's gloo and nccl backends sit on torch's default ProcessGroup, so after
 ``dist.init_process_group`` both paths drive one communicator. Per size, raw and commlayer run in
 alternating rounds (which goes first alternates too); times are medians over rounds, while
 ``added`` and the busbw ``ratio`` (commlayer / raw) are medians of the per-pair difference and
-ratio, so that drift on a shared host cancels within each pair. busbw uses nccl-tests' factors::
+ratio, so that drift on a shared host cancels within each pair. On ``peermem`` (the default
+backend's CUDA half) raw torch runs on the same NCCL communicator; the calls peermem passes to NCCL
+measure its facade's cost, the ones its kernels serve measure the kernels against NCCL. busbw uses
+nccl-tests' factors::
 
     python benchmarks/overhead/torch_vs_commlayer.py --nproc 2 --backend nccl --max-bytes 256M
+    python benchmarks/overhead/torch_vs_commlayer.py --nproc 2 --backend peermem --max-bytes 4M
     torchrun --nproc-per-node 4 benchmarks/overhead/torch_vs_commlayer.py --backend nccl
     python benchmarks/overhead/torch_vs_commlayer.py --nproc 2 --backend gloo --max-bytes 1M
 
@@ -285,7 +289,7 @@ def _sizes(low: int, high: int, factor: int) -> list[int]:
 
 
 def _device(backend: str) -> torch.device:
-    if "nccl" in backend:
+    if "nccl" in backend or "peermem" in backend:  # peermem sits on torch's NCCL group
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)

@@ -18,6 +18,7 @@ typedef struct {
     int16_t device_index;
     int16_t dim;
     int64_t sizes[COMMLAYER_TENSOR_META_DIMS];
+    uintptr_t data;  // data_ptr(): 0 where the tensor has no storage to point at
 } CommlayerTensorMeta;
 
 // 1 with *meta filled in for a plain tensor: exactly torch.Tensor or torch.nn.Parameter, no

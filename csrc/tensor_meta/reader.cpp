@@ -44,13 +44,14 @@ int read_meta(PyObject* obj, CommlayerTensorMeta* meta) noexcept {
     meta->dim = static_cast<int16_t>(dims);
     const c10::IntArrayRef sizes = tensor.sizes();
     for (int64_t index = 0; index < dims; index++) meta->sizes[index] = sizes[index];
+    meta->data = tensor.has_storage() ? reinterpret_cast<uintptr_t>(tensor.const_data_ptr()) : 0;
     return 1;
   } catch (...) {  // a tensor whose C++ side refuses a read (e.g. custom sizes): Python decides
     return 0;
   }
 }
 
-// describe(tensor): (scalar_type, device_type, device_index, layout, contiguous, sizes, itemsize) as the
+// describe(tensor): (scalar_type, device_type, device_index, layout, contiguous, sizes, itemsize, data) as the
 // fast paths see it, or None where they ask Python instead. For tests.
 PyObject* describe(PyObject*, PyObject* tensor) {
   CommlayerTensorMeta meta;
@@ -65,8 +66,9 @@ PyObject* describe(PyObject*, PyObject* tensor) {
     }
     PyTuple_SET_ITEM(sizes, index, size);
   }
-  return Py_BuildValue("(iiiiONi)", meta.scalar_type, meta.device_type, meta.device_index, meta.layout,
-                       meta.contiguous ? Py_True : Py_False, sizes, meta.itemsize);
+  return Py_BuildValue("(iiiiONiK)", meta.scalar_type, meta.device_type, meta.device_index, meta.layout,
+                       meta.contiguous ? Py_True : Py_False, sizes, meta.itemsize,
+                       static_cast<unsigned long long>(meta.data));
 }
 
 PyMethodDef methods[] = {

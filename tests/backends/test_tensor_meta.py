@@ -42,10 +42,11 @@ def _python_view(tensor: torch.Tensor) -> tuple[Any, ...]:
     ids=["matrix", "transposed", "strided", "empty", "scalar", "eight-dims", "parameter", "sparse"],
 )  # fmt: skip
 def test_the_reader_agrees_with_the_python_attributes(tensor: torch.Tensor) -> None:
-    _, device_type, device_index, layout, contiguous, sizes, itemsize = tensor_meta.describe(tensor)
+    _, device_type, device_index, layout, contiguous, sizes, itemsize, data = tensor_meta.describe(tensor)
     assert (device_index, contiguous, sizes, itemsize) == _python_view(tensor)
     assert device_type == tensor_meta.describe(torch.ones(1))[1]  # every tensor here is on the CPU
     assert (layout == 0) == (tensor.layout == torch.strided)
+    assert data == (tensor.data_ptr() if tensor.layout == torch.strided else 0)  # sparse: no storage
 
 
 def test_each_dtype_reads_as_its_own_scalar_type() -> None:

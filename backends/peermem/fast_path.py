@@ -1,0 +1,87 @@
+"""The C fast path of the ops peermem's kernels serve (``csrc/peermem_fast_paths``).
+
+:meth:`PeermemBackend.recorded_plan <commlayer.backends.peermem.backend.PeermemBackend.recorded_plan>`
+builds a Python fast path per routed op that picks, per call, between the kernels and NCCL's fast
+path; it stays the reference (the twin) and the fallback (``COMMLAYER_C_FAST_PATHS=0``). Where the
+extension is built, :func:`kernel_path` wraps it in a ``KernelPath`` that launches the calls served
+through the staging region with no Python frame and hands NCCL's sizes straight to NCCL's fast
+path; what it leaves to the twin is listed in ``kernel_path.c``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from commlayer.backends.peermem.communicator import PeerComm, Route
+from commlayer.contract.fast_paths import FastPath, c_fast_paths_enabled
+from commlayer.core.flight_recorder import Recording
+from commlayer.core.types import ReduceOp
+
+try:
+    from commlayer.backends.peermem import _fast_paths as native
+except ImportError:  # not built (a tree laid out without building): the Python twin serves
+    native = None
+else:
+    from commlayer.core.tensor_reader import tensor_meta_reader
+
+    native.set_tensor_meta(tensor_meta_reader())
+
+__all__ = ["KERNEL_OPS", "kernel_path", "route_verdict"]
+
+#: The ops the C fast path serves, by its op number.
+KERNEL_OPS = {"all_reduce": 0, "all_gather_into_tensor": 1, "reduce_scatter_tensor": 2}
+
+#: c10's number of the CUDA device type, as the C tensor reader reads it.
+CUDA_DEVICE_TYPE = 1
+
+#: A route as the C fast path caches it: ``(code, blocks)`` to launch, None for NCCL, False for the
+#: twin (zero-copy routes, whose tensors' places come from the segment registry).
+Verdict = tuple[int, int] | None | bool
+
+
+def route_verdict(route: Route | None) -> Verdict:
+    """How the C fast path runs a call of ``route``."""
+    if route is None:
+        return None
+    return False if route.op else (route.code, route.blocks)
+
+
+def _route_of(comm: PeerComm, op: str, reduce_op: ReduceOp | None) -> Callable[[torch.Tensor], Verdict]:
+    """The verdict for a call whose routed tensor (all_gather's output, the others' input) is given."""
+    return lambda tensor: route_verdict(
+        comm.route(op, tensor.numel() * tensor.element_size(), tensor.dtype, reduce_op)
+    )
+
+
+def kernel_path(
+    comm: PeerComm, op: str, fixed: tuple[Any, ...], recording: Recording, nccl: FastPath, twin: FastPath
+) -> FastPath | None:
+    """The C fast path of ``op`` (its trailing arguments ``fixed``), or None where the twin serves."""
+    if native is None or op not in KERNEL_OPS or not c_fast_paths_enabled():
+        return None
+    reduce_op = None if op == "all_gather_into_tensor" else fixed[0]
+    return native.KernelPath(
+        op=KERNEL_OPS[op],
+        device_type=CUDA_DEVICE_TYPE,
+        device=comm.device,
+        world=comm.world,
+        async_bytes=comm.async_bytes,
+        launch=ctypes.cast(comm.lib.lib.pm_launch, ctypes.c_void_p).value,
+        handle=comm.handle,
+        failed=ctypes.addressof(comm.failed),
+        comm=comm,
+        route_of=_route_of(comm, op, reduce_op),
+        order=comm.order,
+        raw_stream=torch._C._cuda_getCurrentRawStream,
+        nccl=nccl,
+        twin=twin,
+        started_work=comm.started_work,
+        launch_failed=comm.launch_failed,
+        raise_failed=functools.partial(comm.raise_if_failed, "wait"),
+        recording=recording,
+    )

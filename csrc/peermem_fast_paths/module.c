@@ -1,0 +1,21 @@
+// Module init of commlayer.backends.peermem._fast_paths (see kernel_path.c for what it is).
+#include "peermem_fast_paths.h"
+
+#include "../common/python_module.h"
+
+// set_tensor_meta(reader): called by backends/peermem/fast_path.py (see python_module.h).
+COMMLAYER_TENSOR_META_READER
+
+static PyMethodDef module_methods[] = {
+    COMMLAYER_SET_TENSOR_META_METHOD,
+    {NULL},
+};
+
+static struct PyModuleDef fast_paths_module = {
+    PyModuleDef_HEAD_INIT, "_fast_paths", "The fast path of the ops peermem's kernels serve.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__fast_paths(void) {
+    static const CommlayerExport exports[] = {{"KernelPath", &KernelPathType}, {NULL}};
+    return commlayer_module(&fast_paths_module, exports);
+}

@@ -1,0 +1,223 @@
+"""Pure logic: peermem's C fast path (``KernelPath``) on the CPU, against what its Python twin does.
+
+No GPU here, so the CUDA kernel library's ``pm_launch`` is stood in for by a ctypes callback of the
+same signature (a double, named as one: it records the call), the current stream by a callable and
+the route table by the twin's own ``route_verdict``. CPU tensors take the place of CUDA ones through
+the device type and index the path is built for. What the real kernels do with the call is checked
+on the GPU machine (``benchmarks/gpu/peermem.py``, which runs with and without the C fast paths).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from typing import Any, NoReturn
+
+import pytest
+import torch
+
+from commlayer.backends.peermem import fast_path
+from commlayer.backends.peermem.communicator import Route
+from commlayer.backends.peermem.ordering import StreamOrder
+from commlayer.core.errors import CommError
+from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, Recording, describe_entry
+from commlayer.core.work import CompletedWork
+
+native = fast_path.native
+pytestmark = pytest.mark.skipif(native is None, reason="the peermem fast path extension is not built")
+
+STREAM = 0x5EED
+LAUNCH_ARGUMENTS = (
+    ctypes.c_int,  # returned
+    *(ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int),
+    *(ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int),
+)
+LaunchFunction = ctypes.CFUNCTYPE(*LAUNCH_ARGUMENTS)
+
+
+class Translated(CommError):
+    pass
+
+
+def _fail(error: Exception) -> NoReturn:
+    raise Translated(f"collective failed: {error}") from error
+
+
+class KernelDouble:
+    """Stands for the kernel library's pm_launch: records each launch and returns ``rc``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.rc = 0
+        self.function = LaunchFunction(self._launch)
+
+    def _launch(self, *arguments: Any) -> int:
+        self.calls.append(arguments)
+        return self.rc
+
+    @property
+    def address(self) -> int:
+        return ctypes.cast(self.function, ctypes.c_void_p).value
+
+
+class Harness:
+    """One KernelPath with every collaborator recording what it is asked."""
+
+    def __init__(self, op: str, routes: dict[int, Route | None], async_bytes: int = 1 << 20) -> None:
+        self.kernel = KernelDouble()
+        self.failed = ctypes.c_int(0)
+        self.order = StreamOrder(lambda: STREAM, lambda: None, lambda: False, lambda: None)
+        self.order.last = STREAM
+        self.stream = STREAM
+        self.routes, self.asked, self.handed = routes, [], []
+        self.ring: list = [None] * 8
+        recording = Recording(itertools.count(1).__next__, self.ring, 8, op, torch.float32, -1, _fail)
+        self.path = native.KernelPath(
+            op=fast_path.KERNEL_OPS[op],
+            device_type=torch_device_type(),
+            device=-1,
+            world=4,
+            async_bytes=async_bytes,
+            launch=self.kernel.address,
+            handle=0xC0FFEE,
+            failed=ctypes.addressof(self.failed),
+            comm=self,
+            route_of=self._route_of,
+            order=self.order,
+            raw_stream=lambda device: self.stream,
+            nccl=lambda *call: self.handed.append(("nccl", *call)),
+            twin=lambda *call: self.handed.append(("twin", *call)),
+            started_work=lambda output: CompletedWork((output,)),
+            launch_failed=self._launch_failed,
+            raise_failed=self._raise_failed,
+            recording=recording,
+        )
+
+    def _route_of(self, tensor: torch.Tensor) -> fast_path.Verdict:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.asked.append(nbytes)
+        return fast_path.route_verdict(self.routes.get(nbytes))
+
+    def _launch_failed(self, rc: int) -> NoReturn:
+        raise RuntimeError(f"peermem: kernel launch failed: error {rc}")
+
+    def _raise_failed(self) -> NoReturn:
+        raise TimeoutError("peermem wait: group rank 2 did not reach a collective")
+
+
+def torch_device_type() -> int:
+    from commlayer.core import _tensor_meta
+
+    return _tensor_meta.describe(torch.ones(1))[1]
+
+
+STAGED = Route(code=0x21, blocks=24, op="")
+ZERO_COPY = Route(code=0x27, blocks=64, op="all_reduce")
+
+
+def test_a_staged_route_launches_with_the_callers_pointers_and_stream_and_enters_the_call() -> None:
+    tensor = torch.arange(64.0).reshape(8, 8)
+    harness = Harness("all_reduce", {256: STAGED})
+    assert harness.path(False, tensor) is None
+    handle, code, source, output, nbytes, blocks, stream, *placed = harness.kernel.calls.pop()
+    assert (handle, code, blocks, stream) == (0xC0FFEE, 0x21, 24, STREAM)
+    assert source == output == tensor.data_ptr() and nbytes == 256
+    assert placed == [-1, -1, 0, 0, -1]  # unplaced: the staging region
+    entry = harness.ring[1]
+    assert entry[:6] == [1, "all_reduce", (8, 8), torch.float32, -1, COMPLETED] and entry[WORK] is None
+    assert harness.handed == []
+
+
+@pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_the_paired_ops_pass_the_input_as_source_and_a_ranks_share_as_bytes(op: str) -> None:
+    small, large = torch.arange(16.0), torch.arange(64.0)
+    output, tensor = (large, small) if op == "all_gather_into_tensor" else (small, large)
+    harness = Harness(op, {256: STAGED})
+    assert harness.path(False, output, tensor) is None
+    _, _, source, target, nbytes, *_ = harness.kernel.calls.pop()
+    assert (source, target, nbytes) == (tensor.data_ptr(), output.data_ptr(), 64)
+    assert harness.ring[1][2] == (64,)  # the entry describes the larger tensor, as the twin's does
+
+
+def test_each_size_and_dtype_is_routed_once() -> None:
+    harness = Harness("all_reduce", {256: STAGED, 1024: None})
+    for _ in range(3):
+        harness.path(False, torch.ones(64))
+        harness.path(False, torch.ones(256))
+        harness.path(False, torch.ones(128, dtype=torch.float16))
+    assert sorted(harness.asked) == [256, 256, 1024]
+    assert len(harness.path.routes) == 3 and len(harness.kernel.calls) == 6
+
+
+def test_the_sizes_nccl_serves_go_to_ncclss_fast_path_with_the_same_arguments() -> None:
+    tensor = torch.ones(256)
+    harness = Harness("all_reduce", {})
+    assert harness.path(True, tensor) is None
+    assert harness.handed == [("nccl", True, tensor)] and harness.kernel.calls == []
+
+
+def _handed_to_twin(harness: Harness, *call: Any) -> bool:
+    harness.handed.clear()
+    harness.path(*call)
+    return harness.handed == [("twin", *call)] and harness.kernel.calls == []
+
+
+def test_what_needs_python_goes_to_the_twin() -> None:
+    harness = Harness("all_reduce", {256: ZERO_COPY, 64: STAGED}, async_bytes=64)
+    assert _handed_to_twin(harness, False, torch.ones(64))  # zero-copy: the registry places it
+    assert _handed_to_twin(harness, True, torch.ones(16))  # large async: may move streams
+    assert _handed_to_twin(harness, False, torch.ones(17)[1:])  # not 16-byte aligned
+    assert _handed_to_twin(harness, False, torch.ones(4, 8).t())  # not contiguous
+    assert _handed_to_twin(harness, False, torch.ones(16).as_subclass(Subclass))  # unread
+    harness.stream = STREAM + 1
+    assert _handed_to_twin(harness, False, torch.ones(16))  # another stream: joined in Python
+    harness.order.last = None
+    harness.stream = STREAM
+    assert _handed_to_twin(harness, False, torch.ones(16))  # after a capture: no last stream
+    paired = Harness("all_gather_into_tensor", {256: STAGED})
+    assert _handed_to_twin(paired, False, torch.ones(64), torch.ones(16, dtype=torch.float64))
+
+
+class Subclass(torch.Tensor):
+    pass
+
+
+def test_an_async_call_returns_the_started_work_tracked_weakly() -> None:
+    tensor = torch.ones(16)
+    harness = Harness("all_reduce", {64: STAGED})
+    work = harness.path(True, tensor)
+    assert isinstance(work, CompletedWork) and work.result()[0] is tensor
+    assert harness.ring[1][5] == STARTED and harness.ring[1][WORK]() is work
+    assert describe_entry(harness.ring[1])["state"] == COMPLETED  # as the Work says
+
+
+def test_a_failed_launch_and_a_peers_timeout_raise_through_the_recordings_fail() -> None:
+    harness = Harness("all_reduce", {64: STAGED})
+    harness.kernel.rc = 700
+    with pytest.raises(Translated, match="kernel launch failed: error 700"):
+        harness.path(False, torch.ones(16))
+    assert harness.ring[1][5] == STARTED  # entered, never completed: what a dump must show
+    harness.kernel.rc = 0
+    harness.failed.value = 1
+    with pytest.raises(Translated, match="group rank 2 did not reach") as raised:
+        harness.path(False, torch.ones(16))
+    assert isinstance(raised.value.__cause__, TimeoutError) and harness.ring[2][5] == STARTED
+
+
+def test_a_wrong_call_names_the_op_and_what_it_expected() -> None:
+    harness = Harness("reduce_scatter_tensor", {})
+    with pytest.raises(TypeError, match="reduce_scatter_tensor: expected \\(async_op, 2 tensor"):
+        harness.path(False, torch.ones(4))
+
+
+def test_routes_map_to_what_the_c_path_does() -> None:
+    assert fast_path.route_verdict(None) is None
+    assert fast_path.route_verdict(ZERO_COPY) is False
+    assert fast_path.route_verdict(STAGED) == (0x21, 24)
+
+
+def test_the_twin_serves_when_c_fast_paths_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMMLAYER_C_FAST_PATHS", "0")
+    assert fast_path.kernel_path(None, "all_reduce", (None,), None, print, print) is None  # type: ignore[arg-type]
+    monkeypatch.delenv("COMMLAYER_C_FAST_PATHS")
+    assert fast_path.kernel_path(None, "all_to_all_single", (), None, print, print) is None  # type: ignore[arg-type]
