@@ -1,0 +1,172 @@
+"""The host's time per eager call on peermem (the default backend's CUDA half): its C fast path
+against its Python one, and against torch.distributed's own call on the same NCCL communicator.
+
+The kernels serve groups of 2-8 GPUs, but the host's side of a call (the facade, the route, the
+launch) does not depend on the group's size, so this runs on one GPU: groups of one whose region
+is mapped directly, the kernels running as on a larger group. One process per fast-path kind
+(``COMMLAYER_C_FAST_PATHS`` 1 and 0), alternating::
+
+    python3 benchmarks/gpu/peermem_host_path.py --out DIR [--pairs 2] [--rounds 7]
+
+Run it where commlayer is importable with its backends (``source benchmarks/gpu/site.sh``, then
+from outside the checkout). Per op and size, three ways of one call: ``kernel`` (routed to the
+kernels, one-shot), ``nccl`` (routed to NCCL, as the sizes NCCL serves are; another group of one)
+and ``raw`` (``torch.distributed``'s call on the world's NCCL communicator). Each is checked for the
+exact result first, then timed as the host's microseconds per call while issuing 2000 calls in a
+row (the median of the rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+
+SIZES = (4096, 65536)  # bytes, bf16: small enough that the GPU keeps up with the host
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
+CALLS = 2000
+
+
+def _group_of_one(forced: list[str]) -> Callable[..., object]:
+    """peermem's attach for a group of one: the region mapped directly, the routes ``forced``."""
+    from commlayer.backends.peermem import board as boards
+    from commlayer.backends.peermem.communicator import PeerComm
+    from commlayer.backends.peermem.kernel_library import load_library
+
+    def attach(spec: object) -> PeerComm:
+        major, minor = torch.cuda.get_device_capability()
+        lib = load_library(f"sm_{major}{minor}")
+        handle, ipc = ctypes.c_void_p(), ctypes.create_string_buffer(lib.handle_bytes)
+        half_bytes = 32 << 20
+        rc = lib.lib.pm_create(0, 0, 1, half_bytes, int(60e9), ctypes.byref(handle), ipc)
+        if rc:
+            raise RuntimeError(f"pm_create: {lib.error_string(rc)}")
+        board = boards.create(f"commlayer-peermem-host-path-{os.getpid()}-{len(forced)}")
+        comm = PeerComm(lib, handle.value, spec, 0, half_bytes, board)
+        comm.forced = forced.pop(0)
+        return comm
+
+    return attach
+
+
+Call = Callable[[], object]
+
+
+def _calls(op: str, numel: int, group: object) -> tuple[Call, Call, torch.Tensor, torch.Tensor]:
+    """commlayer's call on ``group``, torch's on the world, the call's result and what it must hold
+    (a group of one: the input's values)."""
+    from commlayer import dist
+
+    tensor = torch.arange(numel, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    if op == "all_reduce":
+        return (
+            (lambda: dist.all_reduce(tensor, group=group)),
+            (lambda: torch_dist.all_reduce(tensor)),
+            tensor,
+            tensor.clone(),
+        )
+    if op == "broadcast":
+        ours, theirs = (
+            (lambda: dist.broadcast(tensor, 0, group=group)),
+            (lambda: torch_dist.broadcast(tensor, 0)),
+        )
+        return ours, theirs, tensor, tensor.clone()
+    output, ours, theirs = torch.empty_like(tensor), getattr(dist, op), getattr(torch_dist, op)
+    return (
+        (lambda: ours(output, tensor, group=group)),
+        (lambda: theirs(output, tensor)),
+        output,
+        tensor.clone(),
+    )
+
+
+def _host_us(call: Callable[[], object], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        for _ in range(200):
+            call()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            call()
+        times.append((time.perf_counter() - start) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def worker(rounds: int) -> list[dict]:
+    from commlayer import dist
+    from commlayer.backends.peermem import backend
+
+    backend.attach = _group_of_one(["one_shot", "nccl"])  # the world, then the NCCL-routed group
+    torch.cuda.set_device(0)
+    dist.init_process_group("peermem", store=torch_dist.HashStore(), rank=0, world_size=1)
+    groups = {"kernel": dist.group.WORLD, "nccl": dist.new_group([0])}
+    rows = []
+    for op in OPS:
+        for nbytes in SIZES:
+            row = {"op": op, "bytes": nbytes}
+            for way, group in groups.items():
+                ours, raw, result, expected = _calls(op, nbytes // 2, group)
+                ours()
+                torch.cuda.synchronize()
+                assert torch.equal(result, expected), f"{op} {nbytes} B ({way}): wrong result"
+                row[way] = _host_us(ours, rounds)
+            row["raw"] = _host_us(raw, rounds)
+            rows.append(row)
+    dist.destroy_process_group()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.worker:
+        print(json.dumps(worker(options.rounds)))
+        return
+    runs: dict[str, list[list[dict]]] = {"1": [], "0": []}
+    for _ in range(options.pairs):
+        for c_fast_paths, kind_runs in runs.items():
+            command = [sys.executable, __file__, "--worker", "--rounds", str(options.rounds)]
+            environment = os.environ | {"COMMLAYER_C_FAST_PATHS": c_fast_paths}
+            done = subprocess.run(
+                command, env=environment, capture_output=True, text=True, timeout=300, check=True
+            )
+            kind_runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    options.out.mkdir(parents=True, exist_ok=True)
+    payload = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "runs": runs}
+    (options.out / "peermem_host_path.json").write_text(json.dumps(payload, indent=1))
+    _print(runs)
+
+
+def _print(runs: dict[str, list[list[dict]]]) -> None:
+    print("op | bytes | C: kernel / nccl / raw us | Python: kernel / nccl / raw us")
+    for index, row in enumerate(runs["1"][0]):
+        cells = []
+        for kind in ("1", "0"):
+            median = {
+                way: statistics.median(run[index][way] for run in runs[kind])
+                for way in ("kernel", "nccl", "raw")
+            }
+            cells.append(" / ".join(f"{median[way]:.2f}" for way in ("kernel", "nccl", "raw")))
+        print(f"{row['op']} | {row['bytes']} | {cells[0]} | {cells[1]}")
+
+
+if __name__ == "__main__":
+    main()
