@@ -143,7 +143,15 @@ def main() -> None:
     runs: dict[str, list[list[dict]]] = {"1": [], "0": []}
     for _ in range(options.pairs):
         for c_fast_paths, kind_runs in runs.items():
-            command = [sys.executable, __file__, "--worker", "--rounds", str(options.rounds)]
+            command = [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--out",
+                str(options.out),
+                "--rounds",
+                str(options.rounds),
+            ]
             environment = os.environ | {"COMMLAYER_C_FAST_PATHS": c_fast_paths}
             done = subprocess.run(
                 command, env=environment, capture_output=True, text=True, timeout=300, check=True
