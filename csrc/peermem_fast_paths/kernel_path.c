@@ -34,7 +34,7 @@ typedef struct {
     KernelStart launch;
     void *handle;
     const volatile int *failed;  // the group's flag, set by a kernel that timed out
-    PyObject *comm;              // kept alive for handle and failed
+    PyObject *comm;              // its handle is None once the group's region is freed
     PyObject *routes;            // bytes << 8 | scalar type -> (code, blocks), None (NCCL) or False (twin)
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
         *raise_failed;
@@ -53,6 +53,16 @@ typedef struct {
 static int readable(const CommlayerTensorMeta *meta, const KernelPath *self) {
     return meta->device_type == self->device_type && meta->device_index == self->device && meta->contiguous &&
            meta->data != 0 && meta->data % 16 == 0;
+}
+
+// Whether the group's region is still mapped: a plan may outlive its group, whose calls then go
+// where the twin sends them (the backend's methods, which know the group is gone).
+static int attached(KernelPath *self) {
+    PyObject *handle = PyObject_GetAttrString(self->comm, "handle");
+    int mapped = handle != NULL && handle != Py_None;
+    if (handle == NULL) PyErr_Clear();
+    Py_XDECREF(handle);
+    return mapped;
 }
 
 // The route of a call of `nbytes` of `routed`'s dtype: looked up, else asked of route_of once.
@@ -83,7 +93,7 @@ static int on_last_stream(KernelPath *self, uintptr_t *stream) {
 
 // How the call runs: the kernel (with *call filled in), NCCL's fast path, or the twin.
 static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int async_op, KernelCall *call) {
-    if (tensor_meta_reader == NULL) return TWIN;
+    if (tensor_meta_reader == NULL || !attached(self)) return TWIN;
     int pair = self->op != ALL_REDUCE;
     CommlayerTensorMeta first, second;
     if (!tensor_meta_reader(tensors[0], &first) || !readable(&first, self)) return TWIN;

@@ -65,6 +65,7 @@ class Harness:
 
     def __init__(self, op: str, routes: dict[int, Route | None], async_bytes: int = 1 << 20) -> None:
         self.kernel = KernelDouble()
+        self.handle: int | None = 0xC0FFEE  # PeerComm's: None once the group's region is freed
         self.failed = ctypes.c_int(0)
         self.order = StreamOrder(lambda: STREAM, lambda: None, lambda: False, lambda: None)
         self.order.last = STREAM
@@ -174,6 +175,8 @@ def test_what_needs_python_goes_to_the_twin() -> None:
     harness.order.last = None
     harness.stream = STREAM
     assert _handed_to_twin(harness, False, torch.ones(16))  # after a capture: no last stream
+    harness.handle = None
+    assert _handed_to_twin(harness, False, torch.ones(16))  # the group is gone: its methods say so
     paired = Harness("all_gather_into_tensor", {256: STAGED})
     assert _handed_to_twin(paired, False, torch.ones(64), torch.ones(16, dtype=torch.float64))
 
