@@ -58,7 +58,7 @@ static int readable(const CommlayerTensorMeta *meta, const KernelPath *self) {
 // Whether the group's region is still mapped: a plan may outlive its group, whose calls then go
 // where the twin sends them (the backend's methods, which know the group is gone).
 static int attached(KernelPath *self) {
-    PyObject *handle = PyObject_GetAttrString(self->comm, "handle");
+    PyObject *handle = PyObject_GetAttr(self->comm, str_handle);
     int mapped = handle != NULL && handle != Py_None;
     if (handle == NULL) PyErr_Clear();
     Py_XDECREF(handle);
@@ -83,7 +83,7 @@ static PyObject *route_for(KernelPath *self, PyObject *routed, long long nbytes,
 static int on_last_stream(KernelPath *self, uintptr_t *stream) {
     PyObject *current = PyObject_CallOneArg(self->raw_stream, self->device_number);
     if (current == NULL) return -1;
-    PyObject *last = PyObject_GetAttrString(self->order, "last");
+    PyObject *last = PyObject_GetAttr(self->order, str_last);
     int same = last != NULL && PyObject_RichCompareBool(current, last, Py_EQ);
     *stream = (uintptr_t)PyLong_AsVoidPtr(current);
     Py_DECREF(current);

@@ -3,6 +3,8 @@
 
 #include "../common/python_module.h"
 
+PyObject *str_last, *str_handle;
+
 // set_tensor_meta(reader): called by backends/peermem/fast_path.py (see python_module.h).
 COMMLAYER_TENSOR_META_READER
 
@@ -16,6 +18,9 @@ static struct PyModuleDef fast_paths_module = {
 };
 
 PyMODINIT_FUNC PyInit__fast_paths(void) {
+    str_last = PyUnicode_InternFromString("last");
+    str_handle = PyUnicode_InternFromString("handle");
+    if (str_last == NULL || str_handle == NULL) return NULL;
     static const CommlayerExport exports[] = {{"KernelPath", &KernelPathType}, {NULL}};
     return commlayer_module(&fast_paths_module, exports);
 }
