@@ -57,6 +57,10 @@ class PeerWork(Work):
         self._stash = None
         return True
 
+    def stream_event(self) -> torch.cuda.Event | None:
+        """The kernel's event, unless a call of the group has timed out (then a wait reports it)."""
+        return None if self._comm.failed.value else self._event
+
     def __del__(self) -> None:
         if self._stash is not None:
             stream, tensors = self._stash

@@ -122,6 +122,16 @@ class Work(ABC):
         """
         return _ChainedWork(self, epilogue, result)
 
+    def stream_event(self) -> torch.cuda.Event | None:
+        """The CUDA event after which the op's results are ready, for an op that completes on a
+        CUDA stream with nothing left for the host to do (peermem's kernels), else None.
+
+        A torch bridge future of such an op completes at once, and its consumers' streams wait for
+        the event, as NCCL's futures do: DDP's buckets then overlap the rest of backward. Never
+        blocks and never waits.
+        """
+        return None
+
     def get_future(self) -> torch.futures.Future:
         """A future holding :meth:`result` once the op completes (waited for on a helper thread)."""
         future: torch.futures.Future = torch.futures.Future()

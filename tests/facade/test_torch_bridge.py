@@ -20,7 +20,13 @@ import torch.distributed as torch_dist
 from commlayer import dist
 from commlayer.core.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
 from commlayer.core.work import CompletedWork, Work
-from commlayer.facade.torch_bridge.work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
+from commlayer.facade.torch_bridge.work import (
+    FUTURES_ENV,
+    Completer,
+    completed_on_stream,
+    has_spare_cpu,
+    inline_futures,
+)
 from commlayer.launch import ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import mpirun_plan, require_mpirun, run_world
 
@@ -144,6 +150,22 @@ def test_bridge_futures_complete_in_the_background_in_issue_order() -> None:
     completer.close()  # returns once the thread has let go of every future
     done = Completer("idle").future_of(CompletedWork(), [torch.ones(1)])
     assert done.done() and torch.equal(done.value()[0], torch.ones(1)), "a finished op waited for a thread"
+
+
+class _StreamWork(CompletedWork):
+    """A Work that says it completes on a stream (as peermem's do) but whose tensors are on the CPU."""
+
+    def stream_event(self) -> object:
+        return object()
+
+
+def test_only_an_op_on_one_gpus_stream_gets_a_future_completed_on_the_stream() -> None:
+    assert CompletedWork().stream_event() is None  # every Work but those that finish on a stream
+    assert completed_on_stream(CompletedWork(), [torch.ones(1)]) is None
+    assert completed_on_stream(_StreamWork(), [torch.ones(1)]) is None  # CPU tensors: no stream
+    assert completed_on_stream(_StreamWork(), []) is None
+    future = Completer("cpu").future_of(_StreamWork(), [torch.ones(2)])
+    assert future.done() and torch.equal(future.value()[0], torch.ones(2))  # the usual path
 
 
 def test_bridge_futures_inline_mode_completes_in_the_asking_thread(monkeypatch: pytest.MonkeyPatch) -> None:

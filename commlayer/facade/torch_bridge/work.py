@@ -10,6 +10,9 @@ for the backend's Work and completes the future, so buckets overlap the rest of 
     future.wait()                     # [tensor], once the backend's op finished
 
 Futures of one group complete in the order their ops were issued, as torch's own backends do.
+An op that completes on a CUDA stream (``Work.stream_event``: peermem's kernels) gets a future
+completed at once whose consumers' streams wait for the op, as NCCL's futures are, so no thread
+and no wait on the caller's stream holds backward back.
 An op that is already complete when its future is asked for (every op of a synchronous backend
 such as shm) gets an already completed future, without a thread hand-off, unless an earlier
 future of the group is still pending.
@@ -39,7 +42,14 @@ from commlayer.core.errors import invalid_argument
 from commlayer.core.rendezvous import RendezvousEnvError, discover
 from commlayer.core.work import Work
 
-__all__ = ["FUTURES_ENV", "BridgeWork", "Completer", "has_spare_cpu", "inline_futures"]
+__all__ = [
+    "FUTURES_ENV",
+    "BridgeWork",
+    "Completer",
+    "completed_on_stream",
+    "has_spare_cpu",
+    "inline_futures",
+]
 
 FUTURES_ENV = settings.BRIDGE_FUTURES.name
 _FUTURES_MODES = ("auto", "background", "inline")
@@ -99,9 +109,13 @@ class Completer:
 
     def future_of(self, work: Work, result: list[torch.Tensor]) -> Future:
         """A future holding ``result`` once ``work`` completes (its error if it fails)."""
-        future: Future = Future()
         # Without the lock: the thread removes a future only once it is complete, so an empty
         # queue means no earlier future of this group is pending.
+        if not self._pending:
+            on_stream = completed_on_stream(work, result)
+            if on_stream is not None:
+                return on_stream
+        future: Future = Future()
         if self._inline:
             settle(future, work, result)
             return future
@@ -143,6 +157,30 @@ class Completer:
             settle(*head)
             with self._changed:
                 self._pending.popleft()  # only now: a later op's future must not overtake this one
+
+
+_markers: dict[int, torch.cuda.Stream] = {}  # per device: where stream futures are completed
+
+
+def completed_on_stream(work: Work, result: list[torch.Tensor]) -> Future | None:
+    """A future completed now, for an op that completes on a CUDA stream (``Work.stream_event``)
+    with its results on one GPU: the future's consumers, and its ``then`` callbacks, wait for the
+    op's event on their own streams instead of the host waiting. None for every other op."""
+    event = work.stream_event()
+    devices = {tensor.device for tensor in result}
+    if event is None or len(devices) != 1:
+        return None
+    (device,) = devices
+    if device.type != "cuda":
+        return None
+    marker = _markers.get(device.index)
+    if marker is None:
+        marker = _markers.setdefault(device.index, torch.cuda.Stream(device))
+    marker.wait_event(event)
+    future: Future = Future(devices=[device])
+    with torch.cuda.stream(marker):  # the future records its completion on the marker stream
+        future.set_result(result)
+    return future
 
 
 def settle(future: Future, work: Work, result: list[torch.Tensor]) -> None:
