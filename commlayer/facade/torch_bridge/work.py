@@ -166,7 +166,8 @@ def completed_on_stream(work: Work, result: list[torch.Tensor]) -> Future | None
     """A future completed now, for an op that completes on a CUDA stream (``Work.stream_event``)
     with its results on one GPU: the future's consumers, and its ``then`` callbacks, wait for the
     op's event on their own streams instead of the host waiting. None for every other op."""
-    event = work.stream_event()
+    stream_event = getattr(work, "stream_event", None)  # C Works are virtual subclasses: none
+    event = None if stream_event is None else stream_event()
     devices = {tensor.device for tensor in result}
     if event is None or len(devices) != 1:
         return None
