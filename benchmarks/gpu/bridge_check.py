@@ -11,7 +11,8 @@ the host's sum; a CPU all_reduce; DDP and FSDP2 steps against the same steps on 
 group of the same ranks (losses within bf16-free float32 rounding); a DTensor redistribute; a
 fullgraph ``torch.compile`` of a functional all_reduce; a CUDA-graph capture of ``all_reduce``
 replayed with new inputs; two all_reduces on two streams, the first held back on one rank (FSDP2
-all-gathers and reduce-scatters on two side streams). Every CUDA kernel of the all_reduce checks
+all-gathers and reduce-scatters on two side streams); an async all_reduce's future, a callback
+chained on it, and whether it was complete when handed out. Every CUDA kernel of the all_reduce checks
 and of the FSDP2 steps is listed under torch.profiler with its count, and the kernels of NCCL
 (``nccl*``) and of peermem (the ``__global__`` names in csrc/peermem) are counted apart, so the
 output says which backend served the calls. Rank 0 prints one JSON line.
@@ -56,6 +57,20 @@ def check_all_reduce(rank: int, size: int, device: torch.device, failures: list[
     torch_dist.all_reduce(cpu)
     if not torch.equal(cpu, sum(torch.arange(5, dtype=torch.float64) + r for r in range(size))):
         failures.append("cpu all_reduce wrong")
+
+
+def check_future(rank: int, size: int, device: torch.device, failures: list[str]) -> bool:
+    """An async CUDA all_reduce's future and a callback chained on it hold the exact sum; returns
+    whether the future was complete when handed out (NCCL's are, and so are peermem's kernels':
+    their users wait for the kernel on their own streams, which lets DDP's buckets overlap)."""
+    got = distinct(rank, 1 << 20, torch.float32, device)
+    future = torch_dist.all_reduce(got, async_op=True).get_future()
+    done_at_once = future.done()
+    doubled = future.then(lambda settled: settled.value()[0] * 2).wait()
+    want = sum(distinct(r, 1 << 20, torch.float32, "cpu") for r in range(size))
+    if not (torch.equal(future.wait()[0].cpu(), want) and torch.equal(doubled.cpu(), want * 2)):
+        failures.append("an all_reduce's future, or a callback chained on it, holds a wrong sum")
+    return done_at_once
 
 
 def train(model: nn.Module, device: torch.device, rank: int) -> list[float]:
@@ -210,6 +225,7 @@ def main() -> None:
         check_all_reduce(rank, size, device, failures)
         torch.cuda.synchronize()
     kernels = cuda_kernels(trace)
+    future_done_at_once = check_future(rank, size, device, failures)
     fsdp2_kernels = check_training(rank, device, nccl, failures)
     check_compiled_and_graphed(rank, size, device, failures)
     check_two_streams(rank, size, device, failures)
@@ -229,6 +245,7 @@ def main() -> None:
                     "cuda_backend": getattr(serving, "name", None),
                     "peermem_kernel_names": sorted(peermem_names),
                     "all_reduce_kernels": kernel_report(kernels, peermem_names),
+                    "future_done_at_once": future_done_at_once,
                     "fsdp2_kernels": kernel_report(fsdp2_kernels, peermem_names),
                     "failures": [f"rank {r}: {f}" for r, fs in enumerate(verdicts) for f in fs],
                 }
