@@ -30,6 +30,7 @@ __all__ = [
     "WaitLimit",
     "Work",
     "WorkList",
+    "completed_on_stream",
     "poll_until",
     "set_wait_error_hook",
     "to_seconds",
@@ -47,6 +48,31 @@ def to_seconds(timeout: timedelta | float | None) -> float | None:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     return float(timeout)
+
+
+_markers: dict[int, torch.cuda.Stream] = {}  # per device: where stream futures are completed
+
+
+def completed_on_stream(work: Work, result: list[torch.Tensor]) -> torch.futures.Future | None:
+    """A future completed now, for an op that completes on a CUDA stream (``Work.stream_event``)
+    with its results on one GPU: the future's consumers, and its ``then`` callbacks, wait for the
+    op's event on their own streams instead of the host waiting. None for every other op."""
+    stream_event = getattr(work, "stream_event", None)  # C Works are virtual subclasses: none
+    event = None if stream_event is None else stream_event()
+    devices = {tensor.device for tensor in result}
+    if event is None or len(devices) != 1:
+        return None
+    (device,) = devices
+    if device.type != "cuda":
+        return None
+    marker = _markers.get(device.index)
+    if marker is None:
+        marker = _markers.setdefault(device.index, torch.cuda.Stream(device))
+    marker.wait_event(event)
+    future: torch.futures.Future = torch.futures.Future(devices=[device])
+    with torch.cuda.stream(marker):  # the future records its completion on the marker stream
+        future.set_result(result)
+    return future
 
 
 class Work(ABC):
@@ -133,7 +159,12 @@ class Work(ABC):
         return None
 
     def get_future(self) -> torch.futures.Future:
-        """A future holding :meth:`result` once the op completes (waited for on a helper thread)."""
+        """A future holding :meth:`result` once the op completes (waited for on a helper thread,
+        or, for an op that completes on a CUDA stream, complete at once: its users wait for the
+        op on their own streams)."""
+        on_stream = completed_on_stream(self, self.result())
+        if on_stream is not None:
+            return on_stream
         future: torch.futures.Future = torch.futures.Future()
 
         def settle() -> None:

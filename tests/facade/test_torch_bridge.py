@@ -19,14 +19,8 @@ import torch.distributed as torch_dist
 
 from commlayer import dist
 from commlayer.core.errors import CommError, CommTimeoutError, InvalidArgumentError, NotInitializedError
-from commlayer.core.work import CompletedWork, Work
-from commlayer.facade.torch_bridge.work import (
-    FUTURES_ENV,
-    Completer,
-    completed_on_stream,
-    has_spare_cpu,
-    inline_futures,
-)
+from commlayer.core.work import CompletedWork, Work, completed_on_stream
+from commlayer.facade.torch_bridge.work import FUTURES_ENV, Completer, has_spare_cpu, inline_futures
 from commlayer.launch import ProcessSpec, SuperviseOptions, supervise
 from commlayer.testing import mpirun_plan, require_mpirun, run_world
 
@@ -166,6 +160,7 @@ def test_only_an_op_on_one_gpus_stream_gets_a_future_completed_on_the_stream() -
     assert completed_on_stream(_StreamWork(), []) is None
     future = Completer("cpu").future_of(_StreamWork(), [torch.ones(2)])
     assert future.done() and torch.equal(future.value()[0], torch.ones(2))  # the usual path
+    assert _StreamWork([torch.ones(3)]).get_future().wait()[0].sum() == 3  # and commlayer's own
 
 
 def test_bridge_futures_inline_mode_completes_in_the_asking_thread(monkeypatch: pytest.MonkeyPatch) -> None:

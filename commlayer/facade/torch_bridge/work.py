@@ -40,13 +40,12 @@ from torch.futures import Future
 from commlayer.core import settings
 from commlayer.core.errors import invalid_argument
 from commlayer.core.rendezvous import RendezvousEnvError, discover
-from commlayer.core.work import Work
+from commlayer.core.work import Work, completed_on_stream
 
 __all__ = [
     "FUTURES_ENV",
     "BridgeWork",
     "Completer",
-    "completed_on_stream",
     "has_spare_cpu",
     "inline_futures",
 ]
@@ -157,31 +156,6 @@ class Completer:
             settle(*head)
             with self._changed:
                 self._pending.popleft()  # only now: a later op's future must not overtake this one
-
-
-_markers: dict[int, torch.cuda.Stream] = {}  # per device: where stream futures are completed
-
-
-def completed_on_stream(work: Work, result: list[torch.Tensor]) -> Future | None:
-    """A future completed now, for an op that completes on a CUDA stream (``Work.stream_event``)
-    with its results on one GPU: the future's consumers, and its ``then`` callbacks, wait for the
-    op's event on their own streams instead of the host waiting. None for every other op."""
-    stream_event = getattr(work, "stream_event", None)  # C Works are virtual subclasses: none
-    event = None if stream_event is None else stream_event()
-    devices = {tensor.device for tensor in result}
-    if event is None or len(devices) != 1:
-        return None
-    (device,) = devices
-    if device.type != "cuda":
-        return None
-    marker = _markers.get(device.index)
-    if marker is None:
-        marker = _markers.setdefault(device.index, torch.cuda.Stream(device))
-    marker.wait_event(event)
-    future: Future = Future(devices=[device])
-    with torch.cuda.stream(marker):  # the future records its completion on the marker stream
-        future.set_result(result)
-    return future
 
 
 def settle(future: Future, work: Work, result: list[torch.Tensor]) -> None:
