@@ -90,6 +90,7 @@ GPU_ONLY = (
     "faults/fault_injection.py",
     "gpu/parallel_layers.py",
     "gpu/peermem_conformance.py",
+    "gpu/peermem_host_path.py",
     "gpu/peermem_profile.py",
     "gpu/peermem.py",
     "gpu/peermem_tp.py",
