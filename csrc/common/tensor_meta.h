@@ -38,3 +38,24 @@ static inline long long commlayer_tensor_meta_numel(const CommlayerTensorMeta *m
     for (int index = 0; index < meta->dim; index++) elements *= meta->sizes[index];
     return elements;
 }
+
+// A new reference to the tuple of meta's sizes, as a flight-recorder entry holds it: *last when it
+// holds them already (a loop over same-shaped tensors builds no tuple), else a new tuple that
+// replaces *last. NULL with an exception set.
+static inline PyObject *commlayer_tensor_meta_shape(PyObject **last, const CommlayerTensorMeta *meta) {
+    int same = *last != NULL && PyTuple_GET_SIZE(*last) == meta->dim;
+    for (Py_ssize_t index = 0; same && index < meta->dim; index++) {
+        same = PyLong_AsLongLong(PyTuple_GET_ITEM(*last, index)) == meta->sizes[index];
+    }
+    if (!same) {
+        PyObject *shape = PyTuple_New(meta->dim);
+        for (Py_ssize_t index = 0; shape != NULL && index < meta->dim; index++) {
+            PyObject *size = PyLong_FromLongLong(meta->sizes[index]);
+            if (size == NULL) Py_CLEAR(shape);
+            else PyTuple_SET_ITEM(shape, index, size);
+        }
+        if (shape == NULL) return NULL;
+        Py_XSETREF(*last, shape);
+    }
+    return Py_NewRef(*last);
+}

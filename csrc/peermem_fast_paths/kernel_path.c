@@ -39,7 +39,7 @@ typedef struct {
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
         *raise_failed;
     CommlayerRecording recording;
-    PyObject *last_shape;
+    PyObject *last_shape;  // the tuple of sizes the last entry holds
 } KernelPath;
 
 // One call as the kernel takes it, and the tensor its flight-recorder entry describes.
@@ -122,25 +122,6 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int as
     return PyErr_Occurred() ? FAILED : KERNEL;
 }
 
-// The shape the entry holds (a new reference): the last call's tuple when the sizes are equal.
-static PyObject *shape_of(KernelPath *self, const CommlayerTensorMeta *meta) {
-    Py_ssize_t dims = meta->dim, same = self->last_shape != NULL && PyTuple_GET_SIZE(self->last_shape) == dims;
-    for (Py_ssize_t index = 0; same && index < dims; index++) {
-        same = PyLong_AsLongLong(PyTuple_GET_ITEM(self->last_shape, index)) == meta->sizes[index];
-    }
-    if (!same) {
-        PyObject *shape = PyTuple_New(dims);
-        for (Py_ssize_t index = 0; shape != NULL && index < dims; index++) {
-            PyObject *size = PyLong_FromLongLong(meta->sizes[index]);
-            if (size == NULL) Py_CLEAR(shape);
-            else PyTuple_SET_ITEM(shape, index, size);
-        }
-        if (shape == NULL) return NULL;
-        Py_XSETREF(self->last_shape, shape);
-    }
-    return Py_NewRef(self->last_shape);
-}
-
 // Calls `raising(argument)`, which raises the group's error; NULL with it set.
 static PyObject *raise_from(PyObject *raising, PyObject *argument) {
     PyObject *returned = argument == NULL ? PyObject_CallNoArgs(raising) : PyObject_CallOneArg(raising, argument);
@@ -154,7 +135,7 @@ static PyObject *raise_from(PyObject *raising, PyObject *argument) {
 // The launch itself, entered in the flight recorder: the async call's Work, or None once the
 // blocking call is checked.
 static PyObject *run_kernel(KernelPath *self, PyObject *const *tensors, int async_op, const KernelCall *call) {
-    PyObject *shape = shape_of(self, &call->described);
+    PyObject *shape = commlayer_tensor_meta_shape(&self->last_shape, &call->described);
     PyObject *entry = shape == NULL ? NULL : commlayer_recorder_enter(&self->recording, shape);
     if (entry == NULL) return NULL;
     int rc = self->launch(self->handle, call->code, (const void *)call->source, (void *)call->output,

@@ -50,25 +50,6 @@ static PyObject *flat(PyObject *tensor, Py_ssize_t dims) {
     return PyObject_CallMethodOneArg(tensor, str_view, minus_one);
 }
 
-// Whether shape (a tuple of ints, or NULL) holds meta's sizes.
-static int same_sizes(PyObject *shape, const CommlayerTensorMeta *meta) {
-    if (shape == NULL || PyTuple_GET_SIZE(shape) != meta->dim) return 0;
-    for (Py_ssize_t index = 0; index < meta->dim; index++) {
-        if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape, index)) != meta->sizes[index]) return 0;
-    }
-    return 1;
-}
-
-static PyObject *sizes_tuple(const CommlayerTensorMeta *meta) {
-    PyObject *shape = PyTuple_New(meta->dim);
-    for (Py_ssize_t index = 0; shape != NULL && index < meta->dim; index++) {
-        PyObject *size = PyLong_FromLongLong(meta->sizes[index]);
-        if (size == NULL) Py_CLEAR(shape);
-        else PyTuple_SET_ITEM(shape, index, size);
-    }
-    return shape;
-}
-
 // The shape the entry holds (a new reference) and the tensor's dimension count. Where the meta
 // reader reads the tensor, a tuple of its sizes: the last call's when they are equal, so a
 // loop over same-shaped tensors builds none; otherwise the tensor's torch.Size (a new one per
@@ -81,12 +62,7 @@ static PyObject *shape_of(FastPath *self, PyObject *described, Py_ssize_t *dims)
         return shape;
     }
     *dims = meta.dim;
-    if (!same_sizes(self->last_shape, &meta)) {
-        PyObject *shape = sizes_tuple(&meta);
-        if (shape == NULL) return NULL;
-        Py_XSETREF(self->last_shape, shape);
-    }
-    return Py_NewRef(self->last_shape);
+    return commlayer_tensor_meta_shape(&self->last_shape, &meta);
 }
 
 // The ProcessGroup call (a new reference to torch's Work, or None, or NULL with an error set).
