@@ -42,13 +42,7 @@ from commlayer.core.errors import invalid_argument
 from commlayer.core.rendezvous import RendezvousEnvError, discover
 from commlayer.core.work import Work, completed_on_stream
 
-__all__ = [
-    "FUTURES_ENV",
-    "BridgeWork",
-    "Completer",
-    "has_spare_cpu",
-    "inline_futures",
-]
+__all__ = ["FUTURES_ENV", "BridgeWork", "Completer", "has_spare_cpu", "inline_futures"]
 
 FUTURES_ENV = settings.BRIDGE_FUTURES.name
 _FUTURES_MODES = ("auto", "background", "inline")
