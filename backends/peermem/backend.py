@@ -105,10 +105,12 @@ class PeermemBackend(NcclBackend):
         (in C where built: :mod:`.fast_path`; the Python one below is its reference)."""
         nccl = super().recorded_plan(op, fixed, recording)
         comm = self._comm
-        if comm is None or op not in _OWN_OPS:
-            return nccl
-        if nccl is None or op not in _PAYLOAD:
-            return None  # the facade's launcher calls this class's methods, which route
+        if comm is None or op not in _OWN_OPS or nccl is None:
+            return nccl  # None: the facade's launcher calls this class's methods, which route
+        if op == "all_to_all_single":
+            # One choice per group: NCCL's fast path, or the facade's around this class's method
+            # (the kernel places every call's tensors through the segment registry, in Python).
+            return None if comm.serves_all_to_all() else nccl
         kernel = recording.method_fast_path(_PAYLOAD[op], getattr(self, op), fixed)
         served = _kernel_check(comm, op, fixed)
 

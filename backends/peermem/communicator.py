@@ -304,6 +304,10 @@ class PeerComm:
             return None
         return in_slot, out_slot, in_off, out_off
 
+    def serves_all_to_all(self) -> bool:
+        """Whether the kernel serves this group's all_to_all_single calls (all of them, or none)."""
+        return choose_uneven(self.table, self.world, self.forced) != "nccl"
+
     def all_to_all(
         self,
         output: torch.Tensor,
@@ -317,8 +321,7 @@ class PeerComm:
         One choice per group, whatever the splits: a rank knows only its own sizes, and one rank
         may pass even splits as None where another lists them.
         """
-        algorithm = choose_uneven(self.table, self.world, self.forced)
-        if algorithm == "nccl":
+        if not self.serves_all_to_all():
             return None
         if not (_aligned(source) and _aligned(output)):
             staged = torch.empty_like(output)

@@ -4,18 +4,22 @@ kernels, the build cache and registration. The kernels themselves run on GPU mac
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
+from types import SimpleNamespace
+from typing import NoReturn
 
 import pytest
 import torch
+import torch.distributed as torch_dist
 
 import commlayer
 from commlayer.backends.nccl import NcclBackend
 from commlayer.backends.peermem import PeermemBackend
 from commlayer.backends.peermem import board as boards
 from commlayer.backends.peermem.attach import _local_attach, duplicate_devices
-from commlayer.backends.peermem.communicator import KINDS, OP_CODES, timeout_error
+from commlayer.backends.peermem.communicator import KINDS, OP_CODES, PeerComm, timeout_error
 from commlayer.backends.peermem.kernel_library import SOURCE, SOURCES, cache_path
 from commlayer.backends.peermem.reference import fixed_order_reduce, reference_reduce_scatter
 from commlayer.backends.peermem.routing import (
@@ -32,6 +36,7 @@ from commlayer.backends.peermem.routing import (
 )
 from commlayer.backends.peermem.splits import byte_splits
 from commlayer.contract.selection import resolve_backend_spec
+from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import GroupSpec, ReduceOp
 
 KiB, MiB, HALF = 1 << 10, 1 << 20, 32 << 20
@@ -109,6 +114,31 @@ def test_all_to_all_takes_one_algorithm_per_group_whatever_the_splits() -> None:
     assert choose_uneven(CROSSOVERS, 1) == "nccl"
     assert choose_uneven(CROSSOVERS, 4, forced="nccl") == "nccl"
     assert choose_uneven(CROSSOVERS, 4, forced="two_shot") == "zero_copy"
+
+
+def _fail(error: Exception) -> NoReturn:
+    raise error
+
+
+def test_all_to_all_takes_ncclss_fast_path_where_nccl_serves_the_group() -> None:
+    """Wiring: gloo's ProcessGroup stands where NCCL's would (its fast path is built the same way);
+    the group's communicator is a namespace, since attaching needs GPUs."""
+    backend = PeermemBackend.__new__(PeermemBackend)
+    backend._pg = torch_dist.ProcessGroupGloo(torch_dist.HashStore(), 0, 1)
+    ring: list = [None] * 4
+    recording = Recording(itertools.count(1).__next__, ring, 4, "all_to_all_single", torch.float32, -1, _fail)
+    for forced, kernel in (("nccl", False), (None, True)):
+        table = SimpleNamespace(table=CROSSOVERS, world=4, forced=forced)
+        backend._comm = SimpleNamespace(
+            serves_all_to_all=lambda table=table: PeerComm.serves_all_to_all(table)
+        )
+        plan = backend.recorded_plan("all_to_all_single", (), recording)
+        assert (plan is None) is kernel, forced  # None: the facade's run around the routing method
+    output, tensor = torch.empty(6), torch.arange(6.0)
+    backend._comm = SimpleNamespace(serves_all_to_all=lambda: False)
+    backend.recorded_plan("all_to_all_single", (), recording)(False, output, tensor, None, None)
+    assert torch.equal(output, tensor)
+    assert len([entry for entry in ring if entry is not None]) == 1  # entered in the flight recorder
 
 
 def test_forced_algorithm_where_the_kernels_can_serve() -> None:
