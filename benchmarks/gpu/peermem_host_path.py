@@ -1,5 +1,6 @@
 """The host's time per eager call on peermem (the default backend's CUDA half): its C fast path
-against its Python one, and against torch.distributed's own call on the same NCCL communicator.
+against its Python one, against commlayer's plain nccl backend, and against torch.distributed's
+own call.
 
 The kernels serve groups of 2-8 GPUs, but the host's side of a call (the facade, the route, the
 launch) does not depend on the group's size, so this runs on one GPU: groups of one whose region
@@ -9,11 +10,13 @@ is mapped directly, the kernels running as on a larger group. One process per fa
     python3 benchmarks/gpu/peermem_host_path.py --out DIR [--pairs 2] [--rounds 7]
 
 Run it where commlayer is importable with its backends (``source benchmarks/gpu/site.sh``, then
-from outside the checkout). Per op and size, three ways of one call: ``kernel`` (routed to the
-kernels, one-shot), ``nccl`` (routed to NCCL, as the sizes NCCL serves are; another group of one)
-and ``raw`` (``torch.distributed``'s call on the world's NCCL communicator). Each is checked for the
-exact result first, then timed as the host's microseconds per call while issuing 2000 calls in a
-row (the median of the rounds).
+from outside the checkout). Per op and size, five ways of one call: ``kernel`` (peermem, routed to
+the kernels, one-shot), ``branch`` (peermem, routed to NCCL, as the sizes NCCL serves are: the
+route's lookup, then NCCL's fast path), ``default`` (the same through the default backend,
+``cpu:gloo,cuda:peermem``), ``nccl`` (commlayer's nccl backend) and ``raw``
+(``torch.distributed``'s call). Each is checked for the exact result first, then timed as the
+host's microseconds per call while issuing 200 calls in a row behind a sleeping kernel, so that the
+GPU never holds the host back (a round where the GPU caught up is not used).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import torch
 import torch.distributed as torch_dist
 
 SIZES = (4096, 65536)  # bytes, bf16: small enough that the GPU keeps up with the host
-OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast")
-CALLS = 2000
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single")
+WAYS = ("kernel", "branch", "default", "nccl", "raw")
+CALLS = 200  # well inside CUDA's launch queue, so that launching never waits for the GPU
+SLEEP_CYCLES = 200_000_000  # about 0.1 s of GPU time: far longer than CALLS calls of the host
 
 
 def _group_of_one(forced: list[str]) -> Callable[..., object]:
@@ -91,16 +96,24 @@ def _calls(op: str, numel: int, group: object) -> tuple[Call, Call, torch.Tensor
 
 
 def _host_us(call: Callable[[], object], rounds: int) -> float:
+    """Median host microseconds per call over the rounds in which the GPU stayed busy."""
     times = []
     for _ in range(rounds):
-        for _ in range(200):
+        for _ in range(20):
             call()
         torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        busy = torch.cuda.Event()
+        busy.record()
         start = time.perf_counter()
         for _ in range(CALLS):
             call()
-        times.append((time.perf_counter() - start) / CALLS * 1e6)
+        elapsed = time.perf_counter() - start
+        if not busy.query():
+            times.append(elapsed / CALLS * 1e6)
         torch.cuda.synchronize()
+    if not times:
+        raise RuntimeError("the GPU finished its sleep before the host issued its calls in every round")
     return statistics.median(times)
 
 
@@ -108,15 +121,22 @@ def worker(rounds: int) -> list[dict]:
     from commlayer import dist
     from commlayer.backends.peermem import backend
 
-    backend.attach = _group_of_one(["one_shot", "nccl"])  # the world, then the NCCL-routed group
+    backend.attach = _group_of_one(["one_shot", "nccl", "nccl"])  # the world, then the NCCL-routed groups
     torch.cuda.set_device(0)
     dist.init_process_group("peermem", store=torch_dist.HashStore(), rank=0, world_size=1)
-    groups = {"kernel": dist.group.WORLD, "nccl": dist.new_group([0])}
+    groups = {
+        "kernel": dist.group.WORLD,
+        "branch": dist.new_group([0]),
+        "default": dist.new_group([0], backend="cpu:gloo,cuda:peermem"),
+        "nccl": dist.new_group([0], backend="nccl"),
+    }
     rows = []
     for op in OPS:
         for nbytes in SIZES:
-            row = {"op": op, "bytes": nbytes}
+            row: dict = {"op": op, "bytes": nbytes}
             for way, group in groups.items():
+                if way == "kernel" and op == "all_to_all_single":
+                    continue  # its kernel places tensors through peers' mappings: none in a group of one
                 ours, raw, result, expected = _calls(op, nbytes // 2, group)
                 ours()
                 torch.cuda.synchronize()
@@ -164,15 +184,15 @@ def main() -> None:
 
 
 def _print(runs: dict[str, list[list[dict]]]) -> None:
-    print("op | bytes | C: kernel / nccl / raw us | Python: kernel / nccl / raw us")
+    print(f"op | bytes | C: {' / '.join(WAYS)} us | Python: {' / '.join(WAYS)} us")
     for index, row in enumerate(runs["1"][0]):
         cells = []
         for kind in ("1", "0"):
             median = {
-                way: statistics.median(run[index][way] for run in runs[kind])
-                for way in ("kernel", "nccl", "raw")
+                way: statistics.median(run[index][way] for run in runs[kind]) if way in row else None
+                for way in WAYS
             }
-            cells.append(" / ".join(f"{median[way]:.2f}" for way in ("kernel", "nccl", "raw")))
+            cells.append(" / ".join("-" if us is None else f"{us:.2f}" for us in median.values()))
         print(f"{row['op']} | {row['bytes']} | {cells[0]} | {cells[1]}")
 
 
