@@ -14,6 +14,7 @@ segments in the same order, since each is one collective on a shared communicato
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,23 @@ class GradientReducer:
             torch.div(source, self.divisor, out=destination)
         else:
             destination.copy_(source)
+
+    def stage_consecutive(self, destination: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
+        """:meth:`stage` for gradients that fill ``destination`` end to end, in a kernel or two for
+        all of them instead of one each; the values are exactly :meth:`stage`'s (divided in the
+        gradients' dtype, then widened where the buffer's is wider)."""
+        flat = [grad.reshape(-1) for grad in grads]
+        dtype = flat[0].dtype
+        if any(tensor.dtype != dtype for tensor in flat):
+            for tensor, target in zip(flat, destination.split([t.numel() for t in flat])):
+                self.stage(target, tensor)
+            return
+        joined = destination if dtype == destination.dtype else torch.empty_like(destination, dtype=dtype)
+        torch.cat(flat, out=joined)
+        if self.divisor > 1:
+            joined.div_(self.divisor)
+        if joined is not destination:
+            destination.copy_(joined)
 
     def start(self, segment: Segment, buffer: torch.Tensor, *, prescaled: bool = False) -> None:
         """Start averaging ``buffer`` (the segment's whole padded gradient) over the group.

@@ -12,8 +12,12 @@ the tensors that forward saved for backward.
   gradients are done: backward starts with the latter), and hook
   the outputs so that backward gathers the unit again before its gradient computation, then
   prefetches along the reverse order;
-- grad hooks: copy each gradient into the unit's scratch buffer; once a unit has all of them,
-  reduce-scatter it into the master gradient shard and free the unit.
+- grad hooks: count the unit's gradients; once it has all of them, write them end to end into a
+  scratch buffer (two kernels for the whole unit), reduce-scatter that into the master gradient
+  shard and free the unit.
+
+The master shard's values in the training dtype are converted once after each step, not at every
+gather (a unit is gathered twice a step), and kept like the fp16 partitions DeepSpeed keeps.
 
 Gathers and reductions run on two communicators, so each is ordered the same on every rank on
 its own and a prefetch never queues behind a reduction.
@@ -56,7 +60,8 @@ class _Unit:
     ) -> None:
         self.plan, self.segment = plan, segment
         self.index = segment.index
-        self.params = [params[slot.param] for slot in segment.slots]
+        self.indices = [slot.param for slot in segment.slots]
+        self.params = [params[index] for index in self.indices]
         self.full = torch.empty(segment.padded_numel, dtype=dtype, device=device)
         self.nbytes = self.full.untyped_storage().nbytes()
         self.views = [
@@ -66,7 +71,6 @@ class _Unit:
         self.expected = {s.param for s, p in zip(segment.slots, self.params) if p.requires_grad}
         self.state = _State.FREE
         self.gather: tuple[Work, torch.Tensor] | None = None
-        self.staging: torch.Tensor | None = None
         self.arrived: set[int] = set()
         self.reduced = False
 
@@ -95,9 +99,9 @@ class PartitionedParams:
             _Unit(plan, segment, self.params, train_dtype, device)
             for plan, segment in zip(plans, layout.segments)
         ]
-        # Looked up by every gradient hook: one dict access instead of two.
-        self.place_of = {slot.param: (unit, slot) for unit in self.units for slot in unit.segment.slots}
+        self.unit_of = {index: unit for unit in self.units for index in unit.indices}
         self._placeholder = torch.empty(0, dtype=train_dtype, device=device)
+        self._train_values: torch.Tensor | None = None  # the master shard in train_dtype, see _source
         self._forward_order: list[int] | None = None
         self._backward_order: list[int] = []  # reverse forward order, each unit once, root left out
         self._backward_position: dict[int, int] = {}  # unit index -> its place in _backward_order
@@ -117,6 +121,7 @@ class PartitionedParams:
     def adopt(self, segment: Segment, full: torch.Tensor) -> None:
         low, high = segment.shard_range(self.master.rank)
         self.master.segment_values(segment).copy_(full[low:high])
+        self._train_values = None
 
     def install(self) -> None:
         """Drop every parameter's own storage: from now on units are gathered on demand."""
@@ -127,8 +132,7 @@ class PartitionedParams:
 
     def _start_gather(self, unit: _Unit) -> None:
         unit.full.untyped_storage().resize_(unit.nbytes)
-        source = self.master.segment_values(unit.segment)
-        source = source if source.dtype == self.train_dtype else source.to(self.train_dtype)
+        source = self._source(unit.segment)
         if self.layout.shards == 1:
             unit.full.copy_(source)
             unit.gather = None
@@ -136,6 +140,15 @@ class PartitionedParams:
             work = dist.all_gather_into_tensor(unit.full, source, group=self.gather_group, async_op=True)
             unit.gather = (work, source)  # the source stays alive until the gather is waited for
         unit.state = _State.GATHERING
+
+    def _source(self, segment: Segment) -> torch.Tensor:
+        """This rank's shard of ``segment`` in the training dtype (converted once per step)."""
+        values = self.master.values
+        if values.dtype != self.train_dtype:
+            if self._train_values is None:
+                self._train_values = values.to(self.train_dtype)
+            values = self._train_values
+        return values[segment.shard_offset : segment.shard_offset + segment.shard_numel]
 
     def _ensure_gathered(self, unit: _Unit) -> None:
         if unit.state is _State.READY:
@@ -226,11 +239,7 @@ class PartitionedParams:
         def on_grad(param: torch.Tensor) -> None:
             if not self._backward_started:
                 raise outside_backward(self.names[index])
-            unit, slot = self.place_of[index]
-            if unit.staging is None:
-                unit.staging = self._new_staging(unit)
-            self.reducer.stage(unit.staging[slot.offset : slot.offset + slot.numel], param.grad)
-            param.grad = None
+            unit = self.unit_of[index]
             unit.arrived.add(index)
             if unit.arrived == unit.expected:
                 self._reduce(unit)
@@ -246,12 +255,22 @@ class PartitionedParams:
         return staging
 
     def _reduce(self, unit: _Unit) -> None:
-        # A unit that got no gradient (or lacks some) still takes part, with zeros for the missing.
-        staging = self._new_staging(unit) if unit.staging is None else unit.staging
-        for slot in unit.segment.slots:
-            if slot.param not in unit.arrived:
-                staging[slot.offset : slot.offset + slot.numel].zero_()
-        unit.staging, unit.reduced = None, True
+        staging = self._new_staging(unit)
+        grads = [
+            param.grad if index in unit.arrived else None for index, param in zip(unit.indices, unit.params)
+        ]
+        if all(grad is not None for grad in grads):
+            self.reducer.stage_consecutive(staging[: unit.segment.numel], grads)
+        else:  # a unit that got no gradient (or lacks some) still takes part, with zeros for the missing
+            for slot, grad in zip(unit.segment.slots, grads):
+                target = staging[slot.offset : slot.offset + slot.numel]
+                if grad is None:
+                    target.zero_()
+                else:
+                    self.reducer.stage(target, grad)
+        for param in unit.params:
+            param.grad = None
+        unit.reduced = True
         self.reducer.start(unit.segment, staging, prescaled=True)
         self._free(unit)
 
@@ -260,7 +279,7 @@ class PartitionedParams:
     def begin_backward(self, boundary: bool) -> None:
         self._backward_started = True
         for unit in self.units:
-            unit.arrived, unit.reduced, unit.staging = set(), False, None
+            unit.arrived, unit.reduced = set(), False
 
     def finish_backward(self) -> None:
         for unit in self.units:
@@ -271,12 +290,22 @@ class PartitionedParams:
         self._backward_started = False
 
     def zero_grads(self) -> None:
+        """Drop the gradients a unit holds until its reduction (none once backward has finished)."""
         for unit in self.units:
-            unit.staging = None
+            if unit.arrived and not unit.reduced:
+                for param in unit.params:
+                    param.grad = None
+                unit.arrived = set()
 
     def refresh_params(self) -> None:
         """After a step every gathered copy is stale; the next forward gathers afresh."""
+        self._train_values = None
         self.free_all()
+
+    def param_bytes(self) -> int:
+        """Bytes of parameter values held beside the master shard: gathered units, the converted shard."""
+        held = sum(unit.full.untyped_storage().nbytes() for unit in self.units)
+        return held + (0 if self._train_values is None else self._train_values.untyped_storage().nbytes())
 
     def full_values(self) -> list[torch.Tensor]:
         return self.master.gather_params(self.gather_group)

@@ -11,6 +11,7 @@ import torch
 from commlayer import dist, zero
 from commlayer.core.errors import InvalidArgumentError, NotInitializedError
 from commlayer.mesh import init_mesh
+from commlayer.zero.reducer import GradientReducer
 from tests.zero import zero_model as common
 from tests.zero.zero_model import Recipe
 
@@ -69,6 +70,39 @@ def test_stage3_frees_parameters_and_a_stray_use_fails_loudly(world_of_one: None
     loss = engine(*common.rank_batch(RECIPE, 0, 0, 0, 1))
     engine.backward(loss)
     assert all(p.numel() == 0 for p in engine.module.parameters())
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.bfloat16, torch.float32])
+def test_a_units_gradients_staged_at_once_equal_them_staged_one_by_one(
+    world_of_one: None, reduce_dtype: torch.dtype
+) -> None:
+    """Stage 3 stages a unit's gradients together; the values must stay exactly stage()'s, which
+    divides in the gradients' dtype (bf16) also where the buffer is fp32."""
+    reducer = GradientReducer(dist.group.WORLD, None, reduce_dtype, None, divisor=3)  # type: ignore[arg-type]
+    generator = torch.Generator().manual_seed(7)
+    for dtypes in ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        grads = [
+            torch.randn(5, 3, generator=generator).to(dtypes[0]),
+            torch.randn(7, generator=generator).to(dtypes[1]),
+        ]
+        one_by_one, together = (
+            torch.empty(22, dtype=reduce_dtype),
+            torch.full((22,), -1.0, dtype=reduce_dtype),
+        )
+        reducer.stage(one_by_one[:15], grads[0])
+        reducer.stage(one_by_one[15:], grads[1])
+        reducer.stage_consecutive(together, grads)
+        assert torch.equal(together, one_by_one), dtypes
+
+
+def test_stage3_keeps_the_shard_in_the_training_dtype_between_steps_only(world_of_one: None) -> None:
+    engine = make_engine(3, bf16={"enabled": True})
+    shard_bytes = 2 * engine.layout.shard_numel
+    for micro in range(RECIPE.accumulation):
+        engine.backward(engine(*common.rank_batch(RECIPE, 0, micro, 0, 1)))
+        assert engine.memory_bytes()["params"] >= shard_bytes  # converted once, read by every gather
+        engine.step()
+    assert engine.memory_bytes()["params"] == 0  # stale after the step: converted again when needed
 
 
 def test_bf16_casts_parameters_buffers_and_float_inputs(world_of_one: None) -> None:
