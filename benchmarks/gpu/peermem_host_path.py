@@ -37,9 +37,10 @@ import torch.distributed as torch_dist
 
 SIZES = (4096, 65536)  # bytes, bf16: small enough that the GPU keeps up with the host
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single")
+IN_PLACE = ("all_reduce", "broadcast")
 WAYS = ("kernel", "branch", "default", "nccl", "raw")
 CALLS = 200  # well inside CUDA's launch queue, so that launching never waits for the GPU
-SLEEP_CYCLES = 200_000_000  # about 0.1 s of GPU time: far longer than CALLS calls of the host
+SLEEP_CYCLES = 50_000_000  # about 25 ms of GPU time: several times CALLS calls of the host
 
 
 def _group_of_one(forced: list[str]) -> Callable[..., object]:
@@ -95,26 +96,30 @@ def _calls(op: str, numel: int, group: object) -> tuple[Call, Call, torch.Tensor
     )
 
 
-def _host_us(call: Callable[[], object], rounds: int) -> float:
-    """Median host microseconds per call over the rounds in which the GPU stayed busy."""
-    times = []
+def _host_us(calls: dict[str, Call], rounds: int) -> dict[str, float]:
+    """Per way, the median host microseconds per call over the rounds in which the GPU stayed busy.
+
+    Each round times every way once, in turn, so that a slow spell of the host weighs on all alike.
+    """
+    times: dict[str, list[float]] = {way: [] for way in calls}
     for _ in range(rounds):
-        for _ in range(20):
-            call()
-        torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        busy = torch.cuda.Event()
-        busy.record()
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            call()
-        elapsed = time.perf_counter() - start
-        if not busy.query():
-            times.append(elapsed / CALLS * 1e6)
-        torch.cuda.synchronize()
-    if not times:
+        for way, call in calls.items():
+            for _ in range(20):
+                call()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            busy = torch.cuda.Event()
+            busy.record()
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                call()
+            elapsed = time.perf_counter() - start
+            if not busy.query():
+                times[way].append(elapsed / CALLS * 1e6)
+            torch.cuda.synchronize()
+    if not all(times.values()):
         raise RuntimeError("the GPU finished its sleep before the host issued its calls in every round")
-    return statistics.median(times)
+    return {way: statistics.median(values) for way, values in times.items()}
 
 
 def worker(rounds: int) -> list[dict]:
@@ -133,17 +138,18 @@ def worker(rounds: int) -> list[dict]:
     rows = []
     for op in OPS:
         for nbytes in SIZES:
-            row: dict = {"op": op, "bytes": nbytes}
+            calls: dict[str, Call] = {}
             for way, group in groups.items():
                 if way == "kernel" and op == "all_to_all_single":
                     continue  # its kernel places tensors through peers' mappings: none in a group of one
-                ours, raw, result, expected = _calls(op, nbytes // 2, group)
-                ours()
-                torch.cuda.synchronize()
-                assert torch.equal(result, expected), f"{op} {nbytes} B ({way}): wrong result"
-                row[way] = _host_us(ours, rounds)
-            row["raw"] = _host_us(raw, rounds)
-            rows.append(row)
+                calls[way], calls["raw"], result, expected = _calls(op, nbytes // 2, group)
+                for call in (calls[way], calls["raw"]):
+                    if op not in IN_PLACE:
+                        result.zero_()
+                    call()
+                    torch.cuda.synchronize()
+                    assert torch.equal(result, expected), f"{op} {nbytes} B ({way}): wrong result"
+            rows.append({"op": op, "bytes": nbytes, **_host_us(calls, rounds)})
     dist.destroy_process_group()
     return rows
 
