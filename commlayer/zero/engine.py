@@ -278,7 +278,7 @@ class ZeroEngine:
         """Bytes of each buffer the engine holds on this rank right now (activations not included).
 
         ``params``: the working parameters (stages 0-2: the flat training-dtype buffer; stage 3:
-        units gathered now, and the shard in the training dtype that gathers read); ``full_grads``: the whole-model gradient buffer (stage 0, or stage 1
+        units gathered now); ``full_grads``: the whole-model gradient buffer (stage 0, or stage 1
         with accumulation); ``master``: the fp32 shard; ``master_grads``: its fp32 gradient plus
         reduced pieces not yet folded (zero between steps); ``optimizer``: the optimizer state.
         """
@@ -290,7 +290,7 @@ class ZeroEngine:
         if isinstance(runtime, ReplicatedParams):
             params, full_grads = size(runtime.flat), size(runtime.grad_flat)
         else:
-            params, full_grads = runtime.param_bytes(), 0
+            params, full_grads = sum(size(unit.full) for unit in runtime.units), 0
         state = [value for values in self.optimizer.state.values() for value in values.values()]
         optimizer = sum(size(value) for value in state if isinstance(value, torch.Tensor) and value.dim() > 0)
         return {

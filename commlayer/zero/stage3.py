@@ -16,9 +16,6 @@ the tensors that forward saved for backward.
   scratch buffer (two kernels for the whole unit), reduce-scatter that into the master gradient
   shard and free the unit.
 
-The master shard's values in the training dtype are converted once after each step, not at every
-gather (a unit is gathered twice a step), and kept like the fp16 partitions DeepSpeed keeps.
-
 Gathers and reductions run on two communicators, so each is ordered the same on every rank on
 its own and a prefetch never queues behind a reduction.
 """
@@ -101,7 +98,6 @@ class PartitionedParams:
         ]
         self.unit_of = {index: unit for unit in self.units for index in unit.indices}
         self._placeholder = torch.empty(0, dtype=train_dtype, device=device)
-        self._train_values: torch.Tensor | None = None  # the master shard in train_dtype, see _source
         self._forward_order: list[int] | None = None
         self._backward_order: list[int] = []  # reverse forward order, each unit once, root left out
         self._backward_position: dict[int, int] = {}  # unit index -> its place in _backward_order
@@ -121,7 +117,6 @@ class PartitionedParams:
     def adopt(self, segment: Segment, full: torch.Tensor) -> None:
         low, high = segment.shard_range(self.master.rank)
         self.master.segment_values(segment).copy_(full[low:high])
-        self._train_values = None
 
     def install(self) -> None:
         """Drop every parameter's own storage: from now on units are gathered on demand."""
@@ -132,7 +127,8 @@ class PartitionedParams:
 
     def _start_gather(self, unit: _Unit) -> None:
         unit.full.untyped_storage().resize_(unit.nbytes)
-        source = self._source(unit.segment)
+        source = self.master.segment_values(unit.segment)
+        source = source if source.dtype == self.train_dtype else source.to(self.train_dtype)
         if self.layout.shards == 1:
             unit.full.copy_(source)
             unit.gather = None
@@ -140,15 +136,6 @@ class PartitionedParams:
             work = dist.all_gather_into_tensor(unit.full, source, group=self.gather_group, async_op=True)
             unit.gather = (work, source)  # the source stays alive until the gather is waited for
         unit.state = _State.GATHERING
-
-    def _source(self, segment: Segment) -> torch.Tensor:
-        """This rank's shard of ``segment`` in the training dtype (converted once per step)."""
-        values = self.master.values
-        if values.dtype != self.train_dtype:
-            if self._train_values is None:
-                self._train_values = values.to(self.train_dtype)
-            values = self._train_values
-        return values[segment.shard_offset : segment.shard_offset + segment.shard_numel]
 
     def _ensure_gathered(self, unit: _Unit) -> None:
         if unit.state is _State.READY:
@@ -299,13 +286,7 @@ class PartitionedParams:
 
     def refresh_params(self) -> None:
         """After a step every gathered copy is stale; the next forward gathers afresh."""
-        self._train_values = None
         self.free_all()
-
-    def param_bytes(self) -> int:
-        """Bytes of parameter values held beside the master shard: gathered units, the converted shard."""
-        held = sum(unit.full.untyped_storage().nbytes() for unit in self.units)
-        return held + (0 if self._train_values is None else self._train_values.untyped_storage().nbytes())
 
     def full_values(self) -> list[torch.Tensor]:
         return self.master.gather_params(self.gather_group)

@@ -95,16 +95,6 @@ def test_a_units_gradients_staged_at_once_equal_them_staged_one_by_one(
         assert torch.equal(together, one_by_one), dtypes
 
 
-def test_stage3_keeps_the_shard_in_the_training_dtype_between_steps_only(world_of_one: None) -> None:
-    engine = make_engine(3, bf16={"enabled": True})
-    shard_bytes = 2 * engine.layout.shard_numel
-    for micro in range(RECIPE.accumulation):
-        engine.backward(engine(*common.rank_batch(RECIPE, 0, micro, 0, 1)))
-        assert engine.memory_bytes()["params"] >= shard_bytes  # converted once, read by every gather
-        engine.step()
-    assert engine.memory_bytes()["params"] == 0  # stale after the step: converted again when needed
-
-
 def test_bf16_casts_parameters_buffers_and_float_inputs(world_of_one: None) -> None:
     engine = make_engine(1, bf16={"enabled": True})
     assert {p.dtype for p in engine.module.parameters()} == {torch.bfloat16}
