@@ -99,11 +99,14 @@ def _calls(op: str, numel: int, group: object) -> tuple[Call, Call, torch.Tensor
 def _host_us(calls: dict[str, Call], rounds: int) -> dict[str, float]:
     """Per way, the median host microseconds per call over the rounds in which the GPU stayed busy.
 
-    Each round times every way once, in turn, so that a slow spell of the host weighs on all alike.
+    Each round times every way once, in turn, so that a slow spell of the host weighs on all alike,
+    and starts one way further than the round before, so that no way is always timed first.
     """
     times: dict[str, list[float]] = {way: [] for way in calls}
-    for _ in range(rounds):
-        for way, call in calls.items():
+    ways = list(calls.items())
+    for round_index in range(rounds):
+        shift = round_index % len(ways)
+        for way, call in ways[shift:] + ways[:shift]:
             for _ in range(20):
                 call()
             torch.cuda.synchronize()
