@@ -112,7 +112,7 @@ def kernel_families(trace: dict, top: int = 8) -> dict[str, Any]:
     return summary
 
 
-def host_calls(trace: dict, top: int = 6) -> list[list[Any]]:
+def host_calls(trace: dict, top: int = 14) -> list[list[Any]]:
     """The ``top`` CUDA runtime and driver calls by host milliseconds, with their counts: where the
     host spends the gaps in which the GPU waits on it (a synchronizing call, allocations, launches)."""
     totals: dict[str, list[float]] = {}
