@@ -16,7 +16,9 @@ route's lookup, then NCCL's fast path), ``default`` (the same through the defaul
 ``cpu:gloo,cuda:peermem``), ``nccl`` (commlayer's nccl backend) and ``raw``
 (``torch.distributed``'s call). Each is checked for the exact result first, then timed as the
 host's microseconds per call while issuing 200 calls in a row behind a sleeping kernel, so that the
-GPU never holds the host back (a round where the GPU caught up is not used).
+GPU never holds the host back (a round where the GPU caught up is not used). Large asynchronous
+calls, issued and waited for as ZeRO issues its gathers and reductions (4 MiB, ``async_op=True``
+then ``wait()``: peermem runs them on the group's own stream), are timed the same way, 50 in a row.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadca
 IN_PLACE = ("all_reduce", "broadcast")
 WAYS = ("kernel", "branch", "default", "nccl", "raw")
 CALLS = 200  # well inside CUDA's launch queue, so that launching never waits for the GPU
+ASYNC_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+ASYNC_BYTES = 4 << 20  # past COMMLAYER_PEERMEM_ASYNC_BYTES' default: the group's stream
+ASYNC_CALLS = 50  # each also records and waits for events: fewer, to stay inside the queue
 SLEEP_CYCLES = 50_000_000  # about 25 ms of GPU time: several times CALLS calls of the host
 
 
@@ -68,35 +73,31 @@ def _group_of_one(forced: list[str]) -> Callable[..., object]:
 Call = Callable[[], object]
 
 
-def _calls(op: str, numel: int, group: object) -> tuple[Call, Call, torch.Tensor, torch.Tensor]:
+def _calls(
+    op: str, numel: int, group: object, async_op: bool = False
+) -> tuple[Call, Call, torch.Tensor, torch.Tensor]:
     """commlayer's call on ``group``, torch's on the world, the call's result and what it must hold
-    (a group of one: the input's values)."""
+    (a group of one: the input's values). An asynchronous call is waited for at once."""
     from commlayer import dist
 
     tensor = torch.arange(numel, device="cuda", dtype=torch.float32).to(torch.bfloat16)
-    if op == "all_reduce":
+    ours, theirs = getattr(dist, op), getattr(torch_dist, op)
+    if op in IN_PLACE:
+        arguments, result = (tensor,) if op == "all_reduce" else (tensor, 0), tensor
+    else:
+        result = torch.empty_like(tensor)
+        arguments = (result, tensor)
+    if async_op:
         return (
-            (lambda: dist.all_reduce(tensor, group=group)),
-            (lambda: torch_dist.all_reduce(tensor)),
-            tensor,
+            (lambda: ours(*arguments, group=group, async_op=True).wait()),
+            (lambda: theirs(*arguments, async_op=True).wait()),
+            result,
             tensor.clone(),
         )
-    if op == "broadcast":
-        ours, theirs = (
-            (lambda: dist.broadcast(tensor, 0, group=group)),
-            (lambda: torch_dist.broadcast(tensor, 0)),
-        )
-        return ours, theirs, tensor, tensor.clone()
-    output, ours, theirs = torch.empty_like(tensor), getattr(dist, op), getattr(torch_dist, op)
-    return (
-        (lambda: ours(output, tensor, group=group)),
-        (lambda: theirs(output, tensor)),
-        output,
-        tensor.clone(),
-    )
+    return (lambda: ours(*arguments, group=group)), (lambda: theirs(*arguments)), result, tensor.clone()
 
 
-def _host_us(calls: dict[str, Call], rounds: int) -> dict[str, float]:
+def _host_us(calls: dict[str, Call], rounds: int, count: int = CALLS) -> dict[str, float]:
     """Per way, the median host microseconds per call over the rounds in which the GPU stayed busy.
 
     Each round times every way once, in turn, so that a slow spell of the host weighs on all alike,
@@ -114,11 +115,11 @@ def _host_us(calls: dict[str, Call], rounds: int) -> dict[str, float]:
             busy = torch.cuda.Event()
             busy.record()
             start = time.perf_counter()
-            for _ in range(CALLS):
+            for _ in range(count):
                 call()
             elapsed = time.perf_counter() - start
             if not busy.query():
-                times[way].append(elapsed / CALLS * 1e6)
+                times[way].append(elapsed / count * 1e6)
             torch.cuda.synchronize()
     if not all(times.values()):
         raise RuntimeError("the GPU finished its sleep before the host issued its calls in every round")
@@ -138,21 +139,23 @@ def worker(rounds: int) -> list[dict]:
         "default": dist.new_group([0], backend="cpu:gloo,cuda:peermem"),
         "nccl": dist.new_group([0], backend="nccl"),
     }
+    cases = [(op, nbytes, False) for op in OPS for nbytes in SIZES]
+    cases += [(op, ASYNC_BYTES, True) for op in ASYNC_OPS]
     rows = []
-    for op in OPS:
-        for nbytes in SIZES:
-            calls: dict[str, Call] = {}
-            for way, group in groups.items():
-                if way == "kernel" and op == "all_to_all_single":
-                    continue  # its kernel places tensors through peers' mappings: none in a group of one
-                calls[way], calls["raw"], result, expected = _calls(op, nbytes // 2, group)
-                for call in (calls[way], calls["raw"]):
-                    if op not in IN_PLACE:
-                        result.zero_()
-                    call()
-                    torch.cuda.synchronize()
-                    assert torch.equal(result, expected), f"{op} {nbytes} B ({way}): wrong result"
-            rows.append({"op": op, "bytes": nbytes, **_host_us(calls, rounds)})
+    for op, nbytes, async_op in cases:
+        calls: dict[str, Call] = {}
+        for way, group in groups.items():
+            if way == "kernel" and op == "all_to_all_single":
+                continue  # its kernel places tensors through peers' mappings: none in a group of one
+            calls[way], calls["raw"], result, expected = _calls(op, nbytes // 2, group, async_op)
+            for call in (calls[way], calls["raw"]):
+                if op not in IN_PLACE:
+                    result.zero_()
+                call()
+                torch.cuda.synchronize()
+                assert torch.equal(result, expected), f"{op} {nbytes} B ({way}): wrong result"
+        count = ASYNC_CALLS if async_op else CALLS
+        rows.append({"op": op, "bytes": nbytes, "async": async_op, **_host_us(calls, rounds, count)})
     dist.destroy_process_group()
     return rows
 
@@ -193,7 +196,7 @@ def main() -> None:
 
 
 def _print(runs: dict[str, list[list[dict]]]) -> None:
-    print(f"op | bytes | C: {' / '.join(WAYS)} us | Python: {' / '.join(WAYS)} us")
+    print(f"op | bytes | async | C: {' / '.join(WAYS)} us | Python: {' / '.join(WAYS)} us")
     for index, row in enumerate(runs["1"][0]):
         cells = []
         for kind in ("1", "0"):
@@ -202,7 +205,7 @@ def _print(runs: dict[str, list[list[dict]]]) -> None:
                 for way in WAYS
             }
             cells.append(" / ".join("-" if us is None else f"{us:.2f}" for us in median.values()))
-        print(f"{row['op']} | {row['bytes']} | {cells[0]} | {cells[1]}")
+        print(f"{row['op']} | {row['bytes']} | {row['async']} | {cells[0]} | {cells[1]}")
 
 
 if __name__ == "__main__":
