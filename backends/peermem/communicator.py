@@ -19,7 +19,7 @@ import torch
 
 from commlayer.backends.peermem.board import Board
 from commlayer.backends.peermem.kernel_library import KernelLibrary
-from commlayer.backends.peermem.ordering import StreamOrder, on_group_stream
+from commlayer.backends.peermem.ordering import EventRing, StreamOrder, on_group_stream
 from commlayer.backends.peermem.registry import NOT_PLACED, Registry, Segment
 from commlayer.backends.peermem.routing import (
     ALL_TO_ALL_BLOCKS,
@@ -55,6 +55,8 @@ _PLACED = {
     "all_to_all_single": (True, False),
 }
 _UNPLACED = (-1, -1, 0, 0, -1)
+#: Events marking the ends of calls on the group's stream: more than a caller keeps in flight.
+_SIDE_EVENTS = 64
 
 
 class Route(NamedTuple):
@@ -93,7 +95,11 @@ class PeerComm:
         self._stream = self.order.stream
         self.async_bytes = settings.PEERMEM_ASYNC_BYTES.value()
         self._default_stream = torch.cuda.default_stream(device).cuda_stream
-        self._side: torch.cuda.Stream | None = None  # created at the first large async call
+        # The group's own stream, created at the first large async call, with the event that
+        # joins it to the caller's stream and those that mark its calls' ends (see _new_side).
+        self._side: torch.cuda.Stream | None = None
+        self._side_join: torch.cuda.Event | None = None
+        self._side_ends: EventRing | None = None
         self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
         self._registrations = 0
         self._descriptors = 0
@@ -166,11 +172,29 @@ class PeerComm:
             or self._capturing()
         ):
             return self._stream(), None
-        side = self._side
-        if side is None:
-            side = self._side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
+        side = self._side if self._side is not None else self._new_side()
+        join = self._side_join.cuda_event
+        self._checked(self.lib.record(join, self._raw_stream()) or self.lib.wait(side.cuda_stream, join))
         return self.order.enter(side, side.cuda_stream), side
+
+    def _new_side(self) -> torch.cuda.Stream:
+        side = self._side = torch.cuda.Stream(self.device)
+
+        def created() -> torch.cuda.Event:
+            event = torch.cuda.Event()
+            event.record(side)  # creates the CUDA event: its handle is read from now on
+            return event
+
+        self._side_join, self._side_ends = created(), EventRing(_SIDE_EVENTS, created)
+        return side
+
+    def wait_for(self, event: torch.cuda.Event) -> None:
+        """Make the current stream wait for ``event``, recorded after one of the group's kernels."""
+        self._checked(self.lib.wait(self._raw_stream(), event.cuda_event))
+
+    def _checked(self, rc: int) -> None:
+        if rc:
+            self.launch_failed(rc)
 
     def _on_default_stream(self) -> bool:
         return self._raw_stream() == self._default_stream
@@ -183,11 +207,10 @@ class PeerComm:
         side: torch.cuda.Stream | None = None,
         source: torch.Tensor | None = None,
     ) -> Work:
-        if rc:
-            self.launch_failed(rc)
+        self._checked(rc)
         if side is not None:
-            event = torch.cuda.Event()
-            event.record(side)
+            event = self._side_ends.take()
+            self._checked(self.lib.record(event.cuda_event, side.cuda_stream))
             return PeerWork(self, (output,), event, (side, (output, source)))
         event = None
         if async_op:

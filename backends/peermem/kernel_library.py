@@ -103,6 +103,8 @@ class KernelLibrary:
         self.all_to_all = module.all_to_all
         self.fused_norm = module.fused_norm
         self.segment = module.segment
+        self.record = module.record
+        self.wait = module.wait
 
     def error_string(self, code: int) -> str:
         return self.lib.pm_error_string(code).decode()

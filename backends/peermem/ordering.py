@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StreamOrder", "on_group_stream"]
+__all__ = ["EventRing", "StreamOrder", "on_group_stream"]
 
 
 def on_group_stream(
@@ -100,3 +100,25 @@ class StreamOrder:
             stream.wait_event(event)
             self.joins += 1
         self.last, self._last_stream = handle, stream
+
+
+class EventRing:
+    """The events that mark where the group's calls on its own stream end, handed out in turn.
+
+    One event per call would cost each call an event's creation and destruction. An event handed
+    out again after ``size`` later calls is recorded again, later on the same stream: a Work
+    waited for that late waits for a later kernel of the group, which the stream runs after its
+    own (a wait that may come late, never early). ``new_event()`` returns an event already created
+    on that stream (its handle readable).
+    """
+
+    __slots__ = ("_events", "_next")
+
+    def __init__(self, size: int, new_event: Callable[[], Any]) -> None:
+        self._events = [new_event() for _ in range(size)]
+        self._next = 0
+
+    def take(self) -> Any:
+        event = self._events[self._next]
+        self._next = (self._next + 1) % len(self._events)
+        return event

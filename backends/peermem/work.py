@@ -16,12 +16,13 @@ __all__ = ["KernelGroup", "PeerWork"]
 
 class KernelGroup(Protocol):
     """What a Work needs of its group: the flag a timed-out kernel raises, the error it names, and
-    the device whose current stream a wait orders."""
+    the ordering of the current stream after an event."""
 
     failed: ctypes.c_int
-    device: int
 
     def raise_if_failed(self, name: str) -> None: ...
+
+    def wait_for(self, event: torch.cuda.Event) -> None: ...
 
 
 class PeerWork(Work):
@@ -53,7 +54,7 @@ class PeerWork(Work):
         if self._comm.failed.value:
             self._comm.raise_if_failed("wait")
         if self._event is not None:
-            self._event.wait(torch.cuda.current_stream(self._comm.device))
+            self._comm.wait_for(self._event)
         self._stash = None
         return True
 

@@ -244,6 +244,11 @@ int pm_launch(void* comm, int code, const void* in, void* out, unsigned long lon
   return (int)cudaGetLastError();
 }
 
+// Stream order for the calls that run on the group's own stream, without torch's Python
+// objects: record `event` on `stream`, and make `stream` wait for the last record of `event`.
+int pm_record(void* event, void* stream) { return (int)cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream); }
+int pm_wait(void* stream, void* event) { return (int)cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0); }
+
 // splits: send_off, send_len, recv_off, recv_len, MAX_RANKS each, in bytes.
 int pm_all_to_all(void* comm, const void* in, void* out, unsigned long long in_bytes, const unsigned long long* splits,
                   int blocks, void* stream, int in_slot, unsigned long long in_off, int desc,

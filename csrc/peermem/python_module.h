@@ -69,6 +69,23 @@ static PyObject* py_fused_norm(PyObject*, PyObject* const* args, Py_ssize_t narg
   return PyLong_FromLong(pm_fused_norm(comm, dtype, ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], rows, hidden, eps, blocks, stream));
 }
 
+// record(event, stream) and wait(stream, event): 0 or a CUDA error code.
+static PyObject* py_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!want_args(nargs, 2, "record(event, stream)")) return NULL;
+  void* event = PyLong_AsVoidPtr(args[0]);
+  void* stream = PyLong_AsVoidPtr(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(pm_record(event, stream));
+}
+
+static PyObject* py_wait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!want_args(nargs, 2, "wait(stream, event)")) return NULL;
+  void* stream = PyLong_AsVoidPtr(args[0]);
+  void* event = PyLong_AsVoidPtr(args[1]);
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(pm_wait(stream, event));
+}
+
 // segment(ptr) -> (buffer id, base, size, ipc capable), or an int error code.
 static PyObject* py_segment(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!want_args(nargs, 1, "segment(ptr)")) return NULL;
@@ -85,6 +102,8 @@ static PyMethodDef kernel_methods[] = {
     {"all_to_all", (PyCFunction)(void (*)(void))py_all_to_all, METH_FASTCALL, "Start an all_to_all kernel."},
     {"fused_norm", (PyCFunction)(void (*)(void))py_fused_norm, METH_FASTCALL, "Start an all_reduce + residual + RMSNorm."},
     {"segment", (PyCFunction)(void (*)(void))py_segment, METH_FASTCALL, "The allocation holding a device pointer."},
+    {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL, "Record an event on a stream."},
+    {"wait", (PyCFunction)(void (*)(void))py_wait, METH_FASTCALL, "Make a stream wait for an event."},
     {NULL, NULL, 0, NULL}};
 static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_peermem_kernels", NULL, -1, kernel_methods};
 PyMODINIT_FUNC PyInit__peermem_kernels(void) { return PyModule_Create(&kernel_module); }

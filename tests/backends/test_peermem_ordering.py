@@ -4,7 +4,7 @@ GPU would be told."""
 
 from __future__ import annotations
 
-from commlayer.backends.peermem.ordering import StreamOrder, on_group_stream
+from commlayer.backends.peermem.ordering import EventRing, StreamOrder, on_group_stream
 
 
 class Streams:
@@ -130,3 +130,15 @@ def test_the_stream_is_asked_only_for_large_async_calls() -> None:
     assert not on_group_stream(False, 1 << 30, 1 << 20, asked)
     assert not on_group_stream(True, 1 << 10, 1 << 20, asked)
     assert not on_group_stream(True, 1 << 30, -1, asked)
+
+
+def test_event_ring_hands_out_each_event_in_turn_then_again() -> None:
+    made: list[int] = []
+
+    def new_event() -> int:
+        made.append(len(made))
+        return made[-1]
+
+    ring = EventRing(3, new_event)
+    assert made == [0, 1, 2]  # every event exists before the first call
+    assert [ring.take() for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
