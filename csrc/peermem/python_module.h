@@ -70,20 +70,21 @@ static PyObject* py_fused_norm(PyObject*, PyObject* const* args, Py_ssize_t narg
 }
 
 // record(event, stream) and wait(stream, event): 0 or a CUDA error code.
+static bool two_pointers(PyObject* const* args, Py_ssize_t nargs, const char* signature, void** first, void** second) {
+  if (!want_args(nargs, 2, signature)) return false;
+  *first = PyLong_AsVoidPtr(args[0]);
+  *second = PyLong_AsVoidPtr(args[1]);
+  return !PyErr_Occurred();
+}
+
 static PyObject* py_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!want_args(nargs, 2, "record(event, stream)")) return NULL;
-  void* event = PyLong_AsVoidPtr(args[0]);
-  void* stream = PyLong_AsVoidPtr(args[1]);
-  if (PyErr_Occurred()) return NULL;
-  return PyLong_FromLong(pm_record(event, stream));
+  void *event, *stream;
+  return two_pointers(args, nargs, "record(event, stream)", &event, &stream) ? PyLong_FromLong(pm_record(event, stream)) : NULL;
 }
 
 static PyObject* py_wait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!want_args(nargs, 2, "wait(stream, event)")) return NULL;
-  void* stream = PyLong_AsVoidPtr(args[0]);
-  void* event = PyLong_AsVoidPtr(args[1]);
-  if (PyErr_Occurred()) return NULL;
-  return PyLong_FromLong(pm_wait(stream, event));
+  void *stream, *event;
+  return two_pointers(args, nargs, "wait(stream, event)", &stream, &event) ? PyLong_FromLong(pm_wait(stream, event)) : NULL;
 }
 
 // segment(ptr) -> (buffer id, base, size, ipc capable), or an int error code.
