@@ -178,6 +178,8 @@ class PeerComm:
         return self.order.enter(side, side.cuda_stream), side
 
     def _new_side(self) -> torch.cuda.Stream:
+        """The group's own stream, with its events made once: joined to the caller's stream
+        before each call, and marking each call's end (recorded and waited for in C)."""
         side = self._side = torch.cuda.Stream(self.device)
 
         def created() -> torch.cuda.Event:
