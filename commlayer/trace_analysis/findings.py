@@ -10,6 +10,7 @@ hang raises. Example, rank 2 of 4 stuck in computation while the others wait::
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 
 from commlayer.core.errors import describe_ranks
 
-__all__ = ["GroupView", "analyze", "describe"]
+__all__ = ["GroupView", "analyze", "describe", "group_names"]
 
 _SHAPE_FREE_OPS = frozenset({"all_to_all", "all_to_all_single"})
 
@@ -45,12 +46,27 @@ class GroupView:
                     last[rank] = int(group["last_collective"])
         return cls(name, ranks, entries, last)
 
+    def finished(self, rank: int, seq: int) -> bool:
+        """Whether ``rank`` finished collective ``seq``: completed, or an async op whose Work the
+        caller dropped ("released") followed by a later completed one (a group's collectives
+        finish in order)."""
+        state = self.entries[rank][seq]["state"]
+        if state != "released":
+            return state == "completed"
+        return seq < self._latest_completed.get(rank, 0)
+
+    @functools.cached_property
+    def _latest_completed(self) -> dict[int, int]:
+        return {
+            rank: max((seq for seq, entry in by_seq.items() if entry["state"] == "completed"), default=0)
+            for rank, by_seq in self.entries.items()
+        }
+
     def first_unfinished(self) -> int | None:
-        """The lowest sequence number some member has not completed (or never entered)."""
+        """The lowest sequence number some member has not finished (or never entered)."""
         candidates = [max(self.last.values()) + 1] if self.last else []
         for rank, by_seq in self.entries.items():
-            pending = [seq for seq, entry in by_seq.items() if entry["state"] != "completed"]
-            candidates += pending
+            candidates += [seq for seq in by_seq if not self.finished(rank, seq)]
             if self.last[rank] < max(self.last.values()):
                 candidates.append(self.last[rank] + 1)
         first = min(candidates, default=None)
@@ -66,7 +82,7 @@ def analyze(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
         lines.append(f"no dump from {describe_ranks(missing)} (dead, hung with the GIL held, or never asked)")
     reasons = {rank: dump.get("reason", "") for rank, dump in sorted(dumps.items())}
     lines += [f"rank {rank} dumped because: {reason}" for rank, reason in reasons.items() if reason]
-    for name in _group_names(dumps):
+    for name in group_names(dumps):
         view = GroupView.collect(name, dumps)
         lines += _mismatches(view)
         lines.append(_progress(view, set(dumps)))
@@ -74,7 +90,8 @@ def analyze(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _group_names(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
+def group_names(dumps: Mapping[int, dict[str, Any]]) -> list[str]:
+    """Every group any dump holds, in the order the lowest rank's dump lists them."""
     names: dict[str, None] = {}
     for _, dump in sorted(dumps.items()):
         for group in dump.get("groups", []):
@@ -119,7 +136,14 @@ def _progress(view: GroupView, dumped: set[int]) -> str:
     op = next(iter(inside.values()))["op"] if inside else "collective"
     never = sorted(rank for rank, last in view.last.items() if last < seq)
     raised = sorted(rank for rank, entry in inside.items() if entry["state"] == "failed")
-    waiting = sorted(rank for rank, entry in inside.items() if entry["state"] not in ("completed", "failed"))
+    released = sorted(
+        rank
+        for rank, entry in inside.items()
+        if entry["state"] == "released" and not view.finished(rank, seq)
+    )
+    waiting = sorted(
+        rank for rank, entry in inside.items() if entry["state"] not in ("completed", "failed", "released")
+    )
     parts = []
     if never:
         parts.append(f"{describe_ranks(never)} never entered {op} #{seq}")
@@ -128,6 +152,11 @@ def _progress(view: GroupView, dumped: set[int]) -> str:
     if waiting:
         verb = "is" if len(waiting) == 1 else "are"
         parts.append(f"{describe_ranks(waiting)} {verb} waiting in {op} #{seq}")
+    if released:
+        parts.append(
+            f"{describe_ranks(released)} dropped the Work of {op} #{seq} before the dump "
+            "(whether it finished is not recorded)"
+        )
     for rank in never:
         previous = view.entries[rank].get(view.last[rank])
         if previous is not None:

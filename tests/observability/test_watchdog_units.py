@@ -105,6 +105,28 @@ def test_analysis_tells_raised_from_waiting_and_never_calls_a_rank_that_dumped_d
     assert "left no dump" not in text and "no dump from" not in text, text
 
 
+def _async_dump(rank: int, states: list[str]) -> dict:
+    entries = [
+        {"seq": seq, "op": "all_gather_into_tensor", "shape": [8], "dtype": "float32", "state": state}
+        for seq, state in enumerate(states, start=1)
+    ]
+    group = {"group": "world", "ranks": [0, 1], "last_collective": len(states), "entries": entries}
+    return {"rank": rank, "world_size": 2, "reason": "request", "groups": [group]}
+
+
+def test_a_dropped_work_is_not_called_waiting(tmp_path: Path) -> None:
+    # Released, then a later collective completed: the released ones finished (a group's run in order).
+    for rank in (0, 1):
+        write_dump(tmp_path, rank, _async_dump(rank, ["released", "released", "completed"]))
+    text = "\n".join(analyze(load_dumps(tmp_path)))
+    assert "every rank that dumped completed collective #3" in text, text
+    # Nothing completed after them: the dump cannot tell, and says so instead of "waiting".
+    write_dump(tmp_path, 1, _async_dump(1, ["released", "released"]))
+    text = "\n".join(analyze(load_dumps(tmp_path)))
+    assert "rank 1 dropped the Work of all_gather_into_tensor #1 before the dump" in text, text
+    assert "waiting" not in text, text
+
+
 _SIGNAL_SCRIPT = """
 import os, signal, threading, time
 from commlayer.core import watchdog
