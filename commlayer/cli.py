@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.trace_command == "export":
             return trace_analysis.export(args.directory, args.out)
-        return trace_analysis.main(args.directory)
+        return trace_analysis.main(args.directory, with_arrivals=args.arrivals)
     if args.command == "test-backend":
         return int(importlib.import_module(_CERTIFY_MODULE).main(args))
     if args.command == "bench" and bench_cli is not None:
@@ -98,6 +98,11 @@ def _build_parser(bench_cli: ModuleType | None) -> argparse.ArgumentParser:
         default=None,
         help="a job's folder of rank<N>.json dumps, or a folder of job folders (its newest job); "
         "default: $COMMLAYER_TRACE_DIR, else <tmp>/commlayer-trace",
+    )
+    analyze.add_argument(
+        "--arrivals",
+        action="store_true",
+        help="also say when each rank entered the collectives: who arrives last, and by how much",
     )
     export = trace_commands.add_parser(
         "export", help="write one job's dumps in torch's flight-recorder format (for torchfrtrace)"

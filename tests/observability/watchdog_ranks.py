@@ -3,7 +3,9 @@ while ranks 0 and 2 wait inside all_reduce and rank 1 sleeps; the watchdog threa
 
 Rank 1 sends the signals (to every rank's pid, its own too), waits up to 2 s for three SIGUSR1
 dumps in the job's folder, checks what ``trace analyze`` says about them, then joins the
-all_reduce that lets the others go.
+all_reduce that lets the others go. Then rank 1 sleeps before each of a few more all_reduces,
+every rank dumps on request, and ``trace analyze --arrivals`` must name rank 1 as the rank
+furthest behind.
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ import torch
 from commlayer import dist
 from commlayer.facade.groups.group import current_world
 from commlayer.facade.monitor.dumps import job_trace_directory
-from commlayer.trace_analysis import analyze, load_dumps
+from commlayer.trace_analysis import analyze, arrivals, describe_arrivals, load_dumps
 
 DUMP_LIMIT_S = 2.0
+LATE_S = 0.03  # rank 1's sleep before each call of the arrivals check
 _ENTERING = "watchdog-test/entering/{}"
+
+
+def blocked_then_late() -> None:
+    sigusr1_while_blocked()
+    arrivals_name_the_late_rank()
 
 
 def sigusr1_while_blocked() -> None:
@@ -54,6 +62,29 @@ def sigusr1_while_blocked() -> None:
     assert f"ranks 0, 2 are waiting in all_reduce #{seq}" in findings, findings
     assert "left no dump" not in findings, findings
     dist.all_reduce(tensor)
+
+
+def arrivals_name_the_late_rank(calls: int = 4) -> None:
+    rank = dist.get_rank()
+    for call in range(calls):
+        if rank == 1:
+            time.sleep(LATE_S)
+        tensor = torch.full((4,), float(rank * 10 + call))
+        dist.all_reduce(tensor)
+        assert tensor.tolist() == [30.0 + 3 * call] * 4, tensor
+    folder = job_trace_directory() / "arrivals"
+    dist.dump_flight_recorder(folder, reason="arrivals check")
+    dist.barrier()
+    if rank != 0:
+        return
+    (found,) = arrivals(load_dumps(folder))
+    lateness = found.lateness()
+    assert max(lateness, key=lateness.__getitem__) == 1, lateness
+    assert lateness[1] >= calls * LATE_S / 2, lateness  # each sleep delays rank 1's entry
+    assert found.last_counts()[1] >= calls, found.last_counts()
+    line = describe_arrivals(found)
+    assert line.startswith("group 'world' (ranks 0, 1, 2): arrivals at "), line
+    assert "behind the first: rank 1 " in line, line
 
 
 def _sigusr1_dumps(folder: Path, sent: float) -> dict[int, dict]:
