@@ -66,6 +66,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--cpu", action="store_true", help="dry run on CPU over gloo (tiny sizes; checks the script)"
     )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="after timing, dump every rank's flight recorder here (read it with "
+        "`commlayer trace analyze --arrivals DIR`: when each rank entered each collective)",
+    )
     return parser.parse_args()
 
 
@@ -113,6 +120,8 @@ def main() -> None:
         return loss
 
     seconds, peak, loss = time_steps(step, args.warmup, args.steps, device)
+    if args.trace is not None:
+        dist.dump_flight_recorder(args.trace, reason="zero.py --trace")
     profiled = profile_step(step) if args.profile and not args.cpu else None
     if rank == 0:
         mode = (
