@@ -10,9 +10,8 @@ first rank's entry to the last one's: how long the early ranks (their devices, f
 wait at that call for the late one. Summed over a rank's calls, the time it entered after the
 first rank names the straggler::
 
-    group 'world' (ranks 0, 1, 2, 3): arrivals at 840 collectives: spread median 0.21 ms,
-    total 96.1 ms, widest 4.1 ms at all_gather_into_tensor #1234; behind the first: rank 2
-    61.2 ms (last at 512), rank 0 20.3 ms (last at 180), ...
+    group 'NAME' (ranks ...): arrivals at N collectives: spread median M, total T, widest W at
+    OP #SEQ; behind the first: rank R TIME (last at K), ... (the three furthest behind)
 """
 
 from __future__ import annotations
