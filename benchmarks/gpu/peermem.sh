@@ -9,7 +9,8 @@
 # `commlayer test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and
 # on NCCL against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile:
 # peermem_profile.py (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE
-# and of ZeRO stages 1-3 on the default backend and on NCCL; then `commlayer test-backend
+# and of ZeRO stages 1-3 on the default backend and on NCCL (with `trace analyze --arrivals` of
+# each ZeRO run: when each rank entered each collective); then `commlayer test-backend
 # cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
 # seconds, default 540), so results come back even when a step hangs; everything lands in
 # $OUT/peermem.tgz (the folder peermem_run) and the summary in $OUT/summary.txt. Environment:
@@ -70,8 +71,12 @@ for n in "${worlds[@]}"; do
     step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
     for stage in 1 2 3; do
       for backend in default cpu:gloo,cuda:nccl; do
-        [ -f "$ANCHORS/zero_anchor.py" ] && step 120 "zero${stage}_${backend%%,*}_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/zero.py \
-          --stage "$stage" --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" --steps 10 --warmup 3 --profile
+        name="zero${stage}_${backend%%,*}_w$n"
+        [ -f "$ANCHORS/zero_anchor.py" ] && step 120 "$name" "${TORCHRUN[@]}" "$n" benchmarks/gpu/zero.py \
+          --stage "$stage" --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" --steps 10 --warmup 3 --profile \
+          --trace "$RUN/trace_$name"
+        [ -d "$RUN/trace_$name" ] && (cd /tmp && python3 -m commlayer trace analyze --arrivals "$RUN/trace_$name") \
+          >"$RUN/arrivals_$name.txt" 2>&1
       done
     done
   fi
@@ -92,6 +97,7 @@ done
 for log in "$RUN"/conformance_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep -E 'CONFORMS|cells passed' "$log" | tail -1)"; done
 for log in "$RUN"/moe_*.log "$RUN"/zero*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
 for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^checks:' "$log" | tail -1)"; done
+for log in "$RUN"/arrivals_*.txt; do [ -f "$log" ] && summary "$(basename "$log"): $(grep 'arrivals at' "$log" | tr '\n' ' ')"; done
 tar -czf "$OUT/peermem.tgz" -C /tmp peermem_run
 summary "=== done after $(($(date +%s) - began)) s"
 for log in "$RUN"/collectives_*.log "$RUN"/tp_*.log; do [ -f "$log" ] && grep -E '^ *[0-9]+ |^#|^hidden' "$log"; done
