@@ -4,8 +4,9 @@ flight-recorder dumps of one job.
 ``analyze`` merges every rank's dump (:mod:`.findings`) of one job (:mod:`.folders`): DIR
 defaults to ``$COMMLAYER_TRACE_DIR`` (else ``<tmp>/commlayer-trace``), and a folder of job
 folders means its newest job; ``--arrivals`` adds when each rank entered the collectives
-(:mod:`.arrivals`: who arrives last, and by how much). ``export --torch`` writes the dumps in torch's flight-recorder
-format (:mod:`.torch_format`) for torch's own analyzer, ``torchfrtrace OUT``.
+(:mod:`.arrivals`: who arrives last, and by how much). ``export --torch`` writes the dumps in
+torch's flight-recorder format (:mod:`.torch_format`) for torch's own analyzer, ``torchfrtrace
+OUT``.
 """
 
 from __future__ import annotations
