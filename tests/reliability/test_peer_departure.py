@@ -1,13 +1,15 @@
-"""The peer monitor tells a peer that shut its world down cleanly from one that died.
+"""The peer monitor's view of its peers' processes.
 
 A rank may finish the last collective and exit while a peer is still completing it; the monitor
-must not abort that peer's call with a failure that did not happen.
+must not abort that peer's call with a failure that did not happen. And a peer that dies right
+after init must already be known by its process, or a survivor blames whichever peer it sees go.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import torch.distributed as torch_dist
@@ -41,3 +43,24 @@ def test_a_peer_that_destroyed_its_world_and_exited_is_not_a_failure() -> None:
 def test_a_peer_that_exited_without_leaving_is_named_dead() -> None:
     failure = _watch_an_exited_peer(departed=False)
     assert failure is not None and failure.rank == 1, failure
+
+
+def test_the_monitor_learns_a_peer_published_after_it_started_waiting() -> None:
+    store = torch_dist.HashStore()
+    monitor = PeerMonitor(store, 0, 3, HeartbeatOptions(0.05, 4), on_dump_request=lambda reason: None)
+    store.set(PROCESS_KEY.format(1), f"{process_space()} 101")
+    late = threading.Timer(0.2, lambda: store.set(PROCESS_KEY.format(2), f"{process_space()} 102"))
+    late.start()
+    monitor.learn_processes(wait_s=5.0)
+    late.join()
+    assert monitor.local_pids == {1: 101, 2: 102}
+
+
+def test_a_peer_that_never_publishes_delays_the_monitor_only_boundedly() -> None:
+    store = torch_dist.HashStore()
+    monitor = PeerMonitor(store, 0, 3, HeartbeatOptions(0.05, 4), on_dump_request=lambda reason: None)
+    store.set(PROCESS_KEY.format(2), "another-host 7")
+    started = time.monotonic()
+    monitor.learn_processes(wait_s=0.2)
+    assert time.monotonic() - started < 2.0
+    assert monitor.local_pids == {}

@@ -95,6 +95,7 @@ def start_monitor(
         _world_store = torch_dist.PrefixStore(prefix, _world_store)
     _publish_process(_world_store, rank)
     _monitor = PeerMonitor(_world_store, rank, size, options, on_dump_request)
+    _monitor.learn_processes(wait_s=options.interval_s * options.misses)
     _monitor.start()
     _install_death_hooks()
 

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from commlayer.core import health, settings
@@ -143,6 +144,17 @@ class PeerMonitor:
     def wake(self) -> None:
         """Check the peers now rather than at the next interval (a transport saw a peer go)."""
         self._wake.set()
+
+    def learn_processes(self, wait_s: float) -> None:
+        """Learn the processes of the peers on this host, waiting (at most ``wait_s``) until every
+        peer has published its own: a peer that dies right after init, the store's host included,
+        is then found by its process rather than blamed on a survivor that exited after it."""
+        keys = [PROCESS_KEY.format(peer) for peer in self._unknown_processes]
+        try:
+            self.store.wait(keys, timedelta(seconds=wait_s))
+        except RuntimeError as error:  # a peer without a monitor: learned later, if ever
+            log.debug("commlayer: not every peer published its process: %s", error)
+        self._learn_processes()
 
     def _learn_processes(self) -> None:
         for peer in [
