@@ -92,6 +92,7 @@ GPU_ONLY = (
     "gpu/peermem_conformance.py",
     "gpu/peermem_host_path.py",
     "gpu/peermem_profile.py",
+    "gpu/peermem_shared_gpu.py",
     "gpu/peermem.py",
     "gpu/peermem_tp.py",
     "faults/peermem_timeout_gpu.py",

@@ -1,0 +1,185 @@
+"""peermem's kernels checked by two ranks that share one GPU, where no machine with more is at hand.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/gpu/peermem_shared_gpu.py --out DIR \
+        [--anchor anchors/zero_anchor.py]
+
+CUDA maps one process's memory into another process on the same GPU as it does across GPUs, so
+the kernels, the C fast path, the group's stream with its pooled events and the zero-copy
+registration run here as they do on two GPUs; the two processes' kernels take turns on the device
+instead of running side by side, so nothing is timed. Such a world needs two changes, made in this
+script only: the attach's refusal of ranks on one GPU is lifted, and since NCCL refuses two ranks
+on one GPU outright, only calls the kernels serve are made: a check of ``peermem_checks.py`` whose
+call NCCL would serve is counted as left out, and ZeRO's broadcasts at set-up are done as sums.
+
+Then (with ``--anchor``) ZeRO stage 3 trains the anchor's GPT, small, for a few steps twice: with
+the large asynchronous calls on the group's stream (the default) and on the caller's stream. The
+two runs must agree bitwise on every loss and final parameter, and the ranks bitwise on the
+parameters. Each rank writes ``DIR/shared_gpu_rank{R}.json`` and prints its summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from peermem_checks import Checks, run_all
+from zero import load_anchor
+
+import commlayer.dist as facade
+from commlayer import dist, zero
+from commlayer.backends.peermem import attach
+from commlayer.core.types import ReduceOp
+
+STAGES = ("collectives", "bursts", "side_streams", "async_calls", "all_to_all", "fused", "graphs")
+
+
+class KernelChecks(Checks):
+    """The checks, less every call NCCL would serve (counted in ``left_out``)."""
+
+    left_out = 0
+
+    def _kernels_serve(self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None) -> bool:
+        if self.served(op, nbytes, dtype, reduce_op):
+            return True
+        self.left_out += 1
+        return False
+
+    def all_reduce(self, numel: int, dtype: torch.dtype, op: ReduceOp, label: str, offset: int = 0) -> None:
+        if self._kernels_serve("all_reduce", numel * _itemsize(dtype), dtype, op):
+            super().all_reduce(numel, dtype, op, label, offset)
+
+    def all_gather(self, numel: int, dtype: torch.dtype, label: str, offset: int = 0) -> None:
+        nbytes = self.world * numel * _itemsize(dtype)
+        if self._kernels_serve("all_gather_into_tensor", nbytes, dtype, None):
+            super().all_gather(numel, dtype, label, offset)
+
+    def reduce_scatter(self, numel: int, dtype: torch.dtype, op: ReduceOp, label: str) -> None:
+        if self._kernels_serve("reduce_scatter_tensor", self.world * numel * _itemsize(dtype), dtype, op):
+            super().reduce_scatter(numel, dtype, op, label)
+
+    def all_to_all(self, rows: list[list[int]], width: int, dtype: torch.dtype, label: str) -> None:
+        if self.comm.serves_all_to_all():
+            super().all_to_all(rows, width, dtype, label)
+        else:
+            self.left_out += 1
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def broadcast_as_sum(comm: Any):
+    """``dist.broadcast`` for this world: the non-source ranks contribute zeros to a kernel sum."""
+
+    def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
+        nbytes = tensor.numel() * tensor.element_size()
+        if comm.route("all_reduce", nbytes, tensor.dtype, ReduceOp.SUM) is None:
+            raise RuntimeError(f"broadcast of {tuple(tensor.shape)} {tensor.dtype}: NCCL would serve it")
+        if dist.get_rank() != src:
+            tensor.zero_()
+        return dist.all_reduce(tensor, group=group, async_op=async_op)
+
+    return broadcast
+
+
+def train(anchor: Any, stage: int, device: torch.device, steps: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = anchor.GPT(1024, 256, 4, 4, 128).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 1 << 20},
+    }
+    engine = zero.initialize(model=model, optimizer=optimizer, config=config)
+    generator = torch.Generator(device=device).manual_seed(dist.get_rank())
+    losses = []
+    for _ in range(steps):
+        x = torch.randint(0, 1024, (2, 128), device=device, generator=generator)
+        y = torch.randint(0, 1024, (2, 128), device=device, generator=generator)
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.float().item())
+    state = {name: value.float().cpu() for name, value in engine.full_state_dict().items()}
+    engine.destroy()
+    return {"losses": losses, "state": state}
+
+
+def zero_runs(anchor_path: Path, comm: Any, device: torch.device) -> dict[str, Any]:
+    """Stage 3 with the large asynchronous calls on the group's stream, then on the caller's."""
+    anchor = load_anchor(anchor_path)
+    facade.broadcast = broadcast_as_sum(comm)
+    default_bytes = comm.async_bytes
+    runs = {}
+    for name, async_bytes in (("group_stream", default_bytes), ("caller_stream", -1)):
+        comm.async_bytes = async_bytes
+        runs[name] = train(anchor, 3, device, steps=6)
+    comm.async_bytes = default_bytes
+    group, caller = runs["group_stream"], runs["caller_stream"]
+    differing = [
+        name for name, value in group["state"].items() if not torch.equal(value, caller["state"][name])
+    ]
+    digest = sum(float(v.double().abs().sum()) for v in group["state"].values())
+    return {
+        "losses_group_stream": group["losses"],
+        "losses_caller_stream": caller["losses"],
+        "losses_equal": group["losses"] == caller["losses"],
+        "parameters_differing": differing[:10],
+        "parameters": len(group["state"]),
+        "parameter_digest": digest,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--stages", default=",".join(STAGES), help="check stages to run (comma-separated)")
+    parser.add_argument("--anchor", type=Path, default=None, help="zero_anchor.py: also run ZeRO stage 3")
+    args = parser.parse_args()
+    rank = int(os.environ["RANK"])
+    attach.duplicate_devices = lambda devices: ""  # this world's ranks share the GPU on purpose
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
+    began = time.time()
+    dist.init_process_group(timeout=timedelta(seconds=120))
+    backend = dist.group.WORLD.backend_for("cuda")
+    comm = backend.peer_comm
+    report: dict[str, Any] = {
+        "rank": rank,
+        "world": dist.get_world_size(),
+        "serves_locally": comm is not None,
+    }
+    report.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if comm is None:
+        raise SystemExit("peermem does not serve this world: nothing to check")
+    checks = KernelChecks(comm, rank, dist.get_world_size(), device)
+    try:
+        report["checks"] = run_all(checks, backend, tuple(filter(None, args.stages.split(","))))
+    except Exception:  # noqa: BLE001 - reported with what ran before it
+        report["checks_error"] = traceback.format_exc()[-3000:]
+    report["checks_left_out"] = checks.left_out
+    if args.anchor is not None and "checks_error" not in report:
+        try:
+            report["zero_stage3"] = zero_runs(args.anchor, comm, device)
+        except Exception:  # noqa: BLE001 - reported with the checks' results
+            report["zero_error"] = traceback.format_exc()[-3000:]
+    report["seconds"] = round(time.time() - began, 1)
+    (args.out / f"shared_gpu_rank{rank}.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report), flush=True)
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
