@@ -14,7 +14,7 @@
 # cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
 # seconds, default 540), so results come back even when a step hangs; everything lands in
 # $OUT/peermem.tgz (the folder peermem_run) and the summary in $OUT/summary.txt. On a machine of
-# one GPU, checks runs peermem_shared_gpu.py instead: two ranks on the one GPU, correctness only,
+# one GPU, checks runs peermem_shared_gpu.py instead: 2 and 4 ranks on the one GPU, correctness only,
 # ZeRO stage 3 included. Environment:
 # ANCHORS (default anchors), CHECK_WORLDS (the world sizes to run the correctness checks on;
 # default every one).
@@ -57,10 +57,12 @@ gpus=$(nvidia-smi -L | wc -l)
 worlds=("$gpus")
 [ "$gpus" -ge 4 ] && worlds=("$gpus" 2)
 TORCHRUN=(python3 -m torch.distributed.run --standalone --nproc-per-node)
-if [ "$gpus" -eq 1 ]; then  # two ranks share the one GPU: correctness only (no NCCL, nothing timed)
+if [ "$gpus" -eq 1 ]; then  # 2 and 4 ranks share the one GPU: correctness only (no NCCL, nothing timed)
   worlds=()
-  wants checks && step 420 shared_gpu_w2 "${TORCHRUN[@]}" 2 benchmarks/gpu/peermem_shared_gpu.py --out "$RUN" \
-    --anchor "$ANCHORS/zero_anchor.py"
+  for n in 2 4; do
+    wants checks && step 240 "shared_gpu_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_shared_gpu.py \
+      --out "$RUN" --anchor "$ANCHORS/zero_anchor.py"
+  done
 fi
 # The CLI runs outside the checkout, whose commlayer/ folder lacks backends/ (installed beside it).
 certify() { local limit=$1 name=$2 backend=$3 n=$4; step "$limit" "$name" bash -c "cd /tmp && exec python3 -m commlayer test-backend $backend -n $n --timeout $((limit - 10))"; }
@@ -103,8 +105,8 @@ for n in "${worlds[@]}"; do
 done
 for log in "$RUN"/conformance_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep -E 'CONFORMS|cells passed' "$log" | tail -1)"; done
 for log in "$RUN"/moe_*.log "$RUN"/zero*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
-for log in "$RUN"/shared_gpu_rank*.json; do
-  [ -f "$log" ] && summary "$(basename "$log"): $(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); z = r.get("zero_stage3", {}); print(r.get("checks", {}).get("passed"), "passed,", r.get("checks_left_out"), "left out, failures:", r.get("checks", {}).get("failures"), r.get("checks_error", ""), "| zero:", z.get("losses_equal"), z.get("parameters_differing"), z.get("parameter_digest"), r.get("zero_error", ""))' "$log")"
+for log in "$RUN"/shared_gpu_w*_rank*.json; do
+  [ -f "$log" ] && summary "$(basename "$log"): $(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); z = r.get("zero_stage3", {}); z2 = r.get("zero_stage2", {}); print(r.get("checks", {}).get("passed"), "passed,", r.get("checks_left_out"), "left out, failures:", r.get("checks", {}).get("failures"), r.get("checks_error", ""), "| zero 3:", z.get("losses_equal"), z.get("parameters_differing"), z.get("parameter_digest"), "| zero 2:", z2.get("losses_equal"), z2.get("parameters_differing"), z2.get("parameter_digest"), r.get("zero_error", ""))' "$log")"
 done
 for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^checks:' "$log" | tail -1)"; done
 for log in "$RUN"/arrivals_*.txt; do [ -f "$log" ] && summary "$(basename "$log"): $(grep 'arrivals at' "$log" | tr '\n' ' ')"; done

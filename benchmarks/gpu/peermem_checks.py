@@ -182,7 +182,7 @@ def side_streams(checks: Checks) -> None:
 def async_calls(checks: Checks) -> None:
     """async_op=True calls of every size, back to back: the large ones run on the group's stream.
     Each source is a temporary freed at once and its block refilled, which a kernel still reading
-    it would see; every result is checked after the waits."""
+    it would see; every result is checked after the waits (some through the Work's future)."""
     pending = []
     for step in range(12):
         numel = [4096, 1 << 20, 4 << 20][step % 3]
@@ -198,7 +198,11 @@ def async_calls(checks: Checks) -> None:
         kernel = checks.served("all_reduce", numel * 2, torch.bfloat16, ReduceOp.SUM)
         pending.append((step, reduce_work, tensor, reduced, kernel, gather_work, output, gathered))
     for step, reduce_work, tensor, reduced, kernel, gather_work, output, gathered in pending:
-        reduce_work.wait()
+        if step % 4 == 3:  # through the Work's future and a callback, as DDP's comm hooks take it
+            doubled = reduce_work.get_future().then(lambda future: future.value()[0] * 2).wait()
+            tensor = doubled / 2
+        else:
+            reduce_work.wait()
         gather_work.wait()
         checks.expect_reduced(f"async {step} all_reduce", tensor, reduced, ReduceOp.SUM, kernel)
         checks.expect_bits(f"async {step} all_gather", output, torch.cat(gathered))

@@ -1,6 +1,6 @@
-"""peermem's kernels checked by two ranks that share one GPU, where no machine with more is at hand.
+"""peermem's kernels checked by ranks that share one GPU, where no machine with more is at hand.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/gpu/peermem_shared_gpu.py --out DIR \
+    torchrun --standalone --nproc-per-node N benchmarks/gpu/peermem_shared_gpu.py --out DIR \
         [--anchor anchors/zero_anchor.py]
 
 CUDA maps one process's memory into another process on the same GPU as it does across GPUs, so
@@ -11,10 +11,10 @@ script only: the attach's refusal of ranks on one GPU is lifted, and since NCCL 
 on one GPU outright, only calls the kernels serve are made: a check of ``peermem_checks.py`` whose
 call NCCL would serve is counted as left out, and ZeRO's broadcasts at set-up are done as sums.
 
-Then (with ``--anchor``) ZeRO stage 3 trains the anchor's GPT, small, for a few steps twice: with
+Then (with ``--anchor``) ZeRO stages 2 and 3 train the anchor's GPT, small, for a few steps twice: with
 the large asynchronous calls on the group's stream (the default) and on the caller's stream. The
 two runs must agree bitwise on every loss and final parameter, and the ranks bitwise on the
-parameters. Each rank writes ``DIR/shared_gpu_rank{R}.json`` and prints its summary.
+parameters. Each rank writes ``DIR/shared_gpu_w{WORLD}_rank{R}.json`` and prints its summary.
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def train(anchor: Any, stage: int, device: torch.device, steps: int) -> dict[str
     return {"losses": losses, "state": state}
 
 
-def zero_runs(anchor_path: Path, comm: Any, device: torch.device) -> dict[str, Any]:
-    """Stage 3 with the large asynchronous calls on the group's stream, then on the caller's."""
+def zero_runs(anchor_path: Path, stage: int, comm: Any, device: torch.device) -> dict[str, Any]:
+    """``stage`` with the large asynchronous calls on the group's stream, then on the caller's."""
     from zero import load_anchor  # benchmarks/gpu/zero.py, which imports commlayer.zero
 
     anchor = load_anchor(anchor_path)
@@ -124,7 +124,7 @@ def zero_runs(anchor_path: Path, comm: Any, device: torch.device) -> dict[str, A
     runs = {}
     for name, async_bytes in (("group_stream", default_bytes), ("caller_stream", -1)):
         comm.async_bytes = async_bytes
-        runs[name] = train(anchor, 3, device, steps=6)
+        runs[name] = train(anchor, stage, device, steps=6)
     comm.async_bytes = default_bytes
     group, caller = runs["group_stream"], runs["caller_stream"]
     differing = [
@@ -147,7 +147,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--stages", default=",".join(STAGES), help="check stages to run (comma-separated)")
-    parser.add_argument("--anchor", type=Path, default=None, help="zero_anchor.py: also run ZeRO stage 3")
+    parser.add_argument(
+        "--anchor", type=Path, default=None, help="zero_anchor.py: also train with ZeRO stages 2 and 3"
+    )
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     attach.duplicate_devices = lambda devices: ""  # this world's ranks share the GPU on purpose
@@ -174,11 +176,14 @@ def main() -> None:
     report["checks_left_out"] = checks.left_out
     if args.anchor is not None and "checks_error" not in report:
         try:
-            report["zero_stage3"] = zero_runs(args.anchor, comm, device)
+            for stage in (2, 3):
+                report[f"zero_stage{stage}"] = zero_runs(args.anchor, stage, comm, device)
         except Exception:  # noqa: BLE001 - reported with the checks' results
             report["zero_error"] = traceback.format_exc()[-3000:]
     report["seconds"] = round(time.time() - began, 1)
-    (args.out / f"shared_gpu_rank{rank}.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"shared_gpu_w{dist.get_world_size()}_rank{rank}.json").write_text(
+        json.dumps(report, indent=1)
+    )
     print(json.dumps(report), flush=True)
     torch.cuda.synchronize()
     dist.destroy_process_group()
