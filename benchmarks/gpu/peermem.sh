@@ -105,9 +105,7 @@ for n in "${worlds[@]}"; do
 done
 for log in "$RUN"/conformance_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep -E 'CONFORMS|cells passed' "$log" | tail -1)"; done
 for log in "$RUN"/moe_*.log "$RUN"/zero*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
-for log in "$RUN"/shared_gpu_w*_rank*.json; do
-  [ -f "$log" ] && summary "$(basename "$log"): $(python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); z = r.get("zero_stage3", {}); z2 = r.get("zero_stage2", {}); print(r.get("checks", {}).get("passed"), "passed,", r.get("checks_left_out"), "left out, failures:", r.get("checks", {}).get("failures"), r.get("checks_error", ""), "| zero 3:", z.get("losses_equal"), z.get("parameters_differing"), z.get("parameter_digest"), "| zero 2:", z2.get("losses_equal"), z2.get("parameters_differing"), z2.get("parameter_digest"), r.get("zero_error", ""))' "$log")"
-done
+for log in "$RUN"/shared_gpu_w*.log; do [ -f "$log" ] && grep '^shared:' "$log" | sort | while read -r line; do summary "$line"; done; done
 for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^checks:' "$log" | tail -1)"; done
 for log in "$RUN"/arrivals_*.txt; do [ -f "$log" ] && summary "$(basename "$log"): $(grep 'arrivals at' "$log" | tr '\n' ' ')"; done
 tar -czf "$OUT/peermem.tgz" -C /tmp peermem_run

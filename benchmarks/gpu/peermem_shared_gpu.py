@@ -141,6 +141,22 @@ def zero_runs(anchor_path: Path, stage: int, comm: Any, device: torch.device) ->
     }
 
 
+def summary_line(report: dict[str, Any]) -> str:
+    """One line per rank for the run's summary: the checks, and whether each ZeRO pair agreed."""
+    checks = report.get("checks", {})
+    line = (
+        f"shared: world {report['world']} rank {report['rank']}: {checks.get('passed')} checks passed, "
+        f"{report['checks_left_out']} left out, failures {checks.get('failures')}"
+    )
+    for stage in (2, 3):
+        run = report.get(f"zero_stage{stage}")
+        if run is not None:
+            agreed = run["losses_equal"] and not run["parameters_differing"]
+            line += f"; ZeRO {stage} streams agree: {agreed}, digest {run['parameter_digest']:.6f}"
+    errors = [report[key].strip().splitlines()[-1] for key in ("checks_error", "zero_error") if key in report]
+    return line + "".join(f"; ERROR {error}" for error in errors)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -184,7 +200,7 @@ def main() -> None:
     (args.out / f"shared_gpu_w{dist.get_world_size()}_rank{rank}.json").write_text(
         json.dumps(report, indent=1)
     )
-    print(json.dumps(report), flush=True)
+    print(summary_line(report), flush=True)
     torch.cuda.synchronize()
     dist.destroy_process_group()
 
