@@ -45,7 +45,13 @@ def plan_layout(
     unit_plans = None
     if stage == 3:
         zero = config.zero_optimization
-        unit_plans = plan_units(module, params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel)
+        unit_plans = plan_units(
+            module,
+            params,
+            zero.stage3_max_unit_numel,
+            zero.stage3_min_unit_numel,
+            zero.stage3_coalesce_numel,
+        )
         groups = [plan.params for plan in unit_plans]
     else:
         # Reverse registration order: roughly the order in which backward produces gradients.

@@ -106,8 +106,10 @@ class PartitionedParams:
         self._backward_started = False
         self._hooks: list[Any] = []
         for unit in self.units:
-            self._hooks.append(unit.plan.module.register_forward_pre_hook(self._pre_forward_hook(unit)))
-            self._hooks.append(unit.plan.module.register_forward_hook(self._post_forward_hook(unit)))
+            for module in unit.plan.modules:
+                self._hooks.append(module.register_forward_pre_hook(self._pre_forward_hook(unit)))
+                last = module is unit.plan.modules[-1]
+                self._hooks.append(module.register_forward_hook(self._post_forward_hook(unit, last)))
         for index, param in enumerate(self.params):
             if param.requires_grad:
                 self._hooks.append(param.register_post_accumulate_grad_hook(self._grad_hook(index)))
@@ -180,6 +182,9 @@ class PartitionedParams:
         def pre_forward(module: torch.nn.Module, args: Any) -> None:
             if unit.index == 0:
                 self._recording, self._position = [], 0
+            if self._recording and self._recording[-1] == unit.index:
+                self._ensure_gathered(unit)  # the next module of a unit of several: gathered already
+                return
             self._recording.append(unit.index)
             self._ensure_gathered(unit)
             if self._forward_order is not None:
@@ -188,13 +193,17 @@ class PartitionedParams:
 
         return pre_forward
 
-    def _post_forward_hook(self, unit: _Unit):
+    def _post_forward_hook(self, unit: _Unit, last: bool):
+        """``last``: the module is the unit's last one (a unit of several is freed after it)."""
+
         def post_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
             grad_enabled = torch.is_grad_enabled()
             if grad_enabled:
                 for tensor in _tensors(output):
                     if tensor.requires_grad:
                         tensor.register_hook(self._pre_backward_hook(unit))
+            if not last:
+                return
             if unit.index != 0 and not (grad_enabled and self._runs_last(unit)):
                 self._free(unit)
             elif not grad_enabled:

@@ -11,6 +11,12 @@ Example, a GPT with 24 blocks of 12.6M parameters, 32.8M-parameter token embeddi
 ``max_numel=5e7``, ``min_numel=1e5``: the units are the root (holding the final LayerNorm,
 whose 2k parameters are below ``min_numel``), ``tok``, ``pos`` (1M), each of the 24 blocks, and
 ``head``: 28 units, in that (pre-)order.
+
+With ``coalesce_numel`` > 0, consecutive units that are whole children of one ``nn.ModuleList``
+or ``nn.Sequential`` (the blocks) are then joined while together they hold at most that many
+parameters: one unit of several modules, gathered when the first starts and freed when the last
+ends, so a step makes fewer, larger collectives. With ``coalesce_numel=5e7`` the example's 24
+blocks become 8 units of 3 (37.7M each), 12 units in all.
 """
 
 from __future__ import annotations
@@ -29,15 +35,19 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 @dataclass(frozen=True)
 class UnitPlan:
-    module: nn.Module
-    name: str  # the module's qualified name ("" for the root)
+    modules: tuple[nn.Module, ...]  # one, or consecutive siblings run in this order
+    name: str  # the module's qualified name ("" for the root; "blocks.0-2" for joined ones)
     params: tuple[int, ...]  # indices into the engine's parameter list
 
 
 def plan_units(
-    model: nn.Module, params: Sequence[torch.Tensor], max_numel: int, min_numel: int
+    model: nn.Module,
+    params: Sequence[torch.Tensor],
+    max_numel: int,
+    min_numel: int,
+    coalesce_numel: int = 0,
 ) -> list[UnitPlan]:
-    """The root unit first, then the other units in pre-order."""
+    """The root unit first, then the other units in pre-order (see the module docstring)."""
     index_of = {id(p): i for i, p in enumerate(params)}
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     shared = {key for key, count in uses.items() if count > 1}
@@ -52,14 +62,14 @@ def plan_units(
     def visit(module: nn.Module, name: str, is_root: bool) -> None:
         subtree = indices(module, recurse=True)
         if not is_root and not isinstance(module, _CONTAINERS) and _numel(params, subtree) <= max_numel:
-            _add(units, claimed, UnitPlan(module, name, tuple(subtree)))
+            _add(units, claimed, UnitPlan((module,), name, tuple(subtree)))
             return
         own = indices(module, recurse=False)
         if is_root or isinstance(module, _CONTAINERS):
             root.extend(own)
             claimed.update(own)
         else:
-            _add(units, claimed, UnitPlan(module, name, tuple(own)))
+            _add(units, claimed, UnitPlan((module,), name, tuple(own)))
         for child_name, child in module.named_children():
             visit(child, f"{name}.{child_name}" if name else child_name, False)
 
@@ -68,7 +78,50 @@ def plan_units(
     for unit in small:
         root.extend(unit.params)
     kept = [unit for unit in units if unit not in small]
-    return [UnitPlan(model, "", tuple(sorted(root))), *kept]
+    if coalesce_numel > 0:
+        kept = _coalesce(model, params, kept, coalesce_numel)
+    return [UnitPlan((model,), "", tuple(sorted(root))), *kept]
+
+
+def _coalesce(
+    model: nn.Module, params: Sequence[torch.Tensor], units: list[UnitPlan], limit: int
+) -> list[UnitPlan]:
+    """Join runs of units that are whole, consecutive children of one ModuleList or Sequential."""
+    place = _sibling_places(model)
+    runs: list[tuple[list[UnitPlan], int]] = []  # (units, their parameters' numel)
+    for unit in units:
+        numel = _numel(params, unit.params)
+        spot = place.get(id(unit.modules[0])) if _whole(unit, numel) else None
+        if runs and spot is not None:
+            run, total = runs[-1]
+            previous = run[-1]
+            follows = place.get(id(previous.modules[0])) == (spot[0], spot[1] - 1)
+            if follows and _whole(previous, _numel(params, previous.params)) and total + numel <= limit:
+                runs[-1] = (run + [unit], total + numel)
+                continue
+        runs.append(([unit], numel))
+    return [run[0] if len(run) == 1 else _joined(run) for run, _ in runs]
+
+
+def _sibling_places(model: nn.Module) -> dict[int, tuple[int, int]]:
+    """id(child) -> (id(parent), position) for the children of every ModuleList and Sequential."""
+    return {
+        id(child): (id(parent), position)
+        for parent in model.modules()
+        if isinstance(parent, (nn.ModuleList, nn.Sequential))
+        for position, child in enumerate(parent.children())
+    }
+
+
+def _whole(unit: UnitPlan, numel: int) -> bool:
+    """Whether the unit holds all of its module's parameters (not a split module's own ones)."""
+    return sum(p.numel() for p in unit.modules[0].parameters()) == numel
+
+
+def _joined(run: list[UnitPlan]) -> UnitPlan:
+    suffix = run[-1].name.rsplit(".", 1)[-1]
+    params = tuple(i for unit in run for i in unit.params)
+    return UnitPlan(tuple(m for unit in run for m in unit.modules), f"{run[0].name}-{suffix}", params)
 
 
 def _add(units: list[UnitPlan], claimed: set[int], unit: UnitPlan) -> None:

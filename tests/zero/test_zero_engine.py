@@ -72,6 +72,22 @@ def test_stage3_frees_parameters_and_a_stray_use_fails_loudly(world_of_one: None
     assert all(p.numel() == 0 for p in engine.module.parameters())
 
 
+def test_stage3_gathers_coalesced_blocks_together_and_trains_alike(world_of_one: None) -> None:
+    """Both blocks as one unit: the first is still gathered when the second starts, both are
+    freed between steps, and training ends where plain PyTorch does."""
+    joined = {"stage3_max_unit_numel": 13000, "stage3_coalesce_numel": 26000}
+    engine = make_engine(3, zero_optimization={"stage": 3, "stage3_min_unit_numel": 100, **joined})
+    first, second = engine.module.blocks
+    seen: list[int] = []
+    hook = second.register_forward_pre_hook(lambda module, args: seen.append(first.qkv.weight.numel()))
+    common.train(engine, RECIPE, 0, 1, range(RECIPE.steps))
+    hook.remove()
+    assert seen == [3 * common.WIDTH * common.WIDTH] * RECIPE.steps * RECIPE.accumulation
+    assert first.qkv.weight.numel() == 0 and second.qkv.weight.numel() == 0
+    expected, _ = common.reference_run(RECIPE)
+    assert common.max_difference(engine.full_state_dict(), expected)[0] <= 1e-6
+
+
 @pytest.mark.parametrize("reduce_dtype", [torch.bfloat16, torch.float32])
 def test_a_units_gradients_staged_at_once_equal_them_staged_one_by_one(
     world_of_one: None, reduce_dtype: torch.dtype

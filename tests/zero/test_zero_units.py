@@ -244,6 +244,32 @@ def test_units_split_big_modules_and_merge_small_ones_into_the_root() -> None:
     ]
 
 
+def test_coalescing_joins_consecutive_whole_blocks_up_to_the_limit() -> None:
+    model = Net()
+    params = list(model.parameters())
+    single = plan_units(model, params, max_numel=2500, min_numel=100)
+    plans = plan_units(model, params, max_numel=2500, min_numel=100, coalesce_numel=2 * 2128)
+    assert [plan.name for plan in plans] == ["", "layers.0-1", "layers.2"]
+    assert plans[1].modules == (model.layers[0], model.layers[1])
+    assert plans[1].params == (*single[1].params, *single[2].params)
+    assert sorted(i for plan in plans for i in plan.params) == list(range(len(params)))
+    everything = plan_units(model, params, max_numel=2500, min_numel=100, coalesce_numel=10**9)
+    assert [plan.name for plan in everything] == ["", "layers.0-2"]
+
+
+def test_coalescing_leaves_split_modules_and_plain_children_apart() -> None:
+    """The pieces of a block too big for one unit run in its own forward's order, and the children
+    of a plain module in whatever order it calls them: neither is joined."""
+    model = Net()
+    params = list(model.parameters())
+    finer = plan_units(model, params, max_numel=1100, min_numel=10, coalesce_numel=10**9)
+    assert [plan.name for plan in finer] == [plan.name for plan in plan_units(model, params, 1100, 10)]
+    with torch.device("meta"):
+        sequential = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 16), nn.Linear(16, 16))
+    plans = plan_units(sequential, list(sequential.parameters()), 5000, 10, coalesce_numel=1900)
+    assert [plan.name for plan in plans] == ["", "0-1", "2"]  # 1600 + 272 fit, a third does not
+
+
 class _Block(nn.Module):
     """The parameters of a GPT block (shared/anchors/zero_anchor.py's), 12 w^2 + 13 w of them."""
 

@@ -7,10 +7,10 @@
 - each rank's optimizer state covers exactly its shard: ceil(total / N) plus alignment padding;
 - world 4 saves checkpoints mid-run and the weights of the uninterrupted run; world 2 loads
   them (resharding 4 -> 2, and stage 3 -> stage 1) and trains on to the same weights;
-- world 2 also checks the bf16 loss curve, fp16 overflow skipping agreed by all ranks,
-  errors raised before any communication, stages 1-2 without accumulation, and the bytes each
-  rank holds (working copy, full gradient or not, master, fp32 gradient or pieces, AdamW state)
-  against their closed form.
+- world 2 also checks stage 3 with the blocks coalesced into one unit, the bf16 loss curve, fp16
+  overflow skipping agreed by all ranks, errors raised before any communication, stages 1-2
+  without accumulation, and the bytes each rank holds (working copy, full gradient or not,
+  master, fp32 gradient or pieces, AdamW state) against their closed form.
 """
 
 from __future__ import annotations
@@ -143,6 +143,11 @@ def world2(directory: str) -> None:
     engine = engine_for(RECIPE, world, 2, zero_optimization={"stage": 2, "overlap_comm": False})
     common.train(engine, RECIPE, rank, world, range(RECIPE.steps))
     check_equal(engine.full_state_dict(), expected, f"world {world} stage 2 fp32 without overlap, one bucket")
+    # Stage 3 with both blocks gathered, freed and reduced as one unit.
+    joined = {"stage3_max_unit_numel": 13000, "stage3_coalesce_numel": 26000, "stage3_min_unit_numel": 100}
+    engine = engine_for(RECIPE, world, 3, zero_optimization={"stage": 3, **joined})
+    common.train(engine, RECIPE, rank, world, range(RECIPE.steps))
+    check_equal(engine.full_state_dict(), expected, f"world {world} stage 3 fp32, blocks coalesced")
     check_rank0_weights_win()
     check_memory_without_accumulation()
     check_memory_with_accumulation()
