@@ -11,10 +11,12 @@ script only: the attach's refusal of ranks on one GPU is lifted, and since NCCL 
 on one GPU outright, only calls the kernels serve are made: a check of ``peermem_checks.py`` whose
 call NCCL would serve is counted as left out, and ZeRO's broadcasts at set-up are done as sums.
 
-Then (with ``--anchor``) ZeRO stages 2 and 3 train the anchor's GPT, small, for a few steps twice: with
-the large asynchronous calls on the group's stream (the default) and on the caller's stream. The
-two runs must agree bitwise on every loss and final parameter, and the ranks bitwise on the
-parameters. Each rank writes ``DIR/shared_gpu_w{WORLD}_rank{R}.json`` and prints its summary.
+Then (with ``--anchor``) ZeRO stages 2 and 3 train the anchor's GPT, small, for a few steps: with
+the large asynchronous calls on the group's stream (the default), on the caller's stream, and
+(stage 3) with the blocks gathered in pairs (``stage3_coalesce_numel``). Every run must end
+bitwise where the first did, loss by loss and parameter by parameter, and the ranks must agree
+bitwise on the parameters. Each rank writes ``DIR/shared_gpu_w{WORLD}_rank{R}.json`` and prints
+its summary line.
 """
 
 from __future__ import annotations
@@ -88,16 +90,21 @@ def broadcast_as_sum(comm: Any):
     return broadcast
 
 
-def train(anchor: Any, stage: int, device: torch.device, steps: int) -> dict[str, Any]:
+#: Elements of two of the small GPT's blocks (12 w^2 + 13 w each, w = 256): joined in pairs.
+TWO_BLOCKS = 2 * (12 * 256 * 256 + 13 * 256)
+
+
+def train(anchor: Any, stage: int, device: torch.device, steps: int, coalesce: int = 0) -> dict[str, Any]:
     from commlayer import zero  # needs pydantic, which the checks above do without
 
     torch.manual_seed(0)
     model = anchor.GPT(1024, 256, 4, 4, 128).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sharding = {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 1 << 20}
     config = {
         "train_micro_batch_size_per_gpu": 2,
         "bf16": {"enabled": True},
-        "zero_optimization": {"stage": stage, "overlap_comm": True, "reduce_bucket_size": 1 << 20},
+        "zero_optimization": {**sharding, "stage3_coalesce_numel": coalesce},
     }
     engine = zero.initialize(model=model, optimizer=optimizer, config=config)
     generator = torch.Generator(device=device).manual_seed(dist.get_rank())
@@ -115,30 +122,33 @@ def train(anchor: Any, stage: int, device: torch.device, steps: int) -> dict[str
 
 
 def zero_runs(anchor_path: Path, stage: int, comm: Any, device: torch.device) -> dict[str, Any]:
-    """``stage`` with the large asynchronous calls on the group's stream, then on the caller's."""
+    """``stage`` with the large asynchronous calls on the group's stream, then on the caller's,
+    and (stage 3) with the blocks gathered in pairs: each must end bitwise where the first did."""
     from zero import load_anchor  # benchmarks/gpu/zero.py, which imports commlayer.zero
 
     anchor = load_anchor(anchor_path)
     facade.broadcast = broadcast_as_sum(comm)
     default_bytes = comm.async_bytes
+    variants = {"group_stream": (default_bytes, 0), "caller_stream": (-1, 0)}
+    if stage == 3:
+        variants["blocks_in_pairs"] = (default_bytes, TWO_BLOCKS)
     runs = {}
-    for name, async_bytes in (("group_stream", default_bytes), ("caller_stream", -1)):
+    for name, (async_bytes, coalesce) in variants.items():
         comm.async_bytes = async_bytes
-        runs[name] = train(anchor, stage, device, steps=6)
+        runs[name] = train(anchor, stage, device, steps=6, coalesce=coalesce)
     comm.async_bytes = default_bytes
-    group, caller = runs["group_stream"], runs["caller_stream"]
-    differing = [
-        name for name, value in group["state"].items() if not torch.equal(value, caller["state"][name])
-    ]
-    digest = sum(float(v.double().abs().sum()) for v in group["state"].values())
-    return {
-        "losses_group_stream": group["losses"],
-        "losses_caller_stream": caller["losses"],
-        "losses_equal": group["losses"] == caller["losses"],
-        "parameters_differing": differing[:10],
-        "parameters": len(group["state"]),
-        "parameter_digest": digest,
-    }
+    first = runs["group_stream"]
+    report: dict[str, Any] = {"losses": first["losses"], "parameters": len(first["state"])}
+    report["parameter_digest"] = sum(float(v.double().abs().sum()) for v in first["state"].values())
+    for name, run in list(runs.items())[1:]:
+        differing = [
+            key for key, value in first["state"].items() if not torch.equal(value, run["state"][key])
+        ]
+        report[name] = {
+            "losses_equal": run["losses"] == first["losses"],
+            "parameters_differing": differing[:10],
+        }
+    return report
 
 
 def summary_line(report: dict[str, Any]) -> str:
@@ -151,8 +161,11 @@ def summary_line(report: dict[str, Any]) -> str:
     for stage in (2, 3):
         run = report.get(f"zero_stage{stage}")
         if run is not None:
-            agreed = run["losses_equal"] and not run["parameters_differing"]
-            line += f"; ZeRO {stage} streams agree: {agreed}, digest {run['parameter_digest']:.6f}"
+            variants = {key: value for key, value in run.items() if isinstance(value, dict)}
+            agreed = [
+                f"{key} {v['losses_equal'] and not v['parameters_differing']}" for key, v in variants.items()
+            ]
+            line += f"; ZeRO {stage} digest {run['parameter_digest']:.6f}, bitwise equal: {', '.join(agreed)}"
     errors = [report[key].strip().splitlines()[-1] for key in ("checks_error", "zero_error") if key in report]
     return line + "".join(f"; ERROR {error}" for error in errors)
 
