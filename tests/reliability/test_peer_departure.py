@@ -1,8 +1,9 @@
 """The peer monitor's view of its peers' processes.
 
 A rank may finish the last collective and exit while a peer is still completing it; the monitor
-must not abort that peer's call with a failure that did not happen. And a peer that dies right
+must not abort that peer's call with a failure that did not happen. A peer that dies right
 after init must already be known by its process, or a survivor blames whichever peer it sees go.
+And when rank 0's host goes, a peer of this host that exits after it is not the one to blame.
 """
 
 from __future__ import annotations
@@ -64,3 +65,52 @@ def test_a_peer_that_never_publishes_delays_the_monitor_only_boundedly() -> None
     monitor.learn_processes(wait_s=0.2)
     assert time.monotonic() - started < 2.0
     assert monitor.local_pids == {}
+
+
+class _StoreOfAHost:
+    """A store whose host can go: every call raises, as a TCPStore client's do, once it has."""
+
+    def __init__(self) -> None:
+        self.store, self.gone = torch_dist.HashStore(), False
+
+    def __getattr__(self, name: str):
+        method = getattr(self.store, name)
+
+        def call(*args, **kwargs):
+            if self.gone:
+                raise RuntimeError("Connection reset by peer")
+            return method(*args, **kwargs)
+
+        return call
+
+
+def _watch_after_the_store_host(rank0_here: bool) -> health.PeerFailure | None:
+    """Rank 1's view: rank 2 (this host) exited; rank 0 (this host or another) hosted the store."""
+    store = _StoreOfAHost()
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    rank0 = subprocess.Popen([sys.executable, "-c", "pass"]) if rank0_here else None
+    if rank0 is not None:
+        rank0.wait()
+    store.set(PROCESS_KEY.format(0), f"{process_space()} {rank0.pid}" if rank0 else "another-host 7")
+    store.set(PROCESS_KEY.format(2), f"{process_space()} {exited.pid}")
+    health.clear()
+    monitor = PeerMonitor(store, 1, 3, HeartbeatOptions(0.05, 4), on_dump_request=lambda reason: None)
+    monitor.learn_processes(wait_s=1.0)
+    store.gone = True
+    monitor.start()
+    time.sleep(0.5)
+    monitor.stop()
+    failure = health.current()
+    health.clear()
+    return failure
+
+
+def test_a_peer_exiting_after_the_store_host_on_another_host_is_not_blamed() -> None:
+    failure = _watch_after_the_store_host(rank0_here=False)
+    assert failure is not None and failure.rank == 0, failure
+
+
+def test_with_the_store_host_here_the_order_of_the_processes_decides() -> None:
+    failure = _watch_after_the_store_host(rank0_here=True)
+    assert failure is not None and failure.rank == 0, failure  # both gone: the lower rank first

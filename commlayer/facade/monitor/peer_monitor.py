@@ -226,6 +226,9 @@ def identify_dead_peer() -> health.PeerFailure | None:
     gone = monitor.gone_local_peers()
     if len(gone) > 1:  # one of them may have gone down after the other: its notice says so
         gone = [peer for peer in gone if not _went_down_after_another(peer)] or gone
+    if gone and monitor.store_host_lost():
+        monitor.wake()  # the monitor names rank 0, the store's host, once it sees the store gone
+        return None
     if gone:
         reason = gone_reason(monitor.local_pids[gone[0]])
         publish_death(_world_store, gone[0], reason, _world_rank)

@@ -116,7 +116,10 @@ class PeerMonitor:
             # Between beats only local processes are checked: cheap, and a death is seen at once.
             gone = self._without_departed(self.gone_local_peers())
             if len(gone) == 1:  # alone: it is the one; several: their death notices tell the order
-                self._report_local_death(gone[0])
+                if self.store_host_lost():
+                    self._on_store_lost(RuntimeError("no answer after a peer of this host went down"))
+                else:
+                    self._report_local_death(gone[0])
                 return
             if now >= next_beat or self._wake.is_set() or gone or self._unknown_processes:
                 self._wake.clear()
@@ -135,11 +138,25 @@ class PeerMonitor:
     def _on_store_lost(self, error: RuntimeError) -> None:
         if self._stop.is_set() or self.rank == 0:
             return
-        dead = self.gone_local_peer()
+        # Rank 0 on this host: the order its process and the others went in tells who was first.
+        dead = self.gone_local_peer() if 0 in self.local_pids else None
         if dead is not None:
             self._declare_dead(dead, gone_reason(self.local_pids[dead]))
         else:
             health.report(0, f"the rendezvous store stopped answering ({error}); its host died")
+
+    def store_host_lost(self) -> bool:
+        """Whether rank 0, on another host, has stopped answering. It then failed before any peer
+        of this host that is gone: a rank 0 going down after another failure keeps the store up
+        until every survivor has seen that failure, so a peer of this host that exited since
+        went down after rank 0, unable to say so through the store."""
+        if self.rank == 0 or 0 in self.local_pids:
+            return False
+        try:
+            self.store.check([HEARTBEAT_KEY.format(self.rank)])
+        except RuntimeError:
+            return True
+        return False
 
     def wake(self) -> None:
         """Check the peers now rather than at the next interval (a transport saw a peer go)."""
