@@ -20,21 +20,31 @@ from commlayer.core.processes import process_space
 from commlayer.facade.monitor.peer_thread import LEFT_KEY, PROCESS_KEY, HeartbeatOptions, PeerMonitor
 
 
-def _watch_an_exited_peer(departed: bool) -> health.PeerFailure | None:
-    store = torch_dist.HashStore()
-    peer = subprocess.Popen([sys.executable, "-c", "pass"])
-    peer.wait()
-    store.set(PROCESS_KEY.format(1), f"{process_space()} {peer.pid}")
-    if departed:
-        store.set(LEFT_KEY.format(1), "1")
+def _exited_process() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def _failure_seen(monitor: PeerMonitor) -> health.PeerFailure | None:
+    """What ``monitor`` reports in half a second of watching (many of its intervals)."""
     health.clear()
-    monitor = PeerMonitor(store, 0, 2, HeartbeatOptions(0.05, 4), on_dump_request=lambda reason: None)
     monitor.start()
     time.sleep(0.5)
     monitor.stop()
     failure = health.current()
     health.clear()
     return failure
+
+
+def _watch_an_exited_peer(departed: bool) -> health.PeerFailure | None:
+    store = torch_dist.HashStore()
+    store.set(PROCESS_KEY.format(1), f"{process_space()} {_exited_process()}")
+    if departed:
+        store.set(LEFT_KEY.format(1), "1")
+    return _failure_seen(
+        PeerMonitor(store, 0, 2, HeartbeatOptions(0.05, 4), on_dump_request=lambda reason: None)
+    )
 
 
 def test_a_peer_that_destroyed_its_world_and_exited_is_not_a_failure() -> None:
@@ -87,23 +97,13 @@ class _StoreOfAHost:
 def _watch_after_the_store_host(rank0_here: bool) -> health.PeerFailure | None:
     """Rank 1's view: rank 2 (this host) exited; rank 0 (this host or another) hosted the store."""
     store = _StoreOfAHost()
-    exited = subprocess.Popen([sys.executable, "-c", "pass"])
-    exited.wait()
-    rank0 = subprocess.Popen([sys.executable, "-c", "pass"]) if rank0_here else None
-    if rank0 is not None:
-        rank0.wait()
-    store.set(PROCESS_KEY.format(0), f"{process_space()} {rank0.pid}" if rank0 else "another-host 7")
-    store.set(PROCESS_KEY.format(2), f"{process_space()} {exited.pid}")
-    health.clear()
+    rank0 = f"{process_space()} {_exited_process()}" if rank0_here else "another-host 7"
+    store.set(PROCESS_KEY.format(0), rank0)
+    store.set(PROCESS_KEY.format(2), f"{process_space()} {_exited_process()}")
     monitor = PeerMonitor(store, 1, 3, HeartbeatOptions(0.05, 4), on_dump_request=lambda reason: None)
     monitor.learn_processes(wait_s=1.0)
     store.gone = True
-    monitor.start()
-    time.sleep(0.5)
-    monitor.stop()
-    failure = health.current()
-    health.clear()
-    return failure
+    return _failure_seen(monitor)
 
 
 def test_a_peer_exiting_after_the_store_host_on_another_host_is_not_blamed() -> None:
