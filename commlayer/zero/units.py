@@ -16,7 +16,7 @@ With ``coalesce_numel`` > 0, consecutive units that are whole children of one ``
 or ``nn.Sequential`` (the blocks) are then joined while together they hold at most that many
 parameters: one unit of several modules, gathered when the first starts and freed when the last
 ends, so a step makes fewer, larger collectives. With ``coalesce_numel=5e7`` the example's 24
-blocks become 8 units of 3 (37.7M each), 12 units in all.
+blocks become 8 units of 3 (37.8M each), 12 units in all.
 """
 
 from __future__ import annotations
