@@ -26,25 +26,26 @@ import json
 import os
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-from peermem_checks import Checks, run_all
+from peermem_checks import STAGES, Checks, run_all
 
 import commlayer.dist as facade
 from commlayer import dist
 from commlayer.backends.peermem import attach
 from commlayer.core.types import ReduceOp
 
-STAGES = ("collectives", "bursts", "side_streams", "async_calls", "all_to_all", "fused", "graphs")
-
 
 class KernelChecks(Checks):
     """The checks, less every call NCCL would serve (counted in ``left_out``)."""
 
-    left_out = 0
+    def __init__(self, comm: Any, rank: int, world: int, device: torch.device) -> None:
+        super().__init__(comm, rank, world, device)
+        self.left_out = 0
 
     def _kernels_serve(self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None) -> bool:
         if self.served(op, nbytes, dtype, reduce_op):
@@ -53,16 +54,16 @@ class KernelChecks(Checks):
         return False
 
     def all_reduce(self, numel: int, dtype: torch.dtype, op: ReduceOp, label: str, offset: int = 0) -> None:
-        if self._kernels_serve("all_reduce", numel * _itemsize(dtype), dtype, op):
+        if self._kernels_serve("all_reduce", numel * dtype.itemsize, dtype, op):
             super().all_reduce(numel, dtype, op, label, offset)
 
     def all_gather(self, numel: int, dtype: torch.dtype, label: str, offset: int = 0) -> None:
-        nbytes = self.world * numel * _itemsize(dtype)
+        nbytes = self.world * numel * dtype.itemsize
         if self._kernels_serve("all_gather_into_tensor", nbytes, dtype, None):
             super().all_gather(numel, dtype, label, offset)
 
     def reduce_scatter(self, numel: int, dtype: torch.dtype, op: ReduceOp, label: str) -> None:
-        if self._kernels_serve("reduce_scatter_tensor", self.world * numel * _itemsize(dtype), dtype, op):
+        if self._kernels_serve("reduce_scatter_tensor", self.world * numel * dtype.itemsize, dtype, op):
             super().reduce_scatter(numel, dtype, op, label)
 
     def all_to_all(self, rows: list[list[int]], width: int, dtype: torch.dtype, label: str) -> None:
@@ -72,11 +73,7 @@ class KernelChecks(Checks):
             self.left_out += 1
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
-
-
-def broadcast_as_sum(comm: Any):
+def broadcast_as_sum(comm: Any) -> Callable[..., Any]:
     """``dist.broadcast`` for this world: the non-source ranks contribute zeros to a kernel sum."""
 
     def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
