@@ -9,7 +9,7 @@
 # `commlayer test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and
 # on NCCL against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile:
 # peermem_profile.py (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE
-# and of ZeRO stages 1-3 (and 3 with its blocks coalesced) on the default backend and on NCCL (with `trace analyze --arrivals` of
+# and of ZeRO stages 1-3 (and 3 with one unit per block) on the default backend and on NCCL (with `trace analyze --arrivals` of
 # each ZeRO run: when each rank entered each collective); then `commlayer test-backend
 # cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
 # seconds, default 540), so results come back even when a step hangs; everything lands in
@@ -78,14 +78,14 @@ for n in "${worlds[@]}"; do
   wants profile && step 150 "profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_profile.py --out "$RUN"
   if wants profile && [ "$n" -ge 4 ]; then
     step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
-    # Stage "3c": stage 3 with three blocks to a unit (stage3_coalesce_numel 5e7): 12 units, not 28.
-    for stage in 1 2 3 3c; do
+    # Stage "3b": stage 3 with one unit per block (stage3_coalesce_numel 0): 28 units, not 12.
+    for stage in 1 2 3 3b; do
       for backend in default cpu:gloo,cuda:nccl; do
         name="zero${stage}_${backend%%,*}_w$n"
-        coalesce=0
-        [ "$stage" = 3c ] && coalesce=5e7
+        units=()
+        [ "$stage" = 3b ] && units=(--coalesce 0)
         [ -f "$ANCHORS/zero_anchor.py" ] && step 120 "$name" "${TORCHRUN[@]}" "$n" benchmarks/gpu/zero.py \
-          --stage "${stage%c}" --coalesce "$coalesce" --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" \
+          --stage "${stage%b}" ${units[@]+"${units[@]}"} --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" \
           --steps 10 --warmup 3 --profile --trace "$RUN/trace_$name"
         [ -d "$RUN/trace_$name" ] && (cd /tmp && python3 -m commlayer trace analyze --arrivals "$RUN/trace_$name") \
           >"$RUN/arrivals_$name.txt" 2>&1

@@ -58,7 +58,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--unit", type=float, default=1e8, help="stage3_max_unit_numel (elements)")
     parser.add_argument("--prefetch", type=float, default=5e7, help="stage3_prefetch_bucket_size (elements)")
     parser.add_argument(
-        "--coalesce", type=float, default=0, help="stage3_coalesce_numel (elements; 0: one unit per block)"
+        "--coalesce",
+        type=float,
+        default=None,
+        help="stage3_coalesce_numel (elements; 0: one unit per block; default: the engine's)",
     )
     parser.add_argument("--fused", action="store_true", help="torch.optim.AdamW(fused=True)")
     parser.add_argument(
@@ -91,7 +94,7 @@ def engine_config(args: argparse.Namespace) -> dict:
             "reduce_bucket_size": int(args.bucket),
             "stage3_max_unit_numel": int(args.unit),
             "stage3_prefetch_bucket_size": int(args.prefetch),
-            "stage3_coalesce_numel": int(args.coalesce),
+            **({} if args.coalesce is None else {"stage3_coalesce_numel": int(args.coalesce)}),
         },
     }
 
@@ -132,7 +135,7 @@ def main() -> None:
             f"cl{args.stage}"
             + ("_fused" if args.fused else "")
             + ("_default" if args.backend == "default" else "")
-            + (f"_coalesce{args.coalesce:.0e}" if args.coalesce else "")
+            + ("" if args.coalesce is None else f"_coalesce{args.coalesce:.0e}")
         )
         print(
             json.dumps(

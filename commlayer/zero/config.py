@@ -116,9 +116,9 @@ class ZeroOptimizationConfig(_Section):
     stage3_min_unit_numel: int = Field(100_000, ge=0)
     #: Stage 3: consecutive blocks of a ``ModuleList`` or ``Sequential`` (whole units) are
     #: gathered and freed as one unit while together they hold at most this many elements:
-    #: fewer, larger collectives a step, for more memory gathered at once. 0 (default): one
-    #: unit per module, as FSDP2 wraps each block.
-    stage3_coalesce_numel: int = Field(0, ge=0)
+    #: fewer, larger collectives a step, about as much memory gathered at once as the prefetch
+    #: holds anyway. 0: one unit per module, as FSDP2 wraps each block.
+    stage3_coalesce_numel: int = Field(50_000_000, ge=0)
     #: MiCS-style hybrid sharding: shard inside consecutive groups of this many data-parallel
     #: ranks (e.g. the GPUs of a node) and replicate across the groups; -1 (default): shard
     #: across the whole data-parallel group. ``initialize(mesh=..., replicate_dims=...)`` is the

@@ -288,10 +288,35 @@ def test_default_units_keep_a_whole_transformer_block_of_the_2_68b_model_togethe
     with torch.device("meta"):  # sizes only: no memory for 160M parameters
         model = nn.Sequential(nn.Embedding(32000, width), _Block(width), _Block(width))
     params = list(model.parameters())
-    plans = plan_units(model, params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel)
-    assert [plan.name for plan in plans] == ["", "0", "1", "2"]
+    limits = (zero.stage3_max_unit_numel, zero.stage3_min_unit_numel, zero.stage3_coalesce_numel)
+    plans = plan_units(model, params, *limits)
+    assert [plan.name for plan in plans] == ["", "0", "1", "2"]  # 78.7M blocks: too big to join
     block = 12 * width * width + 13 * width
     assert [sum(params[i].numel() for i in plan.params) for plan in plans[2:]] == [block, block]
+
+
+def test_default_units_join_three_blocks_of_the_369m_model() -> None:
+    """Width 1024, 24 blocks of 12.6M: 8 units of 3 blocks, 12 units in all (the units module's
+    example), which made stage 3 faster on GPUs (benchmarks/RESULTS.md)."""
+    zero = load_config({"train_micro_batch_size_per_gpu": 1}).zero_optimization
+    with torch.device("meta"):
+        model = _Gpt(width=1024, blocks=24)
+    params = list(model.parameters())
+    plans = plan_units(
+        model, params, zero.stage3_max_unit_numel, zero.stage3_min_unit_numel, zero.stage3_coalesce_numel
+    )
+    names = [plan.name for plan in plans]
+    assert names == ["", "tok", "pos", *(f"blocks.{i}-{i + 2}" for i in range(0, 24, 3)), "head"]
+
+
+class _Gpt(nn.Module):
+    """shared/anchors/zero_anchor.py's GPT, parameters only."""
+
+    def __init__(self, width: int, blocks: int) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(32000, width), nn.Embedding(1024, width)
+        self.blocks = nn.ModuleList(_Block(width) for _ in range(blocks))
+        self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, 32000, bias=False)
 
 
 # --- loss scaler -----------------------------------------------------------------------------
