@@ -88,19 +88,18 @@ def _coalesce(
 ) -> list[UnitPlan]:
     """Join runs of units that are whole, consecutive children of one ModuleList or Sequential."""
     place = _sibling_places(model)
-    runs: list[tuple[list[UnitPlan], int]] = []  # (units, their parameters' numel)
+    # Per run: its units, their parameters' numel, and where its last unit sits (None: not joinable).
+    runs: list[tuple[list[UnitPlan], int, tuple[int, int] | None]] = []
     for unit in units:
         numel = _numel(params, unit.params)
         spot = place.get(id(unit.modules[0])) if _whole(unit, numel) else None
         if runs and spot is not None:
-            run, total = runs[-1]
-            previous = run[-1]
-            follows = place.get(id(previous.modules[0])) == (spot[0], spot[1] - 1)
-            if follows and _whole(previous, _numel(params, previous.params)) and total + numel <= limit:
-                runs[-1] = (run + [unit], total + numel)
+            run, total, last = runs[-1]
+            if last == (spot[0], spot[1] - 1) and total + numel <= limit:
+                runs[-1] = (run + [unit], total + numel, spot)
                 continue
-        runs.append(([unit], numel))
-    return [run[0] if len(run) == 1 else _joined(run) for run, _ in runs]
+        runs.append(([unit], numel, spot))
+    return [run[0] if len(run) == 1 else _joined(run) for run, _, _ in runs]
 
 
 def _sibling_places(model: nn.Module) -> dict[int, tuple[int, int]]:
