@@ -117,7 +117,7 @@ class PeerMonitor:
             gone = self._without_departed(self.gone_local_peers())
             if len(gone) == 1:  # alone: it is the one; several: their death notices tell the order
                 if self.store_host_lost():
-                    self._on_store_lost(RuntimeError("no answer after a peer of this host went down"))
+                    self._on_store_lost("no answer after a peer of this host went down")
                 else:
                     self._report_local_death(gone[0])
                 return
@@ -131,11 +131,11 @@ class PeerMonitor:
                     if now >= next_beat - self.options.interval_s or gone:
                         self._check_peers()
                 except RuntimeError as error:  # DistStoreError / DistNetworkError: the store's host is gone
-                    self._on_store_lost(error)
+                    self._on_store_lost(str(error))
                     return
             self._wake.wait(min(_PROCESS_CHECK_S, self.options.interval_s))
 
-    def _on_store_lost(self, error: RuntimeError) -> None:
+    def _on_store_lost(self, why: str) -> None:
         if self._stop.is_set() or self.rank == 0:
             return
         # Rank 0 on this host: the order its process and the others went in tells who was first.
@@ -143,7 +143,7 @@ class PeerMonitor:
         if dead is not None:
             self._declare_dead(dead, gone_reason(self.local_pids[dead]))
         else:
-            health.report(0, f"the rendezvous store stopped answering ({error}); its host died")
+            health.report(0, f"the rendezvous store stopped answering ({why}); its host died")
 
     def store_host_lost(self) -> bool:
         """Whether rank 0, on another host, has stopped answering. It then failed before any peer
