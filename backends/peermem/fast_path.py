@@ -4,8 +4,9 @@
 builds a Python fast path per routed op that picks, per call, between the kernels and NCCL's fast
 path; it stays the reference (the twin) and the fallback (``COMMLAYER_C_FAST_PATHS=0``). Where the
 extension is built, :func:`kernel_path` wraps it in a ``KernelPath`` that launches the calls served
-through the staging region with no Python frame and hands NCCL's sizes straight to NCCL's fast
-path; what it leaves to the twin is listed in ``kernel_path.c``.
+through the staging region with no Python frame, those served in place with one (the segment
+registry's :meth:`PeerComm.places`), and hands NCCL's sizes straight to NCCL's fast path; what it
+leaves to the twin is listed in ``kernel_path.c``.
 """
 
 from __future__ import annotations
@@ -39,16 +40,17 @@ KERNEL_OPS = {"all_reduce": 0, "all_gather_into_tensor": 1, "reduce_scatter_tens
 #: c10's number of the CUDA device type, as the C tensor reader reads it.
 CUDA_DEVICE_TYPE = 1
 
-#: A route as the C fast path caches it: ``(code, blocks)`` to launch, None for NCCL, False for the
-#: twin (zero-copy routes, whose tensors' places come from the segment registry).
-Verdict = tuple[int, int] | None | bool
+#: A route as the C fast path caches it: ``(code, blocks)`` to launch through the staging region,
+#: ``(code, blocks, True)`` to launch with its tensors placed by the segment registry (zero-copy
+#: routes), None for NCCL.
+Verdict = tuple[int, int] | tuple[int, int, bool] | None
 
 
 def route_verdict(route: Route | None) -> Verdict:
     """How the C fast path runs a call of ``route``."""
     if route is None:
         return None
-    return False if route.op else (route.code, route.blocks)
+    return (route.code, route.blocks, True) if route.op else (route.code, route.blocks)
 
 
 def _route_of(comm: PeerComm, op: str, reduce_op: ReduceOp | None) -> Callable[[torch.Tensor], Verdict]:
@@ -75,6 +77,7 @@ def kernel_path(
         handle=comm.handle,
         failed=ctypes.addressof(comm.failed),
         comm=comm,
+        places=functools.partial(comm.places, op),
         route_of=_route_of(comm, op, reduce_op),
         order=comm.order,
         raw_stream=torch._C._cuda_getCurrentRawStream,

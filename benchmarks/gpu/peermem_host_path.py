@@ -10,9 +10,10 @@ is mapped directly, the kernels running as on a larger group. One process per fa
     python3 benchmarks/gpu/peermem_host_path.py --out DIR [--pairs 2] [--rounds 7]
 
 Run it where commlayer is importable with its backends (``source benchmarks/gpu/site.sh``, then
-from outside the checkout). Per op and size, five ways of one call: ``kernel`` (peermem, routed to
-the kernels, one-shot), ``branch`` (peermem, routed to NCCL, as the sizes NCCL serves are: the
-route's lookup, then NCCL's fast path), ``default`` (the same through the default backend,
+from outside the checkout). Per op and size, six ways of one call: ``kernel`` (peermem, routed to
+the kernels, one-shot), ``zero_copy`` (peermem's zero-copy kernels, the tensors placed through the
+segment registry; the kernel ops only), ``branch`` (peermem, routed to NCCL, as the sizes NCCL
+serves are: the route's lookup, then NCCL's fast path), ``default`` (the same through the default backend,
 ``cpu:gloo,cuda:peermem``), ``nccl`` (commlayer's nccl backend) and ``raw``
 (``torch.distributed``'s call). Each is checked for the exact result first, then timed as the
 host's microseconds per call while issuing 200 calls in a row behind a sleeping kernel, so that the
@@ -40,9 +41,10 @@ import torch.distributed as torch_dist
 SIZES = (4096, 65536)  # bytes, bf16: small enough that the GPU keeps up with the host
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single")
 IN_PLACE = ("all_reduce", "broadcast")
-WAYS = ("kernel", "branch", "default", "nccl", "raw")
+WAYS = ("kernel", "zero_copy", "branch", "default", "nccl", "raw")
+KERNEL_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 CALLS = 200  # well inside CUDA's launch queue, so that launching never waits for the GPU
-ASYNC_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+ASYNC_OPS = KERNEL_OPS
 ASYNC_BYTES = 4 << 20  # past COMMLAYER_PEERMEM_ASYNC_BYTES' default: the group's stream
 ASYNC_CALLS = 50  # each also records and waits for events: fewer, to stay inside the queue
 SLEEP_CYCLES = 50_000_000  # about 25 ms of GPU time: several times CALLS calls of the host
@@ -130,11 +132,13 @@ def worker(rounds: int) -> list[dict]:
     from commlayer import dist
     from commlayer.backends.peermem import backend
 
-    backend.attach = _group_of_one(["one_shot", "nccl", "nccl"])  # the world, then the NCCL-routed groups
+    # The forced routes of the peermem groups, in the order they are made below.
+    backend.attach = _group_of_one(["one_shot", "zero_copy", "nccl", "nccl"])
     torch.cuda.set_device(0)
     dist.init_process_group("peermem", store=torch_dist.HashStore(), rank=0, world_size=1)
     groups = {
         "kernel": dist.group.WORLD,
+        "zero_copy": dist.new_group([0]),
         "branch": dist.new_group([0]),
         "default": dist.new_group([0], backend="cpu:gloo,cuda:peermem"),
         "nccl": dist.new_group([0], backend="nccl"),
@@ -147,6 +151,8 @@ def worker(rounds: int) -> list[dict]:
         for way, group in groups.items():
             if way == "kernel" and op == "all_to_all_single":
                 continue  # its kernel places tensors through peers' mappings: none in a group of one
+            if way == "zero_copy" and op not in KERNEL_OPS:
+                continue
             calls[way], calls["raw"], result, expected = _calls(op, nbytes // 2, group, async_op)
             for call in (calls[way], calls["raw"]):
                 if op not in IN_PLACE:

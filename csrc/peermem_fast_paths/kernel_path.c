@@ -6,10 +6,11 @@
 // Python frame: read the tensors (the C tensor reader), look the route up in a table keyed by
 // bytes and dtype, read the current stream, enter the call in the flight recorder, call the kernel
 // library's pm_launch through its address and, for a blocking call, check the group's failure
-// flag. A call of the sizes NCCL serves goes straight to NCCL's fast path. Every other call, rare
-// by construction, goes to the twin: zero-copy routes (their places come from the segment
-// registry), a stream other than the group's last one (the streams must be joined), large
-// asynchronous calls (they may move to the group's stream), and tensors the reader cannot read.
+// flag. A zero-copy route (whose tensors peers reach where they lie) asks the group's segment
+// registry for the tensors' places, the one Python call it makes. A call of the sizes NCCL serves
+// goes straight to NCCL's fast path. Every other call, rare by construction, goes to the twin: a
+// stream other than the group's last one (the streams must be joined), large asynchronous calls
+// (they may move to the group's stream), and tensors the reader cannot read.
 //
 // Only the Python C API is used: the kernel library is loaded at run time (ctypes), and its launch
 // function reaches this file as an address.
@@ -35,18 +36,29 @@ typedef struct {
     void *handle;
     const volatile int *failed;  // the group's flag, set by a kernel that timed out
     PyObject *comm;              // its handle is None once the group's region is freed
-    PyObject *routes;            // bytes << 8 | scalar type -> (code, blocks), None (NCCL) or False (twin)
+    PyObject *routes;  // bytes << 8 | scalar type -> (code, blocks[, placed]), None (NCCL) or False (twin)
+    PyObject *places;  // places(source, output) -> (in_slot, out_slot, in_off, out_off, descriptor)
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
         *raise_failed;
     CommlayerRecording recording;
     PyObject *last_shape;  // the tuple of sizes the last entry holds
 } KernelPath;
 
+// Where a call's tensors are for its peers: registered segments, or (slots -1) the staging region.
+typedef struct {
+    int in_slot, out_slot, descriptor;
+    unsigned long long in_off, out_off;
+} Places;
+
+// A staged call's places: the staging region on both sides.
+static const Places UNPLACED = {.in_slot = -1, .out_slot = -1, .descriptor = -1, .in_off = 0, .out_off = 0};
+
 // One call as the kernel takes it, and the tensor its flight-recorder entry describes.
 typedef struct {
-    int code, blocks;
+    int code, blocks, placed;  // placed: a zero-copy route, whose places the registry gives
     uintptr_t source, output, stream;
     unsigned long long bytes;
+    Places places;
     CommlayerTensorMeta described;
 } KernelCall;
 
@@ -91,6 +103,17 @@ static int on_last_stream(KernelPath *self, uintptr_t *stream) {
     return PyErr_Occurred() ? -1 : same;
 }
 
+// A zero-copy call's places, as the group's segment registry gives them (0 with the error set).
+static int place_tensors(KernelPath *self, PyObject *source, PyObject *output, Places *places) {
+    PyObject *found = PyObject_CallFunctionObjArgs(self->places, source, output, NULL);
+    if (found == NULL) return 0;
+    int ok = PyArg_ParseTuple(found, "iiKKi;peermem places: (in_slot, out_slot, in_off, out_off, descriptor) "
+                              "expected", &places->in_slot, &places->out_slot, &places->in_off, &places->out_off,
+                              &places->descriptor);
+    Py_DECREF(found);
+    return ok;
+}
+
 // How the call runs: the kernel (with *call filled in), NCCL's fast path, or the twin.
 static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int async_op, KernelCall *call) {
     if (tensor_meta_reader == NULL || !attached(self)) return TWIN;
@@ -106,13 +129,16 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int as
     PyObject *route = route_for(self, tensors[self->op == REDUCE_SCATTER], nbytes, routed->scalar_type);
     if (route == NULL) return FAILED;
     if (route == Py_None) return NCCL;
-    if (!PyTuple_Check(route) || PyTuple_GET_SIZE(route) != 2) return TWIN;
+    Py_ssize_t items = PyTuple_Check(route) ? PyTuple_GET_SIZE(route) : 0;
+    if (items != 2 && items != 3) return TWIN;
     long long moved = pair ? commlayer_tensor_meta_numel(&second) * second.itemsize : nbytes;
     if (async_op && self->async_bytes >= 0 && (nbytes >= self->async_bytes || moved >= self->async_bytes)) {
         return TWIN;
     }
     int same = on_last_stream(self, &call->stream);
     if (same <= 0) return same < 0 ? FAILED : TWIN;
+    call->placed = items == 3;
+    call->places = UNPLACED;
     call->code = (int)PyLong_AsLong(PyTuple_GET_ITEM(route, 0));
     call->blocks = (int)PyLong_AsLong(PyTuple_GET_ITEM(route, 1));
     call->output = first.data;  // all_reduce's one tensor, or the output of the other two
@@ -132,16 +158,31 @@ static PyObject *raise_from(PyObject *raising, PyObject *argument) {
     return NULL;
 }
 
+// pm_launch's codes are CUDA's (> 0) and the library's own (< 0, above this one).
+#define PLACING_FAILED (-100000)
+
+// Places a zero-copy call's tensors and launches its kernel: pm_launch's code, or PLACING_FAILED
+// with the registry's error set.
+static int launch_call(KernelPath *self, PyObject *const *tensors, KernelCall *call) {
+    PyObject *source = tensors[self->op == ALL_REDUCE ? 0 : 1];
+    if (call->placed && !place_tensors(self, source, tensors[0], &call->places)) return PLACING_FAILED;
+    const Places *at = &call->places;
+    return self->launch(self->handle, call->code, (const void *)call->source, (void *)call->output, call->bytes,
+                        call->blocks, (void *)call->stream, at->in_slot, at->out_slot, at->in_off, at->out_off,
+                        at->descriptor);
+}
+
 // The launch itself, entered in the flight recorder: the async call's Work, or None once the
 // blocking call is checked.
-static PyObject *run_kernel(KernelPath *self, PyObject *const *tensors, int async_op, const KernelCall *call) {
+static PyObject *run_kernel(KernelPath *self, PyObject *const *tensors, int async_op, KernelCall *call) {
     PyObject *shape = commlayer_tensor_meta_shape(&self->last_shape, &call->described);
     PyObject *entry = shape == NULL ? NULL : commlayer_recorder_enter(&self->recording, shape);
     if (entry == NULL) return NULL;
-    int rc = self->launch(self->handle, call->code, (const void *)call->source, (void *)call->output,
-                          call->bytes, call->blocks, (void *)call->stream, -1, -1, 0, 0, -1);
+    int rc = launch_call(self, tensors, call);
     PyObject *result = NULL;
-    if (rc != 0) {
+    if (rc == PLACING_FAILED) {
+        // the registry's error stands
+    } else if (rc != 0) {
         PyObject *code = PyLong_FromLong(rc);
         if (code != NULL) raise_from(self->launch_failed, code);
         Py_XDECREF(code);
@@ -181,13 +222,13 @@ static PyObject *kernel_path_vectorcall(PyObject *callable, PyObject *const *arg
 
 static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"op", "device_type", "device", "world", "async_bytes", "launch", "handle", "failed", "comm",
-                               "route_of", "order", "raw_stream", "nccl", "twin", "started_work",
+                               "places", "route_of", "order", "raw_stream", "nccl", "twin", "started_work",
                                "launch_failed", "raise_failed", "recording", NULL};
-    PyObject *launch, *handle, *failed, *objects[9], *recording;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOO", keywords, &self->op, &self->device_type, &self->device,
-                                     &self->world, &self->async_bytes, &launch, &handle, &failed, &objects[0],
-                                     &objects[1], &objects[2], &objects[3], &objects[4], &objects[5], &objects[6],
-                                     &objects[7], &objects[8], &recording)) {
+    PyObject *launch, *handle, *failed, *objects[10], *recording;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOOO", keywords, &self->op, &self->device_type,
+                                     &self->device, &self->world, &self->async_bytes, &launch, &handle, &failed,
+                                     &objects[0], &objects[1], &objects[2], &objects[3], &objects[4], &objects[5],
+                                     &objects[6], &objects[7], &objects[8], &objects[9], &recording)) {
         return -1;
     }
     if (self->op < ALL_REDUCE || self->op > REDUCE_SCATTER || self->world < 1) {
@@ -203,9 +244,10 @@ static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) 
         return -1;
     }
     if (commlayer_recording_read(recording, &self->recording) < 0) return -1;
-    PyObject **slots[9] = {&self->comm,  &self->route_of,     &self->order,         &self->raw_stream, &self->nccl,
-                           &self->twin, &self->started_work, &self->launch_failed, &self->raise_failed};
-    for (int index = 0; index < 9; index++) Py_XSETREF(*slots[index], Py_NewRef(objects[index]));
+    PyObject **slots[10] = {&self->comm, &self->places,       &self->route_of,      &self->order,
+                            &self->raw_stream, &self->nccl, &self->twin, &self->started_work,
+                            &self->launch_failed, &self->raise_failed};
+    for (int index = 0; index < 10; index++) Py_XSETREF(*slots[index], Py_NewRef(objects[index]));
     Py_XSETREF(self->routes, PyDict_New());
     Py_XSETREF(self->device_number, PyLong_FromLong(self->device));
     if (self->routes == NULL || self->device_number == NULL) return -1;
@@ -214,7 +256,7 @@ static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) 
 }
 
 #define KERNEL_PATH_OBJECTS(EACH)                                                                           \
-    EACH(comm) EACH(routes) EACH(route_of) EACH(order) EACH(raw_stream) EACH(device_number) EACH(nccl)   \
+    EACH(comm) EACH(routes) EACH(places) EACH(route_of) EACH(order) EACH(raw_stream) EACH(device_number) EACH(nccl)   \
         EACH(twin) EACH(started_work) EACH(launch_failed) EACH(raise_failed) EACH(last_shape)
 
 static int kernel_path_traverse(KernelPath *self, visitproc visit, void *arg) {
@@ -248,8 +290,8 @@ static PyGetSetDef kernel_path_getset[] = {
 PyTypeObject KernelPathType = {
     COMMLAYER_VECTORCALL_TYPE(
         "commlayer.backends.peermem._fast_paths.KernelPath", KernelPath, kernel_path_init, kernel_path,
-        "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, route_of, order, raw_stream, "
-        "nccl, twin, started_work, launch_failed, raise_failed, recording): run(async_op, *tensors)."),
+        "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, places, route_of, order, "
+        "raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording): run(async_op, *tensors)."),
     .tp_repr = (reprfunc)kernel_path_repr,
     .tp_getset = kernel_path_getset,
 };

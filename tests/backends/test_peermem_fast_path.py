@@ -10,6 +10,7 @@ on the GPU machine (``benchmarks/gpu/peermem.py``, which runs with and without t
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 from typing import Any, NoReturn
 
@@ -71,6 +72,8 @@ class Harness:
         self.order.last = STREAM
         self.stream = STREAM
         self.routes, self.asked, self.handed = routes, [], []
+        self.placed: list[tuple[str, int, int]] = []  # (op, source pointer, output pointer) asked to place
+        self.places_error: Exception | None = None
         self.ring: list = [None] * 8
         recording = Recording(itertools.count(1).__next__, self.ring, 8, op, torch.float32, -1, _fail)
         self.path = native.KernelPath(
@@ -83,6 +86,7 @@ class Harness:
             handle=0xC0FFEE,
             failed=ctypes.addressof(self.failed),
             comm=self,
+            places=functools.partial(self._places, op),
             route_of=self._route_of,
             order=self.order,
             raw_stream=lambda device: self.stream,
@@ -98,6 +102,13 @@ class Harness:
         nbytes = tensor.numel() * tensor.element_size()
         self.asked.append(nbytes)
         return fast_path.route_verdict(self.routes.get(nbytes))
+
+    def _places(self, op: str, source: torch.Tensor, output: torch.Tensor) -> tuple[int, int, int, int, int]:
+        """Stands for PeerComm.places: the input in slot 3, the output in slot 5, at fixed offsets."""
+        self.placed.append((op, source.data_ptr(), output.data_ptr()))
+        if self.places_error is not None:
+            raise self.places_error
+        return 3, 5, 0x100, 0x200, -1
 
     def _launch_failed(self, rc: int) -> NoReturn:
         raise RuntimeError(f"peermem: kernel launch failed: error {rc}")
@@ -157,6 +168,35 @@ def test_the_sizes_nccl_serves_go_to_ncclss_fast_path_with_the_same_arguments() 
     assert harness.handed == [("nccl", True, tensor)] and harness.kernel.calls == []
 
 
+def test_a_zero_copy_route_launches_with_the_places_the_registry_gives() -> None:
+    tensor = torch.arange(64.0)
+    harness = Harness("all_reduce", {256: ZERO_COPY})
+    assert harness.path(False, tensor) is None
+    assert harness.placed == [("all_reduce", tensor.data_ptr(), tensor.data_ptr())]
+    _, code, source, output, nbytes, blocks, stream, *placed = harness.kernel.calls.pop()
+    assert (code, blocks, stream, nbytes) == (0x27, 64, STREAM, 256)
+    assert source == output == tensor.data_ptr() and placed == [3, 5, 0x100, 0x200, -1]
+    assert harness.ring[1][5] == COMPLETED and harness.handed == []
+
+
+@pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_a_zero_copy_paired_op_places_its_input_as_source(op: str) -> None:
+    small, large = torch.arange(16.0), torch.arange(64.0)
+    output, tensor = (large, small) if op == "all_gather_into_tensor" else (small, large)
+    harness = Harness(op, {256: Route(code=0x28, blocks=8, op=op)})
+    assert harness.path(False, output, tensor) is None
+    assert harness.placed == [(op, tensor.data_ptr(), output.data_ptr())]
+    assert harness.kernel.calls.pop()[7:] == (3, 5, 0x100, 0x200, -1)
+
+
+def test_a_placing_error_fails_the_entered_call_and_launches_nothing() -> None:
+    harness = Harness("all_reduce", {256: ZERO_COPY})
+    harness.places_error = ValueError("segment table full")
+    with pytest.raises(Translated, match="segment table full"):
+        harness.path(False, torch.ones(64))
+    assert harness.kernel.calls == [] and harness.ring[1][5] == STARTED
+
+
 def _handed_to_twin(harness: Harness, *call: Any) -> bool:
     harness.handed.clear()
     harness.path(*call)
@@ -164,8 +204,7 @@ def _handed_to_twin(harness: Harness, *call: Any) -> bool:
 
 
 def test_what_needs_python_goes_to_the_twin() -> None:
-    harness = Harness("all_reduce", {256: ZERO_COPY, 64: STAGED}, async_bytes=64)
-    assert _handed_to_twin(harness, False, torch.ones(64))  # zero-copy: the registry places it
+    harness = Harness("all_reduce", {64: STAGED}, async_bytes=64)
     assert _handed_to_twin(harness, True, torch.ones(16))  # large async: may move streams
     assert _handed_to_twin(harness, False, torch.ones(17)[1:])  # not 16-byte aligned
     assert _handed_to_twin(harness, False, torch.ones(4, 8).t())  # not contiguous
@@ -215,7 +254,7 @@ def test_a_wrong_call_names_the_op_and_what_it_expected() -> None:
 
 def test_routes_map_to_what_the_c_path_does() -> None:
     assert fast_path.route_verdict(None) is None
-    assert fast_path.route_verdict(ZERO_COPY) is False
+    assert fast_path.route_verdict(ZERO_COPY) == (0x27, 64, True)
     assert fast_path.route_verdict(STAGED) == (0x21, 24)
 
 
