@@ -232,8 +232,11 @@ class PeerComm:
                 source.data_ptr() if wants_in else 0, output.data_ptr() if wants_out else 0
             )
         self.map_news()
-        in_slot, in_off = self._place(source.data_ptr()) if wants_in else NOT_PLACED
-        out_slot, out_off = self._place(output.data_ptr()) if wants_out else NOT_PLACED
+        source_pointer, output_pointer = source.data_ptr(), output.data_ptr()
+        in_slot, in_off = self._place(source_pointer) if wants_in else NOT_PLACED
+        if wants_in and wants_out and output_pointer == source_pointer:  # in-place all_reduce: one lookup
+            return in_slot, in_slot, in_off, in_off, -1
+        out_slot, out_off = self._place(output_pointer) if wants_out else NOT_PLACED
         return in_slot, out_slot, in_off, out_off, -1
 
     def _place(self, pointer: int, share: bool = True) -> tuple[int, int]:
@@ -246,7 +249,7 @@ class PeerComm:
     def segment(self, pointer: int) -> Segment | None:
         """The allocation holding ``pointer`` (None when the driver cannot say)."""
         found = self.lib.segment(pointer)
-        return None if isinstance(found, int) else Segment(*found)
+        return None if isinstance(found, int) else Segment._make(found)
 
     def _export(self, base: int) -> bytes | None:
         handle = ctypes.create_string_buffer(self.lib.handle_bytes)

@@ -16,7 +16,7 @@ reused; once all are taken, new segments stay staged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from commlayer.backends.peermem.board import MAX_SLOTS, Board
 
@@ -26,9 +26,9 @@ __all__ = ["NOT_PLACED", "Registry", "Segment"]
 NOT_PLACED = (-1, 0)
 
 
-@dataclass(frozen=True)
-class Segment:
-    """One allocation, as the driver describes the memory behind a pointer."""
+class Segment(NamedTuple):
+    """One allocation, as the driver describes the memory behind a pointer (looked up every
+    zero-copy call: a tuple, the cheapest to make)."""
 
     buffer_id: int
     base: int
