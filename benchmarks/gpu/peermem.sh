@@ -3,21 +3,21 @@
 #
 #   bash benchmarks/gpu/peermem.sh [STEP ...]      (from the repository root; results in $OUT)
 #
-# STEP is any of checks tp conformance moe anchor profile (default: all but profile). Per world
-# size (all GPUs, then 2 when there are 4 or more): peermem.py (correctness, then collectives
-# against NCCL and torch's symmetric memory), peermem_tp.py (TP decode: fused kernel vs NCCL),
-# `commlayer test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and
-# on NCCL against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile:
-# peermem_profile.py (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE
-# and of ZeRO stages 1-3 (and 3 with one unit per block) on the default backend and on NCCL (with `trace analyze --arrivals` of
-# each ZeRO run: when each rank entered each collective); then `commlayer test-backend
-# cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size. Each step has a time limit and the whole run a deadline (DEADLINE
-# seconds, default 540), so results come back even when a step hangs; everything lands in
-# $OUT/peermem.tgz (the folder peermem_run) and the summary in $OUT/summary.txt. On a machine of
-# one GPU, checks runs peermem_shared_gpu.py instead: 2 and 4 ranks on the one GPU, correctness only,
-# ZeRO stage 3 included. Environment:
-# ANCHORS (default anchors), CHECK_WORLDS (the world sizes to run the correctness checks on;
-# default every one).
+# STEP is any of checks tp conformance moe anchor profile (default: all but profile). Per world size
+# (all GPUs, then 2 when there are 4 or more): peermem.py (correctness, then collectives against
+# NCCL and torch's symmetric memory), peermem_tp.py (TP decode: fused kernel vs NCCL), `commlayer
+# test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and on NCCL
+# against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile: peermem_profile.py
+# (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE and of ZeRO stages 1-3
+# (and 3 with one unit per block) on the default backend and on NCCL (with `trace analyze
+# --arrivals` of each ZeRO run: when each rank entered each collective); then `commlayer
+# test-backend cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size.
+# Each step has a time limit and the whole run a deadline (DEADLINE seconds, default 540), so
+# results come back even when a step hangs; everything lands in $OUT/peermem.tgz (the folder
+# peermem_run) and the summary in $OUT/summary.txt; the exit status is 1 when any step failed or was
+# cut off. On a machine of one GPU, checks runs peermem_shared_gpu.py instead: 2 and 4 ranks on the
+# one GPU, correctness only, ZeRO stage 3 included. Environment: ANCHORS (default anchors),
+# CHECK_WORLDS (the world sizes to run the correctness checks on; default every one).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export COMMLAYER_PEERMEM_CACHE=/tmp/peermem_cache SITE=/tmp/peermem_site
@@ -38,6 +38,7 @@ step() {
   [ "$left" -lt "$limit" ] && limit=$left
   if [ "$limit" -lt 20 ]; then
     summary "=== $name skipped: the deadline is near"
+    failed=$((failed + 1))
     return 1
   fi
   local start
@@ -45,9 +46,11 @@ step() {
   timeout -k 5 "$limit" "$@" >"$RUN/$name.log" 2>&1
   local rc=$?
   summary "=== $name: exit $rc after $(($(date +%s) - start)) s (limit $limit s)"
+  [ $rc -eq 0 ] || failed=$((failed + 1))
   return $rc
 }
 wants() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+failed=0  # steps that failed or were cut off: the script's exit status is 1 when any did
 
 source benchmarks/gpu/site.sh >"$RUN/site.log" 2>&1 || { cat "$RUN/site.log"; exit 1; }
 cp "$OUT/machine.txt" "$RUN/" 2>/dev/null
@@ -114,3 +117,4 @@ for log in "$RUN"/arrivals_*.txt; do [ -f "$log" ] && summary "$(basename "$log"
 tar -czf "$OUT/peermem.tgz" -C /tmp peermem_run
 summary "=== done after $(($(date +%s) - began)) s"
 for log in "$RUN"/collectives_*.log "$RUN"/tp_*.log; do [ -f "$log" ] && grep -E '^ *[0-9]+ |^#|^hidden' "$log"; done
+[ "$failed" -eq 0 ]
