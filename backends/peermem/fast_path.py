@@ -4,9 +4,10 @@
 builds a Python fast path per routed op that picks, per call, between the kernels and NCCL's fast
 path; it stays the reference (the twin) and the fallback (``COMMLAYER_C_FAST_PATHS=0``). Where the
 extension is built, :func:`kernel_path` wraps it in a ``KernelPath`` that launches the calls served
-through the staging region with no Python frame, those served in place with one (the segment
-registry's :meth:`PeerComm.places`), and hands NCCL's sizes straight to NCCL's fast path; what it
-leaves to the twin is listed in ``kernel_path.c``.
+through the staging region with no Python frame, those served in place or issued on another
+stream with one (the segment registry's :meth:`PeerComm.places`, :meth:`StreamOrder.stream`), and
+hands NCCL's sizes straight to NCCL's fast path; what it leaves to the twin is listed in
+``kernel_path.c``.
 """
 
 from __future__ import annotations

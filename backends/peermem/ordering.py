@@ -70,7 +70,7 @@ class StreamOrder:
         self._capturing = capturing
         self._new_event = new_event
         #: The handle of the stream the group's last kernel went to (the C fast path launches
-        #: there without entering this class, and leaves every other stream to it).
+        #: there without entering this class, and calls ``stream()`` from any other).
         self.last: int | None = None
         self._last_stream: Any = None
         #: How many launches waited for another stream (the benchmarks report it).

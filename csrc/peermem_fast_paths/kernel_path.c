@@ -6,11 +6,12 @@
 // Python frame: read the tensors (the C tensor reader), look the route up in a table keyed by
 // bytes and dtype, read the current stream, enter the call in the flight recorder, call the kernel
 // library's pm_launch through its address and, for a blocking call, check the group's failure
-// flag. A zero-copy route (whose tensors peers reach where they lie) asks the group's segment
-// registry for the tensors' places, the one Python call it makes. A call of the sizes NCCL serves
-// goes straight to NCCL's fast path. Every other call, rare by construction, goes to the twin: a
-// stream other than the group's last one (the streams must be joined), large asynchronous calls
-// (they may move to the group's stream), and tensors the reader cannot read.
+// flag. Two kinds of call make one Python call each: a zero-copy route (whose tensors peers reach
+// where they lie) asks the group's segment registry for the tensors' places, and a call on another
+// stream than the group's last kernel has the group's StreamOrder join the two. A call of the sizes
+// NCCL serves goes straight to NCCL's fast path. Every other call, rare by construction, goes to
+// the twin: large asynchronous calls (they may move to the group's stream) and tensors the reader
+// cannot read.
 //
 // Only the Python C API is used: the kernel library is loaded at run time (ctypes), and its launch
 // function reaches this file as an address.
@@ -55,7 +56,9 @@ static const Places UNPLACED = {.in_slot = -1, .out_slot = -1, .descriptor = -1,
 
 // One call as the kernel takes it, and the tensor its flight-recorder entry describes.
 typedef struct {
-    int code, blocks, placed;  // placed: a zero-copy route, whose places the registry gives
+    int code, blocks;
+    int placed;    // a zero-copy route, whose places the registry gives
+    int switched;  // on another stream than the group's last kernel: StreamOrder joins them
     uintptr_t source, output, stream;
     unsigned long long bytes;
     Places places;
@@ -136,7 +139,8 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int as
         return TWIN;
     }
     int same = on_last_stream(self, &call->stream);
-    if (same <= 0) return same < 0 ? FAILED : TWIN;
+    if (same < 0) return FAILED;
+    call->switched = !same;
     call->placed = items == 3;
     call->places = UNPLACED;
     call->code = (int)PyLong_AsLong(PyTuple_GET_ITEM(route, 0));
@@ -158,14 +162,25 @@ static PyObject *raise_from(PyObject *raising, PyObject *argument) {
     return NULL;
 }
 
-// pm_launch's codes are CUDA's (> 0) and the library's own (< 0, above this one).
-#define PLACING_FAILED (-100000)
+// Orders the current stream after the group's last kernel (StreamOrder.stream, which also knows
+// what a graph capture allows) and reads its handle again; 0 with the error set.
+static int join_streams(KernelPath *self, uintptr_t *stream) {
+    PyObject *joined = PyObject_CallMethodNoArgs(self->order, str_stream);
+    if (joined == NULL) return 0;
+    *stream = (uintptr_t)PyLong_AsVoidPtr(joined);
+    Py_DECREF(joined);
+    return !PyErr_Occurred();
+}
 
-// Places a zero-copy call's tensors and launches its kernel: pm_launch's code, or PLACING_FAILED
-// with the registry's error set.
+// pm_launch's codes are CUDA's (> 0) and the library's own (< 0, above this one).
+#define PREPARING_FAILED (-100000)
+
+// Joins the streams and places the tensors where the call needs it, then launches its kernel:
+// pm_launch's code, or PREPARING_FAILED with the Python error set.
 static int launch_call(KernelPath *self, PyObject *const *tensors, KernelCall *call) {
+    if (call->switched && !join_streams(self, &call->stream)) return PREPARING_FAILED;
     PyObject *source = tensors[self->op == ALL_REDUCE ? 0 : 1];
-    if (call->placed && !place_tensors(self, source, tensors[0], &call->places)) return PLACING_FAILED;
+    if (call->placed && !place_tensors(self, source, tensors[0], &call->places)) return PREPARING_FAILED;
     const Places *at = &call->places;
     return self->launch(self->handle, call->code, (const void *)call->source, (void *)call->output, call->bytes,
                         call->blocks, (void *)call->stream, at->in_slot, at->out_slot, at->in_off, at->out_off,
@@ -180,8 +195,8 @@ static PyObject *run_kernel(KernelPath *self, PyObject *const *tensors, int asyn
     if (entry == NULL) return NULL;
     int rc = launch_call(self, tensors, call);
     PyObject *result = NULL;
-    if (rc == PLACING_FAILED) {
-        // the registry's error stands
+    if (rc == PREPARING_FAILED) {
+        // the Python error stands
     } else if (rc != 0) {
         PyObject *code = PyLong_FromLong(rc);
         if (code != NULL) raise_from(self->launch_failed, code);

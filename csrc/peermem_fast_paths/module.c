@@ -3,7 +3,7 @@
 
 #include "../common/python_module.h"
 
-PyObject *str_last, *str_handle;
+PyObject *str_last, *str_handle, *str_stream;
 
 // set_tensor_meta(reader): called by backends/peermem/fast_path.py (see python_module.h).
 COMMLAYER_TENSOR_META_READER
@@ -20,7 +20,8 @@ static struct PyModuleDef fast_paths_module = {
 PyMODINIT_FUNC PyInit__fast_paths(void) {
     str_last = PyUnicode_InternFromString("last");
     str_handle = PyUnicode_InternFromString("handle");
-    if (str_last == NULL || str_handle == NULL) return NULL;
+    str_stream = PyUnicode_InternFromString("stream");
+    if (str_last == NULL || str_handle == NULL || str_stream == NULL) return NULL;
     static const CommlayerExport exports[] = {{"KernelPath", &KernelPathType}, {NULL}};
     return commlayer_module(&fast_paths_module, exports);
 }

@@ -10,7 +10,7 @@
 
 extern PyTypeObject KernelPathType;
 // Interned attribute names, made once by the module's init (module.c).
-extern PyObject *str_last, *str_handle;
+extern PyObject *str_last, *str_handle, *str_stream;
 // commlayer.core._tensor_meta's reader, once set_tensor_meta() handed it over (module.c); NULL:
 // every call goes to the Python twin.
 extern CommlayerTensorMetaReader tensor_meta_reader;
