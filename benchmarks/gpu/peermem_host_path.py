@@ -19,13 +19,16 @@ serves are: the route's lookup, then NCCL's fast path), ``default`` (the same th
 host's microseconds per call while issuing 200 calls in a row behind a sleeping kernel, so that the
 GPU never holds the host back (a round where the GPU caught up is not used). Large asynchronous
 calls, issued and waited for as ZeRO issues its gathers and reductions (4 MiB, ``async_op=True``
-then ``wait()``: peermem runs them on the group's own stream), are timed the same way, 50 in a row.
+then ``wait()``: peermem runs them on the group's own stream), are timed the same way, 50 in a row;
+so are calls issued from two streams in turn, as FSDP2 issues its gathers and reductions (each
+call's stream first waits for the group's previous kernel).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import os
 import statistics
@@ -47,6 +50,7 @@ CALLS = 200  # well inside CUDA's launch queue, so that launching never waits fo
 ASYNC_OPS = KERNEL_OPS
 ASYNC_BYTES = 4 << 20  # past COMMLAYER_PEERMEM_ASYNC_BYTES' default: the group's stream
 ASYNC_CALLS = 50  # each also records and waits for events: fewer, to stay inside the queue
+SWITCH_OPS = ("all_reduce",)  # issued from two streams in turn
 SLEEP_CYCLES = 50_000_000  # about 25 ms of GPU time: several times CALLS calls of the host
 
 
@@ -76,10 +80,32 @@ Call = Callable[[], object]
 
 
 def _calls(
-    op: str, numel: int, group: object, async_op: bool = False
+    op: str, numel: int, group: object, async_op: bool = False, streams: int = 1
 ) -> tuple[Call, Call, torch.Tensor, torch.Tensor]:
     """commlayer's call on ``group``, torch's on the world, the call's result and what it must hold
-    (a group of one: the input's values). An asynchronous call is waited for at once."""
+    (a group of one: the input's values). An asynchronous call is waited for at once; with two
+    ``streams`` each call is issued from the one the previous call did not use."""
+    ours, theirs, result, expected = _one_stream_calls(op, numel, group, async_op)
+    if streams == 1:
+        return ours, theirs, result, expected
+    sides = [torch.cuda.Stream() for _ in range(streams)]
+    torch.cuda.synchronize()  # the tensors were made on the default stream, which they do not wait for
+    return _in_turn(ours, sides), _in_turn(theirs, sides), result, expected
+
+
+def _in_turn(call: Call, streams: list[torch.cuda.Stream]) -> Call:
+    turns = itertools.cycle(streams)
+
+    def issued_in_turn() -> object:
+        with torch.cuda.stream(next(turns)):
+            return call()
+
+    return issued_in_turn
+
+
+def _one_stream_calls(
+    op: str, numel: int, group: object, async_op: bool
+) -> tuple[Call, Call, torch.Tensor, torch.Tensor]:
     from commlayer import dist
 
     tensor = torch.arange(numel, device="cuda", dtype=torch.float32).to(torch.bfloat16)
@@ -143,17 +169,18 @@ def worker(rounds: int) -> list[dict]:
         "default": dist.new_group([0], backend="cpu:gloo,cuda:peermem"),
         "nccl": dist.new_group([0], backend="nccl"),
     }
-    cases = [(op, nbytes, False) for op in OPS for nbytes in SIZES]
-    cases += [(op, ASYNC_BYTES, True) for op in ASYNC_OPS]
+    cases = [(op, nbytes, False, 1) for op in OPS for nbytes in SIZES]
+    cases += [(op, ASYNC_BYTES, True, 1) for op in ASYNC_OPS]
+    cases += [(op, nbytes, False, 2) for op in SWITCH_OPS for nbytes in SIZES]
     rows = []
-    for op, nbytes, async_op in cases:
+    for op, nbytes, async_op, streams in cases:
         calls: dict[str, Call] = {}
         for way, group in groups.items():
             if way == "kernel" and op == "all_to_all_single":
                 continue  # its kernel places tensors through peers' mappings: none in a group of one
             if way == "zero_copy" and op not in KERNEL_OPS:
                 continue
-            calls[way], calls["raw"], result, expected = _calls(op, nbytes // 2, group, async_op)
+            calls[way], calls["raw"], result, expected = _calls(op, nbytes // 2, group, async_op, streams)
             for call in (calls[way], calls["raw"]):
                 if op not in IN_PLACE:
                     result.zero_()
@@ -161,7 +188,8 @@ def worker(rounds: int) -> list[dict]:
                 torch.cuda.synchronize()
                 assert torch.equal(result, expected), f"{op} {nbytes} B ({way}): wrong result"
         count = ASYNC_CALLS if async_op else CALLS
-        rows.append({"op": op, "bytes": nbytes, "async": async_op, **_host_us(calls, rounds, count)})
+        row = {"op": op, "bytes": nbytes, "async": async_op, "streams": streams}
+        rows.append(row | _host_us(calls, rounds, count))
     dist.destroy_process_group()
     return rows
 
@@ -202,7 +230,7 @@ def main() -> None:
 
 
 def _print(runs: dict[str, list[list[dict]]]) -> None:
-    print(f"op | bytes | async | C: {' / '.join(WAYS)} us | Python: {' / '.join(WAYS)} us")
+    print(f"op | bytes | async | streams | C: {' / '.join(WAYS)} us | Python: {' / '.join(WAYS)} us")
     for index, row in enumerate(runs["1"][0]):
         cells = []
         for kind in ("1", "0"):
@@ -211,7 +239,7 @@ def _print(runs: dict[str, list[list[dict]]]) -> None:
                 for way in WAYS
             }
             cells.append(" / ".join("-" if us is None else f"{us:.2f}" for us in median.values()))
-        print(f"{row['op']} | {row['bytes']} | {row['async']} | {cells[0]} | {cells[1]}")
+        print(f"{row['op']} | {row['bytes']} | {row['async']} | {row['streams']} | {cells[0]} | {cells[1]}")
 
 
 if __name__ == "__main__":
