@@ -89,17 +89,17 @@ class PeerComm:
         self._capturing = torch.cuda.is_current_stream_capturing
         self._raw_stream = lambda: torch._C._cuda_getCurrentRawStream(device)
         #: Keeps the group's kernels in issue order across streams (FSDP2 issues on two).
-        self.order = StreamOrder(
-            self._raw_stream, lambda: torch.cuda.current_stream(device), self._capturing, torch.cuda.Event
-        )
+        self.order = StreamOrder(self._raw_stream, self._capturing, self._join)
         self._stream = self.order.stream
         self.async_bytes = settings.PEERMEM_ASYNC_BYTES.value()
         self._default_stream = torch.cuda.default_stream(device).cuda_stream
-        # The group's own stream, created at the first large async call, with the event that
-        # joins it to the caller's stream and those that mark its calls' ends (see _new_side).
+        # The group's own stream, created at the first large async call, with the events that
+        # mark its calls' ends (see _new_side).
         self._side: torch.cuda.Stream | None = None
-        self._side_join: torch.cuda.Event | None = None
         self._side_ends: EventRing | None = None
+        # Joins one stream to another's work so far; one event serves every join, since a wait
+        # takes the event's latest record when it is enqueued.
+        self._join_event: torch.cuda.Event | None = None
         self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
         self._registrations = 0
         self._descriptors = 0
@@ -173,22 +173,29 @@ class PeerComm:
         ):
             return self._stream(), None
         side = self._side if self._side is not None else self._new_side()
-        join = self._side_join.cuda_event
-        self._checked(self.lib.record(join, self._raw_stream()) or self.lib.wait(side.cuda_stream, join))
-        return self.order.enter(side, side.cuda_stream), side
+        self._join(side.cuda_stream, self._raw_stream())
+        return self.order.enter(side.cuda_stream), side
 
     def _new_side(self) -> torch.cuda.Stream:
-        """The group's own stream, with its events made once: joined to the caller's stream
-        before each call, and marking each call's end (recorded and waited for in C)."""
+        """The group's own stream, with the events that mark its calls' ends made once."""
         side = self._side = torch.cuda.Stream(self.device)
-
-        def created() -> torch.cuda.Event:
-            event = torch.cuda.Event()
-            event.record(side)  # creates the CUDA event: its handle is read from now on
-            return event
-
-        self._side_join, self._side_ends = created(), EventRing(_SIDE_EVENTS, created)
+        self._side_ends = EventRing(_SIDE_EVENTS, lambda: self._created_event(side))
         return side
+
+    @staticmethod
+    def _created_event(stream: torch.cuda.Stream) -> torch.cuda.Event:
+        """An event whose CUDA event exists (its handle is read from now on, recorded in C)."""
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def _join(self, waiting: int, after: int) -> None:
+        """Make stream ``waiting`` wait for the work enqueued on stream ``after`` so far (raw
+        handles; recorded and waited for by the kernel library)."""
+        if self._join_event is None:
+            self._join_event = self._created_event(torch.cuda.current_stream(self.device))
+        event = self._join_event.cuda_event
+        self._checked(self.lib.record(event, after) or self.lib.wait(waiting, event))
 
     def wait_for(self, event: torch.cuda.Event) -> None:
         """Make the current stream wait for ``event``, recorded after one of the group's kernels."""

@@ -10,7 +10,7 @@ another stream than the group's previous launch first makes its stream wait for 
 stream's work enqueued so far (which holds the previous kernel), as NCCL orders a communicator's
 calls on one internal stream::
 
-    order = StreamOrder(raw_stream, current_stream, capturing, torch.cuda.Event)
+    order = StreamOrder(raw_stream, capturing, join)
     launch(..., order.stream())      # the current stream, after the group's previous kernel
 
 Large asynchronous calls go to a stream the group owns (``enter``), after the caller's work so far,
@@ -41,38 +41,28 @@ def on_group_stream(
 
 
 class StreamOrder:
-    """Orders one group's kernel launches across the streams they are issued on.
+    """Orders one group's kernel launches across the streams they are issued on, by their raw
+    handles.
 
-    ``raw_stream()`` is the current stream's handle (cheap), ``current_stream()`` its stream object,
-    ``capturing()`` whether the current stream is being captured, ``new_event()`` an event with
-    ``record(stream)``, waited on through ``stream.wait_event(event)``.
+    ``raw_stream()`` is the current stream's handle (cheap), ``capturing()`` whether the current
+    stream is being captured, and ``join(waiting, after)`` makes stream ``waiting`` wait for the
+    work enqueued on stream ``after`` so far.
     """
 
-    __slots__ = (
-        "_capturing",
-        "_current_stream",
-        "_last_stream",
-        "_new_event",
-        "_raw_stream",
-        "joins",
-        "last",
-    )
+    __slots__ = ("_capturing", "_join", "_raw_stream", "joins", "last")
 
     def __init__(
         self,
         raw_stream: Callable[[], int],
-        current_stream: Callable[[], Any],
         capturing: Callable[[], bool],
-        new_event: Callable[[], Any],
+        join: Callable[[int, int], None],
     ) -> None:
         self._raw_stream = raw_stream
-        self._current_stream = current_stream
         self._capturing = capturing
-        self._new_event = new_event
+        self._join = join
         #: The handle of the stream the group's last kernel went to (the C fast path launches
         #: there without entering this class, and calls ``stream()`` from any other).
         self.last: int | None = None
-        self._last_stream: Any = None
         #: How many launches waited for another stream (the benchmarks report it).
         self.joins = 0
 
@@ -81,25 +71,23 @@ class StreamOrder:
         handle = self._raw_stream()
         if handle != self.last:
             if self._capturing():
-                self.last, self._last_stream = None, None
+                self.last = None
             else:
-                self._switch(handle, self._current_stream())
+                self._switch(handle)
         return handle
 
-    def enter(self, stream: Any, handle: int) -> int:
-        """``handle`` (``stream``'s, a stream the group owns and never captures), once ``stream``
-        waits for the group's previous kernel."""
+    def enter(self, handle: int) -> int:
+        """``handle`` (a stream the group owns and never captures), once that stream waits for
+        the group's previous kernel."""
         if handle != self.last:
-            self._switch(handle, stream)
+            self._switch(handle)
         return handle
 
-    def _switch(self, handle: int, stream: Any) -> None:
-        if self._last_stream is not None:
-            event = self._new_event()
-            event.record(self._last_stream)
-            stream.wait_event(event)
+    def _switch(self, handle: int) -> None:
+        if self.last is not None:
+            self._join(handle, self.last)
             self.joins += 1
-        self.last, self._last_stream = handle, stream
+        self.last = handle
 
 
 class EventRing:

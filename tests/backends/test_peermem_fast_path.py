@@ -61,26 +61,6 @@ class KernelDouble:
         return ctypes.cast(self.function, ctypes.c_void_p).value
 
 
-class StreamDouble:
-    """Stands for a torch stream (a double): records the events it is made to wait for."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle, self.waited = handle, []
-
-    def wait_event(self, event: EventDouble) -> None:
-        self.waited.append(event)
-
-
-class EventDouble:
-    """Stands for a torch event (a double): remembers the stream it was recorded on."""
-
-    def __init__(self) -> None:
-        self.recorded_on: StreamDouble | None = None
-
-    def record(self, stream: StreamDouble) -> None:
-        self.recorded_on = stream
-
-
 class Harness:
     """One KernelPath with every collaborator recording what it is asked."""
 
@@ -89,11 +69,9 @@ class Harness:
         self.handle: int | None = 0xC0FFEE  # PeerComm's: None once the group's region is freed
         self.failed = ctypes.c_int(0)
         self.stream = STREAM
-        self.streams = {STREAM: StreamDouble(STREAM)}
         self.capturing = False
-        self.order = StreamOrder(
-            lambda: self.stream, self._current_stream, lambda: self.capturing, EventDouble
-        )
+        self.joined: list[tuple[int, int]] = []  # (waiting stream, stream waited for)
+        self.order = StreamOrder(lambda: self.stream, lambda: self.capturing, self._join)
         self.order.stream()  # the group's last kernel went to STREAM
         self.routes, self.asked, self.handed = routes, [], []
         self.placed: list[tuple[str, int, int]] = []  # (op, source pointer, output pointer) asked to place
@@ -122,8 +100,10 @@ class Harness:
             recording=recording,
         )
 
-    def _current_stream(self) -> StreamDouble:
-        return self.streams.setdefault(self.stream, StreamDouble(self.stream))
+    def _join(self, waiting: int, after: int) -> None:
+        if waiting < 0:
+            raise RuntimeError("peermem: cudaStreamWaitEvent failed")
+        self.joined.append((waiting, after))
 
     def _route_of(self, tensor: torch.Tensor) -> fast_path.Verdict:
         nbytes = tensor.numel() * tensor.element_size()
@@ -248,14 +228,12 @@ class Subclass(torch.Tensor):
 
 def test_a_call_on_another_stream_waits_for_the_groups_last_kernel_then_launches() -> None:
     harness = Harness("all_reduce", {64: STAGED})
-    previous = harness.streams[STREAM]
     harness.stream = STREAM + 1
     assert harness.path(False, torch.ones(16)) is None and harness.handed == []
     assert harness.kernel.calls.pop()[6] == STREAM + 1 and harness.order.last == STREAM + 1
-    (event,) = harness.streams[STREAM + 1].waited
-    assert event.recorded_on is previous and harness.order.joins == 1
+    assert harness.joined == [(STREAM + 1, STREAM)]
     harness.path(False, torch.ones(16))  # the same stream again: no more joins
-    assert harness.order.joins == 1 and len(harness.kernel.calls) == 1
+    assert len(harness.joined) == 1 and len(harness.kernel.calls) == 1
 
 
 def test_after_a_capture_the_next_stream_starts_a_new_order_without_a_join() -> None:
@@ -266,14 +244,13 @@ def test_after_a_capture_the_next_stream_starts_a_new_order_without_a_join() -> 
     harness.capturing, harness.stream = False, STREAM + 2
     harness.path(False, torch.ones(16))
     assert harness.kernel.calls.pop()[6] == STREAM + 2 and harness.order.last == STREAM + 2
-    assert harness.order.joins == 0 and harness.handed == []
+    assert harness.joined == [] and harness.handed == []
 
 
 def test_a_failing_join_fails_the_entered_call_and_launches_nothing() -> None:
     harness = Harness("all_reduce", {64: STAGED})
-    harness.stream = STREAM + 1
-    harness.streams[STREAM + 1] = None  # type: ignore[assignment]  # cannot wait: join raises
-    with pytest.raises(Translated, match="wait_event"):
+    harness.stream = -1  # a stream the join fails on
+    with pytest.raises(Translated, match="cudaStreamWaitEvent failed"):
         harness.path(False, torch.ones(16))
     assert harness.kernel.calls == [] and harness.ring[1][5] == STARTED
 

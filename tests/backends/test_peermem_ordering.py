@@ -8,43 +8,27 @@ from commlayer.backends.peermem.ordering import EventRing, StreamOrder, on_group
 
 
 class Streams:
-    """A current stream that tests switch, and a log of the record/wait calls the GPU would get."""
+    """A current stream that tests switch, and a log of the joins the GPU would be told of."""
 
     def __init__(self) -> None:
         self.current = "default"
         self.capturing = False
         self.log: list[tuple[str, str]] = []
+        self.names: dict[int, str] = {}
 
     def raw(self) -> int:
-        return hash(self.current)
+        return self.handle(self.current)
 
-    def stream(self) -> Stream:
-        return Stream(self.current, self.log)
+    def handle(self, name: str) -> int:
+        self.names[hash(name)] = name
+        return hash(name)
 
-    def event(self) -> Event:
-        return Event(self.log)
-
-
-class Event:
-    def __init__(self, log: list[tuple[str, str]]) -> None:
-        self.log = log
-        self.on = ""
-
-    def record(self, stream: Stream) -> None:
-        self.on = stream.name
-        self.log.append(("record", stream.name))
-
-
-class Stream:
-    def __init__(self, name: str, log: list[tuple[str, str]]) -> None:
-        self.name, self.log = name, log
-
-    def wait_event(self, event: Event) -> None:
-        self.log.append((f"{self.name} waits", event.on))
+    def join(self, waiting: int, after: int) -> None:
+        self.log.append((f"{self.names[waiting]} waits", self.names[after]))
 
 
 def order_of(streams: Streams) -> StreamOrder:
-    return StreamOrder(streams.raw, streams.stream, lambda: streams.capturing, streams.event)
+    return StreamOrder(streams.raw, lambda: streams.capturing, streams.join)
 
 
 def launch_on(order: StreamOrder, streams: Streams, name: str) -> int:
@@ -68,13 +52,9 @@ def test_fsdp2_streams_run_the_kernels_in_issue_order() -> None:
     for name in ["all_gather", "all_gather", "reduce_scatter", "all_gather", "reduce_scatter", "default"]:
         launch_on(order, streams, name)
     assert streams.log == [
-        ("record", "all_gather"),
         ("reduce_scatter waits", "all_gather"),
-        ("record", "reduce_scatter"),
         ("all_gather waits", "reduce_scatter"),
-        ("record", "all_gather"),
         ("reduce_scatter waits", "all_gather"),
-        ("record", "reduce_scatter"),
         ("default waits", "reduce_scatter"),
     ]
     assert order.joins == 4
@@ -90,7 +70,7 @@ def test_graph_capture_adds_no_wait_and_restarts_the_order() -> None:
     streams.capturing = False
     launch_on(order, streams, "default")  # after the capture: nothing outside it to wait for
     launch_on(order, streams, "side")
-    assert streams.log == [("record", "default"), ("side waits", "default")]
+    assert streams.log == [("side waits", "default")]
 
 
 def test_group_stream_waits_for_the_previous_kernel_and_the_caller_waits_for_it() -> None:
@@ -99,17 +79,12 @@ def test_group_stream_waits_for_the_previous_kernel_and_the_caller_waits_for_it(
     launches add nothing."""
     streams = Streams()
     order = order_of(streams)
-    group = Stream("group", streams.log)
+    group = streams.handle("group")
     launch_on(order, streams, "default")
-    assert order.enter(group, hash("group")) == hash("group")
-    order.enter(group, hash("group"))
+    assert order.enter(group) == group
+    order.enter(group)
     launch_on(order, streams, "default")
-    assert streams.log == [
-        ("record", "default"),
-        ("group waits", "default"),
-        ("record", "group"),
-        ("default waits", "group"),
-    ]
+    assert streams.log == [("group waits", "default"), ("default waits", "group")]
     assert order.joins == 2
 
 
