@@ -89,7 +89,7 @@ class PeermemBackend(NcclBackend):
         Collective over the group: call it on every member, between replays. Returns how many
         captured calls now run without staging copies (0 where NCCL serves the group).
         """
-        return 0 if self._comm is None else self._comm.register_graph_buffers(timeout)
+        return 0 if self._comm is None else self._comm.placement.register_graph_buffers(timeout)
 
     def shutdown(self) -> None:
         if self._comm is not None:

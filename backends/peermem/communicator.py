@@ -1,7 +1,7 @@
 """One group's mapped regions and registered segments, and the launcher of its kernels (ctypes).
 
 :mod:`.attach` builds a :class:`PeerComm` collectively; from then on each call is local: a route
-from the crossover table, the places of the call's tensors (:mod:`.registry`), one launch on the
+from the crossover table, the places of the call's tensors (:mod:`.placement`), one launch on the
 caller's stream, or on the group's own for large asynchronous calls (ordered after the group's
 previous kernel when that went to another stream: :mod:`.ordering`).
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import NamedTuple
@@ -20,7 +19,8 @@ import torch
 from commlayer.backends.peermem.board import Board
 from commlayer.backends.peermem.kernel_library import KernelLibrary
 from commlayer.backends.peermem.ordering import EventRing, StreamOrder, on_group_stream
-from commlayer.backends.peermem.registry import NOT_PLACED, Registry, Segment
+from commlayer.backends.peermem.placement import UNPLACED, Placement
+from commlayer.backends.peermem.registry import Registry
 from commlayer.backends.peermem.routing import (
     ALL_TO_ALL_BLOCKS,
     ALL_TO_ALL_PUSH_BYTES,
@@ -47,14 +47,6 @@ KINDS.update({("all_reduce", "push"): 4, ("reduce_scatter_tensor", "push"): 5})
 KINDS.update({("all_reduce", "one_shot_push"): 6, ("all_reduce", "zero_copy"): 7})
 KINDS.update({("all_gather_into_tensor", "zero_copy"): 8, ("reduce_scatter_tensor", "zero_copy"): 9})
 OP_CODES = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.AVG: 4}
-# Which of a call's tensors peers reach in place, per op: (input, output).
-_PLACED = {
-    "all_reduce": (True, True),
-    "all_gather_into_tensor": (False, True),
-    "reduce_scatter_tensor": (True, False),
-    "all_to_all_single": (True, False),
-}
-_UNPLACED = (-1, -1, 0, 0, -1)
 #: Events marking the ends of calls on the group's stream: more than a caller keeps in flight.
 _SIDE_EVENTS = 64
 
@@ -83,10 +75,12 @@ class PeerComm:
         #: The all_to_all kernel's grid: one per group, since a rank knows only its own sizes.
         self.all_to_all_blocks = ALL_TO_ALL_BLOCKS
         self.all_to_all_push_bytes = ALL_TO_ALL_PUSH_BYTES
-        self.registry = Registry(board, self.rank, self.world, lib.max_slots)
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
         self._launch = lib.launch
         self._capturing = torch.cuda.is_current_stream_capturing
+        registry = Registry(board, self.rank, self.world, lib.max_slots)
+        #: Where each zero-copy call's tensors are for the peers (registered segments).
+        self.placement = Placement(lib, handle, spec, device, registry, self._capturing, self.launch_failed)
         self._raw_stream = lambda: torch._C._cuda_getCurrentRawStream(device)
         #: Keeps the group's kernels in issue order across streams (FSDP2 issues on two).
         self.order = StreamOrder(self._raw_stream, self._capturing, self._join)
@@ -100,9 +94,6 @@ class PeerComm:
         # Joins one stream to another's work so far; one event serves every join, since a wait
         # takes the event's latest record when it is enqueued.
         self._join_event: torch.cuda.Event | None = None
-        self._captured: list[tuple[int, int, int]] = []  # (descriptor, input pointer, output pointer)
-        self._registrations = 0
-        self._descriptors = 0
         #: Nonzero once a call of this group timed out (host-mapped, written by the kernel).
         self.failed = ctypes.c_int.from_address(lib.lib.pm_error_address(handle))
 
@@ -131,7 +122,7 @@ class PeerComm:
         """Start the kernel on the current stream; ``nbytes`` is what the kernel's ``bytes`` means."""
         if not (_aligned(source) and _aligned(output)):
             return self._launch_aligned(route, source, output, nbytes, async_op)
-        places = self.places(route.op, source, output) if route.op else _UNPLACED
+        places = self.placement.places(route.op, source, output) if route.op else UNPLACED
         stream, side = self._stream_for(async_op, max(source.nbytes, output.nbytes))
         rc = self._launch(
             self.handle,
@@ -231,114 +222,6 @@ class PeerComm:
         """The Work of an asynchronous kernel just launched on the current stream."""
         return self._started(0, output, True)
 
-    def places(self, op: str, source: torch.Tensor, output: torch.Tensor) -> tuple[int, int, int, int, int]:
-        """``(in_slot, out_slot, in_off, out_off, descriptor)`` of a zero-copy call's tensors."""
-        wants_in, wants_out = _PLACED[op]
-        if self._capturing():
-            return self._captured_places(
-                source.data_ptr() if wants_in else 0, output.data_ptr() if wants_out else 0
-            )
-        self.map_news()
-        source_pointer, output_pointer = source.data_ptr(), output.data_ptr()
-        in_slot, in_off = self._place(source_pointer) if wants_in else NOT_PLACED
-        if wants_in and wants_out and output_pointer == source_pointer:  # in-place all_reduce: one lookup
-            return in_slot, in_slot, in_off, in_off, -1
-        out_slot, out_off = self._place(output_pointer) if wants_out else NOT_PLACED
-        return in_slot, out_slot, in_off, out_off, -1
-
-    def _place(self, pointer: int, share: bool = True) -> tuple[int, int]:
-        segment = self.segment(pointer)
-        place = self.registry.place(segment, pointer)
-        if place == NOT_PLACED and share:
-            self.registry.share(segment, self._export)
-        return place
-
-    def segment(self, pointer: int) -> Segment | None:
-        """The allocation holding ``pointer`` (None when the driver cannot say)."""
-        found = self.lib.segment(pointer)
-        return None if isinstance(found, int) else Segment._make(found)
-
-    def _export(self, base: int) -> bytes | None:
-        handle = ctypes.create_string_buffer(self.lib.handle_bytes)
-        return None if self.lib.lib.pm_export(base, handle) else handle.raw
-
-    def map_news(self) -> None:
-        """Map the segments peers posted since the last call, and acknowledge them."""
-        for peer, slot, handle in self.registry.news():
-            rc = self.lib.lib.pm_import(self.handle, peer, slot, handle)
-            if rc:
-                _log.warning(
-                    "peermem: mapping rank %d's segment %d failed: %s", peer, slot, self.lib.error_string(rc)
-                )
-            self.registry.mapped(peer, slot, rc == 0)
-
-    def _captured_places(self, source: int, output: int) -> tuple[int, int, int, int, int]:
-        # Segments every peer maps already are named at capture; others are read at replay from
-        # a descriptor, which register_graph_buffers fills in once every peer maps them.
-        place = self._captured_place(source, output)
-        if place is not None:
-            return (*place, -1)
-        if self._descriptors >= self.lib.max_descs:
-            return _UNPLACED
-        descriptor = self._descriptors
-        self._descriptors += 1
-        self._captured.append((descriptor, source, output))
-        return -1, -1, 0, 0, descriptor
-
-    def register_graph_buffers(self, timeout: timedelta | None = None) -> int:
-        """Let the kernels of captured graphs read and write their tensors in place.
-
-        Collective: every member calls it after capturing the same graphs, between replays. Shares
-        the segments of the calls captured since the last registration, waits until every peer
-        maps them, and fills in the calls' descriptors; their replays from then on skip the
-        staging copies. A call whose tensor lies in a segment that cannot be shared stays staged.
-        Returns how many calls' tensors are now reached in place.
-        """
-        torch.cuda.synchronize(self.device)
-        captured, self._captured = self._captured, []
-        pending = [
-            entry for entry in captured if all(self._shared(pointer) for pointer in entry[1:] if pointer)
-        ]
-        limit = timeout or self.spec.timeout
-        self._registrations += 1
-        prefix = f"commlayer/peermem/{self.spec.name}/graphs/{self._registrations}"
-        self.spec.store.set(f"{prefix}/{self.rank}", b"1")
-        self.spec.store.wait([f"{prefix}/{rank}" for rank in range(self.world)], limit)
-        deadline = time.monotonic() + limit.total_seconds()
-        done = 0
-        while True:
-            self.map_news()  # peers wait for this rank to map theirs, as this rank waits for them
-            waiting = []
-            for descriptor, source, output in pending:
-                place = self._captured_place(source, output)
-                if place is None:
-                    waiting.append((descriptor, source, output))
-                    continue
-                rc = self.lib.lib.pm_set_place(self.handle, descriptor, *place)
-                if rc:
-                    self.launch_failed(rc)
-                done += 1
-            pending = waiting
-            if not pending or time.monotonic() > deadline:
-                return done
-            time.sleep(0.0005)
-
-    def _shared(self, pointer: int) -> bool:
-        """Share ``pointer``'s segment unless it is; whether it now has a slot."""
-        segment = self.segment(pointer)
-        if segment is None:
-            return False
-        self.registry.share(segment, self._export)
-        return self.registry.slot_of(segment) is not None
-
-    def _captured_place(self, source: int, output: int) -> tuple[int, int, int, int] | None:
-        """``(in_slot, out_slot, in_off, out_off)`` once every peer maps the call's tensors."""
-        in_slot, in_off = self._place(source, False) if source else NOT_PLACED
-        out_slot, out_off = self._place(output, False) if output else NOT_PLACED
-        if (source and in_slot < 0) or (output and out_slot < 0):
-            return None
-        return in_slot, out_slot, in_off, out_off
-
     def serves_all_to_all(self) -> bool:
         """Whether the kernel serves this group's all_to_all_single calls (all of them, or none)."""
         return choose_uneven(self.table, self.world, self.forced) != "nccl"
@@ -365,7 +248,7 @@ class PeerComm:
             return self._started(0, output, async_op)
         nbytes = source.numel() * source.element_size()
         splits = packed_splits(source, output, input_splits, output_splits, self.world)
-        in_slot, _, in_off, _, descriptor = self.places("all_to_all_single", source, output)
+        in_slot, _, in_off, _, descriptor = self.placement.places("all_to_all_single", source, output)
         stream, side = self._stream_for(async_op, nbytes)
         rc = self.lib.all_to_all(
             self.handle,

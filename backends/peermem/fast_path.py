@@ -5,7 +5,7 @@ builds a Python fast path per routed op that picks, per call, between the kernel
 path; it stays the reference (the twin) and the fallback (``COMMLAYER_C_FAST_PATHS=0``). Where the
 extension is built, :func:`kernel_path` wraps it in a ``KernelPath`` that launches the calls served
 through the staging region with no Python frame, those served in place or issued on another
-stream with one (the segment registry's :meth:`PeerComm.places`, :meth:`StreamOrder.stream`), and
+stream with one (the segment registry's :meth:`Placement.places`, :meth:`StreamOrder.stream`), and
 hands NCCL's sizes straight to NCCL's fast path; what it leaves to the twin is listed in
 ``kernel_path.c``.
 """
@@ -78,7 +78,7 @@ def kernel_path(
         handle=comm.handle,
         failed=ctypes.addressof(comm.failed),
         comm=comm,
-        places=functools.partial(comm.places, op),
+        places=functools.partial(comm.placement.places, op),
         route_of=_route_of(comm, op, reduce_op),
         order=comm.order,
         raw_stream=torch._C._cuda_getCurrentRawStream,
