@@ -37,7 +37,7 @@ typedef struct {
     void *handle;
     const volatile int *failed;  // the group's flag, set by a kernel that timed out
     PyObject *comm;              // its handle is None once the group's region is freed
-    PyObject *routes;  // bytes << 8 | scalar type -> (code, blocks[, placed]), None (NCCL) or False (twin)
+    PyObject *routes;  // bytes << 8 | scalar type -> (code, blocks[, placed]) or None (NCCL); else: the twin
     PyObject *places;  // places(source, output) -> (in_slot, out_slot, in_off, out_off, descriptor)
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
         *raise_failed;
@@ -259,9 +259,8 @@ static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) 
         return -1;
     }
     if (commlayer_recording_read(recording, &self->recording) < 0) return -1;
-    PyObject **slots[10] = {&self->comm, &self->places,       &self->route_of,      &self->order,
-                            &self->raw_stream, &self->nccl, &self->twin, &self->started_work,
-                            &self->launch_failed, &self->raise_failed};
+    PyObject **slots[10] = {&self->comm, &self->places, &self->route_of, &self->order, &self->raw_stream,
+                            &self->nccl, &self->twin, &self->started_work, &self->launch_failed, &self->raise_failed};
     for (int index = 0; index < 10; index++) Py_XSETREF(*slots[index], Py_NewRef(objects[index]));
     Py_XSETREF(self->routes, PyDict_New());
     Py_XSETREF(self->device_number, PyLong_FromLong(self->device));
@@ -270,9 +269,9 @@ static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) 
     return 0;
 }
 
-#define KERNEL_PATH_OBJECTS(EACH)                                                                           \
-    EACH(comm) EACH(routes) EACH(places) EACH(route_of) EACH(order) EACH(raw_stream) EACH(device_number) EACH(nccl)   \
-        EACH(twin) EACH(started_work) EACH(launch_failed) EACH(raise_failed) EACH(last_shape)
+#define KERNEL_PATH_OBJECTS(EACH)                                                                          \
+    EACH(comm) EACH(routes) EACH(places) EACH(route_of) EACH(order) EACH(raw_stream) EACH(device_number)      \
+        EACH(nccl) EACH(twin) EACH(started_work) EACH(launch_failed) EACH(raise_failed) EACH(last_shape)
 
 static int kernel_path_traverse(KernelPath *self, visitproc visit, void *arg) {
     KERNEL_PATH_OBJECTS(COMMLAYER_VISIT_FIELD)
@@ -305,8 +304,9 @@ static PyGetSetDef kernel_path_getset[] = {
 PyTypeObject KernelPathType = {
     COMMLAYER_VECTORCALL_TYPE(
         "commlayer.backends.peermem._fast_paths.KernelPath", KernelPath, kernel_path_init, kernel_path,
-        "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, places, route_of, order, "
-        "raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording): run(async_op, *tensors)."),
+        "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, places, route_of, "
+        "order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording): "
+        "run(async_op, *tensors)."),
     .tp_repr = (reprfunc)kernel_path_repr,
     .tp_getset = kernel_path_getset,
 };
