@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import torch.distributed as torch_dist
 
 from commlayer import dist
-from commlayer.core.shm_files import release_stale_regions
+from commlayer.core.shm_files import release_dead_regions
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN_DIR = REPO / "examples" / "plugin"
@@ -46,10 +45,12 @@ def storecomm_module() -> Iterator[object]:
 
 @pytest.fixture(autouse=True)
 def _no_stale_shared_memory() -> Iterator[None]:
-    """Remove what ranks killed during the test left in /dev/shm (see commlayer.testing._shm)."""
-    started = time.time()
+    """Remove what killed ranks left in /dev/shm before and after each test: those of this test,
+    and those of processes that died outside any test (an interrupted run, a rank that outlived
+    its test), whose pids a later rank may be given (see commlayer.core.shm_files)."""
+    release_dead_regions()
     yield
-    release_stale_regions(started)
+    release_dead_regions()
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,8 @@ libfabric's shm provider (Intel MPI, oneCCL over OFI) keeps one region per proce
 to a new process (``pid_max`` is often 32768, and threads draw from the same pool), that process
 fails in MPI_Init with "OFI EP enable failed (Device or resource busy)". So a survivor removes the
 regions of a peer it saw die, a process that abandoned a communicator removes its own at exit,
-and tests that kill ranks on purpose clean up after themselves.
+and tests that kill ranks on purpose clean up after themselves; a test session also clears what
+earlier runs' killed processes left (:func:`release_dead_regions`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from commlayer.core.processes import pid_running
 __all__ = [
     "create_mapped",
     "note_local_peers",
+    "release_dead_regions",
     "release_job_regions",
     "release_regions_of",
     "release_stale_regions",
@@ -47,6 +49,13 @@ def release_stale_regions(created_after: float, directory: Path = _SHARED_MEMORY
     return _release(
         directory, lambda pid, entry: not pid_running(pid) and entry.stat().st_mtime >= created_after
     )
+
+
+def release_dead_regions(directory: Path = _SHARED_MEMORY) -> list[Path]:
+    """Remove every region of this user whose process has exited, however old: nothing maps it
+    for communication any more, and the next process given that pid would fail in MPI_Init."""
+    uid = os.getuid()
+    return _release(directory, lambda pid, entry: not pid_running(pid) and entry.stat().st_uid == uid)
 
 
 # Processes of this job's other ranks on this host (the peer monitor learns them): a rank that

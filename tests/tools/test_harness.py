@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from commlayer.core.shm_files import release_stale_regions
+from commlayer.core.shm_files import release_dead_regions, release_stale_regions
 from commlayer.testing import MpirunError, mpirun_plan, require_mpirun, run_world
 from commlayer.testing.results import ResultsDir
 
@@ -186,6 +186,19 @@ def test_mpirun_hard_exit_is_noticed() -> None:
     require_mpirun()
     message = failure_of("hard_exit_on", 2, backend=None, launcher="mpirun", args=["1", "9"])
     assert "failed: rank 1 exited before its target returned, without a Python traceback" in message
+
+
+def test_release_dead_regions_removes_every_region_of_an_exited_process_of_this_user(tmp_path: Path) -> None:
+    exited, old, mine, other = "4194999:0:0", "4194998:0:0", f"{os.getpid()}:0:0", "sm_segment.vm.0"
+    for name in (exited, old, mine, other):
+        (tmp_path / name).write_bytes(b"")
+    os.utime(tmp_path / old, (1.0, 1.0))
+    if os.getuid() == 0:  # another user's region stays, whatever its process
+        (tmp_path / "4194997:0:0").write_bytes(b"")
+        os.chown(tmp_path / "4194997:0:0", 4242, -1)
+    removed = release_dead_regions(directory=tmp_path)
+    assert sorted(removed) == sorted([tmp_path / exited, tmp_path / old])
+    assert {mine, other} <= {entry.name for entry in tmp_path.iterdir()}
 
 
 def test_release_stale_regions_removes_only_new_regions_of_exited_processes(tmp_path: Path) -> None:
