@@ -92,16 +92,10 @@ class Placement:
         return None if self._lib.lib.pm_export(base, handle) else handle.raw
 
     def _map_news(self) -> None:
-        """Map the segments peers posted since the last call, and acknowledge them; a peer whose
-        segment fails to map keeps staging from then on (:meth:`Registry.mapped`), so its later
-        segments are not mapped either."""
-        stuck: set[int] = set()
+        """Map the segments peers posted since the last call, and acknowledge them."""
         for peer, slot, handle in self._registry.news():
-            if peer in stuck:
-                continue
             rc = self._lib.lib.pm_import(self._handle, peer, slot, handle)
             if rc:
-                stuck.add(peer)
                 _log.warning(
                     "peermem: mapping rank %d's segment %d failed: %s", peer, slot, self._lib.error_string(rc)
                 )

@@ -15,7 +15,7 @@ reused; once all are taken, new segments stay staged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from commlayer.backends.peermem.board import MAX_SLOTS, Board
@@ -82,15 +82,17 @@ class Registry:
         self._next += 1
         return slot
 
-    def news(self) -> list[tuple[int, int, bytes]]:
-        """Peers' posted segments this rank has yet to map: ``(peer, slot, handle)``, in order."""
-        found = []
+    def news(self) -> Iterator[tuple[int, int, bytes]]:
+        """Peers' posted segments this rank has yet to map: ``(peer, slot, handle)``, in order.
+
+        Each is read as it is taken, so a peer whose segment failed to map (:meth:`mapped`) yields
+        no more, not even the rest of this pass's.
+        """
         for peer in self._peers:
-            if self._stuck[peer]:
-                continue
             for slot in range(self._mapped[peer], self.board.posted(peer)):
-                found.append((peer, slot, self.board.record(peer, slot)))
-        return found
+                if self._stuck[peer]:
+                    break
+                yield peer, slot, self.board.record(peer, slot)
 
     def mapped(self, peer: int, slot: int, ok: bool) -> None:
         """Record the outcome of mapping ``peer``'s ``slot`` (in order); acknowledge it if ``ok``.

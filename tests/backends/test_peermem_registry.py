@@ -94,10 +94,10 @@ def test_a_peer_whose_segment_fails_to_map_keeps_staging(tmp_path: Path) -> None
     first, second = SEGMENT, Segment(8, 0x8000_0000, 1 << 20, True)
     owner.share(first, _handle)
     owner.share(second, _handle)
-    news = mapper.news()
+    news = list(mapper.news())
     mapper.mapped(0, news[0][1], False)
     mapper.mapped(0, news[1][1], True)  # ignored: slots are acknowledged in order
-    assert mapper.news() == []  # no more tries for that peer
+    assert list(mapper.news()) == []  # no more tries for that peer
     assert owner.place(first, first.base) == owner.place(second, second.base) == NOT_PLACED
 
 
@@ -125,4 +125,4 @@ def test_the_board_is_shared_between_processes(tmp_path: Path) -> None:
     process.join(60)
     assert process.exitcode == 0
     registry = Registry(board, 0, 2)
-    assert registry.news() == [(1, 0, _handle(0xABC))]
+    assert list(registry.news()) == [(1, 0, _handle(0xABC))]
