@@ -182,8 +182,8 @@ class PartitionedParams:
         def pre_forward(module: torch.nn.Module, args: Any) -> None:
             if unit.index == 0:
                 self._recording, self._position = [], 0
-            if self._recording and self._recording[-1] == unit.index:
-                self._ensure_gathered(unit)  # the next module of a unit of several: gathered already
+            if module is not unit.plan.modules[0]:
+                self._ensure_gathered(unit)  # a later module of a unit of several: gathered with the first
                 return
             self._recording.append(unit.index)
             self._ensure_gathered(unit)
