@@ -188,11 +188,18 @@ def test_mpirun_hard_exit_is_noticed() -> None:
     assert "failed: rank 1 exited before its target returned, without a Python traceback" in message
 
 
-def test_release_dead_regions_removes_every_region_of_an_exited_process_of_this_user(tmp_path: Path) -> None:
+def _regions(folder: Path) -> tuple[str, str, str, str]:
+    """Entries of a /dev/shm stand-in: an exited process's new region and its old one (modified
+    in 1970), this process's region, and a file that is no libfabric region."""
     exited, old, mine, other = "4194999:0:0", "4194998:0:0", f"{os.getpid()}:0:0", "sm_segment.vm.0"
     for name in (exited, old, mine, other):
-        (tmp_path / name).write_bytes(b"")
-    os.utime(tmp_path / old, (1.0, 1.0))
+        (folder / name).write_bytes(b"")
+    os.utime(folder / old, (1.0, 1.0))
+    return exited, old, mine, other
+
+
+def test_release_dead_regions_removes_every_region_of_an_exited_process_of_this_user(tmp_path: Path) -> None:
+    exited, old, mine, other = _regions(tmp_path)
     if os.getuid() == 0:  # another user's region stays, whatever its process
         (tmp_path / "4194997:0:0").write_bytes(b"")
         os.chown(tmp_path / "4194997:0:0", 4242, -1)
@@ -202,10 +209,7 @@ def test_release_dead_regions_removes_every_region_of_an_exited_process_of_this_
 
 
 def test_release_stale_regions_removes_only_new_regions_of_exited_processes(tmp_path: Path) -> None:
-    exited, old, mine, other = "4194999:0:0", "4194998:0:0", f"{os.getpid()}:0:0", "sm_segment.vm.0"
-    for name in (exited, old, mine, other):
-        (tmp_path / name).write_bytes(b"")
-    os.utime(tmp_path / old, (1.0, 1.0))
+    exited, old, mine, other = _regions(tmp_path)
     removed = release_stale_regions(created_after=10.0, directory=tmp_path)
     assert removed == [tmp_path / exited]
     assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted([old, mine, other])
