@@ -44,7 +44,7 @@ _OWN_OPS = frozenset({"all_reduce", "all_gather_into_tensor", "reduce_scatter_te
 
 
 # The tensor a routed op's flight-recorder entry describes (as NCCL's launchers do).
-_PAYLOAD = {"all_reduce": 0, "all_gather_into_tensor": 0, "reduce_scatter_tensor": 1}
+_PAYLOAD = {"all_reduce": 0, "all_gather_into_tensor": 0, "reduce_scatter_tensor": 1, "all_to_all_single": 1}
 
 
 def _kernel_check(comm: PeerComm, op: str, fixed: tuple[Any, ...]) -> Callable[..., bool]:
@@ -107,11 +107,11 @@ class PeermemBackend(NcclBackend):
         comm = self._comm
         if comm is None or op not in _OWN_OPS or nccl is None:
             return nccl  # None: the facade's launcher calls this class's methods, which route
-        if op == "all_to_all_single":
-            # One choice per group: NCCL's fast path, or the facade's around this class's method
-            # (the kernel places every call's tensors through the segment registry, in Python).
-            return None if comm.serves_all_to_all() else nccl
+        if op == "all_to_all_single" and not comm.serves_all_to_all():
+            return nccl  # one choice per group: NCCL's, or the kernel for every call
         kernel = recording.method_fast_path(_PAYLOAD[op], getattr(self, op), fixed)
+        if op == "all_to_all_single":
+            return kernel_path(comm, op, fixed, recording, nccl, kernel) or kernel
         served = _kernel_check(comm, op, fixed)
 
         def run(async_op: bool, *tensors: torch.Tensor) -> Work | None:

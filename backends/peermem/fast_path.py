@@ -7,7 +7,8 @@ extension is built, :func:`kernel_path` wraps it in a ``KernelPath`` that launch
 through the staging region with no Python frame, those served in place or issued on another
 stream with one (the segment registry's :meth:`Placement.places`, :meth:`StreamOrder.stream`), and
 hands NCCL's sizes straight to NCCL's fast path; what it leaves to the twin is listed in
-``kernel_path.c``.
+``kernel_path.c``. all_to_all_single takes it too on a group whose kernel serves that op: its
+splits become the kernel's byte table in C, its tensors placed by the registry.
 """
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ else:
 __all__ = ["KERNEL_OPS", "kernel_path", "route_verdict"]
 
 #: The ops the C fast path serves, by its op number.
-KERNEL_OPS = {"all_reduce": 0, "all_gather_into_tensor": 1, "reduce_scatter_tensor": 2}
+KERNEL_OPS = {
+    "all_reduce": 0,
+    "all_gather_into_tensor": 1,
+    "reduce_scatter_tensor": 2,
+    "all_to_all_single": 3,
+}
 
 #: c10's number of the CUDA device type, as the C tensor reader reads it.
 CUDA_DEVICE_TYPE = 1
@@ -56,6 +62,9 @@ def route_verdict(route: Route | None) -> Verdict:
 
 def _route_of(comm: PeerComm, op: str, reduce_op: ReduceOp | None) -> Callable[[torch.Tensor], Verdict]:
     """The verdict for a call whose routed tensor (all_gather's output, the others' input) is given."""
+    if op == "all_to_all_single":  # one choice per group (the path exists only where it is the kernel)
+        verdict = (0, comm.all_to_all_blocks, True)
+        return lambda tensor: verdict
     return lambda tensor: route_verdict(
         comm.route(op, tensor.numel() * tensor.element_size(), tensor.dtype, reduce_op)
     )
@@ -67,14 +76,16 @@ def kernel_path(
     """The C fast path of ``op`` (its trailing arguments ``fixed``), or None where the twin serves."""
     if native is None or op not in KERNEL_OPS or not c_fast_paths_enabled():
         return None
-    reduce_op = None if op == "all_gather_into_tensor" else fixed[0]
+    reduce_op = fixed[0] if op in ("all_reduce", "reduce_scatter_tensor") else None
+    exchange = op == "all_to_all_single"
+    launch = comm.lib.lib.pm_all_to_all if exchange else comm.lib.lib.pm_launch
     return native.KernelPath(
         op=KERNEL_OPS[op],
         device_type=CUDA_DEVICE_TYPE,
         device=comm.device,
         world=comm.world,
         async_bytes=comm.async_bytes,
-        launch=ctypes.cast(comm.lib.lib.pm_launch, ctypes.c_void_p).value,
+        launch=ctypes.cast(launch, ctypes.c_void_p).value,
         handle=comm.handle,
         failed=ctypes.addressof(comm.failed),
         comm=comm,
@@ -88,4 +99,5 @@ def kernel_path(
         launch_failed=comm.launch_failed,
         raise_failed=functools.partial(comm.raise_if_failed, "wait"),
         recording=recording,
+        push_bytes=comm.all_to_all_push_bytes,
     )

@@ -10,22 +10,36 @@
 // where they lie) asks the group's segment registry for the tensors' places, and a call on another
 // stream than the group's last kernel has the group's StreamOrder join the two. A call of the sizes
 // NCCL serves goes straight to NCCL's fast path. Every other call, rare by construction, goes to
-// the twin: large asynchronous calls (they may move to the group's stream) and tensors the reader
-// cannot read.
+// the twin: large asynchronous calls (they may move to the group's stream), tensors the reader
+// cannot read, and splits that are not lists or tuples of ints.
+//
+// all_to_all_single, on a group whose kernel serves it, takes the same path: its splits become the
+// kernel's byte table here (pm_all_to_all), and its tensors are always placed, since the kernel
+// reads each peer's input where it lies.
 //
 // Only the Python C API is used: the kernel library is loaded at run time (ctypes), and its launch
-// function reaches this file as an address.
+// functions reach this file as addresses.
 #include "peermem_fast_paths.h"
 
 #include "../common/python_module.h"
 #include "../common/recorder.h"
 
+#include <string.h>
+
 // pm_launch in csrc/peermem/kernels.cu: (comm, code, in, out, bytes, blocks, stream, in_slot,
 // out_slot, in_off, out_off, descriptor) -> 0 or an error code.
 typedef int (*KernelStart)(void *, int, const void *, void *, unsigned long long, int, void *, int, int,
                               unsigned long long, unsigned long long, int);
+// pm_all_to_all: (comm, in, out, in_bytes, splits, blocks, stream, in_slot, in_off, descriptor,
+// push_limit) -> 0 or an error code.
+typedef int (*ExchangeStart)(void *, const void *, void *, unsigned long long, const unsigned long long *, int,
+                             void *, int, unsigned long long, int, unsigned long long);
 
-enum Op { ALL_REDUCE = 0, ALL_GATHER = 1, REDUCE_SCATTER = 2 };
+enum Op { ALL_REDUCE = 0, ALL_GATHER = 1, REDUCE_SCATTER = 2, ALL_TO_ALL = 3 };
+// The all_to_all kernel's split table: send offsets, send lengths, receive offsets, receive
+// lengths, in bytes, MAX_RANKS each (backends/peermem/splits.py).
+#define MAX_RANKS 8
+#define SPLIT_TABLE (4 * MAX_RANKS)
 enum Verdict { FAILED = -1, KERNEL = 0, NCCL = 1, TWIN = 2 };
 
 typedef struct {
@@ -33,11 +47,14 @@ typedef struct {
     vectorcallfunc vectorcall;
     int op, device_type, device, world;  // the device (c10's type and index) the kernels serve
     long long async_bytes;  // asynchronous calls of at least this many bytes go to the twin (< 0: none)
-    KernelStart launch;
+    KernelStart launch;      // all_reduce, all_gather and reduce_scatter's
+    ExchangeStart exchange;  // all_to_all_single's
+    unsigned long long push_bytes;  // all_to_all_single: the largest chunk pushed before the barrier
     void *handle;
     const volatile int *failed;  // the group's flag, set by a kernel that timed out
     PyObject *comm;              // its handle is None once the group's region is freed
     PyObject *routes;  // bytes << 8 | scalar type -> (code, blocks[, placed]) or None (NCCL); else: the twin
+                       // (all_to_all_single's: (0, blocks, True), the group's one choice)
     PyObject *places;  // places(source, output) -> (in_slot, out_slot, in_off, out_off, descriptor)
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
         *raise_failed;
@@ -63,6 +80,7 @@ typedef struct {
     unsigned long long bytes;
     Places places;
     CommlayerTensorMeta described;
+    unsigned long long splits[SPLIT_TABLE];  // all_to_all_single's
 } KernelCall;
 
 static int readable(const CommlayerTensorMeta *meta, const KernelPath *self) {
@@ -117,26 +135,79 @@ static int place_tensors(KernelPath *self, PyObject *source, PyObject *output, P
     return ok;
 }
 
-// How the call runs: the kernel (with *call filled in), NCCL's fast path, or the twin.
-static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int async_op, KernelCall *call) {
-    if (tensor_meta_reader == NULL || !attached(self)) return TWIN;
-    int pair = self->op != ALL_REDUCE;
-    CommlayerTensorMeta first, second;
-    if (!tensor_meta_reader(tensors[0], &first) || !readable(&first, self)) return TWIN;
-    if (pair && (!tensor_meta_reader(tensors[1], &second) || !readable(&second, self) ||
-                 second.scalar_type != first.scalar_type)) {
-        return TWIN;
+// Reads the call's tensors into first and second (all_reduce's one tensor into both; a paired op's
+// two, of one dtype); 0 where the twin must serve.
+static int read_tensors(const KernelPath *self, PyObject *const *tensors, CommlayerTensorMeta *first,
+                        CommlayerTensorMeta *second) {
+    if (!tensor_meta_reader(tensors[0], first) || !readable(first, self)) return 0;
+    if (self->op == ALL_REDUCE) {
+        *second = *first;
+        return 1;
     }
-    const CommlayerTensorMeta *routed = self->op == REDUCE_SCATTER ? &second : &first;
-    long long nbytes = commlayer_tensor_meta_numel(routed) * routed->itemsize;
-    PyObject *route = route_for(self, tensors[self->op == REDUCE_SCATTER], nbytes, routed->scalar_type);
+    return tensor_meta_reader(tensors[1], second) && readable(second, self) &&
+           second->scalar_type == first->scalar_type;
+}
+
+static long long tensor_bytes(const CommlayerTensorMeta *meta) {
+    return commlayer_tensor_meta_numel(meta) * meta->itemsize;
+}
+
+// One side of all_to_all_single's byte table: where each peer's chunk of `meta`'s tensor starts
+// and how long it is, from `splits` (rows of dim 0 per peer, or None: equal chunks). 1 when
+// filled, 0 where splits are not `world` non-negative ints (the twin says what is wrong), -1 with
+// the error set.
+static int split_side(PyObject *splits, const CommlayerTensorMeta *meta, int world, unsigned long long *offsets,
+                      unsigned long long *lengths) {
+    unsigned long long nbytes = (unsigned long long)tensor_bytes(meta), offset = 0;
+    unsigned long long row = meta->dim > 0 && meta->sizes[0] > 0 ? nbytes / (unsigned long long)meta->sizes[0] : 0;
+    int listed = splits != Py_None;
+    if (listed && !((PyList_CheckExact(splits) || PyTuple_CheckExact(splits)) &&
+                    PySequence_Fast_GET_SIZE(splits) == world)) {
+        return 0;
+    }
+    for (int peer = 0; peer < world; peer++) {
+        unsigned long long length = nbytes / (unsigned long long)world;
+        if (listed) {
+            PyObject *rows = PySequence_Fast_GET_ITEM(splits, peer);
+            long long count = PyLong_CheckExact(rows) ? PyLong_AsLongLong(rows) : -1;
+            if (count < 0) return PyErr_Occurred() ? -1 : 0;
+            length = (unsigned long long)count * row;
+        }
+        offsets[peer] = offset;
+        lengths[peer] = length;
+        offset += length;
+    }
+    return 1;
+}
+
+// all_to_all_single's byte table (see split_side): sends from the input (args[1], input_splits in
+// args[3]), receives into the output (args[0], output_splits in args[2]).
+static int exchange_table(const KernelPath *self, PyObject *const *args, const CommlayerTensorMeta *output,
+                          const CommlayerTensorMeta *input, KernelCall *call) {
+    unsigned long long *table = call->splits;
+    memset(table, 0, sizeof(call->splits));
+    int sends = split_side(args[3], input, self->world, table, table + MAX_RANKS);
+    if (sends != 1) return sends;
+    return split_side(args[2], output, self->world, table + 2 * MAX_RANKS, table + 3 * MAX_RANKS);
+}
+
+// How the call runs: the kernel (with *call filled in), NCCL's fast path, or the twin.
+static enum Verdict plan_call(KernelPath *self, PyObject *const *args, int async_op, KernelCall *call) {
+    CommlayerTensorMeta first, second;
+    if (tensor_meta_reader == NULL || !attached(self) || !read_tensors(self, args, &first, &second)) return TWIN;
+    int routed_at = self->op == REDUCE_SCATTER || self->op == ALL_TO_ALL;  // the input routes these
+    const CommlayerTensorMeta *routed = routed_at ? &second : &first;
+    long long nbytes = tensor_bytes(routed);
+    PyObject *route = route_for(self, args[routed_at], nbytes, routed->scalar_type);
     if (route == NULL) return FAILED;
     if (route == Py_None) return NCCL;
     Py_ssize_t items = PyTuple_Check(route) ? PyTuple_GET_SIZE(route) : 0;
     if (items != 2 && items != 3) return TWIN;
-    long long moved = pair ? commlayer_tensor_meta_numel(&second) * second.itemsize : nbytes;
-    if (async_op && self->async_bytes >= 0 && (nbytes >= self->async_bytes || moved >= self->async_bytes)) {
-        return TWIN;
+    long long largest = tensor_bytes(&first) > tensor_bytes(&second) ? tensor_bytes(&first) : tensor_bytes(&second);
+    if (async_op && self->async_bytes >= 0 && largest >= self->async_bytes) return TWIN;
+    if (self->op == ALL_TO_ALL) {
+        int table = exchange_table(self, args, &first, &second, call);
+        if (table != 1) return table < 0 ? FAILED : TWIN;
     }
     int same = on_last_stream(self, &call->stream);
     if (same < 0) return FAILED;
@@ -145,9 +216,10 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *tensors, int as
     call->places = UNPLACED;
     call->code = (int)PyLong_AsLong(PyTuple_GET_ITEM(route, 0));
     call->blocks = (int)PyLong_AsLong(PyTuple_GET_ITEM(route, 1));
-    call->output = first.data;  // all_reduce's one tensor, or the output of the other two
-    call->source = pair ? second.data : first.data;
-    call->bytes = (unsigned long long)(pair ? nbytes / self->world : nbytes);
+    call->output = first.data;  // all_reduce's one tensor, or the output of the others
+    call->source = second.data;
+    int shared = self->op == ALL_GATHER || self->op == REDUCE_SCATTER;  // the kernel takes a rank's share
+    call->bytes = (unsigned long long)(shared ? nbytes / self->world : nbytes);
     call->described = *routed;
     return PyErr_Occurred() ? FAILED : KERNEL;
 }
@@ -182,6 +254,11 @@ static int launch_call(KernelPath *self, PyObject *const *tensors, KernelCall *c
     PyObject *source = tensors[self->op == ALL_REDUCE ? 0 : 1];
     if (call->placed && !place_tensors(self, source, tensors[0], &call->places)) return PREPARING_FAILED;
     const Places *at = &call->places;
+    if (self->op == ALL_TO_ALL) {
+        return self->exchange(self->handle, (const void *)call->source, (void *)call->output, call->bytes,
+                              call->splits, call->blocks, (void *)call->stream, at->in_slot, at->in_off,
+                              at->descriptor, self->push_bytes);
+    }
     return self->launch(self->handle, call->code, (const void *)call->source, (void *)call->output, call->bytes,
                         call->blocks, (void *)call->stream, at->in_slot, at->out_slot, at->in_off, at->out_off,
                         at->descriptor);
@@ -214,14 +291,20 @@ static PyObject *run_kernel(KernelPath *self, PyObject *const *tensors, int asyn
     return result;
 }
 
-// run(async_op, tensor) for all_reduce, run(async_op, output, input) for the other two.
+// What each op's run takes after async_op, and how many arguments that is.
+static const char *const SIGNATURES[] = {"tensor", "output, input", "output, input",
+                                         "output, input, output_splits, input_splits"};
+static const Py_ssize_t ARGUMENTS[] = {1, 2, 2, 4};
+
+// run(async_op, tensor) for all_reduce, run(async_op, output, input) for all_gather and
+// reduce_scatter, run(async_op, output, input, output_splits, input_splits) for all_to_all_single.
 static PyObject *kernel_path_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                                         PyObject *kwnames) {
     KernelPath *self = (KernelPath *)callable;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), tensors = self->op == ALL_REDUCE ? 1 : 2;
-    if (nargs != 1 + tensors || kwnames != NULL) {
-        PyErr_Format(PyExc_TypeError, "peermem fast path of %U: expected (async_op, %zd tensor(s)), received %zd "
-                     "arguments", self->recording.op, tensors, nargs);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 1 + ARGUMENTS[self->op] || kwnames != NULL) {
+        PyErr_Format(PyExc_TypeError, "peermem fast path of %U: expected (async_op, %s), received %zd arguments",
+                     self->recording.op, SIGNATURES[self->op], nargs);
         return NULL;
     }
     int async_op = PyObject_IsTrue(args[0]);
@@ -238,23 +321,28 @@ static PyObject *kernel_path_vectorcall(PyObject *callable, PyObject *const *arg
 static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"op", "device_type", "device", "world", "async_bytes", "launch", "handle", "failed", "comm",
                                "places", "route_of", "order", "raw_stream", "nccl", "twin", "started_work",
-                               "launch_failed", "raise_failed", "recording", NULL};
+                               "launch_failed", "raise_failed", "recording", "push_bytes", NULL};
     PyObject *launch, *handle, *failed, *objects[10], *recording;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOOO", keywords, &self->op, &self->device_type,
+    self->push_bytes = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOOO|K", keywords, &self->op, &self->device_type,
                                      &self->device, &self->world, &self->async_bytes, &launch, &handle, &failed,
                                      &objects[0], &objects[1], &objects[2], &objects[3], &objects[4], &objects[5],
-                                     &objects[6], &objects[7], &objects[8], &objects[9], &recording)) {
+                                     &objects[6], &objects[7], &objects[8], &objects[9], &recording,
+                                     &self->push_bytes)) {
         return -1;
     }
-    if (self->op < ALL_REDUCE || self->op > REDUCE_SCATTER || self->world < 1) {
-        PyErr_SetString(PyExc_ValueError, "KernelPath: op in 0..2 and a positive world expected");
+    if (self->op < ALL_REDUCE || self->op > ALL_TO_ALL || self->world < 1 ||
+        (self->op == ALL_TO_ALL && self->world > MAX_RANKS)) {
+        PyErr_SetString(PyExc_ValueError, "KernelPath: op in 0..3 and a positive world (at most 8 for op 3) expected");
         return -1;
     }
-    self->launch = (KernelStart)PyLong_AsVoidPtr(launch);
+    void *start = PyLong_AsVoidPtr(launch);  // pm_all_to_all for all_to_all_single, else pm_launch
+    self->launch = self->op == ALL_TO_ALL ? NULL : (KernelStart)start;
+    self->exchange = self->op == ALL_TO_ALL ? (ExchangeStart)start : NULL;
     self->handle = PyLong_AsVoidPtr(handle);
     self->failed = (const volatile int *)PyLong_AsVoidPtr(failed);
     if (PyErr_Occurred()) return -1;
-    if (self->launch == NULL || self->failed == NULL) {
+    if (start == NULL || self->failed == NULL) {
         PyErr_SetString(PyExc_ValueError, "KernelPath: the launch function's and the failure flag's addresses expected");
         return -1;
     }
@@ -305,7 +393,7 @@ PyTypeObject KernelPathType = {
     COMMLAYER_VECTORCALL_TYPE(
         "commlayer.backends.peermem._fast_paths.KernelPath", KernelPath, kernel_path_init, kernel_path,
         "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, places, route_of, "
-        "order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording): "
+        "order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording, push_bytes=0): "
         "run(async_op, *tensors)."),
     .tp_repr = (reprfunc)kernel_path_repr,
     .tp_getset = kernel_path_getset,

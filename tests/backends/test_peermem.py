@@ -4,6 +4,7 @@ kernels, the build cache and registration. The kernels themselves run on GPU mac
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch.distributed as torch_dist
 
 import commlayer
 from commlayer.backends.nccl import NcclBackend
-from commlayer.backends.peermem import PeermemBackend
+from commlayer.backends.peermem import PeermemBackend, fast_path
 from commlayer.backends.peermem import board as boards
 from commlayer.backends.peermem.attach import _local_attach, duplicate_devices
 from commlayer.backends.peermem.communicator import KINDS, OP_CODES, PeerComm, timeout_error
@@ -38,6 +39,7 @@ from commlayer.backends.peermem.splits import byte_splits
 from commlayer.contract.selection import resolve_backend_spec
 from commlayer.core.flight_recorder import Recording
 from commlayer.core.types import GroupSpec, ReduceOp
+from commlayer.core.work import CompletedWork
 
 KiB, MiB, HALF = 1 << 10, 1 << 20, 32 << 20
 
@@ -120,25 +122,56 @@ def _fail(error: Exception) -> NoReturn:
     raise error
 
 
-def test_all_to_all_takes_ncclss_fast_path_where_nccl_serves_the_group() -> None:
-    """Wiring: gloo's ProcessGroup stands where NCCL's would (its fast path is built the same way);
-    the group's communicator is a namespace, since attaching needs GPUs."""
+def _group_kernels(forced: str | None) -> SimpleNamespace:
+    """A group's communicator as recorded_plan and the C fast path read it (attaching needs GPUs);
+    its launch function is any C function's address, never called here."""
+    table = SimpleNamespace(table=CROSSOVERS, world=4, forced=forced)
+    launch = ctypes.cast(ctypes.pythonapi.Py_IsInitialized, ctypes.c_void_p)
+    never = print  # the collaborators the C path would call per call; no call is made here
+    return SimpleNamespace(
+        serves_all_to_all=lambda: PeerComm.serves_all_to_all(table),
+        device=0,
+        world=4,
+        async_bytes=1 << 20,
+        handle=1,
+        failed=ctypes.c_int(0),
+        all_to_all_blocks=64,
+        all_to_all_push_bytes=1 << 19,
+        order=None,
+        started_work=never,
+        launch_failed=never,
+        raise_if_failed=never,
+        lib=SimpleNamespace(lib=SimpleNamespace(pm_all_to_all=launch)),
+        placement=SimpleNamespace(places=never),
+    )
+
+
+def test_all_to_all_takes_ncclss_fast_path_or_the_kernels_whatever_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wiring: gloo's ProcessGroup stands where NCCL's would (its fast path is built the same way)."""
     backend = PeermemBackend.__new__(PeermemBackend)
     backend._pg = torch_dist.ProcessGroupGloo(torch_dist.HashStore(), 0, 1)
     ring: list = [None] * 4
     recording = Recording(itertools.count(1).__next__, ring, 4, "all_to_all_single", torch.float32, -1, _fail)
-    for forced, kernel in (("nccl", False), (None, True)):
-        table = SimpleNamespace(table=CROSSOVERS, world=4, forced=forced)
-        backend._comm = SimpleNamespace(
-            serves_all_to_all=lambda table=table: PeerComm.serves_all_to_all(table)
-        )
-        plan = backend.recorded_plan("all_to_all_single", (), recording)
-        assert (plan is None) is kernel, forced  # None: the facade's run around the routing method
+    backend._comm = _group_kernels(forced=None)
+    # A CPU build of torch has no CUDA stream reader; the path reads it per call only.
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    plan = backend.recorded_plan("all_to_all_single", (), recording)
+    if fast_path.native is not None:
+        assert isinstance(plan, fast_path.native.KernelPath)
+    monkeypatch.setenv("COMMLAYER_C_FAST_PATHS", "0")
+    called = []
+    monkeypatch.setattr(
+        backend, "all_to_all_single", lambda *call, async_op: called.append(call) or CompletedWork(())
+    )
     output, tensor = torch.empty(6), torch.arange(6.0)
-    backend._comm = SimpleNamespace(serves_all_to_all=lambda: False)
+    backend.recorded_plan("all_to_all_single", (), recording)(True, output, tensor, None, [1, 2, 3, 0])
+    assert called == [(output, tensor, None, [1, 2, 3, 0])]  # the twin: the routing method
+    backend._comm = _group_kernels(forced="nccl")
     backend.recorded_plan("all_to_all_single", (), recording)(False, output, tensor, None, None)
-    assert torch.equal(output, tensor)
-    assert len([entry for entry in ring if entry is not None]) == 1  # entered in the flight recorder
+    assert torch.equal(output, tensor) and called == [(output, tensor, None, [1, 2, 3, 0])]
+    assert len([entry for entry in ring if entry is not None]) == 2  # both entered in the flight recorder
 
 
 def test_forced_algorithm_where_the_kernels_can_serve() -> None:

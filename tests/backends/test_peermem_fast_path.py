@@ -1,7 +1,7 @@
 """Pure logic: peermem's C fast path (``KernelPath``) on the CPU, against what its Python twin does.
 
-No GPU here, so the CUDA kernel library's ``pm_launch`` is stood in for by a ctypes callback of the
-same signature (a double, named as one: it records the call), the current stream by a callable and
+No GPU here, so the CUDA kernel library's ``pm_launch`` and ``pm_all_to_all`` are stood in for by
+ctypes callbacks of the same signatures (doubles, named as such: they record the calls), the current stream by a callable and
 the route table by the twin's own ``route_verdict``. CPU tensors take the place of CUDA ones through
 the device type and index the path is built for. What the real kernels do with the call is checked
 on the GPU machine (``benchmarks/gpu/peermem.py``, which runs with and without the C fast paths).
@@ -20,6 +20,7 @@ import torch
 from commlayer.backends.peermem import fast_path
 from commlayer.backends.peermem.communicator import Route
 from commlayer.backends.peermem.ordering import StreamOrder
+from commlayer.backends.peermem.splits import MAX_RANKS, byte_splits
 from commlayer.core.errors import CommError
 from commlayer.core.flight_recorder import COMPLETED, STARTED, WORK, Recording, describe_entry
 from commlayer.core.work import CompletedWork
@@ -34,6 +35,19 @@ LAUNCH_ARGUMENTS = (
     *(ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int),
 )
 LaunchFunction = ctypes.CFUNCTYPE(*LAUNCH_ARGUMENTS)
+EXCHANGE_ARGUMENTS = (
+    ctypes.c_int,  # returned
+    *(
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_ulonglong,
+        ctypes.POINTER(ctypes.c_ulonglong),
+    ),
+    *(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_ulonglong),
+)
+ExchangeFunction = ctypes.CFUNCTYPE(*EXCHANGE_ARGUMENTS)
+PUSH_BYTES = 512 << 10
 
 
 class Translated(CommError):
@@ -45,16 +59,20 @@ def _fail(error: Exception) -> NoReturn:
 
 
 class KernelDouble:
-    """Stands for the kernel library's pm_launch: records each launch and returns ``rc``."""
+    """Stands for the kernel library's pm_launch (or, for all_to_all_single, pm_all_to_all, whose
+    split table it copies while the call lasts): records each launch and returns ``rc``."""
 
-    def __init__(self) -> None:
+    def __init__(self, exchange: bool = False) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.rc = 0
-        self.function = LaunchFunction(self._launch)
+        self.function = ExchangeFunction(self._exchange) if exchange else LaunchFunction(self._launch)
 
     def _launch(self, *arguments: Any) -> int:
         self.calls.append(arguments)
         return self.rc
+
+    def _exchange(self, handle: int, source: int, output: int, nbytes: int, splits: Any, *rest: Any) -> int:
+        return self._launch(handle, source, output, nbytes, list(splits[: 4 * MAX_RANKS]), *rest)
 
     @property
     def address(self) -> int:
@@ -65,7 +83,7 @@ class Harness:
     """One KernelPath with every collaborator recording what it is asked."""
 
     def __init__(self, op: str, routes: dict[int, Route | None], async_bytes: int = 1 << 20) -> None:
-        self.kernel = KernelDouble()
+        self.kernel = KernelDouble(exchange=op == "all_to_all_single")
         self.handle: int | None = 0xC0FFEE  # PeerComm's: None once the group's region is freed
         self.failed = ctypes.c_int(0)
         self.stream = STREAM
@@ -98,6 +116,7 @@ class Harness:
             launch_failed=self._launch_failed,
             raise_failed=self._raise_failed,
             recording=recording,
+            push_bytes=PUSH_BYTES,
         )
 
     def _join(self, waiting: int, after: int) -> None:
@@ -279,8 +298,13 @@ def test_a_failed_launch_and_a_peers_timeout_raise_through_the_recordings_fail()
 
 def test_a_wrong_call_names_the_op_and_what_it_expected() -> None:
     harness = Harness("reduce_scatter_tensor", {})
-    with pytest.raises(TypeError, match="reduce_scatter_tensor: expected \\(async_op, 2 tensor"):
+    with pytest.raises(TypeError, match="reduce_scatter_tensor: expected \\(async_op, output, input\\)"):
         harness.path(False, torch.ones(4))
+    exchange = Harness("all_to_all_single", {})
+    with pytest.raises(
+        TypeError, match="expected \\(async_op, output, input, output_splits, input_splits\\)"
+    ):
+        exchange.path(False, torch.ones(4), torch.ones(4))
 
 
 def test_routes_map_to_what_the_c_path_does() -> None:
@@ -293,4 +317,49 @@ def test_the_twin_serves_when_c_fast_paths_are_off(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("COMMLAYER_C_FAST_PATHS", "0")
     assert fast_path.kernel_path(None, "all_reduce", (None,), None, print, print) is None  # type: ignore[arg-type]
     monkeypatch.delenv("COMMLAYER_C_FAST_PATHS")
-    assert fast_path.kernel_path(None, "all_to_all_single", (), None, print, print) is None  # type: ignore[arg-type]
+    assert fast_path.kernel_path(None, "broadcast", (0,), None, print, print) is None  # type: ignore[arg-type]
+
+
+EXCHANGE = Route(code=0, blocks=64, op="all_to_all_single")
+
+
+def _exchange(rows: int, splits: tuple[Any, Any] = (None, None), async_op: bool = False) -> tuple[Any, ...]:
+    """Harness and the launch of one all_to_all_single of ``rows`` x 4 floats each way."""
+    output, source = torch.zeros(rows, 4), torch.arange(rows * 4.0).reshape(rows, 4)
+    harness = Harness("all_to_all_single", {rows * 16: EXCHANGE})
+    returned = harness.path(async_op, output, source, *splits)
+    return harness, returned, output, source
+
+
+@pytest.mark.parametrize(
+    "splits",
+    [(None, None), ([1, 2, 3, 2], [2, 2, 0, 4]), ((0, 0, 8, 0), (8, 0, 0, 0)), ([2, 2, 2, 2], None)],
+    ids=["even", "uneven lists", "one peer each way, tuples", "one side listed"],
+)
+def test_all_to_all_launches_the_split_table_the_twin_would_pack(splits: tuple[Any, Any]) -> None:
+    harness, returned, output, source = _exchange(8, splits)
+    assert returned is None and harness.handed == []
+    handle, given, target, nbytes, table, blocks, stream, in_slot, in_off, descriptor, push = (
+        harness.kernel.calls.pop()
+    )
+    assert (handle, given, target, nbytes) == (0xC0FFEE, source.data_ptr(), output.data_ptr(), 128)
+    assert table == byte_splits(source, output, splits[1], splits[0], 4)
+    assert (blocks, stream, in_slot, in_off, descriptor, push) == (64, STREAM, 3, 0x100, -1, PUSH_BYTES)
+    assert harness.placed == [("all_to_all_single", source.data_ptr(), output.data_ptr())]
+    assert harness.ring[1][:6] == [1, "all_to_all_single", (8, 4), torch.float32, -1, COMPLETED]
+
+
+def test_an_async_all_to_all_returns_the_started_work_on_its_output() -> None:
+    harness, work, output, _ = _exchange(8, async_op=True)
+    assert work.result()[0] is output and harness.ring[1][WORK]() is work
+
+
+def test_all_to_all_splits_the_c_path_cannot_read_go_to_the_twin() -> None:
+    output, source = torch.zeros(8, 4), torch.ones(8, 4)
+    harness = Harness("all_to_all_single", {128: EXCHANGE}, async_bytes=128)
+    assert _handed_to_twin(harness, False, output, source, [2, 2, 4], None)  # not one per peer
+    assert _handed_to_twin(harness, False, output, source, None, [2, 2, 2.0, 2])  # not ints
+    assert _handed_to_twin(harness, False, output, source, None, torch.tensor([2, 2, 2, 2]))
+    assert _handed_to_twin(harness, False, output, source, [2, 2, -2, 6], None)  # the twin names it
+    assert _handed_to_twin(harness, True, output, source, None, None)  # large async: may move streams
+    assert _handed_to_twin(harness, False, output, source.double(), None, None)
