@@ -76,6 +76,9 @@ class PeerComm:
         self.all_to_all_blocks = ALL_TO_ALL_BLOCKS
         self.all_to_all_push_bytes = ALL_TO_ALL_PUSH_BYTES
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
+        # The C fast paths' caches of the same routes, one per (op, reduce op), kept here so that
+        # force() empties them too.
+        self._verdicts: dict[tuple[str, ReduceOp | None], dict[int, object]] = {}
         self._launch = lib.launch
         self._capturing = torch.cuda.is_current_stream_capturing
         registry = Registry(board, self.rank, self.world, lib.max_slots)
@@ -96,6 +99,18 @@ class PeerComm:
         self._join_event: torch.cuda.Event | None = None
         #: Nonzero once a call of this group timed out (host-mapped, written by the kernel).
         self.failed = ctypes.c_int.from_address(lib.lib.pm_error_address(handle))
+
+    def force(self, algorithm: str | None) -> None:
+        """Route every call the kernels can serve to ``algorithm`` (None: the crossover table), from
+        the next call on: benchmarks and checks compare the algorithms on one group."""
+        self.forced = algorithm
+        self._routes.clear()
+        for table in self._verdicts.values():
+            table.clear()
+
+    def verdict_table(self, op: str, reduce_op: ReduceOp | None) -> dict[int, object]:
+        """The table a C fast path of ``op`` caches its routes in (emptied by :meth:`force`)."""
+        return self._verdicts.setdefault((op, reduce_op), {})
 
     def route(self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None) -> Route | None:
         """The kernel that serves this kind of call, or None for NCCL."""

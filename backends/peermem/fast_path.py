@@ -100,4 +100,5 @@ def kernel_path(
         raise_failed=functools.partial(comm.raise_if_failed, "wait"),
         recording=recording,
         push_bytes=comm.all_to_all_push_bytes,
+        routes=comm.verdict_table(op, reduce_op),
     )

@@ -117,7 +117,7 @@ def bench(world: int, device: torch.device, backend, pg, rows: list, prefixes: t
             if prefixes and not name.startswith(prefixes):
                 continue
             if forced != "raw":
-                comm.forced, comm._routes = forced, {}
+                comm.force(forced)
             try:
                 eager, in_graph = measure(fn, nbytes, backend)
                 rows.append(
@@ -132,7 +132,7 @@ def bench(world: int, device: torch.device, backend, pg, rows: list, prefixes: t
                 rows.append(
                     {"method": name, "bytes": nbytes, "error": f"{type(error).__name__}: {str(error)[:200]}"}
                 )
-            comm.forced, comm._routes = None, {}
+            comm.force(None)
         if dist.get_rank() == 0:
             print(f"timed {nbytes} B", flush=True)
 

@@ -70,7 +70,7 @@ class Checks:
             self.failures.append(f"rank {self.rank} {label}: NCCL result {worst:.2f}x the rounding bound")
 
     def force(self, algorithm: str | None) -> None:
-        self.comm.forced, self.comm._routes = algorithm, {}
+        self.comm.force(algorithm)
 
     def served(self, op: str, nbytes: int, dtype: torch.dtype, reduce_op: ReduceOp | None) -> bool:
         return self.comm.route(op, nbytes, dtype, reduce_op) is not None

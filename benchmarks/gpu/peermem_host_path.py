@@ -70,7 +70,7 @@ def _group_of_one(forced: list[str]) -> Callable[..., object]:
             raise RuntimeError(f"pm_create: {lib.error_string(rc)}")
         board = boards.create(f"commlayer-peermem-host-path-{os.getpid()}-{len(forced)}")
         comm = PeerComm(lib, handle.value, spec, 0, half_bytes, board)
-        comm.forced = forced.pop(0)
+        comm.force(forced.pop(0))
         return comm
 
     return attach

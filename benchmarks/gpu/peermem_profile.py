@@ -73,7 +73,7 @@ def all_reduce_row(nbytes: int, comm, backend, pg, buffers: dict) -> dict:
     }
     row = {"op": "all_reduce", "bytes": nbytes}
     row.update({name: graphed_us(fn, nbytes, backend) for name, fn in references.items()})
-    comm.forced, comm._routes = "zero_copy", {}
+    comm.force("zero_copy")
     route = comm.route("all_reduce", nbytes, torch.bfloat16, ReduceOp.SUM)
     row["routed_grid"] = route.blocks
 
@@ -86,7 +86,7 @@ def all_reduce_row(nbytes: int, comm, backend, pg, buffers: dict) -> dict:
     if nbytes == MiB:
         row["kernels_zero_copy"] = kernel_us(on_grid(route.blocks))
         row["kernels_two_shot"] = kernel_us(references["symm_two_shot"])
-    comm.forced, comm._routes = None, {}
+    comm.force(None)
     return row
 
 

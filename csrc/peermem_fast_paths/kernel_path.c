@@ -54,6 +54,7 @@ typedef struct {
     const volatile int *failed;  // the group's flag, set by a kernel that timed out
     PyObject *comm;              // its handle is None once the group's region is freed
     PyObject *routes;  // bytes << 8 | scalar type -> (code, blocks[, placed]) or None (NCCL); else: the twin
+                       // (the group's table when given, which it empties when its routing changes)
                        // (all_to_all_single's: (0, blocks, True), the group's one choice)
     PyObject *places;  // places(source, output) -> (in_slot, out_slot, in_off, out_off, descriptor)
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
@@ -321,14 +322,14 @@ static PyObject *kernel_path_vectorcall(PyObject *callable, PyObject *const *arg
 static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"op", "device_type", "device", "world", "async_bytes", "launch", "handle", "failed", "comm",
                                "places", "route_of", "order", "raw_stream", "nccl", "twin", "started_work",
-                               "launch_failed", "raise_failed", "recording", "push_bytes", NULL};
-    PyObject *launch, *handle, *failed, *objects[10], *recording;
+                               "launch_failed", "raise_failed", "recording", "push_bytes", "routes", NULL};
+    PyObject *launch, *handle, *failed, *objects[10], *recording, *routes = NULL;
     self->push_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOOO|K", keywords, &self->op, &self->device_type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOOO|KO!", keywords, &self->op, &self->device_type,
                                      &self->device, &self->world, &self->async_bytes, &launch, &handle, &failed,
                                      &objects[0], &objects[1], &objects[2], &objects[3], &objects[4], &objects[5],
                                      &objects[6], &objects[7], &objects[8], &objects[9], &recording,
-                                     &self->push_bytes)) {
+                                     &self->push_bytes, &PyDict_Type, &routes)) {
         return -1;
     }
     if (self->op < ALL_REDUCE || self->op > ALL_TO_ALL || self->world < 1 ||
@@ -350,7 +351,7 @@ static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) 
     PyObject **slots[10] = {&self->comm, &self->places, &self->route_of, &self->order, &self->raw_stream,
                             &self->nccl, &self->twin, &self->started_work, &self->launch_failed, &self->raise_failed};
     for (int index = 0; index < 10; index++) Py_XSETREF(*slots[index], Py_NewRef(objects[index]));
-    Py_XSETREF(self->routes, PyDict_New());
+    Py_XSETREF(self->routes, routes != NULL ? Py_NewRef(routes) : PyDict_New());
     Py_XSETREF(self->device_number, PyLong_FromLong(self->device));
     if (self->routes == NULL || self->device_number == NULL) return -1;
     self->vectorcall = kernel_path_vectorcall;
@@ -393,7 +394,7 @@ PyTypeObject KernelPathType = {
     COMMLAYER_VECTORCALL_TYPE(
         "commlayer.backends.peermem._fast_paths.KernelPath", KernelPath, kernel_path_init, kernel_path,
         "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, places, route_of, "
-        "order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording, push_bytes=0): "
+        "order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording, push_bytes=0, routes=None): "
         "run(async_op, *tensors)."),
     .tp_repr = (reprfunc)kernel_path_repr,
     .tp_getset = kernel_path_getset,

@@ -143,7 +143,22 @@ def _group_kernels(forced: str | None) -> SimpleNamespace:
         raise_if_failed=never,
         lib=SimpleNamespace(lib=SimpleNamespace(pm_all_to_all=launch)),
         placement=SimpleNamespace(places=never),
+        verdict_table=lambda op, reduce_op: {},
     )
+
+
+def test_forcing_an_algorithm_empties_every_cached_route_of_the_group() -> None:
+    comm = PeerComm.__new__(PeerComm)  # routing alone: the state __init__ sets for it
+    comm.table, comm.world, comm.half_bytes, comm.forced = CROSSOVERS, 4, HALF, None
+    comm._routes, comm._verdicts = {}, {}
+    table = comm.verdict_table("all_reduce", ReduceOp.SUM)
+    assert comm.verdict_table("all_reduce", ReduceOp.SUM) is table
+    assert comm.route("all_reduce", 4 * KiB, torch.bfloat16, ReduceOp.SUM).blocks == 1
+    table[4 * KiB] = "cached by a C fast path"
+    comm.force("nccl")
+    assert table == {} and comm.route("all_reduce", 4 * KiB, torch.bfloat16, ReduceOp.SUM) is None
+    comm.force(None)
+    assert comm.route("all_reduce", 4 * KiB, torch.bfloat16, ReduceOp.SUM) is not None
 
 
 def test_all_to_all_takes_ncclss_fast_path_or_the_kernels_whatever_the_call(

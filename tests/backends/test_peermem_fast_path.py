@@ -95,6 +95,7 @@ class Harness:
         self.placed: list[tuple[str, int, int]] = []  # (op, source pointer, output pointer) asked to place
         self.places_error: Exception | None = None
         self.ring: list = [None] * 8
+        self.verdicts: dict[int, Any] = {}  # the group's table of this op's routes (PeerComm.verdict_table)
         recording = Recording(itertools.count(1).__next__, self.ring, 8, op, torch.float32, -1, _fail)
         self.path = native.KernelPath(
             op=fast_path.KERNEL_OPS[op],
@@ -117,6 +118,7 @@ class Harness:
             raise_failed=self._raise_failed,
             recording=recording,
             push_bytes=PUSH_BYTES,
+            routes=self.verdicts,
         )
 
     def _join(self, waiting: int, after: int) -> None:
@@ -185,6 +187,18 @@ def test_each_size_and_dtype_is_routed_once() -> None:
         harness.path(False, torch.ones(128, dtype=torch.float16))
     assert sorted(harness.asked) == [256, 256, 1024]
     assert len(harness.path.routes) == 3 and len(harness.kernel.calls) == 6
+
+
+def test_routes_are_cached_in_the_groups_table_and_asked_again_once_it_is_emptied() -> None:
+    harness = Harness("all_reduce", {256: None})
+    harness.path(False, torch.ones(64))
+    assert harness.verdicts == {256 << 8 | 6: None} and harness.handed[-1][0] == "nccl"
+    harness.routes[256] = STAGED  # a forced algorithm: PeerComm.force empties the table
+    harness.path(False, torch.ones(64))
+    assert harness.kernel.calls == []  # still the cached route
+    harness.verdicts.clear()
+    harness.path(False, torch.ones(64))
+    assert harness.asked == [256, 256] and harness.kernel.calls.pop()[1] == STAGED.code
 
 
 def test_the_sizes_nccl_serves_go_to_ncclss_fast_path_with_the_same_arguments() -> None:
