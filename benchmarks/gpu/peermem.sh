@@ -3,11 +3,12 @@
 #
 #   bash benchmarks/gpu/peermem.sh [STEP ...]      (from the repository root; results in $OUT)
 #
-# STEP is any of checks tp conformance moe anchor profile (default: all but profile). Per world size
-# (all GPUs, then 2 when there are 4 or more): peermem.py (correctness, then collectives against
+# STEP is any of checks tp conformance zero moe anchor profile (default: all but profile). Per world
+# size (all GPUs, then 2 when there are 4 or more): peermem.py (correctness, then collectives against
 # NCCL and torch's symmetric memory), peermem_tp.py (TP decode: fused kernel vs NCCL), `commlayer
-# test-backend peermem` from the CLI; on 4 or more GPUs MoE on the default backend and on NCCL
-# against DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile: peermem_profile.py
+# test-backend peermem` from the CLI, ZeRO stages 1-3 on the default backend and on nccl (zero.py,
+# the anchor's 369M model); on 4 or more GPUs MoE on the default backend and on NCCL against
+# DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile: peermem_profile.py
 # (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE and of ZeRO stages 1-3
 # (and 3 with one unit per block) on the default backend and on NCCL (with `trace analyze
 # --arrivals` of each ZeRO run: when each rank entered each collective); then `commlayer
@@ -17,14 +18,15 @@
 # peermem_run) and the summary in $OUT/summary.txt; the exit status is 1 when any step failed or was
 # cut off. On a machine of one GPU, checks runs peermem_shared_gpu.py instead: 2 and 4 ranks on the
 # one GPU, correctness only, ZeRO stage 3 included. Environment: ANCHORS (default anchors),
-# CHECK_WORLDS (the world sizes to run the correctness checks on; default every one).
+# WORLDS (the world sizes to run; default as above), CHECK_WORLDS (those to run the correctness
+# checks on; default every one).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export COMMLAYER_PEERMEM_CACHE=/tmp/peermem_cache SITE=/tmp/peermem_site
 OUT=${OUT:-/tmp/peermem_gpu}
 ANCHORS=${ANCHORS:-anchors}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(checks tp conformance moe anchor)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(checks tp conformance zero moe anchor)
 began=$(date +%s)
 deadline=$((began + ${DEADLINE:-540}))
 RUN=/tmp/peermem_run
@@ -59,6 +61,7 @@ step 180 build bash -c "cd /tmp && python3 -c 'import torch; from commlayer.back
 gpus=$(nvidia-smi -L | wc -l)
 worlds=("$gpus")
 [ "$gpus" -ge 4 ] && worlds=("$gpus" 2)
+[ -n "${WORLDS:-}" ] && read -ra worlds <<<"$WORLDS"
 TORCHRUN=(python3 -m torch.distributed.run --standalone --nproc-per-node)
 if [ "$gpus" -eq 1 ]; then  # 2 and 4 ranks share the one GPU: correctness only (no NCCL, nothing timed)
   worlds=()
@@ -78,6 +81,14 @@ for n in "${worlds[@]}"; do
   wants checks && step 200 "collectives_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem.py --out "$RUN" --skip-checks
   wants tp && step 150 "tp_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_tp.py --out "$RUN"
   wants conformance && certify 110 "conformance_peermem_w$n" peermem "$n"
+  if wants zero && [ -f "$ANCHORS/zero_anchor.py" ]; then
+    for stage in 1 2 3; do
+      for backend in default cpu:gloo,cuda:nccl; do
+        step 80 "train_zero${stage}_${backend%%,*}_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/zero.py --stage "$stage" \
+          --anchor "$ANCHORS/zero_anchor.py" --backend "$backend" --steps 10 --warmup 3
+      done
+    done
+  fi
   wants profile && step 150 "profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_profile.py --out "$RUN"
   if wants profile && [ "$n" -ge 4 ]; then
     step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
@@ -110,7 +121,7 @@ for n in "${worlds[@]}"; do
   fi
 done
 for log in "$RUN"/conformance_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep -E 'CONFORMS|cells passed' "$log" | tail -1)"; done
-for log in "$RUN"/moe_*.log "$RUN"/zero*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
+for log in "$RUN"/moe_*.log "$RUN"/zero*.log "$RUN"/train_zero*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^{' "$log" | tail -1)"; done
 for log in "$RUN"/shared_gpu_w*.log; do [ -f "$log" ] && grep '^shared:' "$log" | sort | while read -r line; do summary "$line"; done; done
 for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"): $(grep '^checks:' "$log" | tail -1)"; done
 for log in "$RUN"/arrivals_*.txt; do [ -f "$log" ] && summary "$(basename "$log"): $(grep 'arrivals at' "$log" | tr '\n' ' ')"; done
