@@ -89,7 +89,8 @@ class PeerComm:
         self.order = StreamOrder(self._raw_stream, self._capturing, self._join)
         self._stream = self.order.stream
         self.async_bytes = settings.PEERMEM_ASYNC_BYTES.value()
-        self._default_stream = torch.cuda.default_stream(device).cuda_stream
+        #: The device's default stream (raw handle): large async calls issued there move to the group's.
+        self.default_stream = torch.cuda.default_stream(device).cuda_stream
         # The group's own stream, created at the first large async call, with the events that
         # mark its calls' ends (see _new_side).
         self._side: torch.cuda.Stream | None = None
@@ -212,7 +213,7 @@ class PeerComm:
             self.launch_failed(rc)
 
     def _on_default_stream(self) -> bool:
-        return self._raw_stream() == self._default_stream
+        return self._raw_stream() == self.default_stream
 
     def _started(
         self,

@@ -85,6 +85,7 @@ def kernel_path(
         device=comm.device,
         world=comm.world,
         async_bytes=comm.async_bytes,
+        default_stream=comm.default_stream,
         launch=ctypes.cast(launch, ctypes.c_void_p).value,
         handle=comm.handle,
         failed=ctypes.addressof(comm.failed),

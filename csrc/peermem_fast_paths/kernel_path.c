@@ -10,8 +10,8 @@
 // where they lie) asks the group's segment registry for the tensors' places, and a call on another
 // stream than the group's last kernel has the group's StreamOrder join the two. A call of the sizes
 // NCCL serves goes straight to NCCL's fast path. Every other call, rare by construction, goes to
-// the twin: large asynchronous calls (they may move to the group's stream), tensors the reader
-// cannot read, and splits that are not lists or tuples of ints.
+// the twin: large asynchronous calls from the device's default stream (they move to the group's
+// stream), tensors the reader cannot read, and splits that are not lists or tuples of ints.
 //
 // all_to_all_single, on a group whose kernel serves it, takes the same path: its splits become the
 // kernel's byte table here (pm_all_to_all), and its tensors are always placed, since the kernel
@@ -46,7 +46,9 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int op, device_type, device, world;  // the device (c10's type and index) the kernels serve
-    long long async_bytes;  // asynchronous calls of at least this many bytes go to the twin (< 0: none)
+    long long async_bytes;  // asynchronous calls of at least this many bytes from the default stream
+                            // go to the twin (< 0: none)
+    uintptr_t default_stream;  // the device's default stream (raw handle)
     KernelStart launch;      // all_reduce, all_gather and reduce_scatter's
     ExchangeStart exchange;  // all_to_all_single's
     unsigned long long push_bytes;  // all_to_all_single: the largest chunk pushed before the barrier
@@ -204,14 +206,16 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *args, int async
     if (route == Py_None) return NCCL;
     Py_ssize_t items = PyTuple_Check(route) ? PyTuple_GET_SIZE(route) : 0;
     if (items != 2 && items != 3) return TWIN;
-    long long largest = tensor_bytes(&first) > tensor_bytes(&second) ? tensor_bytes(&first) : tensor_bytes(&second);
-    if (async_op && self->async_bytes >= 0 && largest >= self->async_bytes) return TWIN;
     if (self->op == ALL_TO_ALL) {
         int table = exchange_table(self, args, &first, &second, call);
         if (table != 1) return table < 0 ? FAILED : TWIN;
     }
     int same = on_last_stream(self, &call->stream);
     if (same < 0) return FAILED;
+    long long largest = tensor_bytes(&first) > tensor_bytes(&second) ? tensor_bytes(&first) : tensor_bytes(&second);
+    if (async_op && self->async_bytes >= 0 && largest >= self->async_bytes && call->stream == self->default_stream) {
+        return TWIN;  // it moves to the group's stream (PeerComm._stream_for)
+    }
     call->switched = !same;
     call->placed = items == 3;
     call->places = UNPLACED;
@@ -320,13 +324,16 @@ static PyObject *kernel_path_vectorcall(PyObject *callable, PyObject *const *arg
 }
 
 static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"op", "device_type", "device", "world", "async_bytes", "launch", "handle", "failed", "comm",
+    static char *keywords[] = {"op", "device_type", "device", "world", "async_bytes", "default_stream", "launch",
+                               "handle", "failed", "comm",
                                "places", "route_of", "order", "raw_stream", "nccl", "twin", "started_work",
                                "launch_failed", "raise_failed", "recording", "push_bytes", "routes", NULL};
     PyObject *launch, *handle, *failed, *objects[10], *recording, *routes = NULL;
+    unsigned long long default_stream;
     self->push_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLOOOOOOOOOOOOOO|KO!", keywords, &self->op, &self->device_type,
-                                     &self->device, &self->world, &self->async_bytes, &launch, &handle, &failed,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiLKOOOOOOOOOOOOOO|KO!", keywords, &self->op,
+                                     &self->device_type, &self->device, &self->world, &self->async_bytes,
+                                     &default_stream, &launch, &handle, &failed,
                                      &objects[0], &objects[1], &objects[2], &objects[3], &objects[4], &objects[5],
                                      &objects[6], &objects[7], &objects[8], &objects[9], &recording,
                                      &self->push_bytes, &PyDict_Type, &routes)) {
@@ -337,6 +344,7 @@ static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) 
         PyErr_SetString(PyExc_ValueError, "KernelPath: op in 0..3 and a positive world (at most 8 for op 3) expected");
         return -1;
     }
+    self->default_stream = (uintptr_t)default_stream;
     void *start = PyLong_AsVoidPtr(launch);  // pm_all_to_all for all_to_all_single, else pm_launch
     self->launch = self->op == ALL_TO_ALL ? NULL : (KernelStart)start;
     self->exchange = self->op == ALL_TO_ALL ? (ExchangeStart)start : NULL;
@@ -393,9 +401,9 @@ static PyGetSetDef kernel_path_getset[] = {
 PyTypeObject KernelPathType = {
     COMMLAYER_VECTORCALL_TYPE(
         "commlayer.backends.peermem._fast_paths.KernelPath", KernelPath, kernel_path_init, kernel_path,
-        "KernelPath(op, device_type, device, world, async_bytes, launch, handle, failed, comm, places, route_of, "
-        "order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording, push_bytes=0, routes=None): "
-        "run(async_op, *tensors)."),
+        "KernelPath(op, device_type, device, world, async_bytes, default_stream, launch, handle, failed, comm, "
+        "places, route_of, order, raw_stream, nccl, twin, started_work, launch_failed, raise_failed, recording, "
+        "push_bytes=0, routes=None): run(async_op, *tensors)."),
     .tp_repr = (reprfunc)kernel_path_repr,
     .tp_getset = kernel_path_getset,
 };

@@ -133,6 +133,7 @@ def _group_kernels(forced: str | None) -> SimpleNamespace:
         device=0,
         world=4,
         async_bytes=1 << 20,
+        default_stream=0,
         handle=1,
         failed=ctypes.c_int(0),
         all_to_all_blocks=64,

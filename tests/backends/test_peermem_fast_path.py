@@ -103,6 +103,7 @@ class Harness:
             device=-1,
             world=4,
             async_bytes=async_bytes,
+            default_stream=STREAM,  # the harness issues from the default stream unless a test moves it
             launch=self.kernel.address,
             handle=0xC0FFEE,
             failed=ctypes.addressof(self.failed),
@@ -245,7 +246,7 @@ def _handed_to_twin(harness: Harness, *call: Any) -> bool:
 
 def test_what_needs_python_goes_to_the_twin() -> None:
     harness = Harness("all_reduce", {64: STAGED}, async_bytes=64)
-    assert _handed_to_twin(harness, True, torch.ones(16))  # large async: may move streams
+    assert _handed_to_twin(harness, True, torch.ones(16))  # large async from the default stream: it moves
     assert _handed_to_twin(harness, False, torch.ones(17)[1:])  # not 16-byte aligned
     assert _handed_to_twin(harness, False, torch.ones(4, 8).t())  # not contiguous
     assert _handed_to_twin(harness, False, torch.ones(16).as_subclass(Subclass))  # unread
@@ -257,6 +258,14 @@ def test_what_needs_python_goes_to_the_twin() -> None:
 
 class Subclass(torch.Tensor):
     pass
+
+
+def test_a_large_async_call_from_a_stream_of_the_callers_own_launches_there() -> None:
+    harness = Harness("all_reduce", {64: STAGED}, async_bytes=64)
+    harness.stream = STREAM + 1  # as DeepSpeed's ZeRO-3 and FSDP2 issue theirs
+    work = harness.path(True, torch.ones(16))
+    assert isinstance(work, CompletedWork) and harness.handed == []
+    assert harness.kernel.calls.pop()[6] == STREAM + 1 and harness.joined == [(STREAM + 1, STREAM)]
 
 
 def test_a_call_on_another_stream_waits_for_the_groups_last_kernel_then_launches() -> None:
