@@ -55,9 +55,10 @@ typedef struct {
     void *handle;
     const volatile int *failed;  // the group's flag, set by a kernel that timed out
     PyObject *comm;              // its handle is None once the group's region is freed
-    PyObject *routes;  // bytes << 8 | scalar type -> (code, blocks[, placed]) or None (NCCL); else: the twin
-                       // (the group's table when given, which it empties when its routing changes)
-                       // (all_to_all_single's: (0, blocks, True), the group's one choice)
+    // bytes << 8 | scalar type -> (code, blocks[, placed]) or None (NCCL); anything else: the twin.
+    // all_to_all_single's is always (0, blocks, True), the group's one choice. The group's own
+    // table when given, so that it can empty it when its routing changes (PeerComm.force).
+    PyObject *routes;
     PyObject *places;  // places(source, output) -> (in_slot, out_slot, in_off, out_off, descriptor)
     PyObject *route_of, *order, *raw_stream, *device_number, *nccl, *twin, *started_work, *launch_failed,
         *raise_failed;
@@ -212,7 +213,8 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *args, int async
     }
     int same = on_last_stream(self, &call->stream);
     if (same < 0) return FAILED;
-    long long largest = tensor_bytes(&first) > tensor_bytes(&second) ? tensor_bytes(&first) : tensor_bytes(&second);
+    long long first_bytes = tensor_bytes(&first), second_bytes = tensor_bytes(&second);
+    long long largest = first_bytes > second_bytes ? first_bytes : second_bytes;
     if (async_op && self->async_bytes >= 0 && largest >= self->async_bytes && call->stream == self->default_stream) {
         return TWIN;  // it moves to the group's stream (PeerComm._stream_for)
     }
@@ -325,9 +327,9 @@ static PyObject *kernel_path_vectorcall(PyObject *callable, PyObject *const *arg
 
 static int kernel_path_init(KernelPath *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"op", "device_type", "device", "world", "async_bytes", "default_stream", "launch",
-                               "handle", "failed", "comm",
-                               "places", "route_of", "order", "raw_stream", "nccl", "twin", "started_work",
-                               "launch_failed", "raise_failed", "recording", "push_bytes", "routes", NULL};
+                               "handle", "failed", "comm", "places", "route_of", "order", "raw_stream", "nccl",
+                               "twin", "started_work", "launch_failed", "raise_failed", "recording", "push_bytes",
+                               "routes", NULL};
     PyObject *launch, *handle, *failed, *objects[10], *recording, *routes = NULL;
     unsigned long long default_stream;
     self->push_bytes = 0;
