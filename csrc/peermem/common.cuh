@@ -2,13 +2,16 @@
 // which a call tells its peers where its tensors are, and float math in rank order.
 //
 // Every rank owns one region, mapped into every peer of the group:
-//   [flags: MAX_BLOCKS x MAX_RANKS words][inboxes: 2 x MAX_RANKS][private words][half 0][half 1]
+//   [flags: MAX_BLOCKS x MAX_RANKS words][inboxes: 2 x MAX_RANKS][private words]
+//   [greetings: MAX_BLOCKS x MAX_RANKS places][half 0][half 1]
 // Block b of rank r raises flag [b][r] in every peer and waits for the peers' flags in its own
-// region. A flag's value counts the barriers block b has passed (the count lives in the private
-// words between calls): every rank launches the same grid for a call, so block b's count is the
-// same everywhere, and no rank's runs more than one barrier ahead of another's, which keeps the
-// wrapping comparison exact however long the group lives. Staged data goes to the half picked by
-// the epoch's parity: a rank writes a half again only two calls later, after every peer has
+// region; at an in-place call's first barrier it leaves greeting [b][r] instead (greeting.cuh). A
+// flag's value counts the barriers block b has passed (the count lives in the private words
+// between calls): every rank launches the same grid for a call, so block b's count is the same
+// everywhere, and no rank's runs more than one barrier ahead of another's, which keeps the
+// wrapping comparison exact however long the group lives. A flag may skip the values of
+// greetings: a waiter only asks that it has reached its own. Staged data goes to the half picked
+// by the epoch's parity: a rank writes a half again only two calls later, after every peer has
 // entered the call in between and so has finished reading it.
 #pragma once
 #include <cuda_bf16.h>
@@ -26,7 +29,10 @@
 #define INBOX_OFFSET FLAG_BYTES
 #define PRIVATE_OFFSET (INBOX_OFFSET + 2 * MAX_RANKS * INBOX_BYTES)
 #define PRIVATE_BYTES 4096
-#define DATA_OFFSET (PRIVATE_OFFSET + PRIVATE_BYTES)
+#define GREETING_WORDS 4
+#define GREETING_OFFSET (PRIVATE_OFFSET + PRIVATE_BYTES)
+#define GREETING_BYTES (MAX_BLOCKS * MAX_RANKS * GREETING_WORDS * 8)
+#define DATA_OFFSET (GREETING_OFFSET + GREETING_BYTES)
 #define COUNTERS_WORD 16  // private words [16, 16 + MAX_BLOCKS): each block's barrier count
 
 typedef unsigned long long u64;
@@ -93,11 +99,45 @@ __device__ __forceinline__ Inbox* inbox_in(const Args& a, int owner, int parity,
   return (Inbox*)(a.base[owner] + INBOX_OFFSET) + parity * MAX_RANKS + sender;
 }
 
-// A block's state in shared memory: its barrier count, and false once a peer never came.
+// A block's state in shared memory: its barrier count, false once a peer never came, and the
+// call's epoch and whether an earlier call broke the group (read once, by thread 0).
 struct Sync {
-  uint32_t count;
-  bool ok;
+  uint32_t count, epoch;
+  bool ok, broken;
 };
+
+// Spins until `arrived()` holds for peer `peer`; false, with the group marked broken and the host
+// told which peer and block, when it does not within the group's timeout.
+template <typename Arrived>
+__device__ __forceinline__ bool wait_for_peer(const Args& a, Sync* sync, int peer, Arrived arrived) {
+  uint64_t start = 0;
+  for (uint32_t spins = 0; !arrived(); ++spins) {
+    if ((spins & 1023) != 1023) continue;
+    const uint64_t clock = now_ns();
+    if (start == 0) {
+      start = clock;
+    } else if (clock - start > a.timeout_ns) {
+      a.host_error[1] = peer;
+      a.host_error[2] = blockIdx.x;
+      __threadfence_system();
+      a.host_error[0] = 1;
+      a.priv[2] = 1;
+      sync->ok = false;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Ends a barrier once the waiting threads are done: every thread learns whether all peers came,
+// and the block's count moves on to `value`.
+__device__ __forceinline__ bool end_barrier(Sync* sync, uint32_t value) {
+  __syncthreads();
+  const bool ok = sync->ok;
+  __syncthreads();
+  if (threadIdx.x == 0) sync->count = value;
+  return ok;
+}
 
 // Raise this block's flag in every peer, wait for every peer's; false when one never came.
 // `post`: per peer, the inbox entry to leave in that peer's region before its flag (or null).
@@ -107,34 +147,15 @@ struct Sync {
 __device__ bool block_barrier(const Args& a, Sync* sync, const Inbox* post = nullptr, int parity = 0) {
   __syncthreads();
   const uint32_t value = sync->count + 1;  // thread 0 moves it on only after the last sync below
-  int t = threadIdx.x;
+  const int t = threadIdx.x;
   if (t < a.world) {
     if (post != nullptr) *inbox_in(a, t, parity, a.rank) = post[t];
     uint32_t* remote = (uint32_t*)a.base[t] + blockIdx.x * MAX_RANKS + a.rank;
     store_release(remote, value);
     const uint32_t* mine = (const uint32_t*)a.base[a.rank] + blockIdx.x * MAX_RANKS + t;
-    uint64_t start = 0;
-    for (uint32_t spins = 0; (int32_t)(load_acquire(mine) - value) < 0; ++spins) {
-      if ((spins & 1023) == 1023) {
-        uint64_t clock = now_ns();
-        if (start == 0) start = clock;
-        else if (clock - start > a.timeout_ns) {
-          a.host_error[1] = t;
-          a.host_error[2] = blockIdx.x;
-          __threadfence_system();
-          a.host_error[0] = 1;
-          a.priv[2] = 1;
-          sync->ok = false;
-          break;
-        }
-      }
-    }
+    wait_for_peer(a, sync, t, [&] { return (int32_t)(load_acquire(mine) - value) >= 0; });
   }
-  __syncthreads();
-  const bool ok = sync->ok;
-  __syncthreads();
-  if (t == 0) sync->count = value;
-  return ok;
+  return end_barrier(sync, value);
 }
 
 // Copies every peer's inbox entry for this call into shared memory (after a posting barrier).
@@ -249,12 +270,12 @@ __device__ __forceinline__ Share peer_share(int parts) {
 }
 
 // Ends a call: the block keeps its barrier count, and the last block to finish moves the epoch on
-// for the next kernel on this stream.
+// for the next kernel on this stream. No fence: only later kernels read these words, and a kernel
+// sees every write of the kernels before it on its stream.
 __device__ __forceinline__ void finish(const Args& a, uint32_t epoch, const Sync* sync) {
   __syncthreads();
   if (threadIdx.x == 0) {
     a.priv[COUNTERS_WORD + blockIdx.x] = sync->count;
-    __threadfence();
     if (atomicAdd(&a.priv[1], 1u) == gridDim.x - 1) {
       a.priv[1] = 0;
       a.priv[0] = epoch + 1;
@@ -263,14 +284,18 @@ __device__ __forceinline__ void finish(const Args& a, uint32_t epoch, const Sync
 }
 
 // Reads the epoch, the block's barrier count, and whether an earlier call broke the group (then
-// the kernel does nothing).
+// the kernel does nothing). Thread 0 reads them from L2 in two loads at once and shares them.
 __device__ __forceinline__ bool start_call(const Args& a, uint32_t* epoch, Sync* sync) {
   if (threadIdx.x == 0) {
+    const uint4 state = __ldcg((const uint4*)a.priv);  // epoch, blocks done, broken
+    sync->count = __ldcg(&a.priv[COUNTERS_WORD + blockIdx.x]);
+    sync->epoch = state.x;
+    sync->broken = state.z != 0;
     sync->ok = true;
-    sync->count = *(volatile uint32_t*)&a.priv[COUNTERS_WORD + blockIdx.x];
   }
-  *epoch = *(volatile uint32_t*)&a.priv[0];
-  if (*(volatile uint32_t*)&a.priv[2]) {
+  __syncthreads();
+  *epoch = sync->epoch;
+  if (sync->broken) {
     finish(a, *epoch, sync);
     return false;
   }

@@ -1,46 +1,35 @@
 // The zero-copy algorithms: peers read and write the callers' tensors where they lie.
 //
 // A rank whose tensor lies in a segment every peer has mapped (Place slot >= 0) tells its peers
-// where, through the inbox, at the call's first barrier; a rank whose tensor does not stages it in
+// where, through its greeting, at the call's first barrier; a rank whose tensor does not stages it in
 // its region instead, in pieces of the region's size when it is larger. Every rank learns at that
 // first barrier whether all tensors are in place and so how many rounds the call takes: the same
 // count everywhere. A call ends with a barrier, after which no peer reads this rank's input or
 // writes its output any more, so the stream may reuse both at once.
 #pragma once
+#include "greeting.cuh"
 #include "staged.cuh"
 
-__device__ __forceinline__ bool all_in_place(const Inbox* boxes, int world, bool inputs, bool outputs) {
+__device__ __forceinline__ bool all_in_place(const Place* places, int world, bool inputs, bool outputs) {
   bool direct = true;
   for (int p = 0; p < world; ++p) {
-    if (inputs) direct = direct && boxes[p].place.in_slot >= 0;
-    if (outputs) direct = direct && boxes[p].place.out_slot >= 0;
+    if (inputs) direct = direct && places[p].in_slot >= 0;
+    if (outputs) direct = direct && places[p].out_slot >= 0;
   }
   return direct;
-}
-
-// Posts this rank's place to every peer and waits for theirs (the call's first barrier).
-__device__ __forceinline__ bool greet(const Args& a, const Place& me, int parity, Sync* sync, Inbox* boxes, Inbox* post) {
-  if (threadIdx.x < a.world) {
-    Inbox e = {};
-    e.place = me;
-    post[threadIdx.x] = e;
-  }
-  if (!block_barrier(a, sync, post, parity)) return false;
-  read_inboxes(a, parity, boxes);
-  return true;
 }
 
 // bytes: the whole tensor. Two-shot: rank s reduces slice s of every rank's input and writes the
 // result into slice s of every rank's output (or its region's gather area, when staged).
 template <typename T, int OP>
 __device__ void all_reduce_in_place(const Args& a, const Place& me, const char* in, char* out, size_t bytes, int parity,
-                                    Sync* sync, Inbox* boxes, Inbox* post) {
+                                    Sync* sync, Place* places) {
   const int rank = a.rank, world = a.world;
   const size_t half = DATA_OFFSET + parity * a.half_bytes;
   char* stage = a.base[rank] + half;
   const size_t cap = a.half_bytes / 2 / (16 * (size_t)world) * (16 * (size_t)world);
-  if (!greet(a, me, parity, sync, boxes, post)) return;
-  const bool direct = all_in_place(boxes, world, true, true);
+  if (!greet(a, me, sync, places)) return;
+  const bool direct = all_in_place(places, world, true, true);
   const size_t piece = direct ? bytes : cap;
   for (size_t begin = 0; begin < bytes; begin += piece) {
     const size_t len = min_size(piece, bytes - begin);
@@ -58,7 +47,7 @@ __device__ void all_reduce_in_place(const Args& a, const Place& me, const char* 
 #pragma unroll
     for (int p = 0; p < MAX_RANKS; ++p) {
       if (p >= world) continue;
-      const Place& pl = boxes[p].place;
+      const Place& pl = places[p];
       if (p == rank) {
         src[p] = in + begin + mine.begin;
         dst[p] = out + begin + mine.begin;
@@ -98,13 +87,13 @@ __device__ void all_reduce_in_place(const Args& a, const Place& me, const char* 
 // bytes: one rank's output chunk. Rank r reduces chunk r of every rank's input where it lies.
 template <typename T, int OP>
 __device__ void reduce_scatter_in_place(const Args& a, const Place& me, const char* in, char* out, size_t bytes,
-                                        int parity, Sync* sync, Inbox* boxes, Inbox* post) {
+                                        int parity, Sync* sync, Place* places) {
   const int rank = a.rank, world = a.world;
   const size_t half = DATA_OFFSET + parity * a.half_bytes;
   char* stage = a.base[rank] + half;
   const size_t cap = a.half_bytes / world / 16 * 16;
-  if (!greet(a, me, parity, sync, boxes, post)) return;
-  const bool direct = all_in_place(boxes, world, true, false);
+  if (!greet(a, me, sync, places)) return;
+  const bool direct = all_in_place(places, world, true, false);
   const size_t piece = direct ? bytes : cap;
   for (size_t begin = 0; begin < bytes; begin += piece) {
     const size_t len = min_size(piece, bytes - begin);
@@ -118,7 +107,7 @@ __device__ void reduce_scatter_in_place(const Args& a, const Place& me, const ch
 #pragma unroll
     for (int p = 0; p < MAX_RANKS; ++p) {
       if (p >= world) continue;
-      const Place& pl = boxes[p].place;
+      const Place& pl = places[p];
       if (p == rank) src[p] = in + rank * bytes + begin;
       else if (pl.in_slot >= 0) src[p] = mapped(a, p, pl.in_slot, pl.in_off + rank * bytes + begin);
       else src[p] = a.base[p] + half + rank * cap;
@@ -138,13 +127,13 @@ __device__ void reduce_scatter_in_place(const Args& a, const Place& me, const ch
 // bytes: one rank's chunk. Every rank writes its chunk into every peer's output where it lies (or
 // into the peer's region, which the peer then copies out).
 __device__ void all_gather_in_place(const Args& a, const Place& me, const char* in, char* out, size_t bytes, int parity,
-                                    Sync* sync, Inbox* boxes, Inbox* post) {
+                                    Sync* sync, Place* places) {
   const int rank = a.rank, world = a.world;
   const size_t half = DATA_OFFSET + parity * a.half_bytes;
   char* stage = a.base[rank] + half;
   const size_t cap = a.half_bytes / world / 16 * 16;
-  if (!greet(a, me, parity, sync, boxes, post)) return;
-  const bool direct = all_in_place(boxes, world, false, true);
+  if (!greet(a, me, sync, places)) return;
+  const bool direct = all_in_place(places, world, false, true);
   const size_t piece = direct ? bytes : cap;
   for (size_t begin = 0; begin < bytes; begin += piece) {
     const size_t len = min_size(piece, bytes - begin);
@@ -154,7 +143,7 @@ __device__ void all_gather_in_place(const Args& a, const Place& me, const char* 
     const Share share = peer_share(parts);
     for (int k = share.part; k < world; k += parts) {
       const int q = (rank + k) % world;
-      const Place& pl = boxes[q].place;
+      const Place& pl = places[q];
       char* dst;
       if (q == rank) dst = out + rank * bytes + begin;
       else if (pl.out_slot >= 0) dst = mapped(a, q, pl.out_slot, pl.out_off + rank * bytes + begin);

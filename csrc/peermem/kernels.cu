@@ -48,17 +48,17 @@ template <typename T, int OP>
 __global__ void __launch_bounds__(THREADS)
     in_place(Args a, int kind, const char* in, char* out, size_t bytes, CallPlace call) {
   __shared__ Sync sync;
-  __shared__ Inbox boxes[MAX_RANKS], post[MAX_RANKS];
+  __shared__ Place places[MAX_RANKS];
   uint32_t epoch;
   if (!start_call(a, &epoch, &sync)) return;
   const int parity = epoch & 1;
   const Place me = resolve(a, call);
   if (kind == ALL_REDUCE_IN_PLACE)
-    all_reduce_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, boxes, post);
+    all_reduce_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, places);
   else if (kind == ALL_GATHER_IN_PLACE)
-    all_gather_in_place(a, me, in, out, bytes, parity, &sync, boxes, post);
+    all_gather_in_place(a, me, in, out, bytes, parity, &sync, places);
   else
-    reduce_scatter_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, boxes, post);
+    reduce_scatter_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, places);
   finish(a, epoch, &sync);
 }
 
