@@ -9,7 +9,8 @@
 # test-backend peermem` from the CLI, ZeRO stages 1-3 on the default backend and on nccl (zero.py,
 # the anchor's 369M model); on 4 or more GPUs MoE on the default backend and on NCCL against
 # DeepSpeed's (shared/anchors/moe_anchor.py, wheels in .whl/); profile: peermem_profile.py
-# (grid sweeps, kernel times), and on 4 or more GPUs one profiled step of MoE and of ZeRO stages 1-3
+# (grid sweeps, kernel times), barrier_profile.cu (the kernels' fixed cost, part by part, with nvcc),
+# and on 4 or more GPUs one profiled step of MoE and of ZeRO stages 1-3
 # (and 3 with one unit per block) on the default backend and on NCCL (with `trace analyze
 # --arrivals` of each ZeRO run: when each rank entered each collective); then `commlayer
 # test-backend cpu:gloo,cuda:peermem -n 2`, and last the small all_reduce anchor per world size.
@@ -90,6 +91,9 @@ for n in "${worlds[@]}"; do
     done
   fi
   wants profile && step 150 "profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_profile.py --out "$RUN"
+  arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  wants profile && step 60 "barrier_profile_w$n" bash -c \
+    "nvcc -O3 -arch=$arch -o /tmp/barrier_profile benchmarks/gpu/barrier_profile.cu && /tmp/barrier_profile"
   if wants profile && [ "$n" -ge 4 ]; then
     step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
     # Stage "3b": stage 3 with one unit per block (stage3_coalesce_numel 0): 28 units, not 12.
@@ -127,5 +131,6 @@ for log in "$RUN"/checks_*.log; do [ -f "$log" ] && summary "$(basename "$log"):
 for log in "$RUN"/arrivals_*.txt; do [ -f "$log" ] && summary "$(basename "$log"): $(grep 'arrivals at' "$log" | tr '\n' ' ')"; done
 tar -czf "$OUT/peermem.tgz" -C /tmp peermem_run
 summary "=== done after $(($(date +%s) - began)) s"
+for log in "$RUN"/barrier_profile_*.log; do [ -f "$log" ] && cat "$log"; done
 for log in "$RUN"/collectives_*.log "$RUN"/tp_*.log; do [ -f "$log" ] && grep -E '^ *[0-9]+ |^#|^hidden' "$log"; done
 [ "$failed" -eq 0 ]
