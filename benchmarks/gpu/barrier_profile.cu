@@ -88,7 +88,7 @@ __device__ __forceinline__ void cas_barrier(const Args& a) {
 __global__ void __launch_bounds__(THREADS) probe(Args a, int shape, uint4* sink) {
   __shared__ Sync sync;
   __shared__ Place places[MAX_RANKS];
-  uint32_t epoch = 0;
+  Epoch epoch = {0, 0};
   const bool call = shape == CALL || shape == CALL_BARRIER || shape == CALL_BARRIER2 || shape == CALL_LOAD ||
                     shape == CALL_STORE || shape == GREET;
   Place me = {0, 0, 64, 128};

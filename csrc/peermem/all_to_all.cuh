@@ -95,10 +95,10 @@ __global__ void __launch_bounds__(THREADS)
     all_to_all(Args a, CallPlace call, const char* in, char* out, u64 in_bytes, Splits sp, u64 push_limit) {
   __shared__ Sync sync;
   __shared__ Inbox boxes[MAX_RANKS], post[MAX_RANKS];
-  uint32_t epoch;
+  Epoch epoch;
   if (!start_call(a, &epoch, &sync)) return;
   const Place me = resolve(a, call);
-  const int rank = a.rank, world = a.world, parity = epoch & 1;
+  const int rank = a.rank, world = a.world, parity = epoch.value & 1;
   const size_t half = DATA_OFFSET + parity * a.half_bytes;
   const size_t cap = push_area(a).start;
   const u64 limit = min_size(push_limit, push_area(a).slot);

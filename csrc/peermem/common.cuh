@@ -57,7 +57,7 @@ struct Args {
   char* base[MAX_RANKS];  // every rank's region, mapped here
   char* const* table;     // [MAX_RANKS][MAX_SLOTS]: peers' registered segments, mapped here
   const Place* descs;     // places of calls captured in CUDA graphs, filled in once registered
-  uint32_t* priv;         // [0] epoch, [1] blocks done, [2] broken, [COUNTERS_WORD + b] block b's count
+  uint32_t* priv;         // [0] epoch, [1] tickets taken, [2] broken, [COUNTERS_WORD + b] block b's count
   int* host_error;        // host-mapped: [0] set, [1] missing peer, [2] block
   u64 timeout_ns;
   u64 half_bytes;
@@ -269,32 +269,40 @@ __device__ __forceinline__ Share peer_share(int parts) {
   return {part, (size_t)(blockIdx.x / parts) * blockDim.x + threadIdx.x, members * blockDim.x};
 }
 
-// Ends a call: the block keeps its barrier count, and the last block to finish moves the epoch on
-// for the next kernel on this stream. No fence: only later kernels read these words, and a kernel
-// sees every write of the kernels before it on its stream.
-__device__ __forceinline__ void finish(const Args& a, uint32_t epoch, const Sync* sync) {
+// The call's epoch, and this block's ticket: how many blocks of the call took one before it (held
+// by the block's last thread only).
+struct Epoch {
+  uint32_t value, ticket;
+};
+
+// Ends a call: the block keeps its barrier count, and the last block to have started moves the
+// epoch on for the next kernel on this stream. No fence: only later kernels read these words, and a
+// kernel sees every write of the kernels before it on its stream.
+__device__ __forceinline__ void finish(const Args& a, const Epoch& epoch, const Sync* sync) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    a.priv[COUNTERS_WORD + blockIdx.x] = sync->count;
-    if (atomicAdd(&a.priv[1], 1u) == gridDim.x - 1) {
-      a.priv[1] = 0;
-      a.priv[0] = epoch + 1;
-    }
+  if (threadIdx.x == 0) a.priv[COUNTERS_WORD + blockIdx.x] = sync->count;
+  if (threadIdx.x == blockDim.x - 1 && epoch.ticket == gridDim.x - 1) {
+    a.priv[1] = 0;
+    a.priv[0] = epoch.value + 1;
   }
 }
 
 // Reads the epoch, the block's barrier count, and whether an earlier call broke the group (then
-// the kernel does nothing). Thread 0 reads them from L2 in two loads at once and shares them.
-__device__ __forceinline__ bool start_call(const Args& a, uint32_t* epoch, Sync* sync) {
+// the kernel does nothing). Thread 0 reads them from L2 in two loads at once and shares them. The
+// block's ticket is taken once the block has read the epoch, so the block that takes the last one
+// may move the epoch on; the block's last thread takes it, and waits for it only in finish(),
+// after the call's work (the barriers' release fences run in the first threads).
+__device__ __forceinline__ bool start_call(const Args& a, Epoch* epoch, Sync* sync) {
   if (threadIdx.x == 0) {
-    const uint4 state = __ldcg((const uint4*)a.priv);  // epoch, blocks done, broken
+    const uint4 state = __ldcg((const uint4*)a.priv);  // epoch, tickets taken, broken
     sync->count = __ldcg(&a.priv[COUNTERS_WORD + blockIdx.x]);
     sync->epoch = state.x;
     sync->broken = state.z != 0;
     sync->ok = true;
   }
   __syncthreads();
-  *epoch = sync->epoch;
+  epoch->value = sync->epoch;
+  epoch->ticket = threadIdx.x == blockDim.x - 1 ? atomicAdd(&a.priv[1], 1u) : 0;
   if (sync->broken) {
     finish(a, *epoch, sync);
     return false;

@@ -41,9 +41,9 @@ __global__ void __launch_bounds__(THREADS)
   constexpr int N = 16 / sizeof(T);
   __shared__ Sync sync;
   __shared__ float sums[THREADS / 32 + 1];
-  uint32_t epoch;
+  Epoch epoch;
   if (!start_call(a, &epoch, &sync)) return;
-  const int parity = epoch & 1;
+  const int parity = epoch.value & 1;
   const size_t half = DATA_OFFSET + parity * a.half_bytes;
   const size_t row_bytes = (size_t)hidden * sizeof(T), bytes = row_bytes * rows;
   const int units = (int)(row_bytes / 16);

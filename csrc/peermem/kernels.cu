@@ -1,9 +1,10 @@
 // Intra-host collectives over peer-mapped device memory (CUDA IPC), built at first use.
 //
-// The layout, barrier and inbox are in common.cuh; staged.cuh holds the algorithms that move data
-// through the ranks' regions, in_place.cuh those that read and write the callers' tensors in
-// registered segments, all_to_all.cuh and fused_norm.cuh the two other kernels. The epoch lives on
-// the device (graph replays advance it) and moves on when a kernel's last block ends. Reductions
+// The layout, barrier and inbox are in common.cuh (the in-place calls' greeting in greeting.cuh);
+// staged.cuh holds the algorithms that move data through the ranks' regions, in_place.cuh those
+// that read and write the callers' tensors in registered segments, all_to_all.cuh and
+// fused_norm.cuh the two other kernels. The epoch lives on the device (graph replays advance it)
+// and moves on when the last of a kernel's blocks to start ends. Reductions
 // run in float in rank order 0..n-1, the same code on every rank, so results are bitwise equal
 // everywhere and equal to a host loop in that order.
 #include <Python.h>
@@ -29,9 +30,9 @@ enum Kind {
 template <typename T, int OP>
 __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const char* in, char* out, size_t bytes) {
   __shared__ Sync sync;
-  uint32_t epoch;
+  Epoch epoch;
   if (!start_call(a, &epoch, &sync)) return;
-  const size_t half = DATA_OFFSET + (epoch & 1) * a.half_bytes;
+  const size_t half = DATA_OFFSET + (epoch.value & 1) * a.half_bytes;
   switch (kind) {
     case ONE_SHOT: one_shot<T, OP>(a, in, out, bytes, half, &sync); break;
     case ONE_SHOT_PUSH: one_shot_push<T, OP>(a, in, out, bytes, half, &sync); break;
@@ -49,9 +50,9 @@ __global__ void __launch_bounds__(THREADS)
     in_place(Args a, int kind, const char* in, char* out, size_t bytes, CallPlace call) {
   __shared__ Sync sync;
   __shared__ Place places[MAX_RANKS];
-  uint32_t epoch;
+  Epoch epoch;
   if (!start_call(a, &epoch, &sync)) return;
-  const int parity = epoch & 1;
+  const int parity = epoch.value & 1;
   const Place me = resolve(a, call);
   if (kind == ALL_REDUCE_IN_PLACE)
     all_reduce_in_place<T, OP>(a, me, in, out, bytes, parity, &sync, places);
