@@ -61,26 +61,25 @@ __device__ __forceinline__ void relaxed_barrier(const Args& a, Sync* sync) {
   if (t == 0) sync->count = value;
 }
 
+// Swaps `from` for `to` at `pad` until it holds `from`, relaxed or acquire-release.
+template <bool ACQ_REL>
+__device__ __forceinline__ void swap_until(uint32_t* pad, uint32_t from, uint32_t to) {
+  uint32_t old;
+  do {
+    if (ACQ_REL)
+      asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(pad), "r"(from), "r"(to) : "memory");
+    else
+      asm volatile("atom.relaxed.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(pad), "r"(from), "r"(to) : "memory");
+  } while (old != from);
+}
+
 // Torch-style: put = CAS 0 -> 1 on the peer's pad, wait = CAS 1 -> 0 on this rank's pad.
 template <bool ACQ_REL>
 __device__ __forceinline__ void cas_barrier(const Args& a) {
   const int t = threadIdx.x;
   if (t < a.world) {
-    uint32_t* pad_remote = (uint32_t*)(a.base[t] + DATA_OFFSET) + blockIdx.x * MAX_RANKS + a.rank;
-    uint32_t* pad_mine = (uint32_t*)(a.base[a.rank] + DATA_OFFSET) + blockIdx.x * MAX_RANKS + t;
-    uint32_t old;
-    do {
-      if (ACQ_REL)
-        asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], 0, 1;" : "=r"(old) : "l"(pad_remote) : "memory");
-      else
-        asm volatile("atom.relaxed.sys.global.cas.b32 %0, [%1], 0, 1;" : "=r"(old) : "l"(pad_remote) : "memory");
-    } while (old != 0);
-    do {
-      if (ACQ_REL)
-        asm volatile("atom.acq_rel.sys.global.cas.b32 %0, [%1], 1, 0;" : "=r"(old) : "l"(pad_mine) : "memory");
-      else
-        asm volatile("atom.relaxed.sys.global.cas.b32 %0, [%1], 1, 0;" : "=r"(old) : "l"(pad_mine) : "memory");
-    } while (old != 1);
+    swap_until<ACQ_REL>((uint32_t*)(a.base[t] + DATA_OFFSET) + blockIdx.x * MAX_RANKS + a.rank, 0, 1);
+    swap_until<ACQ_REL>((uint32_t*)(a.base[a.rank] + DATA_OFFSET) + blockIdx.x * MAX_RANKS + t, 1, 0);
   }
   __syncthreads();
 }
