@@ -163,12 +163,14 @@ def supervise(specs: Sequence[ProcessSpec], options: SuperviseOptions) -> Launch
     echo_lock = threading.Lock()
     running: list[_Running] = []
     try:
-        for index, spec in enumerate(specs):
-            running.append(_Running(index, spec, options))
-        # Reader threads start only after every fork, so no child is forked while they hold locks.
-        for process in running:
-            process.start_threads(echo_lock if options.echo else None)
+        # Signals are forwarded from before the first spawn: a rank may announce itself before the
+        # handlers would otherwise be set, and a signal sent then must not end the launcher.
         with _forwarded_signals(running, options.forward_signals) as received:
+            for index, spec in enumerate(specs):
+                running.append(_Running(index, spec, options))
+            # Reader threads start only after every fork, so no child is forked while they hold locks.
+            for process in running:
+                process.start_threads(echo_lock if options.echo else None)
             ending = _watch(running, options, received)
         ended_at = time.time()
     finally:
