@@ -213,10 +213,10 @@ static enum Verdict plan_call(KernelPath *self, PyObject *const *args, int async
     }
     int same = on_last_stream(self, &call->stream);
     if (same < 0) return FAILED;
-    long long first_bytes = tensor_bytes(&first), second_bytes = tensor_bytes(&second);
-    long long largest = first_bytes > second_bytes ? first_bytes : second_bytes;
-    if (async_op && self->async_bytes >= 0 && largest >= self->async_bytes && call->stream == self->default_stream) {
-        return TWIN;  // it moves to the group's stream (PeerComm._stream_for)
+    if (async_op && self->async_bytes >= 0 && call->stream == self->default_stream) {
+        long long first_bytes = tensor_bytes(&first), second_bytes = tensor_bytes(&second);
+        long long largest = first_bytes > second_bytes ? first_bytes : second_bytes;
+        if (largest >= self->async_bytes) return TWIN;  // it moves to the group's stream (PeerComm._stream_for)
     }
     call->switched = !same;
     call->placed = items == 3;
