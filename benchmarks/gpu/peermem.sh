@@ -91,9 +91,11 @@ for n in "${worlds[@]}"; do
     done
   fi
   wants profile && step 150 "profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/peermem_profile.py --out "$RUN"
-  arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
-  wants profile && step 60 "barrier_profile_w$n" bash -c \
-    "nvcc -O3 -arch=$arch -o /tmp/barrier_profile benchmarks/gpu/barrier_profile.cu && /tmp/barrier_profile"
+  if wants profile; then
+    arch=sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+    step 60 "barrier_profile_w$n" bash -c \
+      "nvcc -O3 -arch=$arch -o /tmp/barrier_profile benchmarks/gpu/barrier_profile.cu && /tmp/barrier_profile"
+  fi
   if wants profile && [ "$n" -ge 4 ]; then
     step 90 "moe_profile_w$n" "${TORCHRUN[@]}" "$n" benchmarks/gpu/parallel_layers.py --layer moe --backend default --profile
     # Stage "3b": stage 3 with one unit per block (stage3_coalesce_numel 0): 28 units, not 12.
