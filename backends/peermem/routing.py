@@ -54,8 +54,8 @@ CROSSOVERS: Mapping[int, Mapping[str, Rows]] = {
     },
     4: {
         "all_reduce": ((256 * KiB, "one_shot"), (16 * MiB, "zero_copy")),
-        "all_gather_into_tensor": ((128 * MiB, "one_shot"),),
-        "reduce_scatter_tensor": ((4 * MiB, "one_shot"), (256 * MiB, "zero_copy")),
+        "all_gather_into_tensor": ((4 * MiB, "one_shot"), (256 * MiB, "zero_copy")),
+        "reduce_scatter_tensor": ((16 * MiB, "one_shot"), (256 * MiB, "zero_copy")),
         "all_to_all_single": _ALL_TO_ALL,
     },
 }
