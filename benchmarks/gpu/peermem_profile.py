@@ -94,7 +94,9 @@ def all_to_all_row(nbytes: int, comm, backend, pg, buffers: dict) -> dict:
     n = nbytes // 2
     source, output = buffers["plain"][:n], buffers["out"][:n]
     nccl = lambda: torch_dist.all_to_all_single(output, source, group=pg)
-    peermem = lambda: dist.all_to_all_single(output, source)
+    # The backend's own entry, which reads the grid and push limit per call: the facade's C fast
+    # path fixes both when it is built.
+    peermem = lambda: backend.all_to_all_single(output, source, None, None, async_op=False)
     row = {"op": "all_to_all_single", "bytes": nbytes, "nccl": graphed_us(nccl, nbytes, backend)}
     routed = comm.all_to_all_blocks
     for grid in GRIDS:
