@@ -6,12 +6,14 @@
 // Each row is one kernel shape, run 200 times back to back in a graph per GPU, us per kernel (the
 // slowest GPU, best of 5 replays). The barrier rows use peermem's own barrier (common.cuh), with
 // and without the call's prologue and epilogue (start_call, finish); the "relaxed" rows a barrier
-// that orders nothing, as a call's first barrier may be; "cas" rows torch's signal-pad style.
+// that orders nothing, as a call's first barrier may be; "cas" rows torch's signal-pad style. The
+// "zero-copy" rows rebuild the in-place all_reduce of 16 bytes step by step (each rank's tensor in a
+// registered segment, slot 0 of the peers' tables), ending with the kernel's own body.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "../../csrc/peermem/greeting.cuh"
+#include "../../csrc/peermem/in_place.cuh"
 
 #define CUDA(call)                                                                    \
   do {                                                                                \
@@ -36,13 +38,19 @@ enum Shape {
   CAS2,           // two barriers of compare-and-swap signals (relaxed, then acquire-release)
   PROLOGUE,       // start_call, and the block's count kept
   GREET,          // start_call, the in-place call's greeting, release barrier, finish
+  GREET_LOAD,     // the greeting, each peer's tensor found in the table and 16 bytes loaded, barrier
+  GREET_REDUCE,   // the greeting, one thread reducing 16 bytes of every peer and storing the sum into
+                  // every peer's tensor (the one unit of a 16-byte call), barrier
+  ZERO_COPY,      // start_call, all_reduce_in_place on 16 bytes of bf16, finish
   SHAPES
 };
 static const char* NAMES[SHAPES] = {"empty kernel", "prologue+epilogue", "1 release barrier",
                                     "call: 1 barrier", "call: 2 barriers", "call: barrier, load, barrier",
                                     "call: barrier, store, barrier", "1 relaxed barrier", "relaxed + release",
                                     "relaxed, store, release", "cas: relaxed + acq_rel",
-                                    "prologue only", "call: greeting, barrier"};
+                                    "prologue only", "call: greeting, barrier",
+                                    "zero-copy: greeting, load, barrier", "zero-copy: greeting, reduce, barrier",
+                                    "zero-copy all_reduce, 16 B"};
 
 __device__ __forceinline__ void relaxed_barrier(const Args& a, Sync* sync) {
   __syncthreads();
@@ -84,13 +92,31 @@ __device__ __forceinline__ void cas_barrier(const Args& a) {
   __syncthreads();
 }
 
+// Each peer's tensor, as the in-place kernel finds it: through the table, at the greeted place.
+__device__ __forceinline__ char* peer_tensor(const Args& a, const Place* places, int peer) {
+  return peer == a.rank ? mapped(a, peer, 0, 0) : mapped(a, peer, places[peer].in_slot, places[peer].in_off);
+}
+
+__device__ void greet_then_reduce(const Args& a, const Place& me, Sync* sync, Place* places, bool store, uint4* sink) {
+  if (!greet(a, me, sync, places)) return;
+  if (!store && threadIdx.x < a.world) {
+    sink[blockIdx.x * MAX_RANKS + threadIdx.x] = *(const uint4*)peer_tensor(a, places, threadIdx.x);
+  } else if (store && threadIdx.x == 0 && a.rank == 0) {
+    const char* src[MAX_RANKS];
+    for (int p = 0; p < MAX_RANKS; ++p) src[p] = p < a.world ? peer_tensor(a, places, p) : nullptr;
+    const uint4 sum = reduce_unit<__nv_bfloat16, SUM>(src, a.world, 0);
+    for (int p = 0; p < a.world; ++p) *(uint4*)peer_tensor(a, places, p) = sum;
+  }
+  block_barrier(a, sync);
+}
+
 __global__ void __launch_bounds__(THREADS) probe(Args a, int shape, uint4* sink) {
   __shared__ Sync sync;
   __shared__ Place places[MAX_RANKS];
   Epoch epoch = {0, 0};
   const bool call = shape == CALL || shape == CALL_BARRIER || shape == CALL_BARRIER2 || shape == CALL_LOAD ||
-                    shape == CALL_STORE || shape == GREET;
-  Place me = {0, 0, 64, 128};
+                    shape == CALL_STORE || shape >= GREET;
+  Place me = {0, 0, 0, 0};
   if (shape == EMPTY) return;
   if (call || shape == PROLOGUE) {
     if (!start_call(a, &epoch, &sync)) return;
@@ -124,6 +150,13 @@ __global__ void __launch_bounds__(THREADS) probe(Args a, int shape, uint4* sink)
       break;
     case CAS2: cas_barrier<false>(a); cas_barrier<true>(a); break;
     case GREET: greet(a, me, &sync, places) && block_barrier(a, &sync); break;
+    case GREET_LOAD: greet_then_reduce(a, me, &sync, places, false, sink); break;
+    case GREET_REDUCE: greet_then_reduce(a, me, &sync, places, true, sink); break;
+    case ZERO_COPY: {
+      char* tensor = mapped(a, a.rank, 0, 0);
+      all_reduce_in_place<__nv_bfloat16, SUM>(a, me, tensor, tensor, 16, epoch.value & 1, &sync, places);
+      break;
+    }
     default: break;
   }
   if (threadIdx.x == 0 && places[0].in_slot == 12345) sink[0] = make_uint4(0, 0, 0, 0);  // keeps the greeting
@@ -147,6 +180,7 @@ int main(int argc, char** argv) {
   std::vector<Args> args(world);
   std::vector<char*> regions(world);
   std::vector<uint4*> sinks(world);
+  std::vector<char*> tensors(world), tables(world);  // each rank's registered tensor; its peers' table
   std::vector<cudaStream_t> streams(world);
   for (int r = 0; r < world; ++r) {
     CUDA(cudaSetDevice(r));
@@ -155,6 +189,8 @@ int main(int argc, char** argv) {
     CUDA(cudaMalloc(&regions[r], region_bytes));
     CUDA(cudaMemset(regions[r], 0, region_bytes));
     CUDA(cudaMalloc(&sinks[r], MAX_BLOCKS * MAX_RANKS * sizeof(uint4)));
+    CUDA(cudaMalloc(&tensors[r], 1 << 16));
+    CUDA(cudaMemset(tensors[r], 0, 1 << 16));
     CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
   }
   for (int r = 0; r < world; ++r) {
@@ -162,6 +198,11 @@ int main(int argc, char** argv) {
     Args& a = args[r];
     memset(&a, 0, sizeof(a));
     for (int p = 0; p < world; ++p) a.base[p] = regions[p];
+    std::vector<char*> table(MAX_RANKS * MAX_SLOTS, nullptr);
+    for (int p = 0; p < world; ++p) table[p * MAX_SLOTS] = tensors[p];
+    CUDA(cudaMalloc(&tables[r], table.size() * sizeof(char*)));
+    CUDA(cudaMemcpy(tables[r], table.data(), table.size() * sizeof(char*), cudaMemcpyHostToDevice));
+    a.table = (char* const*)tables[r];
     a.priv = (uint32_t*)(regions[r] + PRIVATE_OFFSET);
     int* host_error;
     CUDA(cudaHostAlloc((void**)&host_error, 4 * sizeof(int), cudaHostAllocMapped));
