@@ -72,7 +72,9 @@ class PeerComm:
         self.world, self.rank = spec.size, spec.group_rank
         self.forced = settings.PEERMEM_ALGORITHM.value()
         self.table = CROSSOVERS
-        #: The all_to_all kernel's grid: one per group, since a rank knows only its own sizes.
+        #: The all_to_all kernel's grid: one per group, since a rank knows only its own sizes. This
+        #: and the push limit are read once by the facade's C fast path, when it is built; the
+        #: Python entry (the backend's ``all_to_all_single``) reads them at every call.
         self.all_to_all_blocks = ALL_TO_ALL_BLOCKS
         self.all_to_all_push_bytes = ALL_TO_ALL_PUSH_BYTES
         self._routes: dict[tuple[str, int, torch.dtype, ReduceOp | None], Route | None] = {}
