@@ -110,7 +110,7 @@ __device__ void greet_then_reduce(const Args& a, const Place& me, Sync* sync, Pl
   block_barrier(a, sync);
 }
 
-__global__ void __launch_bounds__(THREADS) probe(Args a, int shape, uint4* sink) {
+__global__ void __launch_bounds__(THREADS) probe(const __grid_constant__ Args a, int shape, uint4* sink) {
   __shared__ Sync sync;
   __shared__ Place places[MAX_RANKS];
   Epoch epoch = {0, 0};

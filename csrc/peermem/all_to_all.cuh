@@ -92,7 +92,8 @@ __device__ void take_pushed(const Args& a, const char* in, char* out, const Spli
 }
 
 __global__ void __launch_bounds__(THREADS)
-    all_to_all(Args a, CallPlace call, const char* in, char* out, u64 in_bytes, Splits sp, u64 push_limit) {
+    all_to_all(const __grid_constant__ Args a, CallPlace call, const char* in, char* out, u64 in_bytes, Splits sp,
+               u64 push_limit) {
   __shared__ Sync sync;
   __shared__ Inbox boxes[MAX_RANKS], post[MAX_RANKS];
   Epoch epoch;

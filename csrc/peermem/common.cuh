@@ -53,6 +53,9 @@ struct __align__(16) Inbox {
 };
 static_assert(sizeof(Inbox) == INBOX_BYTES, "inbox layout");
 
+// Every kernel takes it as `const __grid_constant__ Args`: the kernels index `base` by rank at run
+// time and pass the struct by reference, which would otherwise copy it onto every thread's stack
+// at each launch, a microsecond of every call.
 struct Args {
   char* base[MAX_RANKS];  // every rank's region, mapped here
   char* const* table;     // [MAX_RANKS][MAX_SLOTS]: peers' registered segments, mapped here

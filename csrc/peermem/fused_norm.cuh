@@ -36,8 +36,8 @@ __device__ float block_sum(float v, float* sums) {
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS)
-    fused_norm(Args a, const char* partial, const char* residual, const char* weight, char* normed, char* residual_out,
-               int rows, int hidden, float eps) {
+    fused_norm(const __grid_constant__ Args a, const char* partial, const char* residual, const char* weight,
+               char* normed, char* residual_out, int rows, int hidden, float eps) {
   constexpr int N = 16 / sizeof(T);
   __shared__ Sync sync;
   __shared__ float sums[THREADS / 32 + 1];

@@ -28,7 +28,8 @@ enum Kind {
 };
 
 template <typename T, int OP>
-__global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const char* in, char* out, size_t bytes) {
+__global__ void __launch_bounds__(THREADS)
+    collective(const __grid_constant__ Args a, int kind, const char* in, char* out, size_t bytes) {
   __shared__ Sync sync;
   Epoch epoch;
   if (!start_call(a, &epoch, &sync)) return;
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(THREADS) collective(Args a, int kind, const ch
 
 template <typename T, int OP>
 __global__ void __launch_bounds__(THREADS)
-    in_place(Args a, int kind, const char* in, char* out, size_t bytes, CallPlace call) {
+    in_place(const __grid_constant__ Args a, int kind, const char* in, char* out, size_t bytes, CallPlace call) {
   __shared__ Sync sync;
   __shared__ Place places[MAX_RANKS];
   Epoch epoch;
