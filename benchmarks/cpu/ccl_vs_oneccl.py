@@ -203,11 +203,29 @@ def run_commlayer(world_size: int, settings: Settings) -> list[Sample]:
             str(output),
         ]
         command, env = _launch(bench, world_size)
-        subprocess.run(command, env=env, check=True, timeout=JOB_TIMEOUT_S, stdout=subprocess.DEVNULL)
+        _run_job(command, env)
         data = json.loads(output.read_text())
     rows = data["records"] if isinstance(data, dict) else data
     _require_correct("commlayer bench", rows)
     return [Sample(world_size, row["backend"], row["bytes"], row["time_us"]) for row in rows]
+
+
+def _run_job(command: list[str], env: dict[str, str]) -> None:
+    """Runs one launch of ``commlayer.bench``; when it fails, raises with the ranks' last output."""
+    result = subprocess.run(
+        command,
+        check=False,
+        env=env,
+        timeout=JOB_TIMEOUT_S,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if result.returncode != 0:
+        tail = "\n".join(result.stdout.splitlines()[-40:])
+        raise RuntimeError(
+            f"{' '.join(command[:4])} ... exited {result.returncode}; its ranks' last output:\n{tail}"
+        )
 
 
 def _launch(bench: list[str], world_size: int) -> tuple[list[str], dict[str, str]]:
