@@ -55,7 +55,7 @@ static_assert(sizeof(Inbox) == INBOX_BYTES, "inbox layout");
 
 // Every kernel takes it as `const __grid_constant__ Args`: the kernels index `base` by rank at run
 // time and pass the struct by reference, which would otherwise copy it onto every thread's stack
-// at each launch, a microsecond of every call.
+// at each launch.
 struct Args {
   char* base[MAX_RANKS];  // every rank's region, mapped here
   char* const* table;     // [MAX_RANKS][MAX_SLOTS]: peers' registered segments, mapped here
